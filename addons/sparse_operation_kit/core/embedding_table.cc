@@ -1,0 +1,392 @@
+#include "addons/sparse_operation_kit/core/embedding_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "addons/sparse_operation_kit/core/lookup.h"
+
+namespace sok {
+namespace {
+
+int64_t next_pow2(int64_t x) {
+  int64_t c = 16;
+  while (c < x) c <<= 1;
+  return c;
+}
+
+// Striped row lock; spins because the critical sections are a few dozen flops.
+class RowLock {
+ public:
+  explicit RowLock(std::atomic<bool>& flag) : flag_(flag) {
+    while (flag_.exchange(true, std::memory_order_acquire)) {
+      while (flag_.load(std::memory_order_relaxed)) {
+      }
+    }
+  }
+  ~RowLock() { flag_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool>& flag_;
+};
+
+}  // namespace
+
+template <typename K>
+EmbeddingTable<K>::EmbeddingTable(TableConfig config)
+    : config_(std::move(config)), row_locks_(new std::atomic<bool>[kLockStripes]) {
+  for (int i = 0; i < kLockStripes; ++i) row_locks_[i].store(false);
+  if (config_.init.kind == InitKind::kMatrix) config_.init.matrix = config_.init_matrix.data();
+  rehash(next_pow2(std::max<int64_t>(16, config_.initial_capacity * 2)));
+}
+
+template <typename K>
+int64_t EmbeddingTable<K>::size() const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  return static_cast<int64_t>(row_keys_.size());
+}
+
+template <typename K>
+int EmbeddingTable<K>::num_slots() const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  return num_slots_;
+}
+
+template <typename K>
+int64_t EmbeddingTable<K>::probe(K key) const {
+  uint64_t pos = hash_key(key) & static_cast<uint64_t>(mask_);
+  while (true) {
+    const int64_t row = index_rows_[pos];
+    if (row == kEmpty) return kEmpty;
+    if (index_keys_[pos] == key) return row;
+    pos = (pos + 1) & static_cast<uint64_t>(mask_);
+  }
+}
+
+template <typename K>
+void EmbeddingTable<K>::rehash(int64_t capacity) {
+  index_keys_.assign(capacity, K());
+  index_rows_.assign(capacity, kEmpty);
+  mask_ = capacity - 1;
+  for (int64_t row = 0; row < static_cast<int64_t>(row_keys_.size()); ++row) {
+    uint64_t pos = hash_key(row_keys_[row]) & static_cast<uint64_t>(mask_);
+    while (index_rows_[pos] != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
+    index_keys_[pos] = row_keys_[row];
+    index_rows_[pos] = row;
+  }
+}
+
+template <typename K>
+void EmbeddingTable<K>::init_row_values(K key, float* row) const {
+  initialize_row(config_.init, key, row, config_.dim);
+  for (int s = 0; s < num_slots_; ++s)
+    std::fill(row + (s + 1) * config_.dim, row + (s + 2) * config_.dim, slot_init_[s]);
+}
+
+template <typename K>
+int64_t EmbeddingTable<K>::insert_new(K key) {
+  const int64_t row = static_cast<int64_t>(row_keys_.size());
+  // Keep the load factor at most 1/2: short probe chains matter more than memory here.
+  if (2 * (row + 1) > mask_ + 1) rehash(2 * (mask_ + 1));
+  uint64_t pos = hash_key(key) & static_cast<uint64_t>(mask_);
+  while (index_rows_[pos] != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
+  index_keys_[pos] = key;
+  index_rows_[pos] = row;
+  row_keys_.push_back(key);
+  arena_.resize(arena_.size() + stride());
+  init_row_values(key, arena_.data() + row * stride());
+  freqs_.push_back(0);
+  versions_.push_back(0);
+  return row;
+}
+
+template <typename K>
+bool EmbeddingTable<K>::admitted(int64_t row) const {
+  return config_.filter_freq <= 0 ||
+         __atomic_load_n(&freqs_[row], __ATOMIC_RELAXED) >= config_.filter_freq;
+}
+
+template <typename K>
+void EmbeddingTable<K>::read_row(int64_t row, K key, bool present, float* out) const {
+  const int64_t d = config_.dim;
+  if (config_.filter_freq > 0 && (!present || !admitted(row))) {
+    std::fill(out, out + d, config_.default_value_no_permission);
+  } else if (!present) {
+    initialize_row(config_.init, key, out, d);
+  } else {
+    std::memcpy(out, arena_.data() + row * stride(), sizeof(float) * d);
+  }
+}
+
+template <typename K>
+void EmbeddingTable<K>::find(const K* keys, int64_t n, float* out, const ParallelFor& pf) const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  const int64_t d = config_.dim;
+  pf(n, 4 * d + 40, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t row = probe(keys[i]);
+      read_row(row, keys[i], row != kEmpty, out + i * d);
+    }
+  });
+}
+
+template <typename K>
+void EmbeddingTable<K>::find_or_insert(const K* keys, int64_t n, float* out, const int64_t* counts,
+                                       const ParallelFor& pf) {
+  const int64_t d = config_.dim;
+  std::vector<uint8_t> missing(n, 0);
+  std::atomic<int64_t> num_missing{0};
+  {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    pf(n, 4 * d + 40, [&](int64_t b, int64_t e) {
+      int64_t local_missing = 0;
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t row = probe(keys[i]);
+        if (row == kEmpty) {
+          missing[i] = 1;
+          ++local_missing;
+          continue;
+        }
+        __atomic_fetch_add(&freqs_[row], counts ? counts[i] : 1, __ATOMIC_RELAXED);
+        read_row(row, keys[i], true, out + i * d);
+      }
+      num_missing += local_missing;
+    });
+  }
+  if (num_missing.load() == 0) return;
+  std::unique_lock<std::shared_mutex> l(mu_);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!missing[i]) continue;
+    int64_t row = probe(keys[i]);  // another thread (or an earlier duplicate) may have added it
+    if (row == kEmpty) row = insert_new(keys[i]);
+    freqs_[row] += counts ? counts[i] : 1;
+    read_row(row, keys[i], true, out + i * d);
+  }
+}
+
+template <typename K>
+void EmbeddingTable<K>::insert_or_assign(const K* keys, int64_t n, const float* values) {
+  std::unique_lock<std::shared_mutex> l(mu_);
+  const int64_t d = config_.dim;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t row = probe(keys[i]);
+    if (row == kEmpty) row = insert_new(keys[i]);
+    std::memcpy(arena_.data() + row * stride(), values + i * d, sizeof(float) * d);
+  }
+}
+
+template <typename K>
+int64_t EmbeddingTable<K>::erase(const K* keys, int64_t n) {
+  std::unique_lock<std::shared_mutex> l(mu_);
+  std::vector<uint8_t> drop(row_keys_.size(), 0);
+  int64_t removed = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = probe(keys[i]);
+    if (row != kEmpty && !drop[row]) {
+      drop[row] = 1;
+      ++removed;
+    }
+  }
+  if (removed == 0) return 0;
+  // Compact the rows (keeping insertion order) and rebuild the index.
+  const int64_t st = stride();
+  int64_t out = 0;
+  for (int64_t row = 0; row < static_cast<int64_t>(row_keys_.size()); ++row) {
+    if (drop[row]) continue;
+    if (out != row) {
+      row_keys_[out] = row_keys_[row];
+      std::memmove(arena_.data() + out * st, arena_.data() + row * st, sizeof(float) * st);
+      freqs_[out] = freqs_[row];
+      versions_[out] = versions_[row];
+    }
+    ++out;
+  }
+  row_keys_.resize(out);
+  arena_.resize(out * st);
+  freqs_.resize(out);
+  versions_.resize(out);
+  rehash(mask_ + 1);
+  return removed;
+}
+
+template <typename K>
+Status EmbeddingTable<K>::ensure_slots(const OptimizerParams& p) {
+  const int want = sok::num_slots(p.kind);
+  const int kind = static_cast<int>(p.kind);
+  if (slot_kind_ == kind && num_slots_ == want) return Status::OK();
+  if (slot_kind_ == -1 && num_slots_ == want && want > 0) {  // restored from a checkpoint
+    slot_kind_ = kind;
+    return Status::OK();
+  }
+  if (num_slots_ != 0 && slot_kind_ != -1) {
+    return Status::Invalid("table '" + config_.name + "' already carries the slots of optimizer " +
+                           std::to_string(slot_kind_) + "; it cannot also be trained by optimizer " +
+                           std::to_string(kind));
+  }
+  if (num_slots_ != 0 && num_slots_ != want) {
+    return Status::Invalid("table '" + config_.name + "' was restored with " +
+                           std::to_string(num_slots_) + " optimizer slots but its optimizer needs " +
+                           std::to_string(want));
+  }
+  // Relayout every row once: [value] -> [value | slots].
+  const int64_t d = config_.dim, old_stride = stride();
+  const int64_t new_stride = d * (1 + want);
+  std::vector<float> init(want);
+  for (int s = 0; s < want; ++s) init[s] = slot_initial_value(p, s);
+  std::vector<float> arena(row_keys_.size() * new_stride);
+  for (int64_t row = 0; row < static_cast<int64_t>(row_keys_.size()); ++row) {
+    float* dst = arena.data() + row * new_stride;
+    std::memcpy(dst, arena_.data() + row * old_stride, sizeof(float) * d);
+    for (int s = 0; s < want; ++s) std::fill(dst + (s + 1) * d, dst + (s + 2) * d, init[s]);
+  }
+  arena_.swap(arena);
+  num_slots_ = want;
+  slot_kind_ = kind;
+  slot_init_ = init;
+  return Status::OK();
+}
+
+template <typename K>
+Status EmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float* grads,
+                                          const OptimizerParams& p, int64_t global_step,
+                                          const ParallelFor& pf) {
+  const int64_t d = config_.dim;
+  // Sum the gradients of repeated keys first (TensorFlow's optimizers do the same).
+  std::vector<K> uniq;
+  std::vector<int32_t> inverse(n);
+  unique_keys(keys, n, &uniq, inverse.data(), nullptr);
+  const int64_t u = static_cast<int64_t>(uniq.size());
+  std::vector<float> summed;
+  const float* g = grads;
+  if (u != n) {
+    summed.assign(u * d, 0.f);
+    for (int64_t i = 0; i < n; ++i) {
+      float* dst = summed.data() + static_cast<int64_t>(inverse[i]) * d;
+      const float* src = grads + i * d;
+      for (int64_t c = 0; c < d; ++c) dst[c] += src[c];
+    }
+    g = summed.data();
+  }
+  std::vector<int64_t> rows(u);
+  bool layout_ok = false, all_present = false;
+  {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    layout_ok = slot_kind_ == static_cast<int>(p.kind) && num_slots_ == sok::num_slots(p.kind);
+    if (layout_ok) {
+      all_present = true;
+      for (int64_t i = 0; i < u; ++i) all_present &= (rows[i] = probe(uniq[i])) != kEmpty;
+    }
+  }
+  if (!layout_ok || !all_present) {
+    std::unique_lock<std::shared_mutex> l(mu_);
+    Status s = ensure_slots(p);
+    if (!s.ok()) return s;
+    for (int64_t i = 0; i < u; ++i) {
+      int64_t row = probe(uniq[i]);
+      if (row == kEmpty) row = insert_new(uniq[i]);
+    }
+  }
+  std::shared_lock<std::shared_mutex> l(mu_);
+  const float alpha = p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f;
+  const int64_t st = stride();
+  pf(u, 12 * d + 60, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t row = probe(uniq[i]);
+      if (row == kEmpty || !admitted(row)) continue;  // evicted meanwhile / not yet admitted
+      RowLock lock(row_locks_[static_cast<uint64_t>(row) % kLockStripes]);
+      apply_row(p, alpha, arena_.data() + row * st, d, g + i * d);
+      versions_[row] = global_step;
+    }
+  });
+  return Status::OK();
+}
+
+template <typename K>
+int64_t EmbeddingTable<K>::shrink(int64_t global_step) {
+  std::vector<K> victims;
+  {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    const int64_t d = config_.dim, st = stride();
+    for (int64_t row = 0; row < static_cast<int64_t>(row_keys_.size()); ++row) {
+      bool evict = config_.steps_to_live > 0 && global_step - versions_[row] > config_.steps_to_live;
+      if (!evict && config_.l2_weight_threshold >= 0.f) {
+        double sq = 0;
+        const float* v = arena_.data() + row * st;
+        for (int64_t c = 0; c < d; ++c) sq += static_cast<double>(v[c]) * v[c];
+        evict = std::sqrt(sq) < config_.l2_weight_threshold;
+      }
+      if (evict) victims.push_back(row_keys_[row]);
+    }
+  }
+  return erase(victims.data(), static_cast<int64_t>(victims.size()));
+}
+
+template <typename K>
+TableSnapshot<K> EmbeddingTable<K>::export_rows() const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  TableSnapshot<K> s;
+  const int64_t n = static_cast<int64_t>(row_keys_.size()), d = config_.dim, st = stride();
+  s.dim = d;
+  s.num_slots = num_slots_;
+  s.slot_kind = slot_kind_;
+  s.slot_init = slot_init_;
+  s.keys = row_keys_;
+  s.freqs = freqs_;
+  s.versions = versions_;
+  s.values.resize(n * d);
+  s.slots.resize(n * num_slots_ * d);
+  for (int64_t row = 0; row < n; ++row) {
+    const float* src = arena_.data() + row * st;
+    std::memcpy(s.values.data() + row * d, src, sizeof(float) * d);
+    std::memcpy(s.slots.data() + row * num_slots_ * d, src + d, sizeof(float) * num_slots_ * d);
+  }
+  return s;
+}
+
+template <typename K>
+Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
+  const int64_t n = static_cast<int64_t>(s.keys.size()), d = config_.dim;
+  if (s.dim != d) {
+    return Status::Invalid("cannot restore table '" + config_.name + "': the checkpoint has dimension " +
+                           std::to_string(s.dim) + ", the table " + std::to_string(d));
+  }
+  if (static_cast<int64_t>(s.values.size()) != n * d ||
+      static_cast<int64_t>(s.slots.size()) != n * s.num_slots * d ||
+      static_cast<int64_t>(s.freqs.size()) != n || static_cast<int64_t>(s.versions.size()) != n ||
+      static_cast<int64_t>(s.slot_init.size()) != s.num_slots) {
+    return Status::Invalid("cannot restore table '" + config_.name +
+                           "': the checkpoint's keys, values, slots, frequencies and versions disagree in size");
+  }
+  std::unique_lock<std::shared_mutex> l(mu_);
+  row_keys_.clear();
+  num_slots_ = s.num_slots;
+  slot_kind_ = s.num_slots > 0 ? s.slot_kind : -1;
+  slot_init_ = s.slot_init;
+  const int64_t st = stride();
+  arena_.assign(n * st, 0.f);
+  rehash(next_pow2(std::max<int64_t>(16, 2 * n + 2)));
+  for (int64_t i = 0; i < n; ++i) {
+    if (probe(s.keys[i]) != kEmpty) {
+      return Status::Invalid("cannot restore table '" + config_.name + "': key " +
+                             std::to_string(static_cast<int64_t>(s.keys[i])) + " appears twice in the checkpoint");
+    }
+    uint64_t pos = hash_key(s.keys[i]) & static_cast<uint64_t>(mask_);
+    while (index_rows_[pos] != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
+    index_keys_[pos] = s.keys[i];
+    index_rows_[pos] = i;
+    row_keys_.push_back(s.keys[i]);
+    float* dst = arena_.data() + i * st;
+    std::memcpy(dst, s.values.data() + i * d, sizeof(float) * d);
+    std::memcpy(dst + d, s.slots.data() + i * s.num_slots * d, sizeof(float) * s.num_slots * d);
+  }
+  freqs_ = s.freqs;
+  versions_ = s.versions;
+  return Status::OK();
+}
+
+template class EmbeddingTable<int32_t>;
+template class EmbeddingTable<int64_t>;
+
+}  // namespace sok

@@ -1,0 +1,91 @@
+// EmbeddingTable<K>: a growing hash table from key to row, in CPU memory.
+// A row holds [value(dim) | optimizer slots (num_slots x dim)] plus the key's frequency and the
+// step of its last update. Every key value is legal (emptiness is kept apart from the key).
+//
+// Concurrency (TensorFlow runs several lookups and updates of one table at once):
+//  - a shared_mutex guards the index and the row arena's layout: lookups of present keys and
+//    updates take it shared; inserting, growing, relayout and shrinking take it exclusively;
+//  - the read path takes no per-key lock; updates lock the touched rows through a striped
+//    spinlock array, so two concurrent updates of one key both land.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <vector>
+
+#include "addons/sparse_operation_kit/core/parallel.h"
+#include "addons/sparse_operation_kit/core/status.h"
+#include "addons/sparse_operation_kit/core/table_config.h"
+
+namespace sok {
+
+template <typename K>
+class EmbeddingTable {
+ public:
+  explicit EmbeddingTable(TableConfig config);
+
+  const TableConfig& config() const { return config_; }
+  int64_t dim() const { return config_.dim; }
+  int64_t size() const;
+  int num_slots() const;
+
+  // Evaluation/serving read: missing keys read their initial value (or, with a counter filter,
+  // the no-permission default); nothing is inserted and no frequency is counted.
+  void find(const K* keys, int64_t n, float* out, const ParallelFor& pf = serial_for) const;
+
+  // Training read: inserts missing keys with their initial value and adds counts[i] (1 when
+  // counts is null) to each key's frequency. Keys may repeat.
+  void find_or_insert(const K* keys, int64_t n, float* out, const int64_t* counts = nullptr,
+                      const ParallelFor& pf = serial_for);
+
+  // Overwrites the values of the keys (inserting the missing ones); slots keep/get their init.
+  void insert_or_assign(const K* keys, int64_t n, const float* values);
+
+  // Removes the keys; returns how many were present.
+  int64_t erase(const K* keys, int64_t n);
+
+  // One optimizer step on the given keys; duplicates are summed first. Missing keys are
+  // inserted first (no gradient is dropped); keys not yet admitted by the filter are skipped.
+  Status apply_gradients(const K* keys, int64_t n, const float* grads, const OptimizerParams& p,
+                         int64_t global_step, const ParallelFor& pf = serial_for);
+
+  // Evicts rows per the config (steps_to_live, l2 threshold); returns how many were removed.
+  int64_t shrink(int64_t global_step);
+
+  TableSnapshot<K> export_rows() const;
+  // Replaces the whole content. The snapshot's dim must equal the table's.
+  Status import_rows(const TableSnapshot<K>& snapshot);
+
+ private:
+  static constexpr int64_t kEmpty = -1;
+  static constexpr int kLockStripes = 4096;
+
+  int64_t stride() const { return config_.dim * (1 + num_slots_); }
+  bool admitted(int64_t row) const;
+  int64_t probe(K key) const;              // row of key or kEmpty; caller holds mu_
+  int64_t insert_new(K key);               // caller holds mu_ exclusively; key absent
+  void rehash(int64_t capacity);           // caller holds mu_ exclusively
+  void init_row_values(K key, float* row) const;
+  void read_row(int64_t row, K key, bool present, float* out) const;
+  Status ensure_slots(const OptimizerParams& p);  // caller holds mu_ exclusively
+
+  TableConfig config_;
+  mutable std::shared_mutex mu_;
+  // Index: open addressing, linear probing, power-of-two capacity.
+  std::vector<K> index_keys_;
+  std::vector<int64_t> index_rows_;
+  int64_t mask_ = 0;
+  // Rows, in insertion order.
+  std::vector<K> row_keys_;
+  std::vector<float> arena_;
+  std::vector<int64_t> freqs_;
+  std::vector<int64_t> versions_;
+  int num_slots_ = 0;
+  int slot_kind_ = -1;  // OptimizerKind owning the slots; -1 none/unknown (fresh import)
+  std::vector<float> slot_init_;
+  std::unique_ptr<std::atomic<bool>[]> row_locks_;
+};
+
+}  // namespace sok

@@ -1,0 +1,157 @@
+#include "addons/sparse_operation_kit/core/lookup.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace sok {
+
+bool parse_combiner(const std::string& name, Combiner* out) {
+  if (name == "sum") *out = Combiner::kSum;
+  else if (name == "mean") *out = Combiner::kMean;
+  else if (name == "sqrtn") *out = Combiner::kSqrtn;
+  else return false;
+  return true;
+}
+
+template <typename K>
+void unique_keys(const K* keys, int64_t n, std::vector<K>* unique, int32_t* inverse,
+                 std::vector<int64_t>* counts) {
+  // Open addressing over positions into `unique`; -1 is empty, so every key value is legal.
+  int64_t cap = 16;
+  while (cap < 2 * n) cap <<= 1;
+  const uint64_t mask = static_cast<uint64_t>(cap - 1);
+  std::vector<int32_t> slots(cap, -1);
+  unique->clear();
+  unique->reserve(n);
+  if (counts) counts->clear();
+  for (int64_t i = 0; i < n; ++i) {
+    const K key = keys[i];
+    uint64_t pos = hash_key(key) & mask;
+    while (true) {
+      const int32_t u = slots[pos];
+      if (u < 0) {
+        slots[pos] = static_cast<int32_t>(unique->size());
+        inverse[i] = slots[pos];
+        unique->push_back(key);
+        if (counts) counts->push_back(1);
+        break;
+      }
+      if ((*unique)[u] == key) {
+        inverse[i] = u;
+        if (counts) ++(*counts)[u];
+        break;
+      }
+      pos = (pos + 1) & mask;
+    }
+  }
+}
+
+template <typename K>
+void bucketize_by_owner(const K* keys, int64_t n, int world_size, int64_t* order, int64_t* counts) {
+  std::vector<int64_t> offset(world_size + 1, 0);
+  for (int r = 0; r < world_size; ++r) counts[r] = 0;
+  for (int64_t i = 0; i < n; ++i) ++counts[floor_mod(keys[i], world_size)];
+  for (int r = 0; r < world_size; ++r) offset[r + 1] = offset[r] + counts[r];
+  for (int64_t i = 0; i < n; ++i) order[offset[floor_mod(keys[i], world_size)]++] = i;
+}
+
+Status check_lookup_indices(const std::string& table, const int32_t* inverse,
+                            const int64_t* segment_ids, int64_t n, int64_t num_rows, int64_t batch) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (segment_ids[i] < 0 || segment_ids[i] >= batch) {
+      return Status::Invalid("lookup of table '" + table + "': id " + std::to_string(i) +
+                             " belongs to sample " + std::to_string(segment_ids[i]) +
+                             ", outside a batch of " + std::to_string(batch));
+    }
+    if (inverse[i] < 0 || inverse[i] >= num_rows) {
+      return Status::Invalid("lookup of table '" + table + "': id " + std::to_string(i) +
+                             " reads row " + std::to_string(inverse[i]) + " of " +
+                             std::to_string(num_rows) + " fetched rows");
+    }
+  }
+  return Status::OK();
+}
+
+namespace {
+
+// Per-sample factor that turns the weighted sum into the requested combiner.
+std::vector<float> segment_scales(const int64_t* segment_ids, const float* weights, int64_t n,
+                                  int64_t batch, Combiner combiner) {
+  std::vector<float> scale(batch, 1.f);
+  if (combiner == Combiner::kSum) return scale;
+  std::vector<double> acc(batch, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const double w = weights ? weights[i] : 1.0;
+    acc[segment_ids[i]] += combiner == Combiner::kMean ? w : w * w;
+  }
+  for (int64_t b = 0; b < batch; ++b) {
+    const double denom = combiner == Combiner::kMean ? acc[b] : std::sqrt(acc[b]);
+    scale[b] = denom == 0.0 ? 0.f : static_cast<float>(1.0 / denom);
+  }
+  return scale;
+}
+
+bool is_sorted(const int64_t* segment_ids, int64_t n) {
+  for (int64_t i = 1; i < n; ++i)
+    if (segment_ids[i] < segment_ids[i - 1]) return false;
+  return true;
+}
+
+}  // namespace
+
+void pooled_forward(const float* rows, int64_t dim, const int32_t* inverse,
+                    const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
+                    Combiner combiner, float* out, const ParallelFor& pf) {
+  std::memset(out, 0, sizeof(float) * batch * dim);
+  const std::vector<float> scale = segment_scales(segment_ids, weights, n, batch, combiner);
+  auto accumulate = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t s = segment_ids[i];
+      const float w = (weights ? weights[i] : 1.f) * scale[s];
+      const float* src = rows + static_cast<int64_t>(inverse[i]) * dim;
+      float* dst = out + s * dim;
+      for (int64_t c = 0; c < dim; ++c) dst[c] += w * src[c];
+    }
+  };
+  if (!is_sorted(segment_ids, n)) {
+    accumulate(0, n);
+    return;
+  }
+  // Sorted samples: split the ids on sample boundaries so no two workers share an output row.
+  pf(batch, 8 * dim * std::max<int64_t>(1, n / std::max<int64_t>(1, batch)),
+     [&](int64_t sb, int64_t se) {
+       const int64_t b = std::lower_bound(segment_ids, segment_ids + n, sb) - segment_ids;
+       const int64_t e = std::lower_bound(segment_ids, segment_ids + n, se) - segment_ids;
+       accumulate(b, e);
+     });
+}
+
+void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
+                     const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
+                     Combiner combiner, int64_t num_rows, float* grad_rows, const ParallelFor& pf) {
+  std::memset(grad_rows, 0, sizeof(float) * num_rows * dim);
+  const std::vector<float> scale = segment_scales(segment_ids, weights, n, batch, combiner);
+  // Each worker owns a range of output rows and scans every id: no two write the same row.
+  pf(num_rows, 8 * dim * std::max<int64_t>(1, n / std::max<int64_t>(1, num_rows)),
+     [&](int64_t rb, int64_t re) {
+       for (int64_t i = 0; i < n; ++i) {
+         const int64_t r = inverse[i];
+         if (r < rb || r >= re) continue;
+         const int64_t s = segment_ids[i];
+         const float w = (weights ? weights[i] : 1.f) * scale[s];
+         const float* src = grad_out + s * dim;
+         float* dst = grad_rows + r * dim;
+         for (int64_t c = 0; c < dim; ++c) dst[c] += w * src[c];
+       }
+     });
+}
+
+template void unique_keys<int32_t>(const int32_t*, int64_t, std::vector<int32_t>*, int32_t*,
+                                   std::vector<int64_t>*);
+template void unique_keys<int64_t>(const int64_t*, int64_t, std::vector<int64_t>*, int32_t*,
+                                   std::vector<int64_t>*);
+template void bucketize_by_owner<int32_t>(const int32_t*, int64_t, int, int64_t*, int64_t*);
+template void bucketize_by_owner<int64_t>(const int64_t*, int64_t, int, int64_t*, int64_t*);
+
+}  // namespace sok

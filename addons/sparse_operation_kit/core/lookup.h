@@ -1,0 +1,51 @@
+// The steps of a sparse lookup around the tables, CPU versions:
+//   unique_keys        -> one row fetch per distinct key (inverse maps ids back)
+//   bucketize_by_owner -> which rank owns each distinct key (model parallelism)
+//   pooled_forward     -> per-sample sum / mean / sqrtn of the fetched rows, optional weights
+//   pooled_backward    -> per-distinct-key gradient from the per-sample gradient
+// An id i belongs to sample segment_ids[i] (0 <= segment_ids[i] < batch) and reads row inverse[i].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "addons/sparse_operation_kit/core/common.h"
+#include "addons/sparse_operation_kit/core/parallel.h"
+#include "addons/sparse_operation_kit/core/status.h"
+
+namespace sok {
+
+enum class Combiner : int32_t { kSum = 0, kMean = 1, kSqrtn = 2 };
+
+// "sum" | "mean" | "sqrtn"; false for anything else.
+bool parse_combiner(const std::string& name, Combiner* out);
+
+// Distinct keys in order of first appearance, inverse[i] = position of keys[i] among them,
+// and (if counts is not null) how often each distinct key appeared.
+template <typename K>
+void unique_keys(const K* keys, int64_t n, std::vector<K>* unique, int32_t* inverse,
+                 std::vector<int64_t>* counts);
+
+// Stable order of the keys grouped by owner rank (owner = floor_mod(key, world_size)):
+// order[j] is the position of the j-th key once grouped; counts[r] how many rank r owns.
+template <typename K>
+void bucketize_by_owner(const K* keys, int64_t n, int world_size, int64_t* order, int64_t* counts);
+
+// Checks segment_ids and inverse are in range; names `table` in the message.
+Status check_lookup_indices(const std::string& table, const int32_t* inverse,
+                            const int64_t* segment_ids, int64_t n, int64_t num_rows, int64_t batch);
+
+// out[batch, dim] = combine over ids of weights[i] * rows[inverse[i]]; weights may be null (1).
+// Samples without ids read zeros; a zero weight sum gives zeros (TensorFlow's div_no_nan).
+void pooled_forward(const float* rows, int64_t dim, const int32_t* inverse,
+                    const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
+                    Combiner combiner, float* out, const ParallelFor& pf = serial_for);
+
+// grad_rows[num_rows, dim] = d(loss)/d(rows) given grad_out[batch, dim] = d(loss)/d(out).
+void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
+                     const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
+                     Combiner combiner, int64_t num_rows, float* grad_rows,
+                     const ParallelFor& pf = serial_for);
+
+}  // namespace sok

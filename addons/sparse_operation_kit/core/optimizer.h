@@ -1,0 +1,96 @@
+// Sparse optimizer update rules, written once as per-row functions that the CPU loop and the
+// CUDA kernel both call. A row is [value(dim) | slot 0 (dim) | slot 1 (dim) ...]; `grad` is the
+// already-aggregated gradient of that key (duplicates summed first, as TensorFlow's optimizers do).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "addons/sparse_operation_kit/core/common.h"
+
+namespace sok {
+
+enum class OptimizerKind : int32_t { kSGD = 0, kAdagrad = 1, kAdam = 2, kFtrl = 3 };
+
+struct OptimizerParams {
+  OptimizerKind kind = OptimizerKind::kSGD;
+  float lr = 0.01f;
+  float beta1 = 0.9f;     // Adam
+  float beta2 = 0.999f;   // Adam
+  float epsilon = 0.f;    // Adagrad (Keras: 1e-7; tf.compat.v1: 0), Adam
+  float initial_accumulator = 0.1f;  // Adagrad, FTRL
+  float l1 = 0.f;         // FTRL
+  float l2 = 0.f;         // FTRL
+  float lr_power = -0.5f; // FTRL
+  int64_t step = 1;       // Adam: 1-based step count t used for bias correction
+};
+
+SOK_HD int num_slots(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::kSGD: return 0;
+    case OptimizerKind::kAdagrad: return 1;  // accumulator
+    case OptimizerKind::kAdam: return 2;     // m, v
+    case OptimizerKind::kFtrl: return 2;     // accumulator, linear
+  }
+  return 0;
+}
+
+SOK_HD float slot_initial_value(const OptimizerParams& p, int slot) {
+  switch (p.kind) {
+    case OptimizerKind::kAdagrad: return p.initial_accumulator;
+    case OptimizerKind::kFtrl: return slot == 0 ? p.initial_accumulator : 0.f;
+    default: return 0.f;
+  }
+}
+
+// Adam's step size with bias correction, computed once per call rather than per element.
+SOK_HD float adam_step_size(const OptimizerParams& p) {
+  const double t = static_cast<double>(p.step);
+  return static_cast<float>(p.lr * sqrt(1.0 - pow(static_cast<double>(p.beta2), t)) /
+                            (1.0 - pow(static_cast<double>(p.beta1), t)));
+}
+
+// Updates element c of one row. `alpha` is adam_step_size(p) (unused by the others).
+SOK_HD void apply_element(const OptimizerParams& p, float alpha, float* value, float* slots,
+                          int64_t dim, int64_t c, float g) {
+  switch (p.kind) {
+    case OptimizerKind::kSGD:
+      value[c] -= p.lr * g;
+      break;
+    case OptimizerKind::kAdagrad: {
+      float acc = slots[c] + g * g;
+      slots[c] = acc;
+      value[c] -= p.lr * g / (sqrtf(acc) + p.epsilon);
+      break;
+    }
+    case OptimizerKind::kAdam: {
+      float m = p.beta1 * slots[c] + (1.f - p.beta1) * g;
+      float v = p.beta2 * slots[dim + c] + (1.f - p.beta2) * g * g;
+      slots[c] = m;
+      slots[dim + c] = v;
+      value[c] -= alpha * m / (sqrtf(v) + p.epsilon);
+      break;
+    }
+    case OptimizerKind::kFtrl: {
+      // TensorFlow's ApplyFtrl (l2_shrinkage = 0).
+      float acc = slots[c];
+      float acc_new = acc + g * g;
+      float sigma = (powf(acc_new, -p.lr_power) - powf(acc, -p.lr_power)) / p.lr;
+      float linear = slots[dim + c] + g - sigma * value[c];
+      float quadratic = powf(acc_new, -p.lr_power) / p.lr + 2.f * p.l2;
+      float l1_clipped = linear > p.l1 ? p.l1 : (linear < -p.l1 ? -p.l1 : linear);
+      value[c] = (fabsf(linear) > p.l1) ? (l1_clipped - linear) / quadratic : 0.f;
+      slots[c] = acc_new;
+      slots[dim + c] = linear;
+      break;
+    }
+  }
+}
+
+SOK_HD void apply_row(const OptimizerParams& p, float alpha, float* row, int64_t dim,
+                      const float* grad) {
+  float* slots = row + dim;
+  for (int64_t c = 0; c < dim; ++c) apply_element(p, alpha, row, slots, dim, c, grad[c]);
+}
+
+}  // namespace sok
