@@ -1,0 +1,194 @@
+// Public entry points of the CUDA half of the core (framework-free: no TensorFlow header).
+//
+// Everything here works on DEVICE pointers and is ordered on the caller's cudaStream_t; nothing
+// synchronises the host unless its comment says so. Errors (CUDA errors included) come back as
+// sok::Status, which the TF glue turns into errors::InvalidArgument / Internal.
+//
+// The semantics are the CPU core's (embedding_table.h, lookup.h), with the same shapes:
+//   GpuEmbeddingTable<K>      ~ EmbeddingTable<K>      (K = int32_t or int64_t; every key legal)
+//   unique_keys / bucketize_by_owner / pooled_forward / pooled_backward ~ lookup.h
+// Differences, all documented where they apply:
+//   - export_rows lists the rows in slot order, not insertion order;
+//   - with repeated keys in ONE call, insert_or_assign keeps one of the values (CPU: the last) and a
+//     counter-filtered find_or_insert may admit a different occurrence than the CPU's serial order;
+//   - apply_gradients calls on one table must be ordered by the caller (TF's resource-variable
+//     lock does this); find / find_or_insert / insert_or_assign may run concurrently on several
+//     streams. erase, import_rows, reserve and growth synchronise the device.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "addons/sparse_operation_kit/core/lookup.h"
+#include "addons/sparse_operation_kit/core/status.h"
+#include "addons/sparse_operation_kit/core/table_config.h"
+
+namespace sok {
+namespace gpu {
+
+// ---------------------------------------------------------------------------------------------
+// Temporary device memory. The default uses the stream-ordered allocator
+// (cudaMallocAsync / cudaFreeAsync); the TF glue can pass one that wraps its own allocator.
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  virtual void* allocate(size_t bytes, cudaStream_t stream) = 0;  // nullptr on failure
+  virtual void deallocate(void* p, size_t bytes, cudaStream_t stream) = 0;
+};
+DeviceAllocator* default_allocator();
+
+// Turns a CUDA error code into a Status ("<what>: <cuda error string>").
+Status cuda_status(cudaError_t e, const char* what);
+
+// ---------------------------------------------------------------------------------------------
+// Bad-index reports written by the device (the first bad position wins), read by the host.
+struct GpuLookupError {
+  int64_t position;  // index of the offending id; -1: none
+  int64_t value;     // the offending id / segment / row
+  int64_t kind;      // 1: id out of [0, num_rows); 2: segment out of [0, batch); 3: row split bad
+};
+// Sets the record to "no error" (position = -1), ordered on `stream`.
+Status reset_lookup_error(GpuLookupError* d_err, cudaStream_t stream);
+// Synchronises `stream` and returns Invalid("<what>: id <v> at position <p> ...") if set.
+Status check_lookup_error(const GpuLookupError* d_err, const std::string& what, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
+// Which sample each id belongs to: exactly one of the two is set.
+//   segment_ids[n]     SparseTensor layout (row of each id; sorted or not; sorted is fastest)
+//   row_splits[batch+1] RaggedTensor layout (ids of sample b are [row_splits[b], row_splits[b+1]))
+struct Segments {
+  const int64_t* segment_ids = nullptr;
+  const int64_t* row_splits = nullptr;
+};
+
+// Counts given on the device: where a function takes `d_n`, it is an optional device scalar
+// (nullptr: use n) giving the real count <= n, so stages can follow unique_keys without a host
+// round trip. Buffers are sized by the host bound n.
+
+// unique[0..U) = distinct keys in order of first appearance, inverse[i] = their position of
+// keys[i], counts[u] = occurrences (counts may be null), *d_num_unique = U (device scalar).
+// unique and inverse hold n entries; counts n entries.
+template <typename K>
+Status unique_keys(const K* keys, int64_t n, K* unique, int32_t* inverse, int64_t* counts,
+                   int64_t* d_num_unique, cudaStream_t stream, DeviceAllocator* alloc = nullptr);
+
+// Stable grouping by owner = floor_mod(key, world_size): order[j] = position of the j-th key
+// once grouped, counts[r] = how many keys rank r owns (device array of world_size entries).
+template <typename K>
+Status bucketize_by_owner(const K* keys, int64_t n, const int64_t* d_n, int world_size,
+                          int64_t* order, int64_t* counts, cudaStream_t stream,
+                          DeviceAllocator* alloc = nullptr);
+
+// dst[j] = src[index[j]] for j < count (keys, counts, or rows of `dim` floats).
+template <typename T>
+Status gather(const T* src, const int64_t* index, int64_t n, const int64_t* d_n, T* dst,
+              cudaStream_t stream);
+Status gather_rows(const float* src, int64_t dim, const int64_t* index, int64_t n,
+                   const int64_t* d_n, float* dst, cudaStream_t stream);
+// dst[index[j]] = src[j] for j < count.
+Status scatter_rows(const float* src, int64_t dim, const int64_t* index, int64_t n,
+                    const int64_t* d_n, float* dst, cudaStream_t stream);
+
+// out[batch, dim] = combine over the ids of sample b of weights[i] * rows[inverse[i]]
+// (lookup.h's pooled_forward). weights may be null. Samples without ids read zeros, a zero weight
+// sum gives zeros. Bad segment ids / row splits / inverse entries are reported through d_err
+// (optional) and skipped, never read out of bounds; num_rows bounds inverse.
+Status pooled_forward(const float* rows, int64_t dim, int64_t num_rows, const int32_t* inverse,
+                      Segments seg, const float* weights, int64_t n, int64_t batch,
+                      Combiner combiner, float* out, cudaStream_t stream,
+                      GpuLookupError* d_err = nullptr, DeviceAllocator* alloc = nullptr);
+
+// grad_rows[num_rows, dim] = d(loss)/d(rows) (lookup.h's pooled_backward), one deterministic
+// sum per row (ids in ascending order, long rows split in fixed chunks). Rows no id reads are
+// zero. d_num_rows (optional device scalar <= num_rows) limits the rows written.
+Status pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse, Segments seg,
+                       const float* weights, int64_t n, int64_t batch, Combiner combiner,
+                       int64_t num_rows, const int64_t* d_num_rows, float* grad_rows,
+                       cudaStream_t stream, DeviceAllocator* alloc = nullptr);
+
+// Static (dense) tables, table[num_rows, dim] row-major on the device. I = int32_t or int64_t.
+// out[i] = table[ids[i]]; an id outside [0, num_rows) is reported through d_err (required) and
+// its output row is zero-filled instead of read.
+template <typename I>
+Status gather_static(const float* table, int64_t num_rows, int64_t dim, const I* ids, int64_t n,
+                     float* out, GpuLookupError* d_err, cudaStream_t stream);
+// Fused pooled lookup straight from the dense table: out[b] = combine(table[ids[i]]) over the
+// ids of sample b (no intermediate rows). Bad ids are reported and skipped.
+template <typename I>
+Status static_pooled_forward(const float* table, int64_t num_rows, int64_t dim, const I* ids,
+                             Segments seg, const float* weights, int64_t n, int64_t batch,
+                             Combiner combiner, float* out, GpuLookupError* d_err,
+                             cudaStream_t stream, DeviceAllocator* alloc = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+struct GpuTableOptions {
+  // Grow (rehash into twice the capacity) before live + erased slots would pass this fraction.
+  double max_load_factor = 0.75;
+  DeviceAllocator* allocator = nullptr;  // temporaries; nullptr: default_allocator()
+};
+
+// A hash table from key to row [value(dim) | optimizer slots (num_slots x dim)] in the memory of
+// the device current at Create(). Buckets of 32 slots: one digest byte per slot (0 empty,
+// 1 erased, 2 being written, 3..255 hash digest) keeps occupancy apart from the key, so every
+// key value is legal; keys, frequencies, versions and rows live in parallel arrays.
+template <typename K>
+class GpuEmbeddingTable {
+ public:
+  static Status Create(const TableConfig& config, const GpuTableOptions& options,
+                       std::unique_ptr<GpuEmbeddingTable>* out);
+  ~GpuEmbeddingTable();
+  GpuEmbeddingTable(const GpuEmbeddingTable&) = delete;
+  GpuEmbeddingTable& operator=(const GpuEmbeddingTable&) = delete;
+
+  const TableConfig& config() const;
+  int64_t dim() const;
+  int num_slots() const;
+  int64_t capacity() const;  // slots
+
+  // Number of keys; synchronises `stream` (and the device if other streams were used).
+  Status size(int64_t* out, cudaStream_t stream);
+
+  // Read-only lookup: out[n, dim]. Missing keys read their initial value (initializer.h) or,
+  // under a counter filter, default_value_no_permission (also for keys not yet admitted).
+  Status find(const K* keys, int64_t n, float* out, cudaStream_t stream,
+              const int64_t* d_n = nullptr);
+
+  // Training lookup: inserts missing keys (initialised on the device, one row per key even when
+  // the batch repeats a key or another stream inserts it at once) and adds counts[i] (1 when
+  // counts is null) to each key's frequency. out may be null (insert/count only).
+  Status find_or_insert(const K* keys, int64_t n, float* out, const int64_t* counts,
+                        cudaStream_t stream, const int64_t* d_n = nullptr);
+
+  // Overwrites the values (inserting missing keys, slots at their initial value).
+  Status insert_or_assign(const K* keys, int64_t n, const float* values, cudaStream_t stream);
+
+  // Removes the keys. *num_erased (host, optional) gets how many were present (synchronises).
+  Status erase(const K* keys, int64_t n, cudaStream_t stream, int64_t* num_erased = nullptr);
+
+  // One optimizer step (optimizer.h) on the given keys, grads[n, dim]. Repeated keys are summed
+  // first (skipped when keys_unique); missing keys are inserted; keys not admitted by the counter
+  // filter are skipped; updated rows get version = global_step. Slots are created on first use.
+  Status apply_gradients(const K* keys, int64_t n, const float* grads, const OptimizerParams& p,
+                         int64_t global_step, cudaStream_t stream, bool keys_unique = false,
+                         const int64_t* d_n = nullptr);
+
+  // Everything, in slot order, to host memory (synchronises).
+  Status export_rows(TableSnapshot<K>* out, cudaStream_t stream);
+  // Replaces the whole content (synchronises); same checks as the CPU table.
+  Status import_rows(const TableSnapshot<K>& snapshot, cudaStream_t stream);
+
+  // Makes room for `num_keys` keys without growing later (synchronises the device if it grows).
+  Status reserve(int64_t num_keys, cudaStream_t stream);
+
+  struct Impl;
+
+ private:
+  GpuEmbeddingTable();
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gpu
+}  // namespace sok

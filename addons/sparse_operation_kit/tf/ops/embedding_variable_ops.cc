@@ -1,0 +1,154 @@
+// Op registrations of the Embedding Variable (a hash-table-backed, growing embedding table).
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace sok_ops {
+
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+REGISTER_OP("SokEmbeddingVariableHandle")
+    .Output("handle: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("key_dtype: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc("Handle of an Embedding Variable (key -> row hash table).");
+
+REGISTER_OP("SokEmbeddingVariableInitialize")
+    .Input("handle: resource")
+    .Input("init_matrix: float")  // [default_value_dim, dim] for init_kind=4, else empty
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("table_name: string")
+    .Attr("dim: int >= 1")
+    .Attr("init_kind: int")
+    .Attr("init_a: float = 0.0")
+    .Attr("init_b: float = 0.0")
+    .Attr("seed: int = 0")
+    .Attr("default_value_dim: int = 0")
+    .Attr("filter_freq: int = 0")
+    .Attr("default_value_no_permission: float = 0.0")
+    .Attr("steps_to_live: int = 0")
+    .Attr("l2_weight_threshold: float = -1.0")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs);
+
+REGISTER_OP("SokEmbeddingVariableIsInitialized")
+    .Input("handle: resource")
+    .Output("is_initialized: bool")
+    .Attr("key_dtype: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape);
+
+REGISTER_OP("SokEmbeddingVariableSize")
+    .Input("handle: resource")
+    .Output("size: int64")
+    .Attr("key_dtype: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape);
+
+// Reads rows of many tables at once. training=True inserts missing keys (with their initial
+// value) and counts frequencies; training=False never inserts.
+REGISTER_OP("SokEmbeddingVariableGather")
+    .Input("handles: N * resource")
+    .Input("keys: Tkeys")
+    .Input("counts: N * int64")  // per key; an empty tensor counts 1 each
+    .Output("values: N * float")
+    .Attr("N: int >= 1")
+    .Attr("Tkeys: list({int32, int64})")
+    .Attr("dims: list(int)")
+    .Attr("training: bool")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      std::vector<int> dims;
+      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+      if (static_cast<int>(dims.size()) != n) {
+        return errors::InvalidArgument("SokEmbeddingVariableGather: ", dims.size(), " dims for ",
+                                       n, " tables");
+      }
+      for (int i = 0; i < n; ++i) {
+        ShapeHandle keys;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + i), 1, &keys));
+        c->set_output(i, c->Matrix(c->Dim(keys, 0), dims[i]));
+      }
+      return OkStatus();
+    });
+
+REGISTER_OP("SokEmbeddingVariableAssign")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Input("values: float")
+    .Attr("key_dtype: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs);
+
+// Fused sparse optimizer step over many tables: keys may repeat (gradients are summed first).
+REGISTER_OP("SokEmbeddingVariableSparseApply")
+    .Input("handles: N * resource")
+    .Input("keys: Tkeys")
+    .Input("grads: N * float")
+    .Input("learning_rate: float")
+    .Input("global_step: int64")  // 0-based count of steps taken before this one
+    .Attr("N: int >= 1")
+    .Attr("Tkeys: list({int32, int64})")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'ftrl'}")
+    .Attr("beta1: float = 0.9")
+    .Attr("beta2: float = 0.999")
+    .Attr("epsilon: float = 0.0")
+    .Attr("initial_accumulator: float = 0.1")
+    .Attr("l1: float = 0.0")
+    .Attr("l2: float = 0.0")
+    .Attr("lr_power: float = -0.5")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs);
+
+REGISTER_OP("SokEmbeddingVariableShrink")
+    .Input("handle: resource")
+    .Input("global_step: int64")
+    .Output("removed: int64")
+    .Attr("key_dtype: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape);
+
+REGISTER_OP("SokEmbeddingVariableExport")
+    .Input("handle: resource")
+    .Output("keys: key_dtype")
+    .Output("values: float")     // [n, dim]
+    .Output("slots: float")      // [n, num_slots, dim]
+    .Output("freqs: int64")
+    .Output("versions: int64")
+    .Output("slot_kind: int32")  // optimizer owning the slots, -1 none
+    .Output("slot_init: float")  // [num_slots]
+    .Attr("key_dtype: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, InferenceContext::kUnknownDim));
+      c->set_output(2, c->UnknownShapeOfRank(3));
+      c->set_output(3, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(4, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(5, c->Scalar());
+      c->set_output(6, c->Vector(InferenceContext::kUnknownDim));
+      return OkStatus();
+    });
+
+REGISTER_OP("SokEmbeddingVariableImport")
+    .Input("handle: resource")
+    .Input("keys: key_dtype")
+    .Input("values: float")
+    .Input("slots: float")
+    .Input("freqs: int64")
+    .Input("versions: int64")
+    .Input("slot_kind: int32")
+    .Input("slot_init: float")
+    .Attr("key_dtype: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::NoOutputs);
+
+}  // namespace sok_ops
+}  // namespace tensorflow

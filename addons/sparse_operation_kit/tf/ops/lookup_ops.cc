@@ -1,0 +1,77 @@
+// Op registrations of the sparse lookup steps (see core/lookup.h): dedup and pooled combine.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace sok_ops {
+
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+// Distinct keys of each table in order of first appearance, the inverse map and the counts.
+REGISTER_OP("SokUniqueKeys")
+    .Input("keys: Tkeys")
+    .Output("unique: Tkeys")
+    .Output("inverse: N * int32")
+    .Output("counts: N * int64")
+    .Attr("N: int >= 1")
+    .Attr("Tkeys: list({int32, int64})")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int i = 0; i < n; ++i) {
+        ShapeHandle keys;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &keys));
+        c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+        c->set_output(n + i, keys);
+        c->set_output(2 * n + i, c->Vector(InferenceContext::kUnknownDim));
+      }
+      return OkStatus();
+    });
+
+// out_i[batch_i, dim_i] = combine_i over ids j of weights_i[j] * rows_i[inverse_i[j]], by sample
+// segment_ids_i[j]. An empty weights_i means all weights are 1.
+REGISTER_OP("SokPooledCombine")
+    .Input("rows: N * float")
+    .Input("inverse: N * int32")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * float")
+    .Input("batch_sizes: int64")  // [N]
+    .Output("embeddings: N * float")
+    .Attr("N: int >= 1")
+    .Attr("combiners: list(string)")
+    .Attr("table_names: list(string)")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int i = 0; i < n; ++i) {
+        ShapeHandle rows;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &rows));
+        c->set_output(i, c->Matrix(InferenceContext::kUnknownDim, c->Dim(rows, 1)));
+      }
+      return OkStatus();
+    });
+
+REGISTER_OP("SokPooledCombineGrad")
+    .Input("grads: N * float")
+    .Input("inverse: N * int32")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * float")
+    .Input("num_rows: int64")  // [N]
+    .Output("row_grads: N * float")
+    .Attr("N: int >= 1")
+    .Attr("combiners: list(string)")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int i = 0; i < n; ++i) {
+        ShapeHandle g;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &g));
+        c->set_output(i, c->Matrix(InferenceContext::kUnknownDim, c->Dim(g, 1)));
+      }
+      return OkStatus();
+    });
+
+}  // namespace sok_ops
+}  // namespace tensorflow
