@@ -46,9 +46,10 @@ Status cuda_status(cudaError_t e, const char* what);
 // ---------------------------------------------------------------------------------------------
 // Bad-index reports written by the device (the first bad position wins), read by the host.
 struct GpuLookupError {
-  int64_t position;  // index of the offending id; -1: none
-  int64_t value;     // the offending id / segment / row
-  int64_t kind;      // 1: id out of [0, num_rows); 2: segment out of [0, batch); 3: row split bad
+  int64_t packed;    // device-side: min over (position << 3 | kind); all ones: none
+  int64_t position;  // index of the offending id (sample for kind 3); -1: none
+  int64_t value;     // the offending id / row / segment / row split
+  int64_t kind;      // 1: id out of [0, num_rows); 2: segment out of [0, batch); 3: bad row split
 };
 // Sets the record to "no error" (position = -1), ordered on `stream`.
 Status reset_lookup_error(GpuLookupError* d_err, cudaStream_t stream);

@@ -1,0 +1,22 @@
+"""sparse_operation_kit: Embedding Variables, fused sparse lookups and sparse optimizers for
+TensorFlow (`import sparse_operation_kit as sok`)."""
+import tensorflow as tf
+
+from sparse_operation_kit import lookup as _lookup_module  # registers gradients
+from sparse_operation_kit.context import init, num_ranks, rank
+from sparse_operation_kit.embedding_variable import (
+    CounterFilter, EmbeddingVariable, EmbeddingVariableOption, GlobalStepEvict, InitializerOption,
+    L2WeightEvict, StorageOption, get_embedding_variable)
+from sparse_operation_kit.lookup import lookup_sparse
+from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variables
+from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
+
+tf_version = tf.__version__
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "rank", "num_ranks", "get_embedding_variable", "EmbeddingVariable", "EmbeddingVariableOption",
+    "InitializerOption", "CounterFilter", "GlobalStepEvict", "L2WeightEvict", "StorageOption",
+    "lookup_sparse", "OptimizerWrapper", "SGD", "filter_variables", "Variable", "DynamicVariable",
+    "export", "assign", "tf_version",
+]

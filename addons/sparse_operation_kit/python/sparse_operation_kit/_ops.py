@@ -1,0 +1,20 @@
+"""Loads the compiled ops (tf/_sparse_operation_kit_ops.so) once."""
+import os
+
+import tensorflow as tf
+
+_LIB_NAME = "_sparse_operation_kit_ops.so"
+
+
+def _find_library():
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.environ.get("SOK_OPS_LIBRARY", ""), os.path.join(here, _LIB_NAME)]
+    for path in candidates:
+        if path and os.path.exists(path):
+            return path
+    raise ImportError(
+        f"sparse_operation_kit: {_LIB_NAME} not found next to the package ({here}); "
+        "build the wheel with `bazel build //tools/pip_package:build_sok` or set SOK_OPS_LIBRARY")
+
+
+ops = tf.load_op_library(_find_library())

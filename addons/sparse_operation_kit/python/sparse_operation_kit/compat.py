@@ -1,0 +1,46 @@
+"""Every use of TensorFlow internals lives here, each where no public API does the job.
+
+If a TensorFlow release moves one of these, this is the only file to change.
+"""
+import tensorflow as tf
+from tensorflow.python.eager import tape as _tape  # no public "variable was read" hook
+from tensorflow.python.framework import ops as _framework_ops
+from tensorflow.python.training.saving import saveable_object as _saveable_object
+
+TF_VERSION = tf.__version__
+
+SaveableObject = _saveable_object.SaveableObject
+SaveSpec = _saveable_object.SaveSpec
+
+
+def variable_accessed(variable):
+    """Tells active GradientTapes that `variable` was read, as tf.Variable reads do."""
+    if variable.trainable:
+        _tape.variable_accessed(variable)
+
+
+def register_gradient(op_type):
+    return _framework_ops.RegisterGradient(op_type)
+
+
+def v1_optimizer_hyperparameters(opt):
+    """Hyperparameters of a tf.compat.v1.train optimizer (kept in private attributes)."""
+    name = type(opt).__name__
+    if name == "GradientDescentOptimizer":
+        return "sgd", {"learning_rate": opt._learning_rate}
+    if name == "AdagradOptimizer":
+        return "adagrad", {"learning_rate": opt._learning_rate,
+                           "initial_accumulator": opt._initial_accumulator_value, "epsilon": 0.0}
+    if name == "AdamOptimizer":
+        return "adam", {"learning_rate": opt._lr, "beta1": opt._beta1, "beta2": opt._beta2,
+                        "epsilon": opt._epsilon}
+    if name == "FtrlOptimizer":
+        if opt._l2_shrinkage_regularization_strength:
+            raise ValueError("sok.OptimizerWrapper: FTRL's l2_shrinkage_regularization_strength is "
+                             "not supported for SOK variables")
+        return "ftrl", {"learning_rate": opt._learning_rate,
+                        "initial_accumulator": opt._initial_accumulator_value,
+                        "lr_power": opt._learning_rate_power,
+                        "l1": opt._l1_regularization_strength,
+                        "l2": opt._l2_regularization_strength}
+    return None, None

@@ -1,0 +1,328 @@
+"""The Embedding Variable: a hash-table-backed embedding that grows as new ids arrive.
+
+API of DeepRec's `tf.get_embedding_variable` and its options, on stock TensorFlow. The table
+lives in a TensorFlow resource (a core EmbeddingTable); optimizer slots, frequencies and
+last-update steps are stored beside each row.
+"""
+import itertools
+
+import tensorflow as tf
+
+from sparse_operation_kit import compat, initializers
+from sparse_operation_kit._ops import ops
+
+SOK_VARIABLES = "sok_embedding_variables"
+_uid = itertools.count()
+
+
+# ---------------------------------------------------------------------------------------------
+# Options (DeepRec's names and meanings)
+# ---------------------------------------------------------------------------------------------
+class InitializerOption:
+    """Initial values of new keys: key k starts from row k mod default_value_dim of the
+    initializer's [default_value_dim, dim] default-value matrix (deterministic per seed and key)."""
+
+    def __init__(self, initializer=None, default_value_dim=4096, default_value_no_permission=0.0):
+        if default_value_dim is None or int(default_value_dim) < 0:
+            raise ValueError(f"default_value_dim must be >= 0, got {default_value_dim}")
+        self.initializer = initializer
+        self.default_value_dim = int(default_value_dim)
+        self.default_value_no_permission = float(default_value_no_permission)
+
+
+class CounterFilter:
+    """Admits a key once it was looked up in training `filter_freq` times."""
+
+    def __init__(self, filter_freq=0):
+        self.filter_freq = int(filter_freq)
+
+
+class GlobalStepEvict:
+    """Evicts keys not updated for more than `steps_to_live` steps (at save / shrink)."""
+
+    def __init__(self, steps_to_live=None):
+        self.steps_to_live = int(steps_to_live or 0)
+
+
+class L2WeightEvict:
+    """Evicts keys whose embedding's L2 norm is below `l2_weight_threshold` (at save / shrink)."""
+
+    def __init__(self, l2_weight_threshold=-1.0):
+        self.l2_weight_threshold = float(l2_weight_threshold)
+
+
+class StorageOption:
+    """Accepted for DeepRec compatibility: every table lives in the process's memory here."""
+
+    def __init__(self, storage_type=None, storage_path=None, storage_size=None, **kwargs):
+        self.storage_type, self.storage_path, self.storage_size = storage_type, storage_path, storage_size
+
+
+class EmbeddingVariableOption:
+    def __init__(self, ht_type=None, ht_partition_num=None, evict_option=None, ckpt=None,
+                 filter_option=None, storage_option=None, init_option=None):
+        if filter_option is not None and not isinstance(filter_option, CounterFilter):
+            raise TypeError(f"filter_option must be sok.CounterFilter, got {type(filter_option).__name__}")
+        if evict_option is not None and not isinstance(evict_option, (GlobalStepEvict, L2WeightEvict)):
+            raise TypeError("evict_option must be sok.GlobalStepEvict or sok.L2WeightEvict, got "
+                            f"{type(evict_option).__name__}")
+        self.filter_option = filter_option
+        self.evict_option = evict_option
+        self.storage_option = storage_option
+        self.init_option = init_option
+        self.ckpt = ckpt
+
+
+# ---------------------------------------------------------------------------------------------
+# The variable
+# ---------------------------------------------------------------------------------------------
+class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
+    """A [?, embedding_dim] table keyed by int32/int64 ids; rows appear on first training lookup.
+
+    It reads like a resource variable where TensorFlow allows it: `tf.nn.embedding_lookup(var,
+    ids)`, `var.sparse_read(ids)`, and `tf.gradients` / `tf.GradientTape` give `tf.IndexedSlices`
+    keyed by id. Train it through `sok.OptimizerWrapper(opt)` or `sok.SGD`.
+    """
+
+    # Makes tf.gradients / GradientTape / embedding_lookup treat this as a resource variable
+    # (they then differentiate with respect to `.handle`).
+    _should_act_as_resource_variable = True
+
+    def __init__(self, name, embedding_dim, key_dtype=tf.int64, value_dtype=tf.float32,
+                 initializer=None, trainable=True, ev_option=None, steps_to_live=None,
+                 collections=None, default_value_dim=None):
+        key_dtype = tf.as_dtype(key_dtype)
+        if key_dtype not in (tf.int32, tf.int64):
+            raise TypeError(f"Embedding Variable '{name}': key_dtype must be int32 or int64, got {key_dtype.name}")
+        if tf.as_dtype(value_dtype) != tf.float32:
+            raise TypeError(f"Embedding Variable '{name}': value_dtype must be float32, got "
+                            f"{tf.as_dtype(value_dtype).name}")
+        embedding_dim = int(embedding_dim)
+        if embedding_dim <= 0:
+            raise ValueError(f"Embedding Variable '{name}': embedding_dim must be positive, got {embedding_dim}")
+        ev_option = ev_option or EmbeddingVariableOption()
+        init_option = ev_option.init_option or InitializerOption(
+            initializer, 4096 if default_value_dim is None else default_value_dim)
+        if init_option.initializer is None and initializer is not None:
+            init_option.initializer = initializer
+        self._name = name
+        self._dim = embedding_dim
+        self._key_dtype = key_dtype
+        self._trainable = trainable
+        self.target_gpu = -1
+        self._default_value_dim = init_option.default_value_dim
+        spec = initializers.resolve(init_option.initializer, name, embedding_dim, self._default_value_dim)
+        if spec.kind == initializers.MATRIX and self._default_value_dim == 0:
+            self._default_value_dim = int(spec.matrix.shape[0])
+        self._init_spec = spec
+        self._no_permission = init_option.default_value_no_permission
+        self._filter_freq = ev_option.filter_option.filter_freq if ev_option.filter_option else 0
+        evict = ev_option.evict_option
+        self._steps_to_live = int(steps_to_live or 0)
+        if isinstance(evict, GlobalStepEvict):
+            self._steps_to_live = evict.steps_to_live
+        self._l2_threshold = evict.l2_weight_threshold if isinstance(evict, L2WeightEvict) else -1.0
+        # Eager tables get a process-unique resource name, graph tables their (unique) op name.
+        self._shared_name = f"{name}_{next(_uid)}" if tf.executing_eagerly() else None
+        super().__init__()
+        with tf.init_scope():
+            self._resource_handle = self._create_resource()
+            self._init_op = self._initialize()
+            if tf.executing_eagerly():
+                self._init_op = None
+        if not tf.executing_eagerly():
+            graph = tf.compat.v1.get_default_graph()
+            default = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
+            if trainable:
+                default.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+            for c in set(list(collections or default) + [SOK_VARIABLES]):
+                graph.add_to_collection(c, self)
+
+    # --- resource lifecycle (TrackableResource) -----------------------------------------------
+    def _create_resource(self):
+        shared_name = self._shared_name
+        if shared_name is None:  # graph mode: unique within the graph
+            shared_name = tf.compat.v1.get_default_graph().unique_name(self._name, mark_as_used=False)
+            self._shared_name = shared_name
+        return ops.sok_embedding_variable_handle(key_dtype=self._key_dtype, shared_name=shared_name,
+                                                 name=self._name)
+
+    def _initialize(self):
+        spec = self._init_spec
+        matrix = spec.matrix if spec.kind == initializers.MATRIX else tf.zeros([0, self._dim])
+        return ops.sok_embedding_variable_initialize(
+            self.resource_handle, matrix, key_dtype=self._key_dtype, table_name=self._name,
+            dim=self._dim, init_kind=spec.kind, init_a=spec.a, init_b=spec.b, seed=spec.seed,
+            default_value_dim=self._default_value_dim, filter_freq=self._filter_freq,
+            default_value_no_permission=self._no_permission, steps_to_live=self._steps_to_live,
+            l2_weight_threshold=self._l2_threshold)
+
+    def _destroy_resource(self):
+        tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
+
+    # --- variable-like surface ------------------------------------------------------------------
+    @property
+    def handle(self):
+        return self.resource_handle
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def op(self):
+        return self.resource_handle.op
+
+    @property
+    def graph(self):
+        return self.resource_handle.graph
+
+    @property
+    def device(self):
+        return self.resource_handle.device
+
+    @property
+    def dtype(self):
+        return tf.float32
+
+    @property
+    def key_dtype(self):
+        return self._key_dtype
+
+    @property
+    def embedding_dim(self):
+        return self._dim
+
+    @property
+    def shape(self):
+        return tf.TensorShape([None, self._dim])
+
+    def get_shape(self):
+        return self.shape
+
+    @property
+    def trainable(self):
+        return self._trainable
+
+    @property
+    def initializer(self):
+        """The op that creates the table (TF1 graphs; a no-op group in eager)."""
+        if self._init_op is None:
+            return tf.no_op()
+        return self._init_op
+
+    def is_initialized(self, name=None):
+        return ops.sok_embedding_variable_is_initialized(self.resource_handle, key_dtype=self._key_dtype,
+                                                         name=name)
+
+    def size(self, name=None):
+        """Number of keys in the table."""
+        return ops.sok_embedding_variable_size(self.resource_handle, key_dtype=self._key_dtype, name=name)
+
+    def _check_keys(self, keys):
+        keys = tf.convert_to_tensor(keys)
+        if keys.dtype != self._key_dtype:
+            raise TypeError(f"Embedding Variable '{self._name}' has key dtype {self._key_dtype.name}, "
+                            f"but ids of dtype {keys.dtype.name} were given")
+        return keys
+
+    def sparse_read(self, indices, name=None, training=True):
+        """Rows of `indices` (any shape) -> [*indices.shape, dim]. Training reads insert new keys."""
+        indices = self._check_keys(indices)
+        flat = tf.reshape(indices, [-1])
+        compat.variable_accessed(self)
+        rows = ops.sok_embedding_variable_gather([self.resource_handle], [flat], [tf.zeros([0], tf.int64)],
+                                                 dims=[self._dim], training=training, name=name)[0]
+        return tf.reshape(rows, tf.concat([tf.shape(indices), [self._dim]], 0))
+
+    def read_value(self):
+        raise TypeError(f"Embedding Variable '{self._name}' has no dense value; use sparse_read(ids) "
+                        "or sok.export(var)")
+
+    def export(self):
+        """(keys, values, slots, freqs, versions, slot_kind, slot_init) of every row."""
+        return ops.sok_embedding_variable_export(self.resource_handle, key_dtype=self._key_dtype)
+
+    def assign(self, keys, values):
+        keys = self._check_keys(keys)
+        values = tf.convert_to_tensor(values, tf.float32)
+        return ops.sok_embedding_variable_assign(self.resource_handle, tf.reshape(keys, [-1]),
+                                                 tf.reshape(values, [-1, self._dim]),
+                                                 key_dtype=self._key_dtype)
+
+    def shrink(self, global_step):
+        """Applies the eviction options now; returns how many keys were removed."""
+        return ops.sok_embedding_variable_shrink(self.resource_handle, tf.cast(global_step, tf.int64),
+                                                 key_dtype=self._key_dtype)
+
+    # --- checkpoints --------------------------------------------------------------------------
+    _CKPT_FIELDS = ("keys", "values", "slots", "freqs", "versions", "slot_kind", "slot_init")
+
+    def _serialize_to_tensors(self):
+        return dict(zip(self._CKPT_FIELDS, self.export()))
+
+    def _restore_from_tensors(self, restored_tensors):
+        t = [restored_tensors[f] for f in self._CKPT_FIELDS]
+        if not tf.executing_eagerly() or tf.inside_function():
+            dim_ok = tf.debugging.assert_equal(
+                tf.shape(t[1])[1], self._dim,
+                message=f"cannot restore Embedding Variable '{self._name}': checkpoint dimension differs "
+                        f"from the variable's {self._dim}")
+            deps = [dim_ok]
+        else:
+            if t[1].shape[1] != self._dim:
+                raise ValueError(f"cannot restore Embedding Variable '{self._name}': the checkpoint has "
+                                 f"dimension {t[1].shape[1]}, the variable {self._dim}")
+            deps = []
+        with tf.control_dependencies(deps):
+            return ops.sok_embedding_variable_import(self.resource_handle, tf.cast(t[0], self._key_dtype),
+                                                     *t[1:], key_dtype=self._key_dtype)
+
+    def _gather_saveables_for_checkpoint(self):
+        # tf.compat.v1.train.Saver names tensors by variable ("<name>/keys", ...).
+        return {"ev": lambda name=self._name: _EmbeddingVariableSaveable(self, name)}
+
+    def __repr__(self):
+        return (f"<sok.EmbeddingVariable '{self._name}' dim={self._dim} key_dtype={self._key_dtype.name} "
+                f"target_gpu={self.target_gpu}>")
+
+
+class _EmbeddingVariableSaveable(compat.SaveableObject):
+    def __init__(self, var, name):
+        self._var = var
+        tensors = var.export()
+        specs = [compat.SaveSpec(t, "", f"{name}/{f}") for f, t in zip(var._CKPT_FIELDS, tensors)]
+        super().__init__(var, specs, name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        return self._var._restore_from_tensors(dict(zip(self._var._CKPT_FIELDS, restored_tensors)))
+
+
+def is_embedding_variable(v):
+    return isinstance(v, EmbeddingVariable)
+
+
+def get_embedding_variable(name, embedding_dim, key_dtype=tf.int64, value_dtype=tf.float32,
+                           initializer=None, regularizer=None, trainable=True, collections=None,
+                           caching_device=None, partitioner=None, validate_shape=True,
+                           custom_getter=None, constraint=None, steps_to_live=None,
+                           init_data_source=None, ev_option=None):
+    """DeepRec's tf.get_embedding_variable on stock TensorFlow.
+
+    A `partitioner` is accepted and ignored: placement over workers is `var.target_gpu`
+    (-1 spreads rows over all ranks, k puts the table on rank k). The variable is reused when a
+    variable scope with reuse asks for the same name again.
+    """
+    scope = tf.compat.v1.get_variable_scope()
+    full_name = f"{scope.name}/{name}" if scope.name else name
+    if not tf.executing_eagerly():
+        graph = tf.compat.v1.get_default_graph()
+        for v in graph.get_collection(SOK_VARIABLES):
+            if isinstance(v, EmbeddingVariable) and v.name == full_name:
+                if scope.reuse:
+                    return v
+                raise ValueError(f"Embedding Variable '{full_name}' already exists; use a variable_scope "
+                                 "with reuse=True (or tf.AUTO_REUSE) to share it")
+    return EmbeddingVariable(full_name, embedding_dim, key_dtype=key_dtype, value_dtype=value_dtype,
+                             initializer=initializer, trainable=trainable, ev_option=ev_option,
+                             steps_to_live=steps_to_live, collections=collections)

@@ -1,0 +1,131 @@
+"""lookup_sparse: fused pooled lookups over many tables, one pipeline for one process and N ranks.
+
+    ids of every table -> dedup (one row per distinct key; inverse maps ids back)
+                       -> exchange.fetch_rows: rows of the distinct keys (owners look them up;
+                          training inserts new keys, evaluation never does)
+                       -> pooled combine per sample (sum / mean / sqrtn, optional weights)
+
+Gradients flow back the same way: per-sample gradient -> per-distinct-key gradient ->
+(exchange) -> tf.IndexedSlices keyed by id on the owning table.
+"""
+import tensorflow as tf
+
+from sparse_operation_kit import compat, exchange
+from sparse_operation_kit._ops import ops
+from sparse_operation_kit.embedding_variable import EmbeddingVariable
+
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+@compat.register_gradient("SokPooledCombine")
+def _pooled_combine_grad(op, *grads):
+    n = op.get_attr("N")
+    rows, inverse, segments, weights = (op.inputs[i * n:(i + 1) * n] for i in range(4))
+    num_rows = tf.stack([tf.shape(r, out_type=tf.int64)[0] for r in rows])
+    row_grads = ops.sok_pooled_combine_grad(list(grads), list(inverse), list(segments), list(weights),
+                                            num_rows, combiners=op.get_attr("combiners"))
+    return list(row_grads) + [None] * (3 * n) + [None]
+
+
+@compat.register_gradient("SokEmbeddingVariableGather")
+def _gather_grad(op, *grads):
+    n = op.get_attr("N")
+    keys = op.inputs[n:2 * n]
+    slices = [tf.IndexedSlices(g, k) for g, k in zip(grads, keys)]
+    return slices + [None] * (2 * n)
+
+
+tf.no_gradient("SokUniqueKeys")
+tf.no_gradient("SokPooledCombineGrad")
+tf.no_gradient("SokEmbeddingVariableSparseApply")
+
+
+def table_name(param):
+    name = getattr(param, "name", None) or "table"
+    return name[:-2] if name.endswith(":0") else name
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _flatten_ids(ids, name):
+    """(keys, sample index of each key, batch size) of a SparseTensor or RaggedTensor."""
+    if isinstance(ids, tf.SparseTensor):
+        return ids.values, ids.indices[:, 0], ids.dense_shape[0]
+    if isinstance(ids, tf.RaggedTensor):
+        if ids.ragged_rank != 1:
+            ids = ids.merge_dims(1, -1)
+        return ids.values, ids.value_rowids(), ids.nrows(out_type=tf.int64)
+    raise TypeError(f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor or tf.RaggedTensor, "
+                    f"got {type(ids).__name__}")
+
+
+def _flatten_weights(weights, name, num_ids):
+    if weights is None:
+        return tf.zeros([0], tf.float32)
+    if isinstance(weights, tf.SparseTensor):
+        values = weights.values
+    elif isinstance(weights, tf.RaggedTensor):
+        values = weights.flat_values
+    else:
+        raise TypeError(f"lookup_sparse: weights of table '{name}' must be a tf.SparseTensor or "
+                        f"tf.RaggedTensor like its ids, got {type(weights).__name__}")
+    if values.dtype != tf.float32:
+        raise TypeError(f"lookup_sparse: weights of table '{name}' must be float32, got {values.dtype.name}")
+    return values
+
+
+def _key_dtype(param):
+    if isinstance(param, EmbeddingVariable):
+        return param.key_dtype
+    return None  # static tables take int32 or int64 ids
+
+
+def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True, name=None):
+    """Pooled embeddings of many tables in one call.
+
+    params: a table or a list of tables (sok.EmbeddingVariable / DynamicVariable, sok.Variable,
+      tf.Variable). sp_ids: a tf.SparseTensor / tf.RaggedTensor of ids per table ([batch, None]).
+    sp_weights: None, or per table None or weights shaped like the ids. combiners: "sum", "mean"
+    or "sqrtn" per table (default "sum"). training: True inserts unseen keys into Embedding
+    Variables (and counts frequencies); False reads them without inserting.
+    Returns a [batch, dim] tensor per table (a single tensor if `params` was not a list).
+    """
+    single = not isinstance(params, (list, tuple))
+    params, sp_ids = _as_list(params), _as_list(sp_ids)
+    n = len(params)
+    if len(sp_ids) != n:
+        raise ValueError(f"lookup_sparse: {n} tables but {len(sp_ids)} id tensors")
+    if combiners is None:
+        combiners = ["sum"] * n
+    combiners = _as_list(combiners)
+    if len(combiners) != n:
+        raise ValueError(f"lookup_sparse: {n} tables but {len(combiners)} combiners")
+    weights_list = [None] * n if sp_weights is None else _as_list(sp_weights)
+    if len(weights_list) != n:
+        raise ValueError(f"lookup_sparse: {n} tables but {len(weights_list)} weight tensors")
+    names = [table_name(p) for p in params]
+    for c, nm in zip(combiners, names):
+        if c not in COMBINERS:
+            raise ValueError(f"lookup_sparse: unknown combiner '{c}' for table '{nm}' "
+                             f"(expected one of {', '.join(COMBINERS)})")
+    with tf.name_scope(name or "sok_lookup_sparse"):
+        keys, segments, batches, weights = [], [], [], []
+        for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
+            k, s, b = _flatten_ids(ids, nm)
+            if k.dtype not in (tf.int32, tf.int64):
+                raise TypeError(f"lookup_sparse: ids of table '{nm}' must be int32 or int64, got {k.dtype.name}")
+            want = _key_dtype(p)
+            if want is not None and k.dtype != want:
+                raise TypeError(f"lookup_sparse: table '{nm}' has key dtype {want.name}, but its ids are "
+                                f"{k.dtype.name}")
+            keys.append(k)
+            segments.append(tf.cast(s, tf.int64))
+            batches.append(tf.cast(b, tf.int64))
+            weights.append(_flatten_weights(w, nm, None))
+        unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
+        rows = exchange.fetch_rows(params, list(unique), list(counts), training=training, names=names)
+        outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, tf.stack(batches),
+                                      combiners=combiners, table_names=names)
+    return outs[0] if single else list(outs)

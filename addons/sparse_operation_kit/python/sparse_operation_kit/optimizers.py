@@ -1,0 +1,207 @@
+"""Optimizers for SOK variables: fused sparse updates of the touched Embedding Variable rows and
+their co-located slots; everything else goes to the wrapped TensorFlow/Keras optimizer."""
+import tensorflow as tf
+
+from sparse_operation_kit import compat
+from sparse_operation_kit._ops import ops
+from sparse_operation_kit.embedding_variable import EmbeddingVariable
+
+SUPPORTED = ("sgd", "adagrad", "adam", "ftrl")
+
+
+def filter_variables(variables):
+    """Splits variables into (SOK Embedding Variables, other variables)."""
+    sok_vars, other = [], []
+    for v in variables:
+        (sok_vars if isinstance(v, EmbeddingVariable) else other).append(v)
+    return sok_vars, other
+
+
+def _keras_hyperparameters(opt):
+    cfg = opt.get_config()
+    name = type(opt).__name__.lower()
+    lr = opt.learning_rate
+    if name == "sgd":
+        if cfg.get("momentum", 0.0):
+            raise ValueError("sok.OptimizerWrapper: SGD with momentum is not supported for SOK variables")
+        return "sgd", {"learning_rate": lr}
+    if name == "adagrad":
+        return "adagrad", {"learning_rate": lr, "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
+                           "epsilon": cfg.get("epsilon", 1e-7)}
+    if name in ("adam", "lazyadam"):
+        if cfg.get("amsgrad"):
+            raise ValueError("sok.OptimizerWrapper: Adam with amsgrad is not supported for SOK variables")
+        return "adam", {"learning_rate": lr, "beta1": cfg.get("beta_1", 0.9), "beta2": cfg.get("beta_2", 0.999),
+                        "epsilon": cfg.get("epsilon", 1e-7)}
+    if name == "ftrl":
+        if cfg.get("l2_shrinkage_regularization_strength"):
+            raise ValueError("sok.OptimizerWrapper: FTRL's l2_shrinkage_regularization_strength is not "
+                             "supported for SOK variables")
+        return "ftrl", {"learning_rate": lr, "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
+                        "lr_power": cfg.get("learning_rate_power", -0.5),
+                        "l1": cfg.get("l1_regularization_strength", 0.0),
+                        "l2": cfg.get("l2_regularization_strength", 0.0), "beta": cfg.get("beta", 0.0)}
+    return None, None
+
+
+def _value(x):
+    """A learning rate given as number, tensor, variable or callable -> float32 tensor."""
+    if callable(x) and not isinstance(x, (tf.Variable, tf.Tensor)):
+        x = x()
+    return tf.cast(tf.convert_to_tensor(x), tf.float32)
+
+
+class _SparseUpdater:
+    """The fused update for Embedding Variables, shared by OptimizerWrapper and sok.SGD."""
+
+    def __init__(self, kind, hyper):
+        if kind not in SUPPORTED:
+            raise ValueError(f"unsupported optimizer '{kind}' for SOK variables (supported: {SUPPORTED})")
+        self.kind = kind
+        self.hyper = dict(hyper)
+        self._step = None
+
+    def _step_var(self):
+        if self._step is None:
+            with tf.init_scope():
+                self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="sok_optimizer_step")
+        return self._step
+
+    def step_variable(self):
+        return self._step_var()
+
+    def apply(self, grads_and_vars, step=None):
+        """One update of every (IndexedSlices gradient, EmbeddingVariable) pair in one op."""
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        if not pairs:
+            return tf.no_op()
+        keys, grads = [], []
+        for g, v in pairs:
+            if not isinstance(g, tf.IndexedSlices):
+                raise TypeError(f"the gradient of Embedding Variable '{v.name}' must be tf.IndexedSlices, got "
+                                f"{type(g).__name__}")
+            keys.append(tf.cast(g.indices, v.key_dtype))
+            grads.append(tf.reshape(tf.cast(g.values, tf.float32), [-1, v.embedding_dim]))
+        h = self.hyper
+        lr = _value(h["learning_rate"])
+        l2 = float(h.get("l2", 0.0))
+        if h.get("beta", 0.0):  # Keras FTRL folds beta into l2
+            l2 = l2 + float(h["beta"]) / (2.0 * float(tf.get_static_value(lr)))
+        own_step = step is None
+        step_var = self._step_var() if own_step else None
+        step_value = tf.cast(step_var.read_value() if own_step else step, tf.int64)
+        update = ops.sok_embedding_variable_sparse_apply(
+            [v.handle for _, v in pairs], keys, grads, lr, step_value, optimizer=self.kind,
+            beta1=float(h.get("beta1", 0.9)), beta2=float(h.get("beta2", 0.999)),
+            epsilon=float(h.get("epsilon", 0.0)), initial_accumulator=float(h.get("initial_accumulator", 0.1)),
+            l1=float(h.get("l1", 0.0)), l2=l2, lr_power=float(h.get("lr_power", -0.5)))
+        if not own_step:
+            return update
+        with tf.control_dependencies([update]):
+            return step_var.assign_add(1).op if not tf.executing_eagerly() else step_var.assign_add(1)
+
+
+class OptimizerWrapper:
+    """Wraps a tf.compat.v1.train or Keras (3 or tf_keras) optimizer: SOK Embedding Variables get
+    the fused sparse update of the same optimizer, other variables the wrapped optimizer.
+
+    Supported for Embedding Variables: SGD (no momentum), Adagrad, Adam (lazy: only touched rows
+    move), FTRL.
+    """
+
+    def __init__(self, optimizer):
+        self._opt = optimizer
+        kind, hyper = compat.v1_optimizer_hyperparameters(optimizer)
+        self._is_v1 = kind is not None
+        if kind is None:
+            if hasattr(optimizer, "get_config"):
+                kind, hyper = _keras_hyperparameters(optimizer)
+            if kind is None:
+                raise ValueError(f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
+                                 f"variables (supported: {', '.join(SUPPORTED)})")
+        self._updater = _SparseUpdater(kind, hyper)
+
+    @property
+    def optimizer(self):
+        return self._opt
+
+    def __getattr__(self, item):  # the wrapped optimizer's other attributes (learning_rate, ...)
+        if item.startswith("_"):
+            raise AttributeError(item)
+        return getattr(self._opt, item)
+
+    def compute_gradients(self, loss, var_list=None, **kwargs):
+        """TF1: [(gradient, variable)] for SOK variables and the rest alike."""
+        if var_list is None:
+            var_list = tf.compat.v1.trainable_variables()
+            var_list += tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES)
+        var_list = list(dict.fromkeys(var_list))
+        grads = tf.gradients(loss, var_list)
+        return list(zip(grads, var_list))
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        sparse = [(g, v) for g, v in grads_and_vars if isinstance(v, EmbeddingVariable)]
+        dense = [(g, v) for g, v in grads_and_vars if not isinstance(v, EmbeddingVariable)]
+        step = None
+        if not self._is_v1 and hasattr(self._opt, "iterations"):
+            step = self._opt.iterations  # Keras: share the wrapped optimizer's step counter
+        ops_ = []
+        update = self._updater.apply(sparse, step=step)
+        ops_.append(update)
+        dense = [(g, v) for g, v in dense if g is not None]
+        with tf.control_dependencies([update] if step is not None else []):
+            if dense:
+                if self._is_v1:
+                    ops_.append(self._opt.apply_gradients(dense, global_step=global_step, name=name))
+                    global_step = None
+                else:
+                    ops_.append(self._opt.apply_gradients(dense))
+            elif step is not None:
+                ops_.append(self._opt.iterations.assign_add(1))
+        if global_step is not None:
+            with tf.control_dependencies([o for o in ops_ if o is not None]):
+                ops_.append(tf.compat.v1.assign_add(global_step, 1))
+        if tf.executing_eagerly():
+            return None
+        return tf.group(*[o for o in ops_ if o is not None], name=name)
+
+    def minimize(self, loss, var_list=None, global_step=None, name=None, tape=None, **kwargs):
+        if tf.executing_eagerly():
+            if not callable(loss) and tape is None:
+                raise ValueError("minimize in eager mode needs a callable loss or a tape")
+            if tape is None:
+                with tf.GradientTape() as tape:
+                    loss_value = loss()
+            else:
+                loss_value = loss
+            grads = tape.gradient(loss_value, var_list)
+            return self.apply_gradients(zip(grads, var_list), global_step=global_step)
+        return self.apply_gradients(self.compute_gradients(loss, var_list), global_step=global_step, name=name)
+
+
+class SGD:
+    """NVIDIA SOK 2.x's sok.SGD: plain SGD for SOK variables (and tf.Variables alike)."""
+
+    def __init__(self, lr=0.01, learning_rate=None):
+        self._lr = learning_rate if learning_rate is not None else lr
+        self._updater = _SparseUpdater("sgd", {"learning_rate": self._lr})
+
+    @property
+    def learning_rate(self):
+        return self._lr
+
+    def apply_gradients(self, grads_and_vars, **kwargs):
+        grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
+        sparse = [(g, v) for g, v in grads_and_vars if isinstance(v, EmbeddingVariable)]
+        dense = [(g, v) for g, v in grads_and_vars if not isinstance(v, EmbeddingVariable)]
+        ops_ = [self._updater.apply(sparse)]
+        lr = _value(self._lr)
+        for g, v in dense:
+            if isinstance(g, tf.IndexedSlices):
+                ops_.append(v.scatter_sub(tf.IndexedSlices(g.values * lr, g.indices, g.dense_shape)))
+            else:
+                ops_.append(v.assign_sub(g * lr))
+        if tf.executing_eagerly():
+            return None
+        return tf.group(*ops_)
