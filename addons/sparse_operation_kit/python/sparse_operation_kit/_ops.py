@@ -17,4 +17,15 @@ def _find_library():
         "build the wheel with `bazel build //tools/pip_package:build_sok` or set SOK_OPS_LIBRARY")
 
 
+def _check_tf_version():
+    try:
+        from sparse_operation_kit._build_info import BUILT_FOR_TF
+    except ImportError:  # a source checkout (tools/dev_build.sh)
+        return
+    if BUILT_FOR_TF.split(".")[:2] != tf.__version__.split(".")[:2]:
+        raise ImportError(f"sparse_operation_kit was built for TensorFlow {BUILT_FOR_TF} but runs on "
+                          f"{tf.__version__}: rebuild the wheel against this TensorFlow")
+
+
+_check_tf_version()
 ops = tf.load_op_library(_find_library())

@@ -1,0 +1,985 @@
+// CUDA versions of lookup.h: unique_keys, bucketize_by_owner, pooled forward/backward, and the
+// dense-table gather / fused pooled lookup. See gpu_api.h for the contracts.
+#include <cuda_runtime.h>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+#include <string>
+
+#include "addons/sparse_operation_kit/core/common.h"
+#include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
+#include "addons/sparse_operation_kit/core/cuda/gpu_common.cuh"
+#include "addons/sparse_operation_kit/core/cuda/gpu_internal.h"
+
+namespace sok {
+namespace gpu {
+
+using namespace detail;  // NOLINT
+
+// ------------------------------------------------------------------------------------------------
+// Allocator, errors.
+
+namespace {
+class StreamOrderedAllocator : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes, cudaStream_t stream) override {
+    void* p = nullptr;
+    if (cudaMallocAsync(&p, bytes, stream) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+  void deallocate(void* p, size_t, cudaStream_t stream) override { cudaFreeAsync(p, stream); }
+};
+}  // namespace
+
+DeviceAllocator* default_allocator() {
+  static StreamOrderedAllocator a;
+  return &a;
+}
+
+Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::OK();
+  return Status::Invalid(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) + " (" +
+                         cudaGetErrorString(e) + ")");
+}
+
+Status reset_lookup_error(GpuLookupError* d_err, cudaStream_t stream) {
+  SOK_CUDA_RETURN(cudaMemsetAsync(d_err, 0xff, sizeof(GpuLookupError), stream));
+  return Status::OK();
+}
+
+Status check_lookup_error(const GpuLookupError* d_err, const std::string& what, cudaStream_t stream) {
+  GpuLookupError h;
+  SOK_CUDA_RETURN(cudaMemcpyAsync(&h, d_err, sizeof(h), cudaMemcpyDeviceToHost, stream));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+  if (h.packed == -1) return Status::OK();
+  const int64_t pos = static_cast<int64_t>(static_cast<uint64_t>(h.packed) >> 3);
+  const int64_t kind = h.packed & 7;
+  std::string m = what + ": ";
+  if (kind == 1) {
+    m += "id " + std::to_string(h.value) + " at position " + std::to_string(pos) +
+         " is outside the table's rows";
+  } else if (kind == 2) {
+    m += "id " + std::to_string(pos) + " belongs to sample " + std::to_string(h.value) +
+         ", outside the batch";
+  } else {
+    m += "row_splits[" + std::to_string(pos) + "] = " + std::to_string(h.value) +
+         " is not a valid split (must start at 0, not decrease, and end at the number of ids)";
+  }
+  return Status::Invalid(m);
+}
+
+namespace {
+
+constexpr int kBlock = 256;
+
+// Writes position/value/kind from the packed minimum (one thread).
+template <typename I>
+__global__ void k_finalize_error(GpuLookupError* err, const I* ids, const int64_t* seg,
+                                 const int64_t* splits) {
+  const unsigned long long p = static_cast<unsigned long long>(err->packed);
+  if (p == ~0ull) return;
+  const int64_t pos = static_cast<int64_t>(p >> 3);
+  const int64_t kind = static_cast<int64_t>(p & 7);
+  err->position = pos;
+  err->kind = kind;
+  if (kind == 1) err->value = ids ? static_cast<int64_t>(ids[pos]) : -1;
+  else if (kind == 2) err->value = seg ? seg[pos] : -1;
+  else err->value = splits ? splits[pos] : -1;
+}
+
+template <typename I>
+Status finalize_error(GpuLookupError* err, const I* ids, const int64_t* seg, const int64_t* splits,
+                      cudaStream_t s) {
+  if (err == nullptr) return Status::OK();
+  k_finalize_error<I><<<1, 1, 0, s>>>(err, ids, seg, splits);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+int bits_for(uint64_t max_value) {  // bits to represent values in [0, max_value]
+  int b = 1;
+  while (b < 64 && (max_value >> b) != 0) ++b;
+  return b;
+}
+
+// ------------------------------------------------------------------------------------------------
+// unique_keys: a temporary open-addressing set of input positions (the set stores positions, the
+// key is read back from the input, so no key value is reserved). Order of first appearance comes
+// from keeping the minimum position per key and a scan over "first occurrence" flags.
+
+constexpr uint32_t kNoPos = 0xffffffffu;
+
+template <typename K>
+__global__ void k_unique_insert(const K* keys, int64_t n, uint32_t* table, uint64_t mask,
+                                int64_t* pos_of) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const K key = keys[i];
+  uint64_t pos = hash_key(key) & mask;
+  while (true) {
+    uint32_t cur = ld_relaxed_u32(table + pos);
+    if (cur == kNoPos) {
+      cur = atomicCAS(table + pos, kNoPos, static_cast<uint32_t>(i));
+      if (cur == kNoPos) break;
+    }
+    if (keys[cur] == key) {
+      atomicMin(table + pos, static_cast<uint32_t>(i));
+      break;
+    }
+    pos = (pos + 1) & mask;
+  }
+  pos_of[i] = static_cast<int64_t>(pos);
+}
+
+__global__ void k_unique_flags(const uint32_t* table, const int64_t* pos_of, int64_t n,
+                               int32_t* flags) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  flags[i] = table[pos_of[i]] == static_cast<uint32_t>(i) ? 1 : 0;
+}
+
+template <typename K>
+__global__ void k_unique_emit(const K* keys, int64_t n, const int32_t* flags, const int32_t* upos,
+                              uint32_t* table, const int64_t* pos_of, K* unique, int64_t* counts,
+                              int64_t* num_unique) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  if (flags[i]) {
+    const int32_t u = upos[i];
+    unique[u] = keys[i];
+    table[pos_of[i]] = static_cast<uint32_t>(u);
+    if (counts) counts[u] = 0;
+  }
+  if (i == n - 1) *num_unique = static_cast<int64_t>(upos[i]) + flags[i];
+}
+
+__global__ void k_unique_inverse(const uint32_t* table, const int64_t* pos_of, int64_t n,
+                                 int32_t* inverse, int64_t* counts) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const bool valid = i < n;
+  const int32_t u = valid ? static_cast<int32_t>(table[pos_of[i]]) : -1;
+  if (valid) inverse[i] = u;
+  if (counts == nullptr) return;
+  // Warp-aggregated counting: hot keys (power-law ids) would otherwise serialise on one address.
+  const unsigned active = __ballot_sync(0xffffffffu, valid);
+  if (!valid) return;
+  const unsigned peers = __match_any_sync(active, u);
+  if ((threadIdx.x & 31) == __ffs(peers) - 1)
+    atomicAdd(reinterpret_cast<unsigned long long*>(counts + u),
+              static_cast<unsigned long long>(__popc(peers)));
+}
+
+}  // namespace
+
+template <typename K>
+Status unique_keys(const K* keys, int64_t n, K* unique, int32_t* inverse, int64_t* counts,
+                   int64_t* d_num_unique, cudaStream_t stream, DeviceAllocator* alloc) {
+  if (n <= 0) {
+    SOK_CUDA_RETURN(cudaMemsetAsync(d_num_unique, 0, sizeof(int64_t), stream));
+    return Status::OK();
+  }
+  if (n >= (int64_t{1} << 31) - 1) return Status::Invalid("unique_keys: more than 2^31-2 keys");
+  int64_t cap = 16;
+  while (cap < 2 * n) cap <<= 1;
+  size_t scan_bytes = 0;
+  SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<int32_t*>(nullptr),
+                                                static_cast<int32_t*>(nullptr), static_cast<int>(n),
+                                                stream));
+  const size_t table_b = cap * sizeof(uint32_t), pos_b = n * sizeof(int64_t),
+               flags_b = n * sizeof(int32_t);
+  auto al = [](size_t b) { return (b + 255) & ~size_t(255); };
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(tmp.alloc(alloc, al(table_b) + al(pos_b) + 2 * al(flags_b) + al(scan_bytes), stream));
+  char* base = tmp.as<char>();
+  uint32_t* table = reinterpret_cast<uint32_t*>(base);
+  base += al(table_b);
+  int64_t* pos_of = reinterpret_cast<int64_t*>(base);
+  base += al(pos_b);
+  int32_t* flags = reinterpret_cast<int32_t*>(base);
+  base += al(flags_b);
+  int32_t* upos = reinterpret_cast<int32_t*>(base);
+  base += al(flags_b);
+  void* scan_tmp = base;
+  SOK_CUDA_RETURN(cudaMemsetAsync(table, 0xff, table_b, stream));
+  const int g = grid_for(n, kBlock);
+  k_unique_insert<K><<<g, kBlock, 0, stream>>>(keys, n, table, static_cast<uint64_t>(cap - 1), pos_of);
+  SOK_LAUNCH_CHECK();
+  k_unique_flags<<<g, kBlock, 0, stream>>>(table, pos_of, n, flags);
+  SOK_LAUNCH_CHECK();
+  SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(scan_tmp, scan_bytes, flags, upos,
+                                                static_cast<int>(n), stream));
+  k_unique_emit<K><<<g, kBlock, 0, stream>>>(keys, n, flags, upos, table, pos_of, unique, counts,
+                                             d_num_unique);
+  SOK_LAUNCH_CHECK();
+  k_unique_inverse<<<g, kBlock, 0, stream>>>(table, pos_of, n, inverse, counts);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+// ------------------------------------------------------------------------------------------------
+// bucketize_by_owner: a stable radix sort of owner ranks (keys past the device count sort last).
+
+namespace {
+template <typename K>
+__global__ void k_owner(const K* keys, int64_t n, const int64_t* d_n, int world, uint32_t* owner,
+                        int64_t* idx, int64_t* counts) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t m = effective_n(n, d_n);
+  const bool in = i < n;
+  const bool valid = i < m;
+  const uint32_t o = valid ? static_cast<uint32_t>(floor_mod(keys[i], world)) : static_cast<uint32_t>(world);
+  if (in) {
+    owner[i] = o;
+    idx[i] = i;
+  }
+  const unsigned active = __ballot_sync(0xffffffffu, valid);
+  if (!valid) return;
+  const unsigned peers = __match_any_sync(active, o);
+  if ((threadIdx.x & 31) == __ffs(peers) - 1)
+    atomicAdd(reinterpret_cast<unsigned long long*>(counts + o),
+              static_cast<unsigned long long>(__popc(peers)));
+}
+}  // namespace
+
+template <typename K>
+Status bucketize_by_owner(const K* keys, int64_t n, const int64_t* d_n, int world_size,
+                          int64_t* order, int64_t* counts, cudaStream_t stream,
+                          DeviceAllocator* alloc) {
+  if (world_size <= 0) return Status::Invalid("bucketize_by_owner: world_size must be positive");
+  SOK_CUDA_RETURN(cudaMemsetAsync(counts, 0, sizeof(int64_t) * world_size, stream));
+  if (n <= 0) return Status::OK();
+  if (n >= (int64_t{1} << 31)) return Status::Invalid("bucketize_by_owner: too many keys");
+  const int bits = bits_for(static_cast<uint64_t>(world_size));
+  size_t sort_bytes = 0;
+  SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<int64_t*>(nullptr), static_cast<int64_t*>(nullptr), static_cast<int>(n), 0, bits, stream));
+  auto al = [](size_t b) { return (b + 255) & ~size_t(255); };
+  const size_t ob = n * sizeof(uint32_t), ib = n * sizeof(int64_t);
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(tmp.alloc(alloc, 2 * al(ob) + al(ib) + al(sort_bytes), stream));
+  char* base = tmp.as<char>();
+  uint32_t* own_in = reinterpret_cast<uint32_t*>(base);
+  uint32_t* own_out = reinterpret_cast<uint32_t*>(base + al(ob));
+  int64_t* idx = reinterpret_cast<int64_t*>(base + 2 * al(ob));
+  void* sort_tmp = base + 2 * al(ob) + al(ib);
+  k_owner<K><<<grid_for(n, kBlock), kBlock, 0, stream>>>(keys, n, d_n, world_size, own_in, idx, counts);
+  SOK_LAUNCH_CHECK();
+  SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, own_in, own_out, idx, order,
+                                                  static_cast<int>(n), 0, bits, stream));
+  return Status::OK();
+}
+
+// ------------------------------------------------------------------------------------------------
+// gather / scatter helpers.
+
+namespace {
+template <typename T>
+__global__ void k_gather(const T* src, const int64_t* index, int64_t n, const int64_t* d_n, T* dst) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j < effective_n(n, d_n)) dst[j] = src[index[j]];
+}
+
+// One L-lane group per row; vectorised when dim % 4 == 0.
+template <bool kScatter>
+__global__ void k_move_rows(const float* src, int64_t dim, const int64_t* index, int64_t n,
+                            const int64_t* d_n, float* dst) {
+  constexpr int L = 8;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t j = t / L;
+  const int l = static_cast<int>(t % L);
+  if (j >= effective_n(n, d_n)) return;
+  const int64_t r = index[j];
+  const float* s = src + (kScatter ? j : r) * dim;
+  float* d = dst + (kScatter ? r : j) * dim;
+  if ((dim & 3) == 0) {
+    for (int64_t c = 4 * l; c < dim; c += 4 * L)
+      *reinterpret_cast<float4*>(d + c) = *reinterpret_cast<const float4*>(s + c);
+  } else {
+    for (int64_t c = l; c < dim; c += L) d[c] = s[c];
+  }
+}
+}  // namespace
+
+template <typename T>
+Status gather(const T* src, const int64_t* index, int64_t n, const int64_t* d_n, T* dst,
+              cudaStream_t stream) {
+  if (n <= 0) return Status::OK();
+  k_gather<T><<<grid_for(n, kBlock), kBlock, 0, stream>>>(src, index, n, d_n, dst);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+Status gather_rows(const float* src, int64_t dim, const int64_t* index, int64_t n,
+                   const int64_t* d_n, float* dst, cudaStream_t stream) {
+  if (n <= 0 || dim <= 0) return Status::OK();
+  k_move_rows<false><<<grid_for(n * 8, kBlock), kBlock, 0, stream>>>(src, dim, index, n, d_n, dst);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+Status scatter_rows(const float* src, int64_t dim, const int64_t* index, int64_t n,
+                    const int64_t* d_n, float* dst, cudaStream_t stream) {
+  if (n <= 0 || dim <= 0) return Status::OK();
+  k_move_rows<true><<<grid_for(n * 8, kBlock), kBlock, 0, stream>>>(src, dim, index, n, d_n, dst);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Segments -> a CSR view: row_splits plus, for unsorted (or partly invalid) segment ids, a
+// permutation that lists the ids of each sample. The choice is made on the device (flag), so
+// no host round trip is needed.
+
+namespace {
+
+struct CsrView {
+  const int64_t* splits = nullptr;  // [batch + 1]
+  const int64_t* perm = nullptr;    // [n], used when *use_perm != 0
+  const int* use_perm = nullptr;
+  int64_t n = 0;
+
+  __device__ __forceinline__ void range(int64_t b, int64_t* a, int64_t* e) const {
+    int64_t x = splits[b], y = splits[b + 1];
+    x = x < 0 ? 0 : (x > n ? n : x);
+    y = y < x ? x : (y > n ? n : y);
+    *a = x;
+    *e = y;
+  }
+  __device__ __forceinline__ bool permuted() const { return use_perm != nullptr && *use_perm != 0; }
+};
+
+__device__ __forceinline__ int64_t id_at(const CsrView& v, bool permuted, int64_t j) {
+  return permuted ? v.perm[j] : j;
+}
+
+__global__ void k_seg_count(const int64_t* seg, int64_t n, int64_t batch, int64_t* counts,
+                            int* flag, GpuLookupError* err) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const bool in = i < n;
+  const int64_t s = in ? seg[i] : -1;
+  const bool good = in && s >= 0 && s < batch;
+  if (in && !good) {
+    report_error(err, i, 2);
+    atomicOr(flag, 1);
+  }
+  if (in && i > 0 && seg[i - 1] > s) atomicOr(flag, 1);
+  const unsigned active = __ballot_sync(0xffffffffu, good);
+  if (!good) return;
+  const unsigned peers = __match_any_sync(active, s);
+  if ((threadIdx.x & 31) == __ffs(peers) - 1)
+    atomicAdd(reinterpret_cast<unsigned long long*>(counts + s),
+              static_cast<unsigned long long>(__popc(peers)));
+}
+
+__global__ void k_fill_perm(const int64_t* seg, int64_t n, int64_t batch, const int64_t* splits,
+                            unsigned long long* cursor, const int* flag, int64_t* perm) {
+  if (*flag == 0) return;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const int64_t s = seg[i];
+  if (s < 0 || s >= batch) return;
+  perm[splits[s] + static_cast<int64_t>(atomicAdd(cursor + s, 1ull))] = i;
+}
+
+__global__ void k_check_splits(const int64_t* splits, int64_t batch, int64_t n, GpuLookupError* err) {
+  const int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (b > batch) return;
+  const int64_t v = splits[b];
+  bool bad = false;
+  if (b == 0) bad = v != 0;
+  else bad = v < splits[b - 1];
+  if (b == batch && v != n) bad = true;
+  if (bad) report_error(err, b, 3);
+}
+
+// Owns the temporaries of a CSR view built from segment ids.
+struct CsrHolder {
+  Temp tmp;
+  CsrView view;
+};
+
+Status build_csr(const Segments& seg, int64_t n, int64_t batch, GpuLookupError* err,
+                 cudaStream_t s, DeviceAllocator* alloc, CsrHolder* h) {
+  h->view.n = n;
+  if ((seg.segment_ids == nullptr) == (seg.row_splits == nullptr))
+    return Status::Invalid("pooled lookup: give exactly one of segment_ids and row_splits");
+  if (seg.row_splits != nullptr) {
+    h->view.splits = seg.row_splits;
+    if (err != nullptr) {
+      k_check_splits<<<grid_for(batch + 1, kBlock), kBlock, 0, s>>>(seg.row_splits, batch, n, err);
+      SOK_LAUNCH_CHECK();
+    }
+    return Status::OK();
+  }
+  size_t scan_bytes = 0;
+  SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<int64_t*>(nullptr),
+                                                static_cast<int64_t*>(nullptr),
+                                                static_cast<int64_t>(batch + 1), s));
+  auto al = [](size_t b) { return (b + 255) & ~size_t(255); };
+  const size_t cb = (batch + 1) * sizeof(int64_t), pb = (n > 0 ? n : 1) * sizeof(int64_t);
+  SOK_RETURN_IF_ERROR(h->tmp.alloc(alloc, 3 * al(cb) + al(pb) + al(sizeof(int)) + al(scan_bytes), s));
+  char* base = h->tmp.as<char>();
+  int64_t* counts = reinterpret_cast<int64_t*>(base);
+  int64_t* splits = reinterpret_cast<int64_t*>(base + al(cb));
+  unsigned long long* cursor = reinterpret_cast<unsigned long long*>(base + 2 * al(cb));
+  int64_t* perm = reinterpret_cast<int64_t*>(base + 3 * al(cb));
+  int* flag = reinterpret_cast<int*>(base + 3 * al(cb) + al(pb));
+  void* scan_tmp = base + 3 * al(cb) + al(pb) + al(sizeof(int));
+  SOK_CUDA_RETURN(cudaMemsetAsync(counts, 0, cb, s));
+  SOK_CUDA_RETURN(cudaMemsetAsync(cursor, 0, cb, s));
+  SOK_CUDA_RETURN(cudaMemsetAsync(flag, 0, sizeof(int), s));
+  if (n > 0) {
+    k_seg_count<<<grid_for(n, kBlock), kBlock, 0, s>>>(seg.segment_ids, n, batch, counts, flag, err);
+    SOK_LAUNCH_CHECK();
+  }
+  SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(scan_tmp, scan_bytes, counts, splits,
+                                                static_cast<int64_t>(batch + 1), s));
+  if (n > 0) {
+    k_fill_perm<<<grid_for(n, kBlock), kBlock, 0, s>>>(seg.segment_ids, n, batch, splits, cursor,
+                                                       flag, perm);
+    SOK_LAUNCH_CHECK();
+  }
+  h->view.splits = splits;
+  h->view.perm = perm;
+  h->view.use_perm = flag;
+  return Status::OK();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Pooled forward. One warp per sample; the warp is cut into S = 32 / L groups of L lanes, each
+// lane holding VEC consecutive columns; group k takes ids k, k+S, ... (U of them in flight), and
+// the groups are summed with shuffles at the end.
+
+template <typename I>
+struct RowSrc {
+  const float* rows;
+  int64_t num_rows;
+  const I* idx;
+  int64_t dim;
+  GpuLookupError* err;
+  __device__ __forceinline__ const float* row(int64_t i, bool report) const {
+    const int64_t r = static_cast<int64_t>(idx[i]);
+    if (r < 0 || r >= num_rows) {
+      if (report) report_error(err, i, 1);
+      return nullptr;
+    }
+    return rows + r * dim;
+  }
+};
+
+template <int VEC>
+struct Vec {
+  float v[VEC];
+};
+
+template <int VEC>
+__device__ __forceinline__ Vec<VEC> load_vec(const float* p) {
+  Vec<VEC> r;
+  if constexpr (VEC == 4) {
+    const float4 x = __ldg(reinterpret_cast<const float4*>(p));
+    r.v[0] = x.x;
+    r.v[1] = x.y;
+    r.v[2] = x.z;
+    r.v[3] = x.w;
+  } else {
+    r.v[0] = __ldg(p);
+  }
+  return r;
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_vec(float* p, const float* v) {
+  if constexpr (VEC == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+    p[0] = v[0];
+  }
+}
+
+template <int L, int VEC, int U, typename I>
+__global__ void __launch_bounds__(256) k_pooled_forward(RowSrc<I> src, CsrView csr,
+                                                        const float* weights, int64_t batch,
+                                                        int64_t dim, int combiner, float* out) {
+  constexpr int S = 32 / L;
+  const int lane = threadIdx.x & 31;
+  const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
+  if (b >= batch) return;
+  int64_t a, e;
+  csr.range(b, &a, &e);
+  const bool perm = csr.permuted();
+  const int sub = lane / L, l = lane % L;
+  float scale = 1.f;
+  if (combiner != static_cast<int>(Combiner::kSum)) {
+    double acc = 0.0;
+    for (int64_t j = a + lane; j < e; j += 32) {
+      const int64_t i = id_at(csr, perm, j);
+      if (src.row(i, false) == nullptr) continue;
+      const double w = weights ? weights[i] : 1.0;
+      acc += combiner == static_cast<int>(Combiner::kMean) ? w : w * w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    const double denom = combiner == static_cast<int>(Combiner::kMean) ? acc : sqrt(acc);
+    scale = denom == 0.0 ? 0.f : static_cast<float>(1.0 / denom);
+  }
+  for (int64_t cb = 0; cb < dim; cb += L * VEC) {
+    const int64_t c0 = cb + l * VEC;
+    const bool cv = c0 < dim;
+    float acc[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
+    for (int64_t j0 = a + sub; j0 < e; j0 += S * U) {
+      const float* rp[U];
+      float wv[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t j = j0 + static_cast<int64_t>(u) * S;
+        rp[u] = nullptr;
+        wv[u] = 0.f;
+        if (j < e) {
+          const int64_t i = id_at(csr, perm, j);
+          rp[u] = src.row(i, cb == 0 && l == 0);
+          wv[u] = weights ? weights[i] : 1.f;
+        }
+      }
+      Vec<VEC> x[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (rp[u] != nullptr && cv) x[u] = load_vec<VEC>(rp[u] + c0);
+        else {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) x[u].v[k] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) acc[k] += wv[u] * x[u].v[k];
+      }
+    }
+#pragma unroll
+    for (int o = L; o < 32; o <<= 1) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], o);
+    }
+    if (sub == 0 && cv) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[k] *= scale;
+      store_vec<VEC>(out + b * dim + c0, acc);
+    }
+  }
+}
+
+template <typename I>
+Status pooled_forward_impl(const RowSrc<I>& src, const CsrView& csr, const float* weights,
+                           int64_t batch, int64_t dim, Combiner combiner, float* out,
+                           cudaStream_t s) {
+  if (batch <= 0 || dim <= 0) return Status::OK();
+  const int grid = grid_for(batch * 32, kBlock);
+  const int c = static_cast<int>(combiner);
+  const bool v4 = (dim % 4) == 0 && (reinterpret_cast<uintptr_t>(src.rows) % 16) == 0 &&
+                  (reinterpret_cast<uintptr_t>(out) % 16) == 0;
+  if (v4) {
+    const int64_t lanes = dim / 4;
+    if (lanes <= 8) k_pooled_forward<8, 4, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);
+    else if (lanes <= 16) k_pooled_forward<16, 4, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);
+    else k_pooled_forward<32, 4, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);
+  } else {
+    if (dim <= 8) k_pooled_forward<8, 1, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);
+    else k_pooled_forward<32, 1, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);
+  }
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+}  // namespace
+
+Status pooled_forward(const float* rows, int64_t dim, int64_t num_rows, const int32_t* inverse,
+                      Segments seg, const float* weights, int64_t n, int64_t batch,
+                      Combiner combiner, float* out, cudaStream_t stream, GpuLookupError* d_err,
+                      DeviceAllocator* alloc) {
+  CsrHolder h;
+  SOK_RETURN_IF_ERROR(build_csr(seg, n, batch, d_err, stream, alloc, &h));
+  RowSrc<int32_t> src{rows, num_rows, inverse, dim, d_err};
+  SOK_RETURN_IF_ERROR(pooled_forward_impl(src, h.view, weights, batch, dim, combiner, out, stream));
+  return finalize_error<int32_t>(d_err, inverse, seg.segment_ids, seg.row_splits, stream);
+}
+
+template <typename I>
+Status static_pooled_forward(const float* table, int64_t num_rows, int64_t dim, const I* ids,
+                             Segments seg, const float* weights, int64_t n, int64_t batch,
+                             Combiner combiner, float* out, GpuLookupError* d_err,
+                             cudaStream_t stream, DeviceAllocator* alloc) {
+  if (d_err == nullptr) return Status::Invalid("static_pooled_forward: an error record is required");
+  CsrHolder h;
+  SOK_RETURN_IF_ERROR(build_csr(seg, n, batch, d_err, stream, alloc, &h));
+  RowSrc<I> src{table, num_rows, ids, dim, d_err};
+  SOK_RETURN_IF_ERROR(pooled_forward_impl(src, h.view, weights, batch, dim, combiner, out, stream));
+  return finalize_error<I>(d_err, ids, seg.segment_ids, seg.row_splits, stream);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Dense gather with a range check.
+
+namespace {
+template <typename I>
+__global__ void k_gather_static(const float* table, int64_t num_rows, int64_t dim, const I* ids,
+                                int64_t n, float* out, GpuLookupError* err) {
+  constexpr int L = 8;
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t i = t / L;
+  const int l = static_cast<int>(t % L);
+  if (i >= n) return;
+  const int64_t r = static_cast<int64_t>(ids[i]);
+  float* d = out + i * dim;
+  if (r < 0 || r >= num_rows) {
+    if (l == 0) report_error(err, i, 1);
+    for (int64_t c = l; c < dim; c += L) d[c] = 0.f;
+    return;
+  }
+  const float* s = table + r * dim;
+  if ((dim & 3) == 0) {
+    for (int64_t c = 4 * l; c < dim; c += 4 * L)
+      *reinterpret_cast<float4*>(d + c) = __ldg(reinterpret_cast<const float4*>(s + c));
+  } else {
+    for (int64_t c = l; c < dim; c += L) d[c] = __ldg(s + c);
+  }
+}
+}  // namespace
+
+template <typename I>
+Status gather_static(const float* table, int64_t num_rows, int64_t dim, const I* ids, int64_t n,
+                     float* out, GpuLookupError* d_err, cudaStream_t stream) {
+  if (d_err == nullptr) return Status::Invalid("gather_static: an error record is required");
+  if (n <= 0 || dim <= 0) return Status::OK();
+  k_gather_static<I><<<grid_for(n * 8, kBlock), kBlock, 0, stream>>>(table, num_rows, dim, ids, n,
+                                                                     out, d_err);
+  SOK_LAUNCH_CHECK();
+  return finalize_error<I>(d_err, ids, nullptr, nullptr, stream);
+}
+
+// ------------------------------------------------------------------------------------------------
+// sum_rows_by_group (backward aggregation and the optimizer's duplicate summing): stable radix
+// sort of (group, id), then fixed chunks of kChunk sorted ids; a group inside one chunk is written
+// directly, a group crossing chunks leaves one partial per chunk, summed in order afterwards.
+
+namespace detail {
+namespace {
+
+constexpr int kChunk = 64;
+
+__global__ void k_group_prep(const int32_t* group, const int64_t* src_row, int64_t num_src_rows,
+                             int64_t n, int64_t G, uint32_t* keys, int32_t* vals) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const int64_t g = group[i];
+  bool valid = g >= 0 && g < G;
+  if (valid && src_row != nullptr) {
+    const int64_t r = src_row[i];
+    valid = r >= 0 && (num_src_rows <= 0 || r < num_src_rows);
+  }
+  keys[i] = valid ? static_cast<uint32_t>(g) : static_cast<uint32_t>(G);
+  vals[i] = static_cast<int32_t>(i);
+}
+
+__global__ void k_group_bounds(const uint32_t* keys, int64_t n, int64_t G, int32_t* start, int32_t* end) {
+  const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (p >= n) return;
+  const uint32_t g = keys[p];
+  if (g >= G) return;
+  if (p == 0 || keys[p - 1] != g) start[g] = static_cast<int32_t>(p);
+  if (p == n - 1 || keys[p + 1] != g) end[g] = static_cast<int32_t>(p + 1);
+}
+
+struct GroupSrc {
+  const float* src;
+  const int64_t* src_row;
+  const float* weights;
+  const float* scale;
+  int64_t dim;
+  __device__ __forceinline__ void at(int32_t i, const float** row, float* w) const {
+    const int64_t r = src_row ? src_row[i] : static_cast<int64_t>(i);
+    float x = weights ? weights[i] : 1.f;
+    if (scale) x *= scale[r];
+    *w = x;
+    *row = src + r * dim;
+  }
+};
+
+template <int L, int VEC>
+__global__ void k_group_chunks(GroupSrc gs, const uint32_t* keys, const int32_t* vals, int64_t n,
+                               int64_t G, const int32_t* start, const int32_t* end,
+                               float* partials, float* out) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t c = t / L;
+  const int l = static_cast<int>(t % L);
+  const int64_t p0 = c * kChunk;
+  if (p0 >= n) return;
+  const int64_t p1 = p0 + kChunk < n ? p0 + kChunk : n;
+  const int64_t dim = gs.dim;
+  for (int64_t cb = 0; cb < dim; cb += L * VEC) {
+    const int64_t c0 = cb + l * VEC;
+    const bool cv = c0 < dim;
+    int64_t p = p0;
+    while (p < p1) {
+      const uint32_t g = keys[p];
+      if (g >= G) break;  // the invalid ids sort last
+      const int64_t gs0 = start[g], ge = end[g];
+      const int64_t q = ge < p1 ? ge : p1;
+      float acc[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
+      for (int64_t pp = p; pp < q; pp += 4) {
+        const float* rp[4];
+        float w[4];
+        Vec<VEC> x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          rp[u] = nullptr;
+          w[u] = 0.f;
+          if (pp + u < q) gs.at(vals[pp + u], &rp[u], &w[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (rp[u] != nullptr && cv) x[u] = load_vec<VEC>(rp[u] + c0);
+          else {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) x[u].v[k] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (rp[u] != nullptr) {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) acc[k] += w[u] * x[u].v[k];
+          }
+        }
+      }
+      if (cv) {
+        float* dst;
+        if (gs0 >= p0 && ge <= p1) dst = out + static_cast<int64_t>(g) * dim;
+        else if (gs0 < p0) dst = partials + (2 * c) * dim;
+        else dst = partials + (2 * c + 1) * dim;
+        store_vec<VEC>(dst + c0, acc);
+      }
+      p = q;
+    }
+  }
+}
+
+template <int L, int VEC>
+__global__ void k_group_fixup(const int32_t* start, const int32_t* end, int64_t G,
+                              const int64_t* d_G, const float* partials, int64_t dim, float* out) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t g = t / L;
+  const int l = static_cast<int>(t % L);
+  if (g >= effective_n(G, d_G)) return;
+  const int64_t s = start[g];
+  float* dst = out + g * dim;
+  if (s < 0) {
+    for (int64_t c = l; c < dim; c += L) dst[c] = 0.f;
+    return;
+  }
+  const int64_t e = end[g];
+  const int64_t cs = s / kChunk, ce = (e - 1) / kChunk;
+  if (cs == ce) return;
+  for (int64_t cb = 0; cb < dim; cb += L * VEC) {
+    const int64_t c0 = cb + l * VEC;
+    if (c0 >= dim) continue;
+    Vec<VEC> a = load_vec<VEC>(partials + (2 * cs + 1) * dim + c0);
+    int64_t c = cs + 1;
+    for (; c + 4 <= ce + 1; c += 4) {
+      Vec<VEC> x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) x[u] = load_vec<VEC>(partials + (2 * (c + u)) * dim + c0);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) a.v[k] += x[u].v[k];
+      }
+    }
+    for (; c <= ce; ++c) {
+      Vec<VEC> x = load_vec<VEC>(partials + (2 * c) * dim + c0);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) a.v[k] += x.v[k];
+    }
+    store_vec<VEC>(dst + c0, a.v);
+  }
+}
+
+template <int L, int VEC>
+Status launch_group_kernels(const GroupSrc& gs, const uint32_t* keys, const int32_t* vals,
+                            int64_t n, int64_t G, const int64_t* d_G, const int32_t* start,
+                            const int32_t* end, float* partials, float* out, cudaStream_t s) {
+  const int64_t chunks = ceil_div(n, kChunk);
+  k_group_chunks<L, VEC><<<grid_for(chunks * L, kBlock), kBlock, 0, s>>>(gs, keys, vals, n, G, start,
+                                                                         end, partials, out);
+  SOK_LAUNCH_CHECK();
+  k_group_fixup<L, VEC><<<grid_for(G * L, kBlock), kBlock, 0, s>>>(start, end, G, d_G, partials,
+                                                                   gs.dim, out);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+}  // namespace
+
+Status sum_rows_by_group(const float* src, int64_t dim, const int32_t* group, const int64_t* src_row,
+                         int64_t num_src_rows, const float* weights, const float* scale, int64_t n,
+                         int64_t num_groups, const int64_t* d_num_groups, float* out,
+                         cudaStream_t stream, DeviceAllocator* alloc) {
+  if (num_groups <= 0 || dim <= 0) return Status::OK();
+  if (n >= (int64_t{1} << 31) - 1 || num_groups >= (int64_t{1} << 31) - 1)
+    return Status::Invalid("sum_rows_by_group: more than 2^31-2 ids or rows");
+  const int64_t nn = n > 0 ? n : 0;
+  const int bits = bits_for(static_cast<uint64_t>(num_groups));
+  size_t sort_bytes = 0;
+  if (nn > 0) {
+    SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+        nullptr, sort_bytes, static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+        static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(nn), 0,
+        bits, stream));
+  }
+  auto al = [](size_t b) { return (b + 255) & ~size_t(255); };
+  const int64_t chunks = ceil_div(nn, kChunk);
+  const size_t kb = (nn + 1) * sizeof(uint32_t), gb = num_groups * sizeof(int32_t),
+               pb = (2 * chunks + 1) * dim * sizeof(float);
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(tmp.alloc(alloc, 4 * al(kb) + 2 * al(gb) + al(pb) + al(sort_bytes), stream));
+  char* base = tmp.as<char>();
+  uint32_t* keys_in = reinterpret_cast<uint32_t*>(base);
+  uint32_t* keys_out = reinterpret_cast<uint32_t*>(base + al(kb));
+  int32_t* vals_in = reinterpret_cast<int32_t*>(base + 2 * al(kb));
+  int32_t* vals_out = reinterpret_cast<int32_t*>(base + 3 * al(kb));
+  int32_t* start = reinterpret_cast<int32_t*>(base + 4 * al(kb));
+  int32_t* end = reinterpret_cast<int32_t*>(base + 4 * al(kb) + al(gb));
+  float* partials = reinterpret_cast<float*>(base + 4 * al(kb) + 2 * al(gb));
+  void* sort_tmp = base + 4 * al(kb) + 2 * al(gb) + al(pb);
+  SOK_CUDA_RETURN(cudaMemsetAsync(start, 0xff, gb, stream));
+  if (nn > 0) {
+    k_group_prep<<<grid_for(nn, kBlock), kBlock, 0, stream>>>(group, src_row, num_src_rows, nn,
+                                                              num_groups, keys_in, vals_in);
+    SOK_LAUNCH_CHECK();
+    SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, keys_in, keys_out, vals_in,
+                                                    vals_out, static_cast<int>(nn), 0, bits, stream));
+    k_group_bounds<<<grid_for(nn, kBlock), kBlock, 0, stream>>>(keys_out, nn, num_groups, start, end);
+    SOK_LAUNCH_CHECK();
+  }
+  GroupSrc gs{src, src_row, weights, scale, dim};
+  const bool v4 = (dim % 4) == 0 && (reinterpret_cast<uintptr_t>(src) % 16) == 0 &&
+                  (reinterpret_cast<uintptr_t>(out) % 16) == 0;
+  if (v4) {
+    const int64_t lanes = dim / 4;
+    if (lanes <= 8) return launch_group_kernels<8, 4>(gs, keys_out, vals_out, nn, num_groups, d_num_groups, start, end, partials, out, stream);
+    if (lanes <= 16) return launch_group_kernels<16, 4>(gs, keys_out, vals_out, nn, num_groups, d_num_groups, start, end, partials, out, stream);
+    return launch_group_kernels<32, 4>(gs, keys_out, vals_out, nn, num_groups, d_num_groups, start, end, partials, out, stream);
+  }
+  if (dim <= 8) return launch_group_kernels<8, 1>(gs, keys_out, vals_out, nn, num_groups, d_num_groups, start, end, partials, out, stream);
+  return launch_group_kernels<32, 1>(gs, keys_out, vals_out, nn, num_groups, d_num_groups, start, end, partials, out, stream);
+}
+
+}  // namespace detail
+
+// ------------------------------------------------------------------------------------------------
+// Pooled backward.
+
+namespace {
+
+__global__ void k_segment_scale(CsrView csr, const float* weights, int64_t batch, int combiner,
+                                float* scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
+  if (b >= batch) return;
+  int64_t a, e;
+  csr.range(b, &a, &e);
+  const bool perm = csr.permuted();
+  double acc = 0.0;
+  for (int64_t j = a + lane; j < e; j += 32) {
+    const int64_t i = id_at(csr, perm, j);
+    const double w = weights ? weights[i] : 1.0;
+    acc += combiner == static_cast<int>(Combiner::kMean) ? w : w * w;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) {
+    const double denom = combiner == static_cast<int>(Combiner::kMean) ? acc : sqrt(acc);
+    scale[b] = denom == 0.0 ? 0.f : static_cast<float>(1.0 / denom);
+  }
+}
+
+// Segment of every id from row splits (ids outside every sample keep -1).
+__global__ void k_splits_to_segments(CsrView csr, int64_t batch, int64_t* seg) {
+  const int lane = threadIdx.x & 31;
+  const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
+  if (b >= batch) return;
+  int64_t a, e;
+  csr.range(b, &a, &e);
+  for (int64_t j = a + lane; j < e; j += 32) seg[j] = b;
+}
+
+}  // namespace
+
+Status pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse, Segments seg,
+                       const float* weights, int64_t n, int64_t batch, Combiner combiner,
+                       int64_t num_rows, const int64_t* d_num_rows, float* grad_rows,
+                       cudaStream_t stream, DeviceAllocator* alloc) {
+  if (num_rows <= 0 || dim <= 0) return Status::OK();
+  CsrHolder h;
+  SOK_RETURN_IF_ERROR(build_csr(seg, n, batch, nullptr, stream, alloc, &h));
+  auto al = [](size_t b) { return (b + 255) & ~size_t(255); };
+  const bool need_scale = combiner != Combiner::kSum;
+  const bool need_seg = seg.segment_ids == nullptr;
+  const size_t sb = (batch > 0 ? batch : 1) * sizeof(float), gb = (n > 0 ? n : 1) * sizeof(int64_t);
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(tmp.alloc(alloc, al(sb) + al(gb), stream));
+  float* scale = need_scale ? tmp.as<float>() : nullptr;
+  int64_t* seg_of = reinterpret_cast<int64_t*>(tmp.as<char>() + al(sb));
+  if (need_scale && batch > 0) {
+    k_segment_scale<<<grid_for(batch * 32, kBlock), kBlock, 0, stream>>>(h.view, weights, batch,
+                                                                         static_cast<int>(combiner), scale);
+    SOK_LAUNCH_CHECK();
+  }
+  const int64_t* src_row = seg.segment_ids;
+  if (need_seg) {
+    SOK_CUDA_RETURN(cudaMemsetAsync(seg_of, 0xff, gb, stream));
+    if (batch > 0) {
+      k_splits_to_segments<<<grid_for(batch * 32, kBlock), kBlock, 0, stream>>>(h.view, batch, seg_of);
+      SOK_LAUNCH_CHECK();
+    }
+    src_row = seg_of;
+  }
+  return detail::sum_rows_by_group(grad_out, dim, inverse, src_row, batch, weights, scale, n,
+                                   num_rows, d_num_rows, grad_rows, stream, alloc);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Instantiations.
+
+template Status unique_keys<int32_t>(const int32_t*, int64_t, int32_t*, int32_t*, int64_t*, int64_t*,
+                                     cudaStream_t, DeviceAllocator*);
+template Status unique_keys<int64_t>(const int64_t*, int64_t, int64_t*, int32_t*, int64_t*, int64_t*,
+                                     cudaStream_t, DeviceAllocator*);
+template Status bucketize_by_owner<int32_t>(const int32_t*, int64_t, const int64_t*, int, int64_t*,
+                                            int64_t*, cudaStream_t, DeviceAllocator*);
+template Status bucketize_by_owner<int64_t>(const int64_t*, int64_t, const int64_t*, int, int64_t*,
+                                            int64_t*, cudaStream_t, DeviceAllocator*);
+template Status gather<int32_t>(const int32_t*, const int64_t*, int64_t, const int64_t*, int32_t*, cudaStream_t);
+template Status gather<int64_t>(const int64_t*, const int64_t*, int64_t, const int64_t*, int64_t*, cudaStream_t);
+template Status gather_static<int32_t>(const float*, int64_t, int64_t, const int32_t*, int64_t, float*,
+                                       GpuLookupError*, cudaStream_t);
+template Status gather_static<int64_t>(const float*, int64_t, int64_t, const int64_t*, int64_t, float*,
+                                       GpuLookupError*, cudaStream_t);
+template Status static_pooled_forward<int32_t>(const float*, int64_t, int64_t, const int32_t*, Segments,
+                                               const float*, int64_t, int64_t, Combiner, float*,
+                                               GpuLookupError*, cudaStream_t, DeviceAllocator*);
+template Status static_pooled_forward<int64_t>(const float*, int64_t, int64_t, const int64_t*, Segments,
+                                               const float*, int64_t, int64_t, Combiner, float*,
+                                               GpuLookupError*, cudaStream_t, DeviceAllocator*);
+
+}  // namespace gpu
+}  // namespace sok

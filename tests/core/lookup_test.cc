@@ -1,0 +1,73 @@
+#include "addons/sparse_operation_kit/core/lookup.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "tests/core/check.h"
+
+TEST(unique_keeps_first_appearance_order) {
+  const int64_t keys[] = {5, -3, 5, 7, -3, 5};
+  std::vector<int64_t> uniq, counts;
+  std::vector<int32_t> inverse(6);
+  sok::unique_keys(keys, 6, &uniq, inverse.data(), &counts);
+  CHECK((uniq == std::vector<int64_t>{5, -3, 7}));
+  CHECK((inverse == std::vector<int32_t>{0, 1, 0, 2, 1, 0}));
+  CHECK((counts == std::vector<int64_t>{3, 2, 1}));
+}
+
+TEST(bucketize_by_owner_uses_floor_mod) {
+  const int64_t keys[] = {4, -1, 3, 0, 5, -4};
+  std::vector<int64_t> order(6), counts(3);
+  sok::bucketize_by_owner(keys, 6, 3, order.data(), counts.data());
+  // owners: 4->1, -1->2, 3->0, 0->0, 5->2, -4->2
+  CHECK((counts == std::vector<int64_t>{2, 1, 3}));
+  CHECK((order == std::vector<int64_t>{2, 3, 0, 1, 4, 5}));
+}
+
+TEST(pooled_forward_and_backward_match_naive) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int64_t dim = 3, rows_n = 4, batch = 4;
+  std::vector<float> rows(rows_n * dim);
+  for (float& v : rows) v = u(rng);
+  const std::vector<int32_t> inverse = {0, 1, 1, 3, 2};
+  const std::vector<int64_t> seg = {0, 0, 2, 2, 3};  // sample 1 is empty
+  const std::vector<float> w = {0.5f, 2.f, 1.f, -0.5f, 3.f};
+  for (auto comb : {sok::Combiner::kSum, sok::Combiner::kMean, sok::Combiner::kSqrtn}) {
+    std::vector<float> out(batch * dim), want(batch * dim, 0.f), denom(batch, 0.f);
+    sok::pooled_forward(rows.data(), dim, inverse.data(), seg.data(), w.data(), 5, batch, comb, out.data());
+    for (int i = 0; i < 5; ++i) denom[seg[i]] += comb == sok::Combiner::kMean ? w[i] : w[i] * w[i];
+    for (int i = 0; i < 5; ++i) {
+      float scale = comb == sok::Combiner::kSum ? 1.f
+                    : comb == sok::Combiner::kMean ? 1.f / denom[seg[i]] : 1.f / std::sqrt(denom[seg[i]]);
+      for (int c = 0; c < dim; ++c) want[seg[i] * dim + c] += w[i] * scale * rows[inverse[i] * dim + c];
+    }
+    for (int k = 0; k < batch * dim; ++k) CHECK_NEAR(out[k], want[k], 1e-5);
+    for (int c = 0; c < dim; ++c) CHECK(out[dim + c] == 0.f);
+    // Backward: finite differences of <g, forward(rows)> w.r.t. rows.
+    std::vector<float> g(batch * dim), grad_rows(rows_n * dim);
+    for (float& v : g) v = u(rng);
+    sok::pooled_backward(g.data(), dim, inverse.data(), seg.data(), w.data(), 5, batch, comb, rows_n,
+                         grad_rows.data());
+    for (int k = 0; k < rows_n * dim; ++k) {
+      auto f = [&](float delta) {
+        std::vector<float> r = rows;
+        r[k] += delta;
+        std::vector<float> o(batch * dim);
+        sok::pooled_forward(r.data(), dim, inverse.data(), seg.data(), w.data(), 5, batch, comb, o.data());
+        double s = 0;
+        for (int j = 0; j < batch * dim; ++j) s += g[j] * o[j];
+        return s;
+      };
+      CHECK_NEAR(grad_rows[k], (f(1e-2f) - f(-1e-2f)) / 2e-2, 2e-3);
+    }
+  }
+}
+
+TEST(lookup_index_check_names_the_table) {
+  const int32_t inverse[] = {0, 5};
+  const int64_t seg[] = {0, 0};
+  sok::Status s = sok::check_lookup_indices("user_id", inverse, seg, 2, 2, 1);
+  CHECK(!s.ok() && s.message().find("user_id") != std::string::npos);
+}

@@ -1,0 +1,24 @@
+"""Wheel of sparse_operation_kit: the Python package plus the compiled ops library."""
+from setuptools import setup
+from setuptools.dist import Distribution
+
+
+class BinaryDistribution(Distribution):
+    """The wheel carries a compiled library, so it is platform-specific."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(
+    name="sparse_operation_kit",
+    version="0.1.0",
+    description="Embedding Variables, fused sparse lookups and sparse optimizers for TensorFlow",
+    packages=["sparse_operation_kit"],
+    package_data={"sparse_operation_kit": ["_sparse_operation_kit_ops.so"]},
+    # TensorFlow is not pinned here (tensorflow and tensorflow-cpu both satisfy it); the package
+    # checks at import that it runs on the TensorFlow release it was built against.
+    python_requires=">=3.9",
+    distclass=BinaryDistribution,
+    zip_safe=False,
+)

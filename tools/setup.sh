@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Everything a fresh Debian (bookworm) machine needs, idempotent: Debian packages (Bazel, a C++
+# toolchain), a virtual environment in .venv with TensorFlow 2.21 (CPU) and Horovod (Gloo), the
+# Bazel build of the ops library and the wheel, installed into .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+PY="${PYTHON:-python3}"
+TF_PIN="tensorflow-cpu==2.21.0"
+
+log() { echo "[setup] $*"; }
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+
+need_apt=()
+for pkg in bazel-bootstrap bazel-rules-java g++ cmake make; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+"$PY" -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get install -y -q "${need_apt[@]}" >/dev/null 2>&1 || {
+    $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q "${need_apt[@]}" >/dev/null; }
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv with $("$PY" --version)"
+  "$PY" -m venv .venv
+fi
+VPY="$ROOT/.venv/bin/python"
+if ! "$VPY" -c "import tensorflow, tf_keras, pytest, wheel" >/dev/null 2>&1; then
+  log "pip install $TF_PIN tf_keras pytest"
+  "$VPY" -m pip install -q --upgrade pip >/dev/null
+  "$VPY" -m pip install -q "$TF_PIN" tf_keras pytest setuptools wheel numpy
+fi
+
+log "Horovod (Gloo) for this TensorFlow"
+bash tools/install_horovod.sh "$VPY"
+
+log "Bazel build of the ops library and the wheel"
+./configure.sh "$VPY"
+bazel build --noshow_progress --ui_event_filters=-info,-warning //tools/pip_package:build_sok
+rm -rf dist && ./bazel-bin/tools/pip_package/build_sok dist
+"$VPY" -m pip install -q --force-reinstall --no-deps dist/sparse_operation_kit-*.whl
+"$VPY" -c "import sparse_operation_kit as sok; print('[setup] sparse_operation_kit', sok.__version__, 'on TensorFlow', sok.tf_version)" 2>/dev/null | tail -n 1
