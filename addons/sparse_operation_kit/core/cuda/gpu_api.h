@@ -12,8 +12,10 @@
 //   - with repeated keys in ONE call, insert_or_assign keeps one of the values (CPU: the last) and a
 //     counter-filtered find_or_insert may admit a different occurrence than the CPU's serial order;
 //   - apply_gradients calls on one table must be ordered by the caller (TF's resource-variable
-//     lock does this); find / find_or_insert / insert_or_assign may run concurrently on several
-//     streams. erase, import_rows, reserve and growth synchronise the device.
+//     lock does this); find / find_or_insert / insert_or_assign / erase may run concurrently on
+//     several streams (erased slots are never reused before a rehash, so probe chains stay
+//     intact). import_rows, reserve, growth and the first optimizer step's slot relayout
+//     synchronise the device.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -166,7 +168,8 @@ class GpuEmbeddingTable {
   // Overwrites the values (inserting missing keys, slots at their initial value).
   Status insert_or_assign(const K* keys, int64_t n, const float* values, cudaStream_t stream);
 
-  // Removes the keys. *num_erased (host, optional) gets how many were present (synchronises).
+  // Removes the keys. *num_erased (host, optional) gets how many were present (then it
+  // synchronises `stream`).
   Status erase(const K* keys, int64_t n, cudaStream_t stream, int64_t* num_erased = nullptr);
 
   // One optimizer step (optimizer.h) on the given keys, grads[n, dim]. Repeated keys are summed

@@ -10,6 +10,8 @@ from sparse_operation_kit.embedding_variable import (
 from sparse_operation_kit.lookup import lookup_sparse
 from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variables
 from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
+from sparse_operation_kit.distributed import all2all_dense_embedding
+from sparse_operation_kit.dump import dump, load
 
 tf_version = tf.__version__
 __version__ = "0.1.0"
@@ -18,5 +20,5 @@ __all__ = [
     "init", "rank", "num_ranks", "get_embedding_variable", "EmbeddingVariable", "EmbeddingVariableOption",
     "InitializerOption", "CounterFilter", "GlobalStepEvict", "L2WeightEvict", "StorageOption",
     "lookup_sparse", "OptimizerWrapper", "SGD", "filter_variables", "Variable", "DynamicVariable",
-    "export", "assign", "tf_version",
+    "export", "assign", "tf_version", "all2all_dense_embedding", "dump", "load",
 ]

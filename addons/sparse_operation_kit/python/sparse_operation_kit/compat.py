@@ -5,18 +5,27 @@ If a TensorFlow release moves one of these, this is the only file to change.
 import tensorflow as tf
 from tensorflow.python.eager import tape as _tape  # no public "variable was read" hook
 from tensorflow.python.framework import ops as _framework_ops
+from tensorflow.python.saved_model import save_context as _save_context  # no public "exporting" flag
 from tensorflow.python.training.saving import saveable_object as _saveable_object
 
 TF_VERSION = tf.__version__
 
 SaveableObject = _saveable_object.SaveableObject
 SaveSpec = _saveable_object.SaveSpec
+# A checkpoint-trackable base for optimizer wrappers: tf.Module would also do, but its `name` and
+# `variables` attributes would shadow those of the wrapped optimizer.
+AutoTrackable = tf.__internal__.tracking.AutoTrackable
 
 
 def variable_accessed(variable):
     """Tells active GradientTapes that `variable` was read, as tf.Variable reads do."""
     if variable.trainable:
         _tape.variable_accessed(variable)
+
+
+def in_saved_model_export():
+    """True while tf.saved_model.save builds the SavedModel (tracing and writing objects)."""
+    return _save_context.in_save_context()
 
 
 def register_gradient(op_type):

@@ -84,9 +84,15 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     keyed by id. Train it through `sok.OptimizerWrapper(opt)` or `sok.SGD`.
     """
 
-    # Makes tf.gradients / GradientTape / embedding_lookup treat this as a resource variable
-    # (they then differentiate with respect to `.handle`).
-    _should_act_as_resource_variable = True
+    @property
+    def _should_act_as_resource_variable(self):
+        # Having this attribute makes tf.gradients / GradientTape / embedding_lookup treat the
+        # table as a resource variable (they differentiate with respect to `.handle`). A
+        # SavedModel export must see the resource it is: as a "variable" it would be written
+        # as a dense one.
+        if compat.in_saved_model_export():
+            raise AttributeError("_should_act_as_resource_variable")
+        return True
 
     def __init__(self, name, embedding_dim, key_dtype=tf.int64, value_dtype=tf.float32,
                  initializer=None, trainable=True, ev_option=None, steps_to_live=None,
@@ -276,11 +282,12 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
             deps = []
         with tf.control_dependencies(deps):
             return ops.sok_embedding_variable_import(self.resource_handle, tf.cast(t[0], self._key_dtype),
-                                                     *t[1:], key_dtype=self._key_dtype)
+                                                     *t[1:])
 
     def _gather_saveables_for_checkpoint(self):
-        # tf.compat.v1.train.Saver names tensors by variable ("<name>/keys", ...).
-        return {"ev": lambda name=self._name: _EmbeddingVariableSaveable(self, name)}
+        # tf.compat.v1.train.Saver names tensors by variable ("<name>/keys", ...); the key
+        # "VARIABLE_VALUE" makes a Saver({"key": var}) use "key/keys", as for variables.
+        return {"VARIABLE_VALUE": lambda name=self._name: _EmbeddingVariableSaveable(self, name)}
 
     def __repr__(self):
         return (f"<sok.EmbeddingVariable '{self._name}' dim={self._dim} key_dtype={self._key_dtype.name} "

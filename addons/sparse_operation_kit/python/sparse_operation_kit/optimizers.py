@@ -9,11 +9,17 @@ from sparse_operation_kit.embedding_variable import EmbeddingVariable
 SUPPORTED = ("sgd", "adagrad", "adam", "ftrl")
 
 
+def is_sok_variable(v):
+    """Embedding Variables and sok.Variable tables (which carry a target_gpu placement)."""
+    return isinstance(v, EmbeddingVariable) or hasattr(v, "target_gpu")
+
+
 def filter_variables(variables):
-    """Splits variables into (SOK Embedding Variables, other variables)."""
+    """Splits variables into (SOK variables, other variables): under Horovod only the others are
+    data-parallel and need their gradients averaged with hvd.allreduce."""
     sok_vars, other = [], []
     for v in variables:
-        (sok_vars if isinstance(v, EmbeddingVariable) else other).append(v)
+        (sok_vars if is_sok_variable(v) else other).append(v)
     return sok_vars, other
 
 
@@ -54,17 +60,21 @@ def _value(x):
 class _SparseUpdater:
     """The fused update for Embedding Variables, shared by OptimizerWrapper and sok.SGD."""
 
-    def __init__(self, kind, hyper):
+    def __init__(self, kind, hyper, on_step_created=None):
         if kind not in SUPPORTED:
             raise ValueError(f"unsupported optimizer '{kind}' for SOK variables (supported: {SUPPORTED})")
         self.kind = kind
         self.hyper = dict(hyper)
         self._step = None
+        self._on_step_created = on_step_created
 
     def _step_var(self):
         if self._step is None:
             with tf.init_scope():
                 self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="sok_optimizer_step")
+                if self._on_step_created is not None:
+                    # Before the first read: a pending tf.train.Checkpoint restore lands now.
+                    self._on_step_created(self._step)
         return self._step
 
     def step_variable(self):
@@ -101,7 +111,7 @@ class _SparseUpdater:
             return step_var.assign_add(1).op if not tf.executing_eagerly() else step_var.assign_add(1)
 
 
-class OptimizerWrapper:
+class OptimizerWrapper(compat.AutoTrackable):
     """Wraps a tf.compat.v1.train or Keras (3 or tf_keras) optimizer: SOK Embedding Variables get
     the fused sparse update of the same optimizer, other variables the wrapped optimizer.
 
@@ -119,7 +129,12 @@ class OptimizerWrapper:
             if kind is None:
                 raise ValueError(f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
                                  f"variables (supported: {', '.join(SUPPORTED)})")
-        self._updater = _SparseUpdater(kind, hyper)
+        self._updater = _SparseUpdater(kind, hyper, on_step_created=self._track_step)
+
+    def _track_step(self, step):
+        # An attribute of a trackable is a checkpoint dependency: tf.train.Checkpoint(optimizer=
+        # wrapper) saves the wrapped optimizer ("_opt") and this step counter.
+        self.sok_optimizer_step = step
 
     @property
     def optimizer(self):
@@ -180,12 +195,15 @@ class OptimizerWrapper:
         return self.apply_gradients(self.compute_gradients(loss, var_list), global_step=global_step, name=name)
 
 
-class SGD:
+class SGD(compat.AutoTrackable):
     """NVIDIA SOK 2.x's sok.SGD: plain SGD for SOK variables (and tf.Variables alike)."""
 
     def __init__(self, lr=0.01, learning_rate=None):
         self._lr = learning_rate if learning_rate is not None else lr
-        self._updater = _SparseUpdater("sgd", {"learning_rate": self._lr})
+        self._updater = _SparseUpdater("sgd", {"learning_rate": self._lr}, on_step_created=self._track_step)
+
+    def _track_step(self, step):
+        self.sok_optimizer_step = step  # a checkpoint dependency (Embedding Variables' update steps)
 
     @property
     def learning_rate(self):

@@ -1,0 +1,249 @@
+"""sok.lookup_sparse against tf.nn.embedding_lookup_sparse on tf.Variables: forward values and
+gradients, in TF2 eager, inside tf.function and in TF1 graphs.
+
+An Embedding Variable (EV) is compared with a dense tf.Variable whose row i holds the EV's initial
+row of key vocab[i]; ids of the EV are vocab[positions], ids of the reference are the positions.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from conftest import densify_by_key, ev_rows, graph_session, random_ragged, to_ragged, to_sparse, unique_name
+
+DIM = 4
+# Keys far apart, negative and beyond 32 bits: the EV is a hash table, not an array.
+VOCAB64 = np.array([0, 7, -3, 2**40 + 5, 123456789012, -(2**35), 42, 99, 5, 1 << 50, 11, -1], np.int64)
+VOCAB32 = np.array([0, 7, -3, 2**30 + 5, 1234567, -(2**20), 42, 99, 5, 1 << 29, 11, -1], np.int32)
+
+
+def make_ev(key_dtype=tf.int64, dim=DIM, name=None):
+    return sok.get_embedding_variable(name or unique_name(), dim, key_dtype=key_dtype,
+                                      initializer=tf.random_uniform_initializer(-1.0, 1.0, seed=7))
+
+
+def reference_table(ev, vocab, sess=None):
+    """A tf.Variable holding the EV's initial rows of `vocab`, in that order."""
+    return ev_rows(ev, vocab, sess)
+
+
+def reference_lookup(table, rows, weights, combiner, dtype=tf.int64):
+    """tf.nn.embedding_lookup_sparse, padded with zero rows for trailing empty samples."""
+    sp = to_sparse(rows, dtype)
+    sp_w = None
+    if weights is not None:
+        sp_w = tf.SparseTensor(sp.indices, tf.constant([w for r in weights for w in r], tf.float32),
+                               sp.dense_shape)
+    out = tf.nn.embedding_lookup_sparse(table, sp, sp_w, combiner=combiner)
+    missing = len(rows) - tf.shape(out)[0]
+    return tf.concat([out, tf.zeros([missing, tf.shape(out)[1]])], 0)
+
+
+def sok_ids(rows, vocab, fmt, dtype):
+    keyed = [[vocab[p] for p in r] for r in rows]
+    return to_sparse(keyed, dtype) if fmt == "sparse" else to_ragged(keyed, dtype)
+
+
+def sok_weights(weights, fmt, rows):
+    if weights is None:
+        return None
+    if fmt == "sparse":
+        sp = to_sparse(rows)
+        return tf.SparseTensor(sp.indices, tf.constant([w for r in weights for w in r], tf.float32),
+                               sp.dense_shape)
+    return to_ragged(weights, tf.float32)
+
+
+def make_batch(rng, batch=6, max_len=5, vocab=len(VOCAB64), empty_rows=(1, 5), weighted=True):
+    rows = random_ragged(rng, batch, max_len, vocab, empty_rows)
+    first = next(b for b in range(batch) if rows[b])
+    rows[first] = rows[first] + [rows[first][0]]  # a repeated id inside one sample
+    weights = [[float(w) for w in rng.uniform(0.5, 2.0, len(r))] for r in rows] if weighted else None
+    return rows, weights
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.int32])
+@pytest.mark.parametrize("fmt", ["sparse", "ragged"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_forward_matches_tf(rng, combiner, weighted, fmt, key_dtype):
+    vocab = VOCAB64 if key_dtype == tf.int64 else VOCAB32
+    ev = make_ev(key_dtype)
+    table = tf.constant(reference_table(ev, vocab))
+    assert int(ev.size()) == 0  # evaluation reads insert nothing
+    rows, weights = make_batch(rng, weighted=weighted)
+    got = sok.lookup_sparse([ev], [sok_ids(rows, vocab, fmt, key_dtype)],
+                            sp_weights=[sok_weights(weights, fmt, rows)], combiners=[combiner])
+    assert isinstance(got, list) and len(got) == 1
+    want = reference_lookup(table, rows, weights, combiner)
+    np.testing.assert_allclose(got[0].numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    # Empty samples read zeros, and training lookups inserted exactly the distinct keys.
+    assert not got[0].numpy()[[1, 5]].any()
+    assert int(ev.size()) == len({p for r in rows for p in r})
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_static_tables_match_tf(rng, combiner):
+    """tf.Variable and sok.Variable tables, int32 and int64 ids."""
+    values = rng.normal(size=[12, 3]).astype(np.float32)
+    tf_var = tf.Variable(values)
+    sok_var = sok.Variable(values, mode="localized:0")
+    rows, weights = make_batch(rng)
+    got = sok.lookup_sparse([tf_var, sok_var], [to_sparse(rows, tf.int32), to_ragged(rows, tf.int64)],
+                            sp_weights=[None, to_ragged(weights, tf.float32)], combiners=[combiner] * 2)
+    np.testing.assert_allclose(got[0].numpy(), reference_lookup(values, rows, None, combiner).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1].numpy(), reference_lookup(values, rows, weights, combiner).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_single_table_not_in_a_list_returns_a_tensor(rng):
+    ev = make_ev()
+    table = tf.constant(reference_table(ev, VOCAB64))
+    rows, _ = make_batch(rng, weighted=False)
+    got = sok.lookup_sparse(ev, sok_ids(rows, VOCAB64, "sparse", tf.int64), combiners="mean")
+    assert isinstance(got, tf.Tensor)
+    np.testing.assert_allclose(got.numpy(), reference_lookup(table, rows, None, "mean").numpy(), rtol=1e-5)
+
+
+def test_all_samples_empty():
+    ev = make_ev()
+    ids = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), [3, 4])
+    with tf.GradientTape() as tape:
+        out = sok.lookup_sparse([ev], [ids], combiners=["mean"])[0]
+        loss = tf.reduce_sum(out)
+    np.testing.assert_array_equal(out.numpy(), np.zeros([3, DIM], np.float32))
+    grad = tape.gradient(loss, ev)
+    assert grad is None or int(tf.size(grad.indices)) == 0
+    assert int(ev.size()) == 0
+
+
+def test_evaluation_lookup_inserts_nothing_and_reads_initial_values(rng):
+    ev = make_ev()
+    table = tf.constant(reference_table(ev, VOCAB64))
+    rows, weights = make_batch(rng)
+    got = sok.lookup_sparse([ev], [sok_ids(rows, VOCAB64, "ragged", tf.int64)],
+                            sp_weights=[to_ragged(weights, tf.float32)], combiners=["sqrtn"], training=False)
+    np.testing.assert_allclose(got[0].numpy(), reference_lookup(table, rows, weights, "sqrtn").numpy(),
+                               rtol=1e-5, atol=1e-6)
+    assert int(ev.size()) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Several tables of different dimensions in one call, EVs mixed with static tables
+# ---------------------------------------------------------------------------------------------
+def _mixed_setup(rng):
+    ev_a = make_ev(tf.int64, dim=4)
+    ev_b = make_ev(tf.int32, dim=2)
+    dyn = sok.DynamicVariable(dimension=5, initializer="random", name=unique_name("dyn"))
+    static_values = rng.normal(size=[12, 3]).astype(np.float32)
+    tf_var = tf.Variable(static_values)
+    sok_var = sok.Variable(rng.normal(size=[12, 6]).astype(np.float32), mode="localized:0")
+    refs = [
+        tf.Variable(reference_table(ev_a, VOCAB64)),
+        tf.Variable(reference_table(ev_b, VOCAB32)),
+        tf.Variable(reference_table(dyn, VOCAB64)),
+        tf.Variable(static_values),
+        tf.Variable(sok_var.numpy()),
+    ]
+    params = [ev_a, ev_b, dyn, tf_var, sok_var]
+    vocabs = [VOCAB64, VOCAB32, VOCAB64, None, None]
+    dtypes = [tf.int64, tf.int32, tf.int64, tf.int32, tf.int64]
+    combiners = ["sum", "mean", "sqrtn", "mean", "sum"]
+    batches = [make_batch(rng, empty_rows=e) for e in [(1,), (0, 5), (), (2, 3), (5,)]]
+    weights_on = [True, False, True, True, False]
+    return params, refs, vocabs, dtypes, combiners, batches, weights_on
+
+
+def _mixed_inputs(params, vocabs, dtypes, batches, weights_on, fmts):
+    ids, ws = [], []
+    for p, vocab, dt, (rows, weights), on, fmt in zip(params, vocabs, dtypes, batches, weights_on, fmts):
+        keyed = rows if vocab is None else [[vocab[x] for x in r] for r in rows]
+        ids.append(to_sparse(keyed, dt) if fmt == "sparse" else to_ragged(keyed, dt))
+        ws.append(sok_weights(weights, fmt, rows) if on else None)
+    return ids, ws
+
+
+def _reference_outputs(refs, combiners, batches, weights_on):
+    return [reference_lookup(r, rows, weights if on else None, c)
+            for r, c, (rows, weights), on in zip(refs, combiners, batches, weights_on)]
+
+
+def _check_grads(params, ref_dims, vocabs, grads, ref_grads):
+    """grads: (indices, values) numpy pairs of each table's IndexedSlices; ref_grads: dense
+    numpy gradients of the reference tables (row i <-> key vocab[i], or id i for static tables)."""
+    for p, dim, vocab, g, dense_ref in zip(params, ref_dims, vocabs, grads, ref_grads):
+        got = densify_by_key(g, dim)
+        keys = range(len(dense_ref)) if vocab is None else [int(k) for k in vocab]
+        want = {k: dense_ref[i] for i, k in enumerate(keys) if dense_ref[i].any()}
+        assert set(want) <= set(got) <= set(keys), f"table {p.name}: keys {sorted(got)} vs {sorted(want)}"
+        for k, v in got.items():
+            np.testing.assert_allclose(v, want.get(k, np.zeros(dim)), rtol=1e-5, atol=1e-6,
+                                       err_msg=f"table {p.name}, key {k}")
+
+
+def _slices(grads, params):
+    for p, g in zip(params, grads):
+        assert isinstance(g, tf.IndexedSlices), f"gradient of {p.name} is {type(g).__name__}"
+    return [(g.indices.numpy(), g.values.numpy()) for g in grads]
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_mixed_tables_forward_and_gradients_tf2(rng, mode):
+    params, refs, vocabs, dtypes, combiners, batches, weights_on = _mixed_setup(rng)
+    fmts = ["sparse", "ragged", "ragged", "sparse", "ragged"]
+    ids, ws = _mixed_inputs(params, vocabs, dtypes, batches, weights_on, fmts)
+    targets = [tf.constant(rng.normal(size=[6, int(r.shape[1])]).astype(np.float32)) for r in refs]
+
+    def sok_step(ids, ws):
+        with tf.GradientTape() as tape:
+            outs = sok.lookup_sparse(params, ids, sp_weights=ws, combiners=combiners)
+            loss = tf.add_n([tf.reduce_sum(o * t) for o, t in zip(outs, targets)])
+        return outs, tape.gradient(loss, params)
+
+    if mode == "function":
+        sok_step = tf.function(sok_step)
+    outs, grads = sok_step(ids, ws)
+    with tf.GradientTape() as tape:
+        ref_outs = _reference_outputs(refs, combiners, batches, weights_on)
+        ref_loss = tf.add_n([tf.reduce_sum(o * t) for o, t in zip(ref_outs, targets)])
+    ref_grads = tape.gradient(ref_loss, refs)
+    for o, r in zip(outs, ref_outs):
+        np.testing.assert_allclose(o.numpy(), r.numpy(), rtol=1e-5, atol=1e-6)
+    _check_grads(params, [int(r.shape[1]) for r in refs], vocabs, _slices(grads, params),
+                 [tf.convert_to_tensor(g).numpy() for g in ref_grads])
+
+
+def test_mixed_tables_forward_and_gradients_tf1(rng):
+    """The same in a TF1 graph with tf.gradients (ids fed through sparse placeholders)."""
+    with graph_session() as sess:
+        ev_a = make_ev(tf.int64, dim=4)
+        ev_b = make_ev(tf.int32, dim=2)
+        static_values = rng.normal(size=[12, 3]).astype(np.float32)
+        tf_var = tf.compat.v1.get_variable("static", initializer=static_values, use_resource=True)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run([ev_a.initializer, ev_b.initializer])
+        init_a, init_b = reference_table(ev_a, VOCAB64, sess), reference_table(ev_b, VOCAB32, sess)
+        params = [ev_a, ev_b, tf_var]
+        vocabs = [VOCAB64, VOCAB32, None]
+        dtypes = [tf.int64, tf.int32, tf.int64]
+        combiners = ["mean", "sqrtn", "sum"]
+        batches = [make_batch(rng, empty_rows=e) for e in [(1,), (5,), (0,)]]
+        weights_on = [True, True, False]
+        ids, ws = _mixed_inputs(params, vocabs, dtypes, batches, weights_on, ["sparse", "ragged", "sparse"])
+        outs = sok.lookup_sparse(params, ids, sp_weights=ws, combiners=combiners)
+        targets = [tf.constant(rng.normal(size=[6, d]).astype(np.float32)) for d in (4, 2, 3)]
+        loss = tf.add_n([tf.reduce_sum(o * t) for o, t in zip(outs, targets)])
+        grads = tf.gradients(loss, params)
+        assert all(isinstance(g, tf.IndexedSlices) for g in grads)
+        refs = [tf.compat.v1.get_variable(f"ref{i}", initializer=v, use_resource=True)
+                for i, v in enumerate([init_a, init_b, static_values])]
+        ref_outs = _reference_outputs(refs, combiners, batches, weights_on)
+        ref_loss = tf.add_n([tf.reduce_sum(o * t) for o, t in zip(ref_outs, targets)])
+        ref_grads = [tf.convert_to_tensor(g) for g in tf.gradients(ref_loss, refs)]
+        sess.run([r.initializer for r in refs])
+        outs_v, ref_outs_v, grads_v, ref_grads_v = sess.run(
+            [outs, ref_outs, [(g.indices, g.values) for g in grads], ref_grads])
+    for o, r in zip(outs_v, ref_outs_v):
+        np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-6)
+    _check_grads(params, [4, 2, 3], vocabs, grads_v, ref_grads_v)
