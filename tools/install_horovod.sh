@@ -10,6 +10,11 @@
 #     path is only used with HOROVOD_ENABLE_XLA_OPS=1 on GPUs).
 #   - CUDA detection is switched off so that a local nvcc never turns this into a GPU build.
 #   - cmake >= 4 rejects Gloo's old cmake_minimum_required: CMAKE_POLICY_VERSION_MINIMUM=3.5.
+#   - Gloo controller bug: global_ranks_ is reserve()d, never resize()d, so the stall inspector
+#     sees 0 ranks and never warns about (nor, with HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, shuts
+#     down on) a rank that stops submitting collectives: a hung rank hangs the job forever.
+# The build records itself in horovod/_sok_build.py (patch level + TensorFlow version); the
+# "already installed" check requires it, so an unpatched horovod or a TF upgrade triggers a rebuild.
 # The built wheel is cached in ${SOK_CACHE_DIR:-$HOME/.cache/sok}/wheels/, keyed by the Python
 # tag and TensorFlow version, so a second run only installs it.
 #
@@ -19,6 +24,7 @@ set -euo pipefail
 
 HVD_VERSION=0.28.1
 HVD_SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
+SOK_PATCH_LEVEL=1   # bump whenever the patches below change (invalidates cached wheels)
 
 log() { echo "[install_horovod] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -34,15 +40,18 @@ case "$PY" in /*) ;; *) PY="$PWD/$PY" ;; esac
 hvd_ok() {
     env -u HOROVOD_RANK -u HOROVOD_SIZE -u HOROVOD_CONTROLLER -u HOROVOD_CPU_OPERATIONS \
         -u HOROVOD_GLOO_RENDEZVOUS_ADDR -u HOROVOD_GLOO_RENDEZVOUS_PORT \
-        TF_CPP_MIN_LOG_LEVEL=3 "$PY" - "$HVD_VERSION" <<'EOF' >/dev/null 2>&1
+        TF_CPP_MIN_LOG_LEVEL=3 "$PY" - "$HVD_VERSION" "$SOK_PATCH_LEVEL" <<'EOF' >/dev/null 2>&1
 import sys
 import horovod
 assert horovod.__version__ == sys.argv[1], horovod.__version__
+from horovod import _sok_build
+assert _sok_build.PATCH_LEVEL == int(sys.argv[2])
+import tensorflow as tf
+assert _sok_build.TF_VERSION == tf.__version__
 import horovod.tensorflow as hvd
 assert hvd.gloo_built()
 hvd.init()
 assert hvd.size() == 1 and hvd.rank() == 0
-import tensorflow as tf
 assert int(hvd.allreduce(tf.constant([2.0]), op=hvd.Sum).numpy()[0]) == 2
 EOF
 }
@@ -61,7 +70,7 @@ PY_TAG=$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 log "python $PY ($PY_TAG), tensorflow $TF_VERSION"
 
 CACHE_ROOT=${SOK_CACHE_DIR:-$HOME/.cache/sok}
-WHEEL_DIR="$CACHE_ROOT/wheels/horovod-$HVD_VERSION-tf$TF_VERSION-$PY_TAG"
+WHEEL_DIR="$CACHE_ROOT/wheels/horovod-$HVD_VERSION-sok$SOK_PATCH_LEVEL-tf$TF_VERSION-$PY_TAG"
 SDIST_DIR="$CACHE_ROOT/sdist"
 mkdir -p "$WHEEL_DIR" "$SDIST_DIR"
 
@@ -138,7 +147,7 @@ tar -xzf "$SDIST" -C "$BUILD_ROOT"
 SRC="$BUILD_ROOT/horovod-$HVD_VERSION"
 
 # ---------------------------------------------------------------- patches (each must apply)
-"$PY" - "$SRC" <<'EOF'
+"$PY" - "$SRC" "$SOK_PATCH_LEVEL" "$TF_VERSION" <<'EOF'
 import pathlib, sys
 src = pathlib.Path(sys.argv[1])
 
@@ -161,6 +170,17 @@ patch("CMakeLists.txt",
       "include(CheckLanguage)\ncheck_language(CUDA)\nif(NOT CMAKE_CUDA_COMPILER)\n",
       "include(CheckLanguage)\n# (sok) CPU-only build: CUDA detection disabled\n"
       "set(CMAKE_CUDA_COMPILER \"\")\nif(FALSE)\n")
+
+# 3. Gloo controller: size global_ranks_ before allgathering into it (else size() == 0 and the
+#    stall inspector can never report or shut down on a stalled rank).
+patch("horovod/common/gloo/gloo_controller.cc",
+      "  global_ranks_.reserve(size_);\n",
+      "  global_ranks_.resize(size_);  // (sok) was reserve(): size() stayed 0\n")
+
+# Build marker checked by the "already installed" test of tools/install_horovod.sh.
+(src / "horovod" / "_sok_build.py").write_text(
+    f"# Written by sparse_operation_kit tools/install_horovod.sh\n"
+    f"PATCH_LEVEL = {int(sys.argv[2])}\nTF_VERSION = {sys.argv[3]!r}\n")
 EOF
 
 # ---------------------------------------------------------------- build

@@ -24,8 +24,8 @@ def _dense_layer(x, units, name, seed, activation):
     with tf.compat.v1.variable_scope(name, reuse=tf.compat.v1.AUTO_REUSE):
         w = tf.compat.v1.get_variable(
             "kernel", [fan_in, units], tf.float32,
-            initializer=tf.compat.v1.glorot_uniform_initializer(seed=seed))
-        b = tf.compat.v1.get_variable("bias", [units], tf.float32, initializer=tf.compat.v1.zeros_initializer())
+            initializer=tf.initializers.GlorotUniform(seed=seed))
+        b = tf.compat.v1.get_variable("bias", [units], tf.float32, initializer=tf.initializers.Zeros())
     y = tf.matmul(x, w) + b
     return tf.nn.relu(y) if activation else y
 
@@ -50,13 +50,12 @@ class DLRM:
         self.name = name
         self.table_of_field = [f % self.num_tables for f in range(NUM_CAT)]
         self.shared = self.num_tables < NUM_CAT
-        with tf.compat.v1.variable_scope(name):
-            self.tables = [
-                sok.get_embedding_variable(
-                    f"emb_{t}" if self.shared else f"emb_C{t + 1}", self.dim, key_dtype=tf.int64,
-                    initializer=tf.compat.v1.random_uniform_initializer(
-                        -1.0 / np.sqrt(self.dim), 1.0 / np.sqrt(self.dim), seed=self.seed + t))
-                for t in range(self.num_tables)]
+        bound = 1.0 / np.sqrt(self.dim)
+        self.tables = [
+            sok.get_embedding_variable(
+                f"{name}_emb_{t}" if self.shared else f"{name}_emb_C{t + 1}", self.dim, key_dtype=tf.int64,
+                initializer=tf.random_uniform_initializer(-bound, bound, seed=self.seed + t))
+            for t in range(self.num_tables)]
         n = NUM_CAT + 1
         li, lj = np.tril_indices(n, -1)
         self._tril = (li * n + lj).astype(np.int32)

@@ -20,12 +20,12 @@ import time
 
 import numpy as np
 
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tensorflow as tf  # noqa: E402
+
 import data as criteo_data  # noqa: E402
 import model as criteo_model  # noqa: E402
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tensorflow as tf  # noqa: E402
 
 import sparse_operation_kit as sok  # noqa: E402
 
@@ -47,6 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--top_mlp", default="256,128", help="hidden sizes of the top MLP (it ends in 1)")
     p.add_argument("--optimizer", choices=("adagrad", "adam"), default="adagrad")
     p.add_argument("--learning_rate", type=float, default=None, help="default: adagrad 0.05, adam 0.001")
+    p.add_argument("--adagrad_initial_accumulator", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--synthetic_train_samples", type=int, default=None,
                    help="size of the synthetic training split (default: steps * batch_size, one pass)")
@@ -130,7 +131,7 @@ class Graph:
             logits = self.model(self.dense, self.ids, training=True)
             self.loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=self.labels, logits=logits))
             if args.optimizer == "adagrad":
-                base = tf.compat.v1.train.AdagradOptimizer(args.learning_rate)
+                base = tf.compat.v1.train.AdagradOptimizer(args.learning_rate, args.adagrad_initial_accumulator)
             else:
                 base = tf.compat.v1.train.AdamOptimizer(args.learning_rate)
             opt = sok.OptimizerWrapper(base)
@@ -153,6 +154,7 @@ class Graph:
             if hvd is not None:
                 _, dense_vars = sok.filter_variables(tf.compat.v1.global_variables())
                 self.broadcast_op = hvd.broadcast_variables(dense_vars, root_rank=0)
+            self.table_size = tf.add_n([tf.cast(t.size(), tf.int64) for t in self.model.tables])
             self.num_dense_params = int(sum(np.prod(v.shape.as_list())
                                             for v in tf.compat.v1.trainable_variables()
                                             if not isinstance(v, sok.EmbeddingVariable)))
@@ -171,6 +173,7 @@ def _sigmoid_xent(labels, logits):
 # ---------------------------------------------------------------------------------------------
 def main(argv=None):
     args = parse_args(argv)
+    tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
     hvd = None
     if args.horovod:
         try:
@@ -263,7 +266,7 @@ def main(argv=None):
         "steps": steps,
         "train_s": t_end - t_start,
         "eval_s": eval_s,
-        "table_rows": int(sum(sess.run([t.size() for t in g.model.tables]))),
+        "table_rows": int(sess.run(g.table_size)),
     }
     sess.close()
     log(f"table rows on rank {rank}: {result['table_rows']}  train_s={result['train_s']:.1f} eval_s={eval_s:.1f}")

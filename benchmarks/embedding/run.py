@@ -50,6 +50,9 @@ def parse_args(argv=None):
                    help="rounds; each times every implementation in turn (median over all timed steps)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--profile", type=int, default=0, metavar="K",
+                   help="instead of timing, trace one step per implementation and print the K op "
+                        "types with the most (summed) op time")
     p.add_argument("--horovod", action="store_true", help="(reserved) one rank per process")
     return p.parse_args(argv)
 
@@ -200,6 +203,26 @@ class Runner:
             if record:
                 self.times.append(dt)
 
+    def profile(self, top):
+        """Summed kernel time per op type over one traced step (both threads' work adds up)."""
+        opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+        meta = tf.compat.v1.RunMetadata()
+        t0 = time.perf_counter()
+        self.sess.run(self.train_op, feed_dict={self.which: self.step % self.nb}, options=opts,
+                      run_metadata=meta)
+        wall = (time.perf_counter() - t0) * 1e3
+        self.step += 1
+        by_type, ops = {}, {n.name: n.op for n in self.graph.as_graph_def().node}
+        for dev in meta.step_stats.dev_stats:
+            for ns in dev.node_stats:
+                kind = ops.get(ns.node_name.split(":")[0], ns.node_name)
+                t, c = by_type.get(kind, (0.0, 0))
+                by_type[kind] = (t + ns.all_end_rel_micros / 1e3, c + 1)
+        total = sum(t for t, _ in by_type.values())
+        print(f"[{self.impl}] traced step {wall:.1f} ms wall, {total:.1f} ms summed op time")
+        for kind, (t, c) in sorted(by_type.items(), key=lambda kv: -kv[1][0])[:top]:
+            print(f"    {kind:<40} {t:9.1f} ms  {c:5d} ops")
+
     def close(self):
         self.sess.close()
 
@@ -211,6 +234,12 @@ def bench(args, dist):
     for impl in impls:
         runners[impl] = Runner(impl, args, batches)
         runners[impl].run(args.warmup, record=False)
+    if args.profile:
+        for impl in impls:
+            for _ in range(2):
+                runners[impl].profile(args.profile)
+            runners[impl].close()
+        return None, 0.0
     for _ in range(args.rounds):  # interleaved, so machine load hits every implementation alike
         for impl in impls:
             runners[impl].run(args.steps, record=True)
@@ -235,6 +264,8 @@ def main(argv=None):
     rows = []
     for dist in args.dists.split(","):
         med, frac = bench(args, dist)
+        if med is None:
+            continue
         line = f"{dist:<10} {frac:>12.3f} " + " ".join(f"{med[i]:>10.1f}" for i in med)
         if "sok" in med:
             for other in ("tf", "hash"):

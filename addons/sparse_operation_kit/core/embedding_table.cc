@@ -17,6 +17,23 @@ int64_t next_pow2(int64_t x) {
   return c;
 }
 
+inline void prefetch_read(const void* p) {
+#if defined(__GNUC__)
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+inline void prefetch_write(const void* p) {
+#if defined(__GNUC__)
+  __builtin_prefetch(p, 1, 3);
+#endif
+}
+
+// How many keys ahead the batched loops prefetch (enough to cover a DRAM miss).
+constexpr int64_t kPrefetchAhead = 8;
+// Keys probed at once by the batched loops (their rows live in a stack buffer).
+constexpr int64_t kProbeBlock = 256;
+
 // Striped row lock; spins because the critical sections are a few dozen flops.
 class RowLock {
  public:
@@ -31,6 +48,16 @@ class RowLock {
  private:
   std::atomic<bool>& flag_;
 };
+
+const char* optimizer_name(int kind) {
+  switch (static_cast<OptimizerKind>(kind)) {
+    case OptimizerKind::kSGD: return "sgd";
+    case OptimizerKind::kAdagrad: return "adagrad";
+    case OptimizerKind::kAdam: return "adam";
+    case OptimizerKind::kFtrl: return "ftrl";
+  }
+  return "unknown";
+}
 
 }  // namespace
 
@@ -58,23 +85,39 @@ template <typename K>
 int64_t EmbeddingTable<K>::probe(K key) const {
   uint64_t pos = hash_key(key) & static_cast<uint64_t>(mask_);
   while (true) {
-    const int64_t row = index_rows_[pos];
-    if (row == kEmpty) return kEmpty;
-    if (index_keys_[pos] == key) return row;
+    const Slot& slot = index_[pos];
+    if (slot.row == kEmpty) return kEmpty;
+    if (slot.key == key) return slot.row;
     pos = (pos + 1) & static_cast<uint64_t>(mask_);
   }
 }
 
 template <typename K>
+void EmbeddingTable<K>::probe_many(const K* keys, int64_t n, int64_t* rows) const {
+  const uint64_t mask = static_cast<uint64_t>(mask_);
+  const Slot* index = index_.data();
+  for (int64_t i = 0; i < std::min(n, kPrefetchAhead); ++i) prefetch_read(index + (hash_key(keys[i]) & mask));
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kPrefetchAhead < n) prefetch_read(index + (hash_key(keys[i + kPrefetchAhead]) & mask));
+    rows[i] = probe(keys[i]);
+  }
+}
+
+template <typename K>
+void EmbeddingTable<K>::prefetch_row_values(int64_t row) const {
+  const float* v = arena_.data() + row * stride();
+  prefetch_read(v);
+  prefetch_read(v + config_.dim - 1);  // rows need not start on a cache line
+}
+
+template <typename K>
 void EmbeddingTable<K>::rehash(int64_t capacity) {
-  index_keys_.assign(capacity, K());
-  index_rows_.assign(capacity, kEmpty);
+  index_.assign(capacity, Slot{K(), kEmpty});
   mask_ = capacity - 1;
   for (int64_t row = 0; row < static_cast<int64_t>(row_keys_.size()); ++row) {
     uint64_t pos = hash_key(row_keys_[row]) & static_cast<uint64_t>(mask_);
-    while (index_rows_[pos] != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
-    index_keys_[pos] = row_keys_[row];
-    index_rows_[pos] = row;
+    while (index_[pos].row != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
+    index_[pos] = Slot{row_keys_[row], row};
   }
 }
 
@@ -91,9 +134,8 @@ int64_t EmbeddingTable<K>::insert_new(K key) {
   // Keep the load factor at most 1/2: short probe chains matter more than memory here.
   if (2 * (row + 1) > mask_ + 1) rehash(2 * (mask_ + 1));
   uint64_t pos = hash_key(key) & static_cast<uint64_t>(mask_);
-  while (index_rows_[pos] != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
-  index_keys_[pos] = key;
-  index_rows_[pos] = row;
+  while (index_[pos].row != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
+  index_[pos] = Slot{key, row};
   row_keys_.push_back(key);
   arena_.resize(arena_.size() + stride());
   init_row_values(key, arena_.data() + row * stride());
@@ -125,9 +167,16 @@ void EmbeddingTable<K>::find(const K* keys, int64_t n, float* out, const Paralle
   std::shared_lock<std::shared_mutex> l(mu_);
   const int64_t d = config_.dim;
   pf(n, 4 * d + 40, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t row = probe(keys[i]);
-      read_row(row, keys[i], row != kEmpty, out + i * d);
+    int64_t rows[kProbeBlock];
+    for (int64_t b0 = b; b0 < e; b0 += kProbeBlock) {
+      const int64_t m = std::min(kProbeBlock, e - b0);
+      probe_many(keys + b0, m, rows);
+      for (int64_t j = 0; j < m; ++j) {
+        if (j + kPrefetchAhead < m && rows[j + kPrefetchAhead] != kEmpty) {
+          prefetch_row_values(rows[j + kPrefetchAhead]);
+        }
+        read_row(rows[j], keys[b0 + j], rows[j] != kEmpty, out + (b0 + j) * d);
+      }
     }
   });
 }
@@ -142,15 +191,25 @@ void EmbeddingTable<K>::find_or_insert(const K* keys, int64_t n, float* out, con
     std::shared_lock<std::shared_mutex> l(mu_);
     pf(n, 4 * d + 40, [&](int64_t b, int64_t e) {
       int64_t local_missing = 0;
-      for (int64_t i = b; i < e; ++i) {
-        const int64_t row = probe(keys[i]);
-        if (row == kEmpty) {
-          missing[i] = 1;
-          ++local_missing;
-          continue;
+      int64_t rows[kProbeBlock];
+      for (int64_t b0 = b; b0 < e; b0 += kProbeBlock) {
+        const int64_t m = std::min(kProbeBlock, e - b0);
+        probe_many(keys + b0, m, rows);
+        for (int64_t j = 0; j < std::min(m, kPrefetchAhead); ++j) {
+          if (rows[j] != kEmpty) prefetch_row_values(rows[j]), prefetch_write(&freqs_[rows[j]]);
         }
-        __atomic_fetch_add(&freqs_[row], counts ? counts[i] : 1, __ATOMIC_RELAXED);
-        read_row(row, keys[i], true, out + i * d);
+        for (int64_t j = 0; j < m; ++j) {
+          const int64_t ahead = j + kPrefetchAhead < m ? rows[j + kPrefetchAhead] : kEmpty;
+          if (ahead != kEmpty) prefetch_row_values(ahead), prefetch_write(&freqs_[ahead]);
+          const int64_t i = b0 + j, row = rows[j];
+          if (row == kEmpty) {
+            missing[i] = 1;
+            ++local_missing;
+            continue;
+          }
+          __atomic_fetch_add(&freqs_[row], counts ? counts[i] : 1, __ATOMIC_RELAXED);
+          read_row(row, keys[i], true, out + i * d);
+        }
       }
       num_missing += local_missing;
     });
@@ -222,8 +281,8 @@ Status EmbeddingTable<K>::ensure_slots(const OptimizerParams& p) {
   }
   if (num_slots_ != 0 && slot_kind_ != -1) {
     return Status::Invalid("table '" + config_.name + "' already carries the slots of optimizer " +
-                           std::to_string(slot_kind_) + "; it cannot also be trained by optimizer " +
-                           std::to_string(kind));
+                           optimizer_name(slot_kind_) + "; it cannot also be trained by optimizer " +
+                           optimizer_name(kind));
   }
   if (num_slots_ != 0 && num_slots_ != want) {
     return Status::Invalid("table '" + config_.name + "' was restored with " +
@@ -251,55 +310,100 @@ Status EmbeddingTable<K>::ensure_slots(const OptimizerParams& p) {
 template <typename K>
 Status EmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float* grads,
                                           const OptimizerParams& p, int64_t global_step,
-                                          const ParallelFor& pf) {
+                                          const ParallelFor& pf, bool keys_unique) {
   const int64_t d = config_.dim;
-  // Sum the gradients of repeated keys first (TensorFlow's optimizers do the same).
-  std::vector<K> uniq;
-  std::vector<int32_t> inverse(n);
-  unique_keys(keys, n, &uniq, inverse.data(), nullptr);
-  const int64_t u = static_cast<int64_t>(uniq.size());
+  // Sum the gradients of repeated keys first (TensorFlow's optimizers do the same), unless the
+  // caller guarantees distinct keys.
+  std::vector<K> uniq_storage;
+  const K* uniq = keys;
+  int64_t u = n;
   std::vector<float> summed;
   const float* g = grads;
-  if (u != n) {
-    summed.assign(u * d, 0.f);
-    for (int64_t i = 0; i < n; ++i) {
-      float* dst = summed.data() + static_cast<int64_t>(inverse[i]) * d;
-      const float* src = grads + i * d;
-      for (int64_t c = 0; c < d; ++c) dst[c] += src[c];
+  if (!keys_unique) {
+    std::vector<int32_t> inverse(n);
+    unique_keys(keys, n, &uniq_storage, inverse.data(), nullptr);
+    uniq = uniq_storage.data();
+    u = static_cast<int64_t>(uniq_storage.size());
+    if (u != n) {
+      summed.assign(u * d, 0.f);
+      for (int64_t i = 0; i < n; ++i) {
+        float* dst = summed.data() + static_cast<int64_t>(inverse[i]) * d;
+        const float* src = grads + i * d;
+        for (int64_t c = 0; c < d; ++c) dst[c] += src[c];
+      }
+      g = summed.data();
     }
-    g = summed.data();
   }
-  std::vector<int64_t> rows(u);
-  bool layout_ok = false, all_present = false;
+  const float alpha = p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f;
+  // Probes keys [b, e) in blocks and updates the present, admitted rows; caller holds mu_ shared
+  // with the slot layout in place. Returns whether every key was present.
+  auto update = [&](int64_t b, int64_t e, std::vector<uint8_t>* missing) {
+    const int64_t st = stride();
+    float* arena = arena_.data();
+    int64_t rows[kProbeBlock];
+    bool all_present = true;
+    for (int64_t b0 = b; b0 < e; b0 += kProbeBlock) {
+      const int64_t m = std::min(kProbeBlock, e - b0);
+      probe_many(uniq + b0, m, rows);
+      auto prefetch = [&](int64_t row) {
+        prefetch_write(arena + row * st);
+        prefetch_write(arena + (row + 1) * st - 1);
+        prefetch_write(&versions_[row]);
+      };
+      for (int64_t j = 0; j < std::min(m, kPrefetchAhead); ++j) {
+        if (rows[j] != kEmpty) prefetch(rows[j]);
+      }
+      for (int64_t j = 0; j < m; ++j) {
+        if (j + kPrefetchAhead < m && rows[j + kPrefetchAhead] != kEmpty) prefetch(rows[j + kPrefetchAhead]);
+        const int64_t row = rows[j];
+        if (row == kEmpty) {  // not inserted yet (first pass) / evicted meanwhile (second pass)
+          if (missing) (*missing)[b0 + j] = 1;
+          all_present = false;
+          continue;
+        }
+        if (!admitted(row)) continue;
+        RowLock lock(row_locks_[static_cast<uint64_t>(row) % kLockStripes]);
+        apply_row(p, alpha, arena + row * st, d, g + (b0 + j) * d);
+        versions_[row] = global_step;
+      }
+    }
+    return all_present;
+  };
+  // One pass under the shared lock updates every present key; the missing ones (or all of them,
+  // before the first update made room for the slots) are inserted, then updated.
+  std::vector<uint8_t> missing(u, 0);
   {
     std::shared_lock<std::shared_mutex> l(mu_);
-    layout_ok = slot_kind_ == static_cast<int>(p.kind) && num_slots_ == sok::num_slots(p.kind);
-    if (layout_ok) {
-      all_present = true;
-      for (int64_t i = 0; i < u; ++i) all_present &= (rows[i] = probe(uniq[i])) != kEmpty;
+    if (slot_kind_ == static_cast<int>(p.kind) && num_slots_ == sok::num_slots(p.kind)) {
+      std::atomic<bool> all_present{true};
+      pf(u, 12 * d + 60, [&](int64_t b, int64_t e) {
+        if (!update(b, e, &missing)) all_present = false;
+      });
+      if (all_present.load()) return Status::OK();
+    } else {
+      std::fill(missing.begin(), missing.end(), 1);
     }
   }
-  if (!layout_ok || !all_present) {
+  std::vector<K> rest_keys;
+  std::vector<float> rest_grads;
+  for (int64_t i = 0; i < u; ++i) {
+    if (!missing[i]) continue;
+    rest_keys.push_back(uniq[i]);
+    rest_grads.insert(rest_grads.end(), g + i * d, g + (i + 1) * d);
+  }
+  {
     std::unique_lock<std::shared_mutex> l(mu_);
     Status s = ensure_slots(p);
     if (!s.ok()) return s;
-    for (int64_t i = 0; i < u; ++i) {
-      int64_t row = probe(uniq[i]);
-      if (row == kEmpty) row = insert_new(uniq[i]);
+    for (const K key : rest_keys) {
+      if (probe(key) == kEmpty) insert_new(key);
     }
   }
+  uniq = rest_keys.data();
+  g = rest_grads.data();
   std::shared_lock<std::shared_mutex> l(mu_);
-  const float alpha = p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f;
-  const int64_t st = stride();
-  pf(u, 12 * d + 60, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t row = probe(uniq[i]);
-      if (row == kEmpty || !admitted(row)) continue;  // evicted meanwhile / not yet admitted
-      RowLock lock(row_locks_[static_cast<uint64_t>(row) % kLockStripes]);
-      apply_row(p, alpha, arena_.data() + row * st, d, g + i * d);
-      versions_[row] = global_step;
-    }
-  });
+  pf(static_cast<int64_t>(rest_keys.size()), 12 * d + 60,
+     [&](int64_t b, int64_t e) { update(b, e, nullptr); });
   return Status::OK();
 }
 
@@ -373,9 +477,8 @@ Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
                              std::to_string(static_cast<int64_t>(s.keys[i])) + " appears twice in the checkpoint");
     }
     uint64_t pos = hash_key(s.keys[i]) & static_cast<uint64_t>(mask_);
-    while (index_rows_[pos] != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
-    index_keys_[pos] = s.keys[i];
-    index_rows_[pos] = i;
+    while (index_[pos].row != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
+    index_[pos] = Slot{s.keys[i], i};
     row_keys_.push_back(s.keys[i]);
     float* dst = arena_.data() + i * st;
     std::memcpy(dst, s.values.data() + i * d, sizeof(float) * d);

@@ -48,8 +48,11 @@ class EmbeddingTable {
 
   // One optimizer step on the given keys; duplicates are summed first. Missing keys are
   // inserted first (no gradient is dropped); keys not yet admitted by the filter are skipped.
+  // keys_unique: the caller guarantees the keys are distinct (e.g. unique_keys' output), which
+  // skips the dedup.
   Status apply_gradients(const K* keys, int64_t n, const float* grads, const OptimizerParams& p,
-                         int64_t global_step, const ParallelFor& pf = serial_for);
+                         int64_t global_step, const ParallelFor& pf = serial_for,
+                         bool keys_unique = false);
 
   // Evicts rows per the config (steps_to_live, l2 threshold); returns how many were removed.
   int64_t shrink(int64_t global_step);
@@ -65,6 +68,9 @@ class EmbeddingTable {
   int64_t stride() const { return config_.dim * (1 + num_slots_); }
   bool admitted(int64_t row) const;
   int64_t probe(K key) const;              // row of key or kEmpty; caller holds mu_
+  // rows[i] = probe(keys[i]), prefetching the index slots a few keys ahead; caller holds mu_.
+  void probe_many(const K* keys, int64_t n, int64_t* rows) const;
+  void prefetch_row_values(int64_t row) const;  // the value part of a row, for reading
   int64_t insert_new(K key);               // caller holds mu_ exclusively; key absent
   void rehash(int64_t capacity);           // caller holds mu_ exclusively
   void init_row_values(K key, float* row) const;
@@ -73,9 +79,13 @@ class EmbeddingTable {
 
   TableConfig config_;
   mutable std::shared_mutex mu_;
-  // Index: open addressing, linear probing, power-of-two capacity.
-  std::vector<K> index_keys_;
-  std::vector<int64_t> index_rows_;
+  // Index: open addressing, linear probing, power-of-two capacity. Key and row share a slot so
+  // a probe touches one cache line.
+  struct Slot {
+    K key;
+    int64_t row;  // kEmpty: free
+  };
+  std::vector<Slot> index_;
   int64_t mask_ = 0;
   // Rows, in insertion order.
   std::vector<K> row_keys_;

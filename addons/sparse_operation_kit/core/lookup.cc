@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace sok {
 
@@ -92,6 +93,44 @@ std::vector<float> segment_scales(const int64_t* segment_ids, const float* weigh
   return scale;
 }
 
+// Calls fn(std::integral_constant<int64_t, D>) with D = dim for the common embedding sizes (the
+// column loops then unroll into a few vector instructions) and D = 0 (runtime dim) otherwise.
+template <typename Fn>
+void dispatch_dim(int64_t dim, const Fn& fn) {
+  switch (dim) {
+    case 4: return fn(std::integral_constant<int64_t, 4>());
+    case 8: return fn(std::integral_constant<int64_t, 8>());
+    case 16: return fn(std::integral_constant<int64_t, 16>());
+    case 32: return fn(std::integral_constant<int64_t, 32>());
+    case 64: return fn(std::integral_constant<int64_t, 64>());
+    default: return fn(std::integral_constant<int64_t, 0>());
+  }
+}
+
+inline void prefetch_read(const void* p) {
+#if defined(__GNUC__)
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+inline void prefetch_write(const void* p) {
+#if defined(__GNUC__)
+  __builtin_prefetch(p, 1, 3);
+#endif
+}
+
+// dst[0, d) += src[0, d) (w == nullptr) or += *w * src; D > 0: d == D at compile time.
+template <int64_t D>
+inline void add_row(float* __restrict__ dst, const float* __restrict__ src, int64_t d, const float* w) {
+  if (D) d = D;
+  if (w == nullptr) {
+    for (int64_t c = 0; c < d; ++c) dst[c] += src[c];
+  } else {
+    const float wv = *w;
+    for (int64_t c = 0; c < d; ++c) dst[c] += wv * src[c];
+  }
+}
+
 bool is_sorted(const int64_t* segment_ids, int64_t n) {
   for (int64_t i = 1; i < n; ++i)
     if (segment_ids[i] < segment_ids[i - 1]) return false;
@@ -103,28 +142,44 @@ bool is_sorted(const int64_t* segment_ids, int64_t n) {
 void pooled_forward(const float* rows, int64_t dim, const int32_t* inverse,
                     const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
                     Combiner combiner, float* out, const ParallelFor& pf) {
-  std::memset(out, 0, sizeof(float) * batch * dim);
   const std::vector<float> scale = segment_scales(segment_ids, weights, n, batch, combiner);
-  auto accumulate = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
+  // Unweighted sums skip the multiply by w == 1 (bit-identical: 1 * x == x).
+  const bool unit = weights == nullptr && combiner == Combiner::kSum;
+  if (!is_sorted(segment_ids, n)) {
+    std::memset(out, 0, sizeof(float) * batch * dim);
+    for (int64_t i = 0; i < n; ++i) {
       const int64_t s = segment_ids[i];
       const float w = (weights ? weights[i] : 1.f) * scale[s];
       const float* src = rows + static_cast<int64_t>(inverse[i]) * dim;
       float* dst = out + s * dim;
       for (int64_t c = 0; c < dim; ++c) dst[c] += w * src[c];
     }
-  };
-  if (!is_sorted(segment_ids, n)) {
-    accumulate(0, n);
     return;
   }
-  // Sorted samples: split the ids on sample boundaries so no two workers share an output row.
-  pf(batch, 8 * dim * std::max<int64_t>(1, n / std::max<int64_t>(1, batch)),
-     [&](int64_t sb, int64_t se) {
-       const int64_t b = std::lower_bound(segment_ids, segment_ids + n, sb) - segment_ids;
-       const int64_t e = std::lower_bound(segment_ids, segment_ids + n, se) - segment_ids;
-       accumulate(b, e);
-     });
+  // Sorted samples: split the ids on sample boundaries so no two workers share an output row;
+  // each sample sums its ids in registers (same order as above) and is written once.
+  dispatch_dim(dim, [&](auto dim_tag) {
+    constexpr int64_t D = decltype(dim_tag)::value;
+    const int64_t d = D ? D : dim;
+    pf(batch, 8 * d * std::max<int64_t>(1, n / std::max<int64_t>(1, batch)),
+       [&](int64_t sb, int64_t se) {
+         int64_t i = std::lower_bound(segment_ids, segment_ids + n, sb) - segment_ids;
+         const int64_t e = std::lower_bound(segment_ids + i, segment_ids + n, se) - segment_ids;
+         constexpr int64_t kAhead = 8;
+         for (int64_t j = i; j < std::min(e, i + kAhead); ++j) prefetch_read(rows + inverse[j] * d);
+         for (int64_t s = sb; s < se; ++s) {
+           float* dst = out + s * d;
+           std::fill(dst, dst + d, 0.f);
+           for (; i < e && segment_ids[i] == s; ++i) {
+             if (i + kAhead < e) prefetch_read(rows + static_cast<int64_t>(inverse[i + kAhead]) * d);
+             const float* src = rows + static_cast<int64_t>(inverse[i]) * d;
+             float w = 1.f;
+             if (!unit) w = (weights ? weights[i] : 1.f) * scale[s];
+             add_row<D>(dst, src, d, unit ? nullptr : &w);
+           }
+         }
+       });
+  });
 }
 
 void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
@@ -132,19 +187,25 @@ void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
                      Combiner combiner, int64_t num_rows, float* grad_rows, const ParallelFor& pf) {
   std::memset(grad_rows, 0, sizeof(float) * num_rows * dim);
   const std::vector<float> scale = segment_scales(segment_ids, weights, n, batch, combiner);
+  const bool unit = weights == nullptr && combiner == Combiner::kSum;  // w == 1: skip the multiply
   // Each worker owns a range of output rows and scans every id: no two write the same row.
-  pf(num_rows, 8 * dim * std::max<int64_t>(1, n / std::max<int64_t>(1, num_rows)),
-     [&](int64_t rb, int64_t re) {
-       for (int64_t i = 0; i < n; ++i) {
-         const int64_t r = inverse[i];
-         if (r < rb || r >= re) continue;
-         const int64_t s = segment_ids[i];
-         const float w = (weights ? weights[i] : 1.f) * scale[s];
-         const float* src = grad_out + s * dim;
-         float* dst = grad_rows + r * dim;
-         for (int64_t c = 0; c < dim; ++c) dst[c] += w * src[c];
-       }
-     });
+  dispatch_dim(dim, [&](auto dim_tag) {
+    constexpr int64_t D = decltype(dim_tag)::value;
+    const int64_t d = D ? D : dim;
+    pf(num_rows, 8 * d * std::max<int64_t>(1, n / std::max<int64_t>(1, num_rows)),
+       [&](int64_t rb, int64_t re) {
+         constexpr int64_t kAhead = 8;
+         for (int64_t i = 0; i < n; ++i) {
+           if (i + kAhead < n) prefetch_write(grad_rows + static_cast<int64_t>(inverse[i + kAhead]) * d);
+           const int64_t r = inverse[i];
+           if (r < rb || r >= re) continue;
+           const int64_t s = segment_ids[i];
+           float w = 1.f;
+           if (!unit) w = (weights ? weights[i] : 1.f) * scale[s];
+           add_row<D>(grad_rows + r * d, grad_out + s * d, d, unit ? nullptr : &w);
+         }
+       });
+  });
 }
 
 template void unique_keys<int32_t>(const int32_t*, int64_t, std::vector<int32_t>*, int32_t*,

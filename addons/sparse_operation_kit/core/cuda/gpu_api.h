@@ -33,7 +33,8 @@ namespace gpu {
 
 // ---------------------------------------------------------------------------------------------
 // Temporary device memory. The default uses the stream-ordered allocator
-// (cudaMallocAsync / cudaFreeAsync); the TF glue can pass one that wraps its own allocator.
+// (cudaMallocAsync / cudaFreeAsync on the device's default pool, whose release threshold it
+// raises so freed memory stays cached); the TF glue can pass one that wraps its own allocator.
 class DeviceAllocator {
  public:
   virtual ~DeviceAllocator() = default;

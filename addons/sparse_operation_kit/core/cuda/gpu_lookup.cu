@@ -6,6 +6,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
+#include <mutex>
 #include <string>
 
 #include "addons/sparse_operation_kit/core/common.h"
@@ -25,6 +26,7 @@ namespace {
 class StreamOrderedAllocator : public DeviceAllocator {
  public:
   void* allocate(size_t bytes, cudaStream_t stream) override {
+    keep_pool_memory();
     void* p = nullptr;
     if (cudaMallocAsync(&p, bytes, stream) != cudaSuccess) {
       cudaGetLastError();
@@ -33,6 +35,28 @@ class StreamOrderedAllocator : public DeviceAllocator {
     return p;
   }
   void deallocate(void* p, size_t, cudaStream_t stream) override { cudaFreeAsync(p, stream); }
+
+ private:
+  // The device's default pool gives memory back to the driver at every synchronisation unless
+  // its release threshold is raised; re-mapping it each step would cost far more than the kernels.
+  static void keep_pool_memory() {
+    static std::mutex mu;
+    static bool done[128] = {};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 128) {
+      cudaGetLastError();
+      return;
+    }
+    std::lock_guard<std::mutex> l(mu);
+    if (done[dev]) return;
+    done[dev] = true;
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess) {
+      uint64_t threshold = ~uint64_t{0};
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+    }
+    cudaGetLastError();
+  }
 };
 }  // namespace
 

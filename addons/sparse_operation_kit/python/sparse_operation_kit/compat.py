@@ -7,6 +7,7 @@ from tensorflow.python.eager import tape as _tape  # no public "variable was rea
 from tensorflow.python.framework import ops as _framework_ops
 from tensorflow.python.saved_model import save_context as _save_context  # no public "exporting" flag
 from tensorflow.python.training.saving import saveable_object as _saveable_object
+from tensorflow.python.util import dispatch as _dispatch  # no public "dispatch on this class" hook
 
 TF_VERSION = tf.__version__
 
@@ -32,6 +33,11 @@ def register_gradient(op_type):
     return _framework_ops.RegisterGradient(op_type)
 
 
+def register_dispatchable_type(cls):
+    """Lets tf.experimental.dispatch_for_api dispatch on `cls`, which is no CompositeTensor."""
+    return _dispatch.register_dispatchable_type(cls)
+
+
 def v1_optimizer_hyperparameters(opt):
     """Hyperparameters of a tf.compat.v1.train optimizer (kept in private attributes)."""
     name = type(opt).__name__
@@ -51,5 +57,5 @@ def v1_optimizer_hyperparameters(opt):
                         "initial_accumulator": opt._initial_accumulator_value,
                         "lr_power": opt._learning_rate_power,
                         "l1": opt._l1_regularization_strength,
-                        "l2": opt._l2_regularization_strength}
+                        "l2": opt._l2_regularization_strength, "beta": opt._beta}
     return None, None

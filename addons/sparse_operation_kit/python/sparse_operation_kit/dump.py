@@ -22,25 +22,86 @@ def _dir_name(var):
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def _owned(keys, target):
+def _owned(keys, target, name):
     world, rank = context.world_size, context.rank
+    if world == 1:  # one process holds every table whole, whatever its target_gpu
+        return np.ones(keys.shape, bool)
+    if target >= world:
+        raise ValueError(f"sok.load: '{name}' has target_gpu={target}, but there are {world} ranks")
     if target < 0:
         return np.mod(keys, world) == rank
     return np.full(keys.shape, target == rank)
 
 
-def _require_eager(what):
+_SHARD = re.compile(r"rank(\d+)-of-(\d+)\.npz$")
+
+
+def _shard_files(path, var):
+    """The shard files of one complete dump of `var` (all ranks of one world size)."""
+    name = _dir_name(var)
+    d = os.path.join(path, name)
+    found = {}
+    for f in glob.glob(os.path.join(d, "rank*-of-*.npz")):
+        m = _SHARD.search(os.path.basename(f))
+        if m:
+            found.setdefault(int(m.group(2)), {})[int(m.group(1))] = f
+    if not found:
+        raise FileNotFoundError(f"sok.load: no dump of '{name}' under {path}")
+    if len(found) > 1:
+        raise ValueError(f"sok.load: {d} holds dumps from several world sizes ({sorted(found)}); "
+                         "keep the files of one dump only")
+    world, files = next(iter(found.items()))
+    missing = sorted(set(range(world)) - set(files))
+    if missing:
+        raise FileNotFoundError(f"sok.load: the dump of '{name}' under {path} was written by {world} ranks "
+                                f"but the files of ranks {missing} are missing")
+    return [files[r] for r in range(world)]
+
+
+def _ev_slots(shards, dim, name):
+    """Slots of every shard as one [rows, num_slots, dim] array: shards of ranks that never applied
+    an update have no slots (their rows get the slots' initial values)."""
+    kinds = {int(s["slot_kind"]) for s in shards if s["slots"].ndim == 3 and s["slots"].shape[1]}
+    if len(kinds) > 1:
+        raise ValueError(f"sok.load: the shards of '{name}' hold slots of different optimizers {sorted(kinds)}")
+    slot_kind = kinds.pop() if kinds else -1
+    slot_init = next((s["slot_init"] for s in shards if s["slot_init"].size and int(s["slot_kind"]) == slot_kind),
+                     np.zeros([0], np.float32)).astype(np.float32)
+    num_slots = slot_init.size if slot_kind >= 0 else 0
+    parts = []
+    for s in shards:
+        rows = s["keys"].shape[0]
+        slots = s["slots"].reshape(rows, -1, dim) if rows else np.zeros([0, num_slots, dim], np.float32)
+        if slots.shape[1] != num_slots:
+            slots = np.broadcast_to(slot_init[None, :, None], (rows, num_slots, dim))
+        parts.append(slots.astype(np.float32))
+    return np.concatenate(parts), slot_kind, slot_init
+
+
+def _require_eager(what, variables):
     if not tf.executing_eagerly():
         raise RuntimeError(f"sok.{what} runs eagerly (TF2); in TF1 graphs use tf.compat.v1.train.Saver")
+    names = [_dir_name(v) for v in variables]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"sok.{what}: several variables are named {twice}; each variable is stored under "
+                         "its name, so give them distinct names (name=...)")
 
 
 def dump(path, variables, optimizer=None):
     """Writes this rank's shard of each variable under `path` (EV slots are always included)."""
-    _require_eager("dump")
+    variables = list(variables)
+    _require_eager("dump", variables)
     rank, world = context.rank, context.world_size
+    _barrier("sok_dump_start")  # no rank may still be reading a dump that rank 0 now replaces
     for var in variables:
         d = os.path.join(path, _dir_name(var))
         os.makedirs(d, exist_ok=True)
+        if rank == 0:  # shards of an earlier dump with another world size would mix in at load
+            for f in glob.glob(os.path.join(d, "rank*-of-*.npz")):
+                m = _SHARD.search(os.path.basename(f))
+                if m and int(m.group(2)) != world:
+                    os.remove(f)
         target = int(getattr(var, "target_gpu", -1))
         if isinstance(var, EmbeddingVariable):
             keys, values, slots, freqs, versions, slot_kind, slot_init = [t.numpy() for t in var.export()]
@@ -55,19 +116,21 @@ def dump(path, variables, optimizer=None):
             arrays = dict(keys=keys, values=values)
         arrays["dim"] = np.int64(values.shape[1] if values.ndim == 2 else 0)
         np.savez(os.path.join(d, f"rank{rank}-of-{world}.npz"), **arrays)
-    if context.hvd is not None:
-        context.hvd.allreduce(tf.constant(0), name="sok_dump_barrier")
+    _barrier("sok_dump_end")  # every shard is written when dump returns on any rank
+
+
+def _barrier(name):
+    if context.hvd is not None and context.world_size > 1:
+        context.hvd.allreduce(tf.constant(0), name=name)
 
 
 def load(path, variables, optimizer=None):
     """Reads every shard of each variable and keeps the keys this rank owns now."""
-    _require_eager("load")
+    variables = list(variables)
+    _require_eager("load", variables)
     for var in variables:
-        d = os.path.join(path, _dir_name(var))
-        files = sorted(glob.glob(os.path.join(d, "rank*-of-*.npz")))
-        if not files:
-            raise FileNotFoundError(f"sok.load: no dump of '{_dir_name(var)}' under {path}")
-        shards = [np.load(f) for f in files]
+        files = _shard_files(path, var)
+        shards = [dict(np.load(f)) for f in files]
         dim = var.embedding_dim if isinstance(var, EmbeddingVariable) else int(var.shape[-1])
         for f, s in zip(files, shards):
             if int(s["dim"]) != dim:
@@ -76,12 +139,10 @@ def load(path, variables, optimizer=None):
         keys = np.concatenate([s["keys"] for s in shards])
         values = np.concatenate([s["values"].reshape(-1, dim) for s in shards])
         target = int(getattr(var, "target_gpu", -1))
-        mine = _owned(keys, target)
+        mine = _owned(keys, target, _dir_name(var))
         if isinstance(var, EmbeddingVariable):
-            slots = np.concatenate([s["slots"] for s in shards])
-            num_slots = slots.shape[1] if slots.ndim == 3 else 0
-            slot_kind = max(int(s["slot_kind"]) for s in shards)
-            slot_init = next((s["slot_init"] for s in shards if s["slot_init"].size), np.zeros([0], np.float32))
+            slots, slot_kind, slot_init = _ev_slots(shards, dim, _dir_name(var))
+            num_slots = slots.shape[1]
             var._restore_from_tensors({
                 "keys": tf.constant(keys[mine]), "values": tf.constant(values[mine]),
                 "slots": tf.constant(slots[mine].reshape(-1, num_slots, dim)),

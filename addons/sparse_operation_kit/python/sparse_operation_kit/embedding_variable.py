@@ -38,14 +38,16 @@ class CounterFilter:
 
 
 class GlobalStepEvict:
-    """Evicts keys not updated for more than `steps_to_live` steps (at save / shrink)."""
+    """Evicts keys not updated for more than `steps_to_live` steps, at `var.shrink(global_step)`
+    (DeepRec evicts when it saves; here saving never changes the table: shrink, then save)."""
 
     def __init__(self, steps_to_live=None):
         self.steps_to_live = int(steps_to_live or 0)
 
 
 class L2WeightEvict:
-    """Evicts keys whose embedding's L2 norm is below `l2_weight_threshold` (at save / shrink)."""
+    """Evicts keys whose embedding's L2 norm is below `l2_weight_threshold`, at `var.shrink(...)`
+    (saving never evicts: shrink, then save)."""
 
     def __init__(self, l2_weight_threshold=-1.0):
         self.l2_weight_threshold = float(l2_weight_threshold)
@@ -252,34 +254,54 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     def assign(self, keys, values):
         keys = self._check_keys(keys)
         values = tf.convert_to_tensor(values, tf.float32)
+        if values.shape.rank is not None and (values.shape.rank == 0 or values.shape[-1] not in (None, self._dim)):
+            raise ValueError(f"Embedding Variable '{self._name}' has dimension {self._dim}, but the values have "
+                             f"shape {values.shape}")
+        # key_dtype is inferred from the keys' dtype (no explicit argument).
         return ops.sok_embedding_variable_assign(self.resource_handle, tf.reshape(keys, [-1]),
-                                                 tf.reshape(values, [-1, self._dim]),
-                                                 key_dtype=self._key_dtype)
+                                                 tf.reshape(values, [-1, self._dim]))
 
     def shrink(self, global_step):
-        """Applies the eviction options now; returns how many keys were removed."""
+        """Applies the eviction options now; returns how many keys were removed.
+
+        `global_step` is the current step: GlobalStepEvict drops keys last updated more than
+        steps_to_live steps before it. Call it before saving to leave stale rows out of the
+        checkpoint (DeepRec does this inside its save).
+        """
         return ops.sok_embedding_variable_shrink(self.resource_handle, tf.cast(global_step, tf.int64),
                                                  key_dtype=self._key_dtype)
 
     # --- checkpoints --------------------------------------------------------------------------
+    # A checkpoint holds every row with its optimizer slots, frequency and last-update step, so a
+    # restored table trains on exactly as the saved one would have. Saving never evicts: with
+    # GlobalStepEvict / L2WeightEvict options call `var.shrink(global_step)` (run its op in TF1)
+    # before saving to drop stale rows, as DeepRec does when it saves.
     _CKPT_FIELDS = ("keys", "values", "slots", "freqs", "versions", "slot_kind", "slot_init")
 
     def _serialize_to_tensors(self):
-        return dict(zip(self._CKPT_FIELDS, self.export()))
+        deps = []
+        if compat.in_saved_model_export():
+            # A loaded SavedModel calls this (to learn the tensors' dtypes) before it initializes
+            # its resources: the traced function creates the table if it is missing.
+            deps = [self._initialize()]
+        with tf.control_dependencies(deps):
+            return dict(zip(self._CKPT_FIELDS, self.export()))
 
     def _restore_from_tensors(self, restored_tensors):
         t = [restored_tensors[f] for f in self._CKPT_FIELDS]
         if not tf.executing_eagerly() or tf.inside_function():
-            dim_ok = tf.debugging.assert_equal(
+            deps = [tf.debugging.assert_equal(
                 tf.shape(t[1])[1], self._dim,
-                message=f"cannot restore Embedding Variable '{self._name}': checkpoint dimension differs "
-                        f"from the variable's {self._dim}")
-            deps = [dim_ok]
+                message=f"cannot restore Embedding Variable '{self._name}': the checkpoint's dimension "
+                        f"differs from the variable's ({self._dim})")]
         else:
             if t[1].shape[1] != self._dim:
                 raise ValueError(f"cannot restore Embedding Variable '{self._name}': the checkpoint has "
                                  f"dimension {t[1].shape[1]}, the variable {self._dim}")
             deps = []
+        # Restoring replaces initialization (TF1 Saver.restore, SavedModel load): create the table
+        # first if it does not exist yet; an existing one keeps its content until the import.
+        deps.append(self._initialize())
         with tf.control_dependencies(deps):
             return ops.sok_embedding_variable_import(self.resource_handle, tf.cast(t[0], self._key_dtype),
                                                      *t[1:])
@@ -327,6 +349,9 @@ def get_embedding_variable(name, embedding_dim, key_dtype=tf.int64, value_dtype=
         for v in graph.get_collection(SOK_VARIABLES):
             if isinstance(v, EmbeddingVariable) and v.name == full_name:
                 if scope.reuse:
+                    if v.embedding_dim != int(embedding_dim):
+                        raise ValueError(f"Embedding Variable '{full_name}' has dimension {v.embedding_dim}, "
+                                         f"not {embedding_dim}")
                     return v
                 raise ValueError(f"Embedding Variable '{full_name}' already exists; use a variable_scope "
                                  "with reuse=True (or tf.AUTO_REUSE) to share it")

@@ -30,6 +30,19 @@ def _config(init):
         return {}
 
 
+def _default_value_matrix(initializer, cfg, seed, rows, dim):
+    """Evaluates `initializer` once into a [rows, dim] numpy matrix that is the same in every graph
+    and process: a copy seeded from the table's seed runs in a private graph with a fixed seed
+    (unseeded or op-seeded TensorFlow initializers would otherwise draw new values per call)."""
+    if "seed" in cfg and hasattr(type(initializer), "from_config"):
+        initializer = type(initializer).from_config(dict(cfg, seed=seed))
+    with tf.Graph().as_default() as graph:
+        tf.compat.v1.set_random_seed(seed)
+        value = initializer(shape=[rows, dim], dtype=tf.float32)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            return np.asarray(sess.run(tf.convert_to_tensor(value, tf.float32)), np.float32)
+
+
 def resolve(initializer, name, dim, default_value_dim):
     """Returns an InitSpec for `initializer` on a table `name` of dimension `dim`.
 
@@ -74,6 +87,5 @@ def resolve(initializer, name, dim, default_value_dim):
         return InitSpec(TRUNCATED_NORMAL, cfg.get("mean", 0.0), cfg.get("stddev", 0.05), seed)
     if callable(initializer):
         rows = default_value_dim if default_value_dim > 0 else 4096
-        value = initializer(shape=[rows, dim], dtype=tf.float32)
-        return InitSpec(MATRIX, seed=seed, matrix=value)
+        return InitSpec(MATRIX, seed=seed, matrix=_default_value_matrix(initializer, cfg, seed, rows, dim))
     raise TypeError(f"table '{name}': unsupported initializer {initializer!r}")

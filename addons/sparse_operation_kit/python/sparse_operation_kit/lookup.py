@@ -8,6 +8,8 @@
 Gradients flow back the same way: per-sample gradient -> per-distinct-key gradient ->
 (exchange) -> tf.IndexedSlices keyed by id on the owning table.
 """
+from typing import List, Union
+
 import tensorflow as tf
 
 from sparse_operation_kit import compat, exchange
@@ -38,6 +40,40 @@ def _gather_grad(op, *grads):
 tf.no_gradient("SokUniqueKeys")
 tf.no_gradient("SokPooledCombineGrad")
 tf.no_gradient("SokEmbeddingVariableSparseApply")
+
+
+# tf.nn.embedding_lookup(ev, ids) converts params that are no tf.Variable to a tensor, which an
+# Embedding Variable has not: dispatch on the EV to its sparse_read (gradient: IndexedSlices by id).
+compat.register_dispatchable_type(EmbeddingVariable)
+_EV_PARAMS = {"params": Union[EmbeddingVariable, List[EmbeddingVariable]]}
+
+
+def _embedding_lookup_ev(params, ids, max_norm):
+    if isinstance(params, (list, tuple)):
+        if len(params) != 1:
+            raise ValueError(f"tf.nn.embedding_lookup: a list of {len(params)} Embedding Variables is not "
+                             "supported; an Embedding Variable is one unpartitioned table")
+        params = params[0]
+    if isinstance(ids, tf.RaggedTensor):
+        return tf.ragged.map_flat_values(lambda k: _embedding_lookup_ev(params, k, max_norm), ids)
+    ids = tf.convert_to_tensor(ids)
+    rows = params.sparse_read(ids)
+    if max_norm is not None:
+        rows = tf.clip_by_norm(rows, max_norm, axes=[rows.shape.rank - 1])
+    return rows
+
+
+@tf.experimental.dispatch_for_api(tf.nn.embedding_lookup, _EV_PARAMS)
+def _embedding_lookup_v2(params, ids, max_norm=None, name=None):
+    with tf.name_scope(name or "embedding_lookup"):
+        return _embedding_lookup_ev(params, ids, max_norm)
+
+
+@tf.experimental.dispatch_for_api(tf.compat.v1.nn.embedding_lookup, _EV_PARAMS)
+def _embedding_lookup_v1(params, ids, partition_strategy="mod", name=None, validate_indices=True,
+                         max_norm=None):
+    with tf.name_scope(name or "embedding_lookup"):
+        return _embedding_lookup_ev(params, ids, max_norm)
 
 
 def table_name(param):

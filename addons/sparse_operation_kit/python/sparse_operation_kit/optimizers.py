@@ -90,12 +90,15 @@ class _SparseUpdater:
             if not isinstance(g, tf.IndexedSlices):
                 raise TypeError(f"the gradient of Embedding Variable '{v.name}' must be tf.IndexedSlices, got "
                                 f"{type(g).__name__}")
+            if g.values.shape.rank is not None and g.values.shape[-1] not in (None, v.embedding_dim):
+                raise ValueError(f"the gradient of Embedding Variable '{v.name}' has shape {g.values.shape}, but "
+                                 f"the variable has dimension {v.embedding_dim}")
             keys.append(tf.cast(g.indices, v.key_dtype))
             grads.append(tf.reshape(tf.cast(g.values, tf.float32), [-1, v.embedding_dim]))
         h = self.hyper
         lr = _value(h["learning_rate"])
         l2 = float(h.get("l2", 0.0))
-        if h.get("beta", 0.0):  # Keras FTRL folds beta into l2
+        if h.get("beta", 0.0):  # FTRL (Keras and TF1) folds beta into l2
             l2 = l2 + float(h["beta"]) / (2.0 * float(tf.get_static_value(lr)))
         own_step = step is None
         step_var = self._step_var() if own_step else None
@@ -176,10 +179,13 @@ class OptimizerWrapper(compat.AutoTrackable):
                 ops_.append(self._opt.iterations.assign_add(1))
         if global_step is not None:
             with tf.control_dependencies([o for o in ops_ if o is not None]):
-                ops_.append(tf.compat.v1.assign_add(global_step, 1))
+                # read_value=False: an op (a read-back variable would be dropped by the group below).
+                ops_.append(global_step.assign_add(1, read_value=False))
         if tf.executing_eagerly():
             return None
-        return tf.group(*[o for o in ops_ if o is not None], name=name)
+        # Keras 3's apply_gradients returns its step variable, which tf.group does not take (inside
+        # tf.function every stateful op runs anyway).
+        return tf.group(*[o for o in ops_ if isinstance(o, (tf.Operation, tf.Tensor))], name=name)
 
     def minimize(self, loss, var_list=None, global_step=None, name=None, tape=None, **kwargs):
         if tf.executing_eagerly():

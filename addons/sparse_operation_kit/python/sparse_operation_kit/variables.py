@@ -60,6 +60,18 @@ class DynamicVariable(EmbeddingVariable):
         return self.embedding_dim
 
     @property
+    def size(self):
+        """[number of keys, dimension] as an int64 tensor (SOK 2.x's `v.size` is this shape)."""
+        return tf.stack([super().size(), tf.constant(self.embedding_dim, tf.int64)])
+
+    def sparse_read(self, indices, name=None, training=True):
+        # SOK 2.x casts int32 ids (e.g. a Python list given to tf.nn.embedding_lookup) to int64 keys.
+        indices = tf.convert_to_tensor(indices)
+        if indices.dtype == tf.int32 and self.key_dtype == tf.int64:
+            indices = tf.cast(indices, tf.int64)
+        return super().sparse_read(indices, name=name, training=training)
+
+    @property
     def key_type(self):
         return self.key_dtype
 

@@ -1,0 +1,182 @@
+"""The Criteo benchmark (benchmarks/criteo): TSV reader, synthetic generator, AUC, and a short
+training run that must learn.
+
+    PYTHONPATH=addons/sparse_operation_kit/python .venv/bin/python -m pytest tests/benchmarks -q
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "criteo"))
+try:
+    import sparse_operation_kit  # noqa: F401
+except ImportError:  # source tree without PYTHONPATH
+    sys.path.insert(0, os.path.join(ROOT, "addons", "sparse_operation_kit", "python"))
+
+import data as criteo_data  # noqa: E402
+import model as criteo_model  # noqa: E402
+
+SLICE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "criteo_slice.tsv")
+
+
+def _slice_fields():
+    with open(SLICE) as f:
+        return [line.rstrip("\n").split("\t") for line in f]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reader
+# ---------------------------------------------------------------------------------------------
+def test_reader_parses_the_real_slice():
+    fields = _slice_fields()
+    assert len(fields) == 200 and all(len(r) == 40 for r in fields)
+    raw = criteo_data.read_tsv_raw(SLICE)
+    assert raw.labels.shape == (200,) and raw.dense.shape == (200, 13) and raw.cat.shape == (200, 26)
+    # Against a plain-Python reading of every field.
+    for i, r in enumerate(fields):
+        assert raw.labels[i] == int(r[0])
+        for j in range(13):
+            if r[1 + j] == "":
+                assert np.isnan(raw.dense[i, j])
+            else:
+                assert raw.dense[i, j] == int(r[1 + j])
+        for j in range(26):
+            s = r[14 + j]
+            assert raw.cat[i, j] == (-1 if s == "" else int(s, 16))
+    # Known values of the first and third lines (Criteo train.txt lines 1 and 3).
+    assert raw.labels[0] == 0 and raw.dense[0, 4] == 1382 and np.isnan(raw.dense[0, 11])
+    assert raw.cat[0, 0] == 0x68FD1E64 and raw.cat[0, 25] == 0x9727DD16 and raw.cat[0, 21] == -1
+    assert raw.cat[2, 23] == 0x3B183C5C and raw.cat[2, 24] == -1 and raw.cat[2, 25] == -1
+    # Empty fields: the slice has some in both kinds.
+    n_empty_dense = sum(r[1 + j] == "" for r in fields for j in range(13))
+    n_empty_cat = sum(r[14 + j] == "" for r in fields for j in range(26))
+    assert n_empty_dense > 0 and n_empty_cat > 0
+    assert np.isnan(raw.dense).sum() == n_empty_dense and (raw.cat == -1).sum() == n_empty_cat
+    assert raw.dense[~np.isnan(raw.dense)].min() < 0  # I2 has negative counts in Criteo
+    # Writing the rows back gives the file's bytes.
+    with open(SLICE) as f:
+        assert criteo_data.to_tsv_lines(raw) == f.readlines()
+
+
+def test_featurize():
+    batch = criteo_data.read_tsv(SLICE)
+    raw = criteo_data.read_tsv_raw(SLICE)
+    assert batch.dense.dtype == np.float32 and batch.ids.dtype == np.int64 and batch.labels.dtype == np.float32
+    expect = np.log1p(np.maximum(np.nan_to_num(raw.dense, nan=0.0), 0.0))
+    np.testing.assert_allclose(batch.dense, expect, rtol=1e-6)
+    assert (batch.dense[np.isnan(raw.dense)] == 0).all() and (batch.dense >= 0).all()
+    assert (batch.ids == raw.cat).all()
+    assert abs(batch.labels.mean() - 0.22) < 0.01
+
+
+@pytest.mark.parametrize("line, message", [
+    ("1\t2\t3\n", "3 tab-separated fields"),
+    ("2" + "\t" * 39 + "\n", "label"),
+    ("0" + "\t" * 13 + "\txyz" + "\t" * 25 + "\n", "not a hex string"),
+    ("0" + "\t" * 13 + "\t123456789" + "\t" * 25 + "\n", "more than 8 hex digits"),
+    ("0\tabc" + "\t" * 38 + "\n", "bad integer"),
+])
+def test_reader_rejects_malformed_lines(line, message):
+    with pytest.raises(ValueError, match=message):
+        criteo_data.parse_lines([line])
+
+
+# ---------------------------------------------------------------------------------------------
+# Generator
+# ---------------------------------------------------------------------------------------------
+def test_generator_is_deterministic():
+    a = criteo_data.SyntheticCriteo(seed=7)
+    b = criteo_data.SyntheticCriteo(seed=7)
+    text_a = "".join(a.tsv_lines(0, 100, 3000)).encode()
+    text_b = "".join(b.tsv_lines(0, 100, 3000)).encode()
+    assert text_a == text_b
+    # Any batching gives the same rows (rows straddle the generator's internal blocks).
+    start = a.BLOCK - 1000
+    whole = a.raw(1, start, 3000)
+    parts = criteo_data.concat_raw([a.raw(1, start, 1234), a.raw(1, start + 1234, 1766)])
+    for x, y in zip(whole, parts):
+        np.testing.assert_array_equal(x, y)
+    # Other seeds and other splits differ.
+    assert "".join(criteo_data.SyntheticCriteo(seed=8).tsv_lines(0, 100, 3000)).encode() != text_a
+    assert not np.array_equal(a.raw(1, 0, 1000).cat, a.raw(0, 0, 1000).cat)
+
+
+def test_generator_writes_criteo_lines_the_reader_reads_back():
+    gen = criteo_data.SyntheticCriteo(seed=3)
+    raw = gen.raw(0, 0, 2000)
+    lines = gen.tsv_lines(0, 0, 2000)
+    assert all(len(line.rstrip("\n").split("\t")) == 40 for line in lines)
+    cats = [f for line in lines for f in line.rstrip("\n").split("\t")[14:]]
+    assert all(f == "" or (len(f) == 8 and int(f, 16) >= 0) for f in cats)
+    back = criteo_data.parse_lines(lines)
+    np.testing.assert_array_equal(back.labels, raw.labels)
+    np.testing.assert_array_equal(back.cat, raw.cat)
+    np.testing.assert_array_equal(back.dense, raw.dense)  # NaN (empty) in the same places
+    assert criteo_data.to_tsv_lines(back) == lines
+
+
+def test_generator_is_criteo_like():
+    gen = criteo_data.SyntheticCriteo(seed=0)
+    raw = gen.raw(0, 0, 60000)
+    assert abs(raw.labels.mean() - 0.22) < 0.015
+    distinct = [len(np.unique(raw.cat[:, f])) for f in range(26)]
+    assert min(distinct) <= 5 and max(distinct) > 10000  # vocabularies from a few values to millions
+    # Power law: in a large field the most frequent value is far above the median one.
+    _, counts = np.unique(raw.cat[:, 2][raw.cat[:, 2] >= 0], return_counts=True)
+    assert counts.max() > 100 * np.median(counts)
+    assert 0.3 < np.isnan(raw.dense[:, 0]).mean() < 0.6 and (raw.cat == -1).any()
+    # The label depends on the features: the hidden model's own AUC is high.
+    p = gen.logits(raw.dense, raw.cat)
+    assert criteo_model.auc(raw.labels, p) > 0.8
+
+
+# ---------------------------------------------------------------------------------------------
+# AUC
+# ---------------------------------------------------------------------------------------------
+def _auc_pairs(labels, scores):
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    diff = pos[:, None] - neg[None, :]
+    return ((diff > 0).sum() + 0.5 * (diff == 0).sum()) / (len(pos) * len(neg))
+
+
+def test_auc_exact_with_ties():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 500)
+    scores = rng.integers(0, 20, 500).astype(np.float32)  # many ties
+    assert criteo_model.auc(labels, scores) == pytest.approx(_auc_pairs(labels, scores), abs=1e-12)
+    assert criteo_model.auc([0, 1], [0.1, 0.9]) == 1.0
+    assert criteo_model.auc([0, 1], [0.9, 0.1]) == 0.0
+    assert criteo_model.auc([0, 1, 0, 1], [0.5] * 4) == 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+def test_short_training_run_learns(capsys):
+    import run as criteo_run
+    result = criteo_run.main([
+        "--steps", "120", "--batch_size", "512", "--synthetic_eval_samples", "16384", "--warmup_steps", "5",
+        "--bottom_mlp", "32", "--top_mlp", "64", "--seed", "1", "--log_every", "0",
+    ])
+    out = capsys.readouterr().out
+    assert "RESULT " in out and "eval_auc=" in out
+    assert result["train_loss"] < result["train_loss_first"] - 0.02
+    assert result["eval_auc"] > 0.6
+    assert np.isfinite(result["eval_loss"]) and result["eval_loss"] < 0.6
+    assert result["samples_per_sec"] > 0 and result["table_rows"] > 0
+
+
+def test_training_with_shared_tables_and_adam(capsys):
+    import run as criteo_run
+    result = criteo_run.main([
+        "--steps", "60", "--batch_size", "512", "--synthetic_eval_samples", "8192", "--warmup_steps", "5",
+        "--bottom_mlp", "32", "--top_mlp", "64", "--num_tables", "4", "--optimizer", "adam",
+        "--log_every", "0", "--synthetic_via_tsv",
+    ])
+    assert result["train_loss"] < result["train_loss_first"]
+    assert result["eval_auc"] > 0.55

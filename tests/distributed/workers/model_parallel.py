@@ -1,0 +1,389 @@
+"""Worker run under `horovodrun -np N`: model-parallel SOK against a single-process reference.
+
+Every rank checks, at every step, that its forward values, the gradients of the rows it owns (the
+sum over ranks of their contributions), and after 20 optimizer steps its rows and slots equal a
+plain-TensorFlow reference that holds the whole tables and the whole global batch. Phases:
+
+  tf2       Keras 3 SGD / Adagrad / Adam through sok.OptimizerWrapper, eager
+  tf1       tf.compat.v1.train optimizers through sok.OptimizerWrapper, tf.compat.v1.Session
+  sok2x     SOK 2.x-style code unchanged: sok.Variable / DynamicVariable, filter_variables,
+            all2all_dense_embedding, the local shard read with tf.nn.embedding_lookup
+  errors    mismatched tables / dims, bad ids on one rank, target_gpu >= world size
+  dump=DIR  train a little, then sok.dump into DIR (with the reference for a later load)
+  load=DIR  sok.load a dump made by another world size, check it and keep training
+
+    python model_parallel.py tf2 tf1 sok2x errors dump=/tmp/x load=/tmp/y
+"""
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import mp_checkpoint
+from mp_common import (GLOBAL_BATCH, check_ev_grad, check_ev_rows, check_static_rows, close, dense_init, done,
+                       epsilon, global_batch, ids_value, initial_rows, labels, log, loss_fn, main_guard,
+                       make_keras_optimizer, make_sok_table, make_v1_optimizer, num_slots, rank_slice,
+                       reference_combine, reference_ev_update, setup, shard_rows, slot_initial, specs, to_sparse)
+
+import sparse_operation_kit as sok
+
+STEPS = 20
+# Which tables share one lookup_sparse call: all four mixed (-1 and k, EVs and static), or
+# one call of the spread tables and one of the tables placed on one rank.
+GROUPS = {"sgd": [[0, 1, 2, 3]], "adagrad": [[0, 2], [1, 3]], "adam": [[3, 0, 1, 2]]}
+SEED = {"sgd": 1, "adagrad": 2, "adam": 3}
+
+
+def dense_grad(g, rows, dim):
+    """A gradient (tf.IndexedSlices value or array) as a dense [rows, dim] array."""
+    if hasattr(g, "indices"):
+        out = np.zeros([rows, dim], np.float32)
+        np.add.at(out, np.asarray(g.indices), np.asarray(g.values).reshape(-1, dim))
+        return out
+    return np.asarray(g)
+
+
+class Case:
+    """Tables and reference of one optimizer run (shared by the TF2 and TF1 phases)."""
+
+    def __init__(self, kind, mode, rank, world):
+        self.kind, self.mode, self.rank, self.world = kind, mode, rank, world
+        self.specs = specs(world, prefix=f"{mode}_{kind}_")
+        self.groups = GROUPS[kind]
+        self.sl = rank_slice(rank, world)
+        self.eps = epsilon(kind, keras_api=(mode == "tf2"))
+        self.total_dim = sum(s.dim for s in self.specs)
+
+    def batch(self, step):
+        b = global_batch(SEED[self.kind], step, self.specs)
+        return b, labels(SEED[self.kind], step)
+
+    def sok_forward(self, tables, local_ids):
+        embs = [None] * len(tables)
+        for g in self.groups:
+            outs = sok.lookup_sparse([tables[i] for i in g], [local_ids[i] for i in g],
+                                     combiners=[self.specs[i].combiner for i in g])
+            for i, o in zip(g, outs):
+                embs[i] = o
+        return embs
+
+    def ref_forward(self, ref_tables, global_ids):
+        return [reference_combine(t, ids, GLOBAL_BATCH, s.combiner)
+                for t, ids, s in zip(ref_tables, global_ids, self.specs)]
+
+    def check_step(self, step, embs, rembs, grads, rgrads, w_grad, rw_grad):
+        for i, s in enumerate(self.specs):
+            close(f"{self.mode}/{self.kind} step {step}: forward of '{s.name}'", embs[i], rembs[i][self.sl])
+        close(f"{self.mode}/{self.kind} step {step}: dense gradient (hvd.allreduce Sum)", w_grad, rw_grad)
+        for i, s in enumerate(self.specs):
+            what = f"{self.mode}/{self.kind} step {step}: gradient of '{s.name}'"
+            if s.kind == "ev":
+                check_ev_grad(what, s, grads[i].indices, grads[i].values, rgrads[i].indices, rgrads[i].values,
+                              self.rank, self.world)
+            else:
+                rows = shard_rows(s, self.rank, self.world)
+                got = dense_grad(grads[i], len(rows), s.dim)
+                close(what, got, dense_grad(rgrads[i], s.rows, s.dim)[rows])
+
+    def check_final(self, exported, shards, ref_tables, ref_slots, touched, w, rw):
+        for i, s in enumerate(self.specs):
+            what = f"{self.mode}/{self.kind} after {STEPS} steps: rows of '{s.name}'"
+            if s.kind == "ev":
+                check_ev_rows(what, s, exported[i], ref_tables[i], ref_slots[i], self.kind, touched[i],
+                              self.rank, self.world)
+            else:
+                check_static_rows(what, s, shards[i], ref_tables[i], self.rank, self.world)
+        close(f"{self.mode}/{self.kind} after {STEPS} steps: dense weights", w, rw)
+
+
+# ---------------------------------------------------------------------------------------------
+# TF2 eager, Keras 3 optimizers
+# ---------------------------------------------------------------------------------------------
+def run_tf2(kind, hvd, rank, world):
+    c = Case(kind, "tf2", rank, world)
+    tables = [make_sok_table(s) for s in c.specs]
+    ref_tables = [tf.Variable(initial_rows(s, t)) for s, t in zip(c.specs, tables)]
+    ref_slots = {i: [tf.Variable(tf.fill([s.rows, s.dim], slot_initial(kind) if k == 0 else 0.0))
+                     for k in range(num_slots(kind))] for i, s in enumerate(c.specs) if s.kind == "ev"}
+    w = tf.Variable(dense_init(c.total_dim), name="tf2_dense")
+    rw = tf.Variable(dense_init(c.total_dim))
+    emb_vars, dense_vars = sok.filter_variables(tables + [w])
+    assert [v.name for v in emb_vars] == [t.name for t in tables] and dense_vars == [w], (emb_vars, dense_vars)
+    opt = sok.OptimizerWrapper(make_keras_optimizer(kind))
+    ref_opt = make_keras_optimizer(kind)  # static tables and the dense layer, as plain tf.Variables
+    ref_dense = [ref_tables[i] for i, s in enumerate(c.specs) if s.kind != "ev"] + [rw]
+    touched = [np.zeros(s.rows, bool) for s in c.specs]
+    for step in range(STEPS):
+        batch, y = c.batch(step)
+        local_ids = [to_sparse(ids_value(s, batch[s.name][c.sl])) for s in c.specs]
+        global_ids = [to_sparse(ids_value(s, batch[s.name], keyed=False)) for s in c.specs]
+        for i, s in enumerate(c.specs):
+            touched[i][[p for sample in batch[s.name] for p in sample]] = True
+        with tf.GradientTape() as tape:
+            embs = c.sok_forward(tables, local_ids)
+            loss = loss_fn(embs, w, y[c.sl])
+        grads = tape.gradient(loss, emb_vars + dense_vars)
+        w_grad = hvd.allreduce(grads[-1], op=hvd.Sum)
+        with tf.GradientTape() as rtape:
+            rembs = c.ref_forward(ref_tables, global_ids)
+            rloss = loss_fn(rembs, rw, y)
+        rgrads = rtape.gradient(rloss, ref_tables + [rw])
+        c.check_step(step, [e.numpy() for e in embs], [e.numpy() for e in rembs], grads[:-1], rgrads[:-1],
+                     w_grad.numpy(), rgrads[-1].numpy())
+        opt.apply_gradients(zip(grads[:-1] + [w_grad], emb_vars + dense_vars))
+        for i, s in enumerate(c.specs):
+            if s.kind == "ev":
+                reference_ev_update(kind, ref_tables[i], ref_slots[i], rgrads[i], step + 1, c.eps)
+        ref_opt.apply_gradients(zip([rgrads[i] for i, s in enumerate(c.specs) if s.kind != "ev"] + [rgrads[-1]],
+                                    ref_dense))
+    exported = [[x.numpy() for x in t.export()[:3]] if s.kind == "ev" else None for s, t in zip(c.specs, tables)]
+    shards = [t.numpy() if s.kind != "ev" else None for s, t in zip(c.specs, tables)]
+    c.check_final(exported, shards, [t.numpy() for t in ref_tables],
+                  {i: [x.numpy() for x in v] for i, v in ref_slots.items()}, touched, w.numpy(), rw.numpy())
+    done(f"tf2 {kind}: forward, gradients and {STEPS} steps equal the reference (groups {c.groups})")
+
+
+# ---------------------------------------------------------------------------------------------
+# TF1 graph mode (tf.compat.v1.Session), tf.compat.v1.train optimizers
+# ---------------------------------------------------------------------------------------------
+def run_tf1(kind, hvd, rank, world):
+    c = Case(kind, "tf1", rank, world)
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+        tables = [make_sok_table(s) for s in c.specs]
+        ref_tables = [tf.Variable(tf.zeros([s.rows, s.dim])) for s in c.specs]
+        ref_init_ph = [tf.compat.v1.placeholder(tf.float32, [s.rows, s.dim]) for s in c.specs]
+        ref_init = [r.assign(p) for r, p in zip(ref_tables, ref_init_ph)]
+        ref_slots = {i: [tf.Variable(tf.fill([s.rows, s.dim], slot_initial(kind) if k == 0 else 0.0))
+                         for k in range(num_slots(kind))] for i, s in enumerate(c.specs) if s.kind == "ev"}
+        w = tf.Variable(dense_init(c.total_dim), name="tf1_dense")
+        rw = tf.Variable(dense_init(c.total_dim))
+        local_ph = [tf.compat.v1.sparse_placeholder(s.key_dtype) for s in c.specs]
+        global_ph = [tf.compat.v1.sparse_placeholder(tf.int64) for s in c.specs]
+        y_ph = tf.compat.v1.placeholder(tf.float32, [GLOBAL_BATCH])
+        t_ph = tf.compat.v1.placeholder(tf.int64, [])
+
+        embs = c.sok_forward(tables, local_ph)
+        loss = loss_fn(embs, w, y_ph[c.sl])
+        opt = sok.OptimizerWrapper(make_v1_optimizer(kind))
+        emb_vars, dense_vars = sok.filter_variables(tables + [w])
+        assert dense_vars == [w]
+        gvs = opt.compute_gradients(loss, var_list=emb_vars + dense_vars)
+        grads = [g for g, _ in gvs]
+        w_grad = hvd.allreduce(grads[-1], op=hvd.Sum)
+        train = opt.apply_gradients(list(zip(grads[:-1] + [w_grad], emb_vars + dense_vars)))
+
+        rembs = c.ref_forward(ref_tables, global_ph)
+        rloss = loss_fn(rembs, rw, y_ph)
+        rgrads = tf.gradients(rloss, ref_tables + [rw])
+        ref_ops = []
+        for i, s in enumerate(c.specs):
+            if s.kind == "ev":
+                ref_ops += reference_ev_update(kind, ref_tables[i], ref_slots[i], rgrads[i], t_ph, c.eps)
+        ref_opt = make_v1_optimizer(kind)
+        ref_ops.append(ref_opt.apply_gradients(
+            [(rgrads[i], ref_tables[i]) for i, s in enumerate(c.specs) if s.kind != "ev"] + [(rgrads[-1], rw)]))
+        ref_train = tf.group(*ref_ops)
+        exports = [t.export()[:3] if s.kind == "ev" else t.read_value() for s, t in zip(c.specs, tables)]
+
+        sess.run(tf.compat.v1.global_variables_initializer())
+        init_rows = [initial_rows(s, t, sess) for s, t in zip(c.specs, tables)]
+        sess.run(ref_init, dict(zip(ref_init_ph, init_rows)))
+        touched = [np.zeros(s.rows, bool) for s in c.specs]
+        for step in range(STEPS):
+            batch, y = c.batch(step)
+            feed = {y_ph: y, t_ph: step + 1}
+            for i, s in enumerate(c.specs):
+                feed[local_ph[i]] = ids_value(s, batch[s.name][c.sl])
+                feed[global_ph[i]] = ids_value(s, batch[s.name], keyed=False)
+                touched[i][[p for sample in batch[s.name] for p in sample]] = True
+            got = sess.run(dict(embs=embs, grads=grads[:-1], w_grad=w_grad, rembs=rembs, rgrads=rgrads,
+                                train=train, ref_train=ref_train), feed)
+            c.check_step(step, got["embs"], got["rembs"], got["grads"], got["rgrads"][:-1], got["w_grad"],
+                         got["rgrads"][-1])
+        final = sess.run(dict(exports=exports, ref=ref_tables, slots=ref_slots, w=w, rw=rw))
+        exported = [final["exports"][i] if s.kind == "ev" else None for i, s in enumerate(c.specs)]
+        shards = [final["exports"][i] if s.kind != "ev" else None for i, s in enumerate(c.specs)]
+        c.check_final(exported, shards, final["ref"], final["slots"], touched, final["w"], final["rw"])
+    done(f"tf1 {kind}: forward, gradients and {STEPS} steps equal the reference (groups {c.groups})")
+
+
+# ---------------------------------------------------------------------------------------------
+# SOK 2.x-style code, unchanged
+# ---------------------------------------------------------------------------------------------
+def run_sok2x(hvd, rank, world):
+    import keras
+    from sparse_operation_kit import experiment as sok2  # SOK 2.x's import path
+
+    sok2.init()  # again, as SOK 2.x scripts do after hvd.init()
+    rows, dim = 9, 3
+    init = np.random.default_rng(3).uniform(-1, 1, [rows, dim]).astype(np.float32)
+    v_dist = sok2.Variable(init, dtype=tf.float32, mode="distributed", name="sok2_dist")
+    v_loc = sok2.Variable(init, dtype=tf.float32, mode="localized:0", name="sok2_loc")
+    dyn = sok2.DynamicVariable(dimension=dim, var_type="hybrid", initializer="random", name="sok2_dyn",
+                               mode="distributed")
+    dense = tf.Variable(tf.ones([3 * dim, 1]), name="sok2_dense")
+
+    # Local shard of a distributed table: global row k is local row k // N on rank k mod N.
+    owned = np.arange(rank, rows, world)
+    assert v_dist.shape[0] == len(owned), (v_dist.shape, owned)
+    close("sok2x: local shard via tf.nn.embedding_lookup",
+          tf.nn.embedding_lookup(v_dist, tf.constant(owned // world)).numpy(), init[owned])
+    assert v_loc.shape[0] == (rows if rank == 0 else 0), v_loc.shape
+
+    rng = np.random.default_rng(17)
+    dyn_keys = np.array([3, -8, 2**41 + 1, 12, 7, 0], np.int64)
+    dyn_init = dyn.sparse_read(tf.constant(dyn_keys), training=False).numpy()
+    ids = rng.integers(0, rows, [GLOBAL_BATCH, 2])
+    dids = rng.integers(0, len(dyn_keys), [GLOBAL_BATCH, 3])
+    sl = rank_slice(rank, world)
+
+    # all2all_dense_embedding: any index shape, differentiable; compared with tf.gather.
+    coef = rng.uniform(-1, 1, [GLOBAL_BATCH, 2, dim]).astype(np.float32)
+    for name, var in (("distributed", v_dist), ("localized:0", v_loc)):
+        with tf.GradientTape() as tape:
+            out = sok2.all2all_dense_embedding(var, tf.constant(ids[sl]))
+            loss = tf.reduce_sum(out * coef[sl])
+        close(f"sok2x: all2all_dense_embedding ({name})", out.numpy(), init[ids[sl]])
+        want = np.zeros_like(init)
+        np.add.at(want, ids.reshape(-1), coef.reshape(-1, dim))
+        local = shard_rows_of(name, rows, rank, world)
+        close(f"sok2x: all2all_dense_embedding gradient ({name})",
+              dense_grad(tape.gradient(loss, var), len(local), dim), want[local])
+    out = sok2.all2all_dense_embedding(dyn, tf.constant(dyn_keys[dids[sl]]))
+    close("sok2x: all2all_dense_embedding (DynamicVariable)", out.numpy(), dyn_init[dids[sl]])
+
+    # One SOK 2.x training step: lookup_sparse, filter_variables, allreduce of the dense gradients.
+    ref = [tf.Variable(init), tf.Variable(init), tf.Variable(dyn_init)]
+    rdense = tf.Variable(tf.ones([3 * dim, 1]))
+    y = rng.uniform(-1, 1, GLOBAL_BATCH).astype(np.float32)
+    params = [v_dist, v_loc, dyn]
+    sok_vars, other = sok2.filter_variables(params + [dense])
+    assert other == [dense] and len(sok_vars) == 3
+    optimizer = sok2.OptimizerWrapper(keras.optimizers.SGD(learning_rate=0.1))
+    def ragged(a):
+        return tf.RaggedTensor.from_tensor(tf.constant(a))
+    with tf.GradientTape() as tape:
+        embs = sok2.lookup_sparse(params, [ragged(ids[sl]), ragged(ids[sl]), ragged(dyn_keys[dids[sl]])],
+                                  combiners=["sum", "mean", "sum"])
+        loss = loss_fn(embs, dense, y[sl])
+    grads = tape.gradient(loss, sok_vars + other)
+    grads = grads[:len(sok_vars)] + [hvd.allreduce(g, op=hvd.Sum) for g in grads[len(sok_vars):]]
+    optimizer.apply_gradients(zip(grads, sok_vars + other))
+    with tf.GradientTape() as tape:
+        rembs = [reference_combine(ref[0], to_sparse(ids_value_dense(ids)), GLOBAL_BATCH, "sum"),
+                 reference_combine(ref[1], to_sparse(ids_value_dense(ids)), GLOBAL_BATCH, "mean"),
+                 reference_combine(ref[2], to_sparse(ids_value_dense(dids)), GLOBAL_BATCH, "sum")]
+        rloss = loss_fn(rembs, rdense, y)
+    rgrads = tape.gradient(rloss, ref + [rdense])
+    keras.optimizers.SGD(learning_rate=0.1).apply_gradients(zip(rgrads, ref + [rdense]))
+    for i, e in enumerate(embs):
+        close(f"sok2x: lookup_sparse output {i}", e.numpy(), rembs[i].numpy()[sl])
+    close("sok2x: distributed shard after one step", tf.nn.embedding_lookup(v_dist, owned // world).numpy(),
+          ref[0].numpy()[owned])
+    close("sok2x: localized shard after one step", v_loc.numpy(), ref[1].numpy() if rank == 0 else init[:0])
+    keys, values = sok2.export(dyn)
+    pos = {int(k): i for i, k in enumerate(dyn_keys)}
+    want_keys = sorted(int(dyn_keys[p]) for p in set(dids.reshape(-1)) if int(dyn_keys[p]) % world == rank)
+    assert sorted(int(k) for k in keys.numpy()) == want_keys, (keys.numpy(), want_keys)
+    close("sok2x: DynamicVariable rows after one step", values.numpy(),
+          ref[2].numpy()[[pos[int(k)] for k in keys.numpy()]])
+    close("sok2x: dense layer after one step", dense.numpy(), rdense.numpy())
+    done("sok2x: SOK 2.x-style code (Variable/DynamicVariable modes, filter_variables, lookup_sparse, "
+         "all2all_dense_embedding, local shard via tf.nn.embedding_lookup) runs unchanged")
+
+
+def shard_rows_of(mode, rows, rank, world):
+    if mode == "distributed":
+        return np.arange(rank, rows, world)
+    return np.arange(rows) if rank == 0 else np.arange(0)
+
+
+def ids_value_dense(a):
+    a = np.asarray(a)
+    indices = np.array([[b, j] for b in range(a.shape[0]) for j in range(a.shape[1])], np.int64)
+    return tf.compat.v1.SparseTensorValue(indices, a.reshape(-1).astype(np.int64), np.array(a.shape, np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: the same clear error on every rank, and no rank left inside a collective
+# ---------------------------------------------------------------------------------------------
+def expect_error(what, fn, exc, *needles):
+    try:
+        fn()
+    except exc as e:
+        text = str(e)
+        missing = [n for n in needles if n not in text]
+        if missing:
+            raise AssertionError(f"{what}: the error lacks {missing}: {text}")
+        log(f"{what}: raised {type(e).__name__}: {text.splitlines()[0][:300]}")
+        return text
+    raise AssertionError(f"{what}: no error was raised")
+
+
+def run_errors(hvd, rank, world):
+    def ev(name, dim):
+        return sok.get_embedding_variable(name, dim, initializer=tf.ones_initializer())
+    a, b, c3 = ev("err_a", 4), ev("err_b", 4), ev("err_c", 3)
+    ids = tf.ragged.constant([[1, 2], [rank + 5]], dtype=tf.int64)
+    mismatch = (tf.errors.InvalidArgumentError,)
+    expect_error("tables in another order on rank 0", lambda: sok.lookup_sparse(
+        [a, b] if rank == 0 else [b, a], [ids, ids]), mismatch, "ranks passed different tables",
+        f"Rank {rank} passed", "same order")
+    expect_error("another dimension on the last rank", lambda: sok.lookup_sparse(
+        [c3] if rank == world - 1 else [a], [ids]), mismatch, "ranks passed different tables",
+        "dim 3" if rank == world - 1 else "dim 4")
+    expect_error("another number of tables on rank 0", lambda: sok.lookup_sparse(
+        [a, b] if rank == 0 else [a], [ids, ids] if rank == 0 else [ids]), mismatch,
+        "ranks passed different tables")
+    st = sok.Variable(np.zeros([5, 2], np.float32), mode="distributed", name="err_static")
+    bad = tf.ragged.constant([[1, 7 if rank == 0 else 2]], dtype=tf.int64)
+    expect_error("an out-of-range id on rank 0 only", lambda: sok.lookup_sparse([st], [bad]), mismatch,
+                 "outside the rows of a static table", "'err_static' [0, 5)")
+    d = ev("err_d", 4)
+    d.target_gpu = world
+    expect_error("target_gpu == world size", lambda: sok.lookup_sparse([d], [ids]), ValueError,
+                 f"target_gpu={world}, but there are {world} ranks")
+    expect_error("sok.Variable localized beyond the world", lambda: sok.Variable(
+        np.zeros([3, 2], np.float32), mode=f"localized:{world}"), ValueError, f"there are {world} ranks")
+    # Nobody was left inside a collective: a normal call still works on every rank.
+    out = sok.lookup_sparse([a, b], [ids, ids])
+    close("errors: a lookup after the errors", out[0].numpy(), np.array([[2.0] * 4, [1.0] * 4]))
+
+    # TF1 graph: the same check, raised by Session.run on every rank.
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
+        g_a, g_b = ev("gerr_a", 4), ev("gerr_b", 4)
+        g_ids = tf.ragged.constant([[1, 2]], dtype=tf.int64)
+        out = sok.lookup_sparse([g_a, g_b] if rank == 0 else [g_b, g_a], [g_ids, g_ids])
+        sess.run(tf.compat.v1.global_variables_initializer())
+        expect_error("TF1: tables in another order on rank 0", lambda: sess.run(out), mismatch,
+                     "ranks passed different tables")
+    done("errors: mismatched tables/dims/ids give the same clear error on every rank; target_gpu >= world "
+         "raises; no rank hangs")
+
+
+def main():
+    hvd, rank, world = setup()
+    assert world == hvd.size() > 1, "run under horovodrun -np N (N > 1)"
+    for arg in sys.argv[1:]:
+        if arg == "tf2":
+            for kind in ("sgd", "adagrad", "adam"):
+                run_tf2(kind, hvd, rank, world)
+        elif arg == "tf1":
+            for kind in ("sgd", "adagrad", "adam"):
+                run_tf1(kind, hvd, rank, world)
+        elif arg == "sok2x":
+            run_sok2x(hvd, rank, world)
+        elif arg == "errors":
+            run_errors(hvd, rank, world)
+        elif arg.startswith("dump="):
+            mp_checkpoint.train_and_dump(arg[5:], hvd, rank, world)
+        elif arg.startswith("load="):
+            mp_checkpoint.load_and_continue(arg[5:], hvd, rank, world)
+        else:
+            raise ValueError(f"unknown phase {arg}")
+
+
+if __name__ == "__main__":
+    main_guard(main)
