@@ -6,8 +6,8 @@
 #
 # Why a script: the published sdist does not build against TensorFlow 2.21 as is.
 #   - horovod/tensorflow/xla_mpi_ops.cc includes XLA headers that TF 2.21's wheel no longer
-#     ships; that source is dropped from horovod/tensorflow/CMakeLists.txt (the XLA custom-call
-#     path is only used with HOROVOD_ENABLE_XLA_OPS=1 on GPUs).
+#     ships; that source is dropped from horovod/tensorflow/CMakeLists.txt (it only provides the
+#     XLA-compiled ops, opt-in via HOROVOD_ENABLE_XLA_OPS=1; jit_compile'd Horovod ops won't work).
 #   - CUDA detection is switched off so that a local nvcc never turns this into a GPU build.
 #   - cmake >= 4 rejects Gloo's old cmake_minimum_required: CMAKE_POLICY_VERSION_MINIMUM=3.5.
 #   - Gloo controller bug: global_ranks_ is reserve()d, never resize()d, so the stall inspector
@@ -15,8 +15,8 @@
 #     down on) a rank that stops submitting collectives: a hung rank hangs the job forever.
 # The build records itself in horovod/_sok_build.py (patch level + TensorFlow version); the
 # "already installed" check requires it, so an unpatched horovod or a TF upgrade triggers a rebuild.
-# The built wheel is cached in ${SOK_CACHE_DIR:-$HOME/.cache/sok}/wheels/, keyed by the Python
-# tag and TensorFlow version, so a second run only installs it.
+# The built wheel is cached in ${SOK_CACHE_DIR:-$HOME/.cache/sok}/wheels/, keyed by the patch
+# level, TensorFlow version and Python tag, so a second run only installs it.
 #
 # Environment knobs: SOK_CACHE_DIR (cache root), HOROVOD_BUILD_JOBS (default: nproc),
 # SOK_HOROVOD_REBUILD=1 (ignore the cached wheel and the installed copy).

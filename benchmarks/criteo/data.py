@@ -63,6 +63,27 @@ def num_rows(batch):
     return int(batch[0].shape[0])
 
 
+RARE_ID = -2  # ids seen fewer than `min_count` times in the training data (frequency threshold)
+
+
+def apply_min_count(train, others, min_count):
+    """Criteo's usual frequency threshold: per field, ids seen fewer than `min_count` times in
+    `train` (and ids never seen there) become RARE_ID in `train` and in every Batch of `others`."""
+    if min_count <= 1:
+        return train, list(others)
+    ids = train.ids.copy()
+    others = list(others)
+    other_ids = [o.ids.copy() for o in others]
+    for f in range(ids.shape[1]):
+        values, inverse, counts = np.unique(ids[:, f], return_inverse=True, return_counts=True)
+        keep = values[(counts >= min_count) | (values == MISSING_ID)]
+        ids[:, f] = np.where((counts >= min_count)[inverse.reshape(-1)] | (ids[:, f] == MISSING_ID),
+                             ids[:, f], RARE_ID)
+        for o in other_ids:
+            o[:, f] = np.where(np.isin(o[:, f], keep), o[:, f], RARE_ID)
+    return train._replace(ids=ids), [o._replace(ids=i) for o, i in zip(others, other_ids)]
+
+
 # ---------------------------------------------------------------------------------------------
 # TSV reader
 # ---------------------------------------------------------------------------------------------

@@ -81,6 +81,7 @@ class DLRM:
             x = mlp(dense, self.bottom_sizes, "bottom_mlp", self.seed + 100)
             embs = sok.lookup_sparse([self.tables[t] for t in self.table_of_field], self._sparse_ids(ids),
                                      combiners=["sum"] * NUM_CAT, training=training)
+            self.embeddings = embs
             t = tf.stack([x] + embs, axis=1)  # [B, 27, d]
             z = tf.matmul(t, t, transpose_b=True)  # [B, 27, 27]
             n = NUM_CAT + 1

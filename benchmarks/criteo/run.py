@@ -36,6 +36,8 @@ def parse_args(argv=None):
                    help="'synthetic' (default) or comma-separated Criteo TSV files to train on")
     p.add_argument("--eval_data", default=None,
                    help="Criteo TSV file(s) to evaluate on (real data); default: hold out the last 10%% of --data")
+    p.add_argument("--min_count", type=int, default=1,
+                   help="real data: ids seen fewer times in the training data share one 'rare' id per field (1: off)")
     p.add_argument("--batch_size", type=int, default=2048, help="global batch size")
     p.add_argument("--eval_batch_size", type=int, default=16384)
     p.add_argument("--steps", type=int, default=None,
@@ -48,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=("adagrad", "adam"), default="adagrad")
     p.add_argument("--learning_rate", type=float, default=None, help="default: adagrad 0.05, adam 0.001")
     p.add_argument("--adagrad_initial_accumulator", type=float, default=0.1)
+    p.add_argument("--embedding_l2", type=float, default=0.0,
+                   help="L2 penalty on the looked-up embedding rows (per sample, summed over fields)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--synthetic_train_samples", type=int, default=None,
                    help="size of the synthetic training split (default: steps * batch_size, one pass)")
@@ -94,6 +98,7 @@ def load_data(args):
         n = criteo_data.num_rows(train)
         cut = n - max(1, n // 10)
         train, evals = criteo_data.take(train, slice(0, cut)), criteo_data.take(train, slice(cut, n))
+    train, (evals,) = criteo_data.apply_min_count(train, [evals], args.min_count)
     return train, evals, args.data
 
 
@@ -130,12 +135,16 @@ class Graph:
                                            seed=args.seed)
             logits = self.model(self.dense, self.ids, training=True)
             self.loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=self.labels, logits=logits))
+            objective = self.loss
+            if args.embedding_l2 > 0:
+                penalty = tf.add_n([tf.reduce_sum(tf.square(e), axis=1) for e in self.model.embeddings])
+                objective = objective + args.embedding_l2 * tf.reduce_mean(penalty)
             if args.optimizer == "adagrad":
                 base = tf.compat.v1.train.AdagradOptimizer(args.learning_rate, args.adagrad_initial_accumulator)
             else:
                 base = tf.compat.v1.train.AdamOptimizer(args.learning_rate)
             opt = sok.OptimizerWrapper(base)
-            grads_and_vars = opt.compute_gradients(self.loss)
+            grads_and_vars = opt.compute_gradients(objective)
             if hvd is not None:
                 sparse_vars, _ = sok.filter_variables([v for _, v in grads_and_vars])
                 sparse_ids = {id(v) for v in sparse_vars}

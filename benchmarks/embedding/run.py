@@ -97,7 +97,7 @@ def graph_inputs(args, batches):
     for f in range(nf):
         data = np.stack([batches[b][f] for b in range(nb)])  # [nb, n]
         holder = tf.Variable(data, trainable=False, name=f"ids_{f}")
-        values = tf.reshape(tf.gather(holder, which), [n])
+        values = holder[which]  # a dim-0 slice: shares the variable's buffer, no copy
         sp.append(tf.SparseTensor(indices, values, shape))
     return sp, which
 

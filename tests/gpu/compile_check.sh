@@ -42,7 +42,8 @@ unresolved="$(LD_LIBRARY_PATH="$tf_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd
 echo "-- ldd -r: every symbol resolved; needs: $(LD_LIBRARY_PATH="$tf_lib" ldd "$lib" | awk '{print $1}' | tr '\n' ' ')"
 
 # 3. A GPU kernel for every registered op.
-"$PYTHON" - "$lib" "$REPO/addons/sparse_operation_kit/tf/ops" <<'EOF' || fail "missing GPU kernels or the library does not load"
+log="$BUILD_DIR/kernel_check.log"
+"$PYTHON" - "$lib" "$REPO/addons/sparse_operation_kit/tf/ops" >"$log" 2>&1 <<'EOF' || { cat "$log"; fail "missing GPU kernels or the library does not load"; }
 import glob, re, sys
 import tensorflow as tf
 from tensorflow.python.framework import kernels
@@ -61,6 +62,7 @@ if missing:
     sys.exit(1)
 print("-- CPU and GPU kernels registered for all %d ops: %s" % (len(ops), " ".join(ops)))
 EOF
+grep '^-- ' "$log"
 
 echo "-- compile_check took $((SECONDS - start)) s"
 echo "GPU kernels: compiled and linked OK ($lib)"

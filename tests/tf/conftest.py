@@ -64,7 +64,7 @@ def densify_by_key(grad, dim):
     return out
 
 
-def random_ragged(rng, batch, max_len, vocab, empty_rows=(), dtype=np.int64):
+def random_ragged(rng, batch, max_len, vocab, empty_rows=()):
     """Python lists of ids per sample; `empty_rows` get no ids."""
     rows = []
     for b in range(batch):

@@ -2,6 +2,7 @@
 gradients (TF1 and TF2), size, export / assign, deterministic initial values, default_value_dim,
 evaluation reads, the counter filter and eviction."""
 import json
+import os
 import subprocess
 import sys
 
@@ -274,7 +275,6 @@ print("ROWS" + json.dumps(out))
 
 
 def test_initial_values_are_the_same_in_another_process():
-    import os
     code = _CHILD.format(tests=os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
                           timeout=300)

@@ -170,3 +170,15 @@ def test_two_optimizers_on_one_table():
                        match="table 'two_opts' already carries the slots of optimizer adagrad; it cannot also be "
                              "trained by optimizer adam"):
         sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1)).apply_gradients([(grad, ev)])
+
+
+def test_ftrl_beta_needs_a_known_learning_rate_in_graphs():
+    ev = sok.get_embedding_variable("ftrl_beta_fn", 2)
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.Ftrl(0.1, beta=0.5))
+
+    @tf.function
+    def step():
+        wrapper.apply_gradients([(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), ev)])
+
+    with pytest.raises(ValueError, match="FTRL with beta > 0 on SOK variables needs a learning rate known"):
+        step()

@@ -247,3 +247,63 @@ def test_mixed_tables_forward_and_gradients_tf1(rng):
     for o, r in zip(outs_v, ref_outs_v):
         np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-6)
     _check_grads(params, [4, 2, 3], vocabs, grads_v, ref_grads_v)
+
+
+@pytest.mark.parametrize("combiner", ["mean", "sqrtn"])
+def test_weights_summing_to_zero_read_zeros_like_tf(combiner):
+    """TensorFlow divides with div_no_nan: a sample whose weights sum to 0 pools to zeros."""
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    table = tf.Variable(values)
+    rows = [[0, 1], [2, 3], [1]]
+    weights = [[1.0, -1.0], [0.5, 2.0], [0.0]]
+    got = sok.lookup_sparse([table], [to_ragged(rows)], sp_weights=[to_ragged(weights, tf.float32)],
+                            combiners=[combiner])[0].numpy()
+    want = reference_lookup(values, rows, weights, combiner).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    if combiner == "mean":
+        assert not got[0].any() and not got[2].any()
+
+
+def test_unordered_sparse_ids_forward_and_gradient(rng):
+    """A SparseTensor whose entries are not in row-major order pools like its reordered copy."""
+    ev = make_ev()
+    rows, weights = make_batch(rng, empty_rows=(2,))
+    sp = sok_ids(rows, VOCAB64, "sparse", tf.int64)
+    sp_w = sok_weights(weights, "sparse", rows)
+    perm = rng.permutation(int(tf.size(sp.values)))
+    shuffled = tf.SparseTensor(tf.gather(sp.indices, perm), tf.gather(sp.values, perm), sp.dense_shape)
+    shuffled_w = tf.SparseTensor(tf.gather(sp_w.indices, perm), tf.gather(sp_w.values, perm), sp_w.dense_shape)
+    outs, grads = [], []
+    for ids, w in ((sp, sp_w), (shuffled, shuffled_w)):
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse([ev], [ids], sp_weights=[w], combiners=["sqrtn"])[0]
+            loss = tf.reduce_sum(out * tf.range(1.0, 1.0 + out.shape[1]))
+        outs.append(out.numpy())
+        g = tape.gradient(loss, ev)
+        grads.append(densify_by_key((g.indices.numpy(), g.values.numpy()), DIM))
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        np.testing.assert_allclose(grads[1][k], grads[0][k], rtol=1e-6, atol=1e-6)
+
+
+def test_one_table_in_several_features(rng):
+    """One EV listed twice (two features sharing a table): rows and the summed gradient match TF."""
+    ev = make_ev()
+    table = tf.Variable(reference_table(ev, VOCAB64))
+    (rows_a, w_a), (rows_b, _) = make_batch(rng), make_batch(rng, weighted=False)
+    with tf.GradientTape() as tape:
+        a, b = sok.lookup_sparse([ev, ev], [sok_ids(rows_a, VOCAB64, "ragged", tf.int64),
+                                            sok_ids(rows_b, VOCAB64, "sparse", tf.int64)],
+                                 sp_weights=[sok_weights(w_a, "ragged", rows_a), None], combiners=["sum", "mean"])
+        loss = tf.reduce_sum(a * a) + tf.reduce_sum(3.0 * b)
+    grad = tape.gradient(loss, ev)
+    with tf.GradientTape() as tape:
+        ra = reference_lookup(table, rows_a, w_a, "sum")
+        rb = reference_lookup(table, rows_b, None, "mean")
+        ref_loss = tf.reduce_sum(ra * ra) + tf.reduce_sum(3.0 * rb)
+    ref_grad = tf.convert_to_tensor(tape.gradient(ref_loss, table)).numpy()
+    np.testing.assert_allclose(a.numpy(), ra.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.numpy(), rb.numpy(), rtol=1e-5, atol=1e-6)
+    _check_grads([ev], [DIM], [VOCAB64], [(grad.indices.numpy(), grad.values.numpy())], [ref_grad])
+    assert int(ev.size()) == len({p for r in rows_a + rows_b for p in r})

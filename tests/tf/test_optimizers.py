@@ -287,3 +287,58 @@ def test_sok_sgd(mode):
     want[5] -= 2 * 0.5 * 2
     np.testing.assert_allclose(table.numpy(), want)
     np.testing.assert_allclose(bias.numpy(), [0.0, 0.0, 0.0])  # b -= 0.5 * 2b
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_keras_learning_rate_schedule_is_followed(mode):
+    """The wrapped optimizer's learning rate is read at every step (schedules, assignments)."""
+    schedule = lambda: tf.keras.optimizers.schedules.ExponentialDecay(0.5, decay_steps=1, decay_rate=0.5)  # noqa: E731
+    ev = sok.get_embedding_variable(unique_name(), 2, initializer=tf.zeros_initializer())
+    w, ref_w = tf.Variable([1.0]), tf.Variable([1.0])
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.SGD(schedule()))
+    reference = tf.keras.optimizers.SGD(schedule())
+    key = tf.constant([3], tf.int64)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ev.sparse_read(key)) + tf.reduce_sum(w)
+        wrapper.apply_gradients(zip(tape.gradient(loss, [ev, w]), [ev, w]))
+
+    if mode == "function":
+        step = tf.function(step)
+    for _ in range(4):
+        step()
+        reference.apply_gradients([(tf.ones([1]), ref_w)])
+    np.testing.assert_allclose(w.numpy(), ref_w.numpy(), rtol=1e-6)  # 1 - (0.5 + 0.25 + ...)
+    np.testing.assert_allclose(exported(ev)[3], np.repeat(ref_w.numpy() - 1.0, 2), rtol=1e-6)
+    # A plain learning rate assigned later is used from then on.
+    plain = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.1))
+    plain.optimizer.learning_rate = 0.7
+    grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([9], tf.int64))
+    plain.apply_gradients([(grad, ev)])
+    np.testing.assert_allclose(exported(ev)[9], [-0.7, -0.7], rtol=1e-6)
+
+
+def test_keras_adam_inside_tf_function_matches_eager():
+    """The wrapper inside tf.function (Keras step counter read in the graph) trains as in eager."""
+    batches = make_batches(repeated=True)
+    tables = []
+    for mode in ("eager", "function"):
+        ev = sok.get_embedding_variable("adam_fn", DIM, initializer=UNIFORM)  # same initial rows
+        wrapper = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3))
+
+        def step(ids, target, ev=ev, wrapper=wrapper):
+            with tf.GradientTape() as tape:
+                emb = sok.lookup_sparse([ev], [ids], combiners=["mean"])[0]
+                loss = tf.reduce_sum((tf.reduce_sum(emb, axis=1, keepdims=True) - target) ** 2)
+            wrapper.apply_gradients([(tape.gradient(loss, ev), ev)])
+
+        if mode == "function":
+            step = tf.function(step)
+        for rows, target in batches[:8]:
+            step(to_ragged(keyed(rows)), tf.constant(target))
+        assert int(wrapper.optimizer.iterations.numpy()) == 8
+        tables.append(exported(ev))
+    assert tables[0].keys() == tables[1].keys()
+    for k in tables[0]:
+        np.testing.assert_allclose(tables[1][k], tables[0][k], rtol=1e-6, atol=1e-7)

@@ -15,6 +15,7 @@ plain-TensorFlow reference that holds the whole tables and the whole global batc
     python model_parallel.py tf2 tf1 sok2x errors dump=/tmp/x load=/tmp/y
 """
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -363,18 +364,60 @@ def run_errors(hvd, rank, world):
          "raises; no rank hangs")
 
 
+# ---------------------------------------------------------------------------------------------
+# Bytes on the wire: the exchange_bytes model checked against what the all-to-alls really send
+# ---------------------------------------------------------------------------------------------
+def run_bytes(hvd, rank, world, per_rank=64, dim=16):
+    import exchange_bytes
+    from sparse_operation_kit.context import context
+
+    keys = exchange_bytes.criteo_keys(world, per_rank * world)  # every rank's keys, computed locally
+    tables = [sok.get_embedding_variable(f"bytes_C{f + 1}", dim) for f in range(len(keys[rank]))]
+    sent = []
+
+    class Recorder:
+        """context.hvd with alltoall counting the bytes this rank sends to other ranks."""
+
+        def __getattr__(self, item):
+            return getattr(hvd, item)
+
+        def alltoall(self, tensor, splits=None, **kwargs):
+            counts = splits.numpy()
+            per_row = int(np.prod(tensor.shape[1:])) * tensor.dtype.size
+            sent.append(int(counts.sum() - counts[rank]) * per_row)
+            return hvd.alltoall(tensor, splits=splits, **kwargs)
+
+    ids = [tf.RaggedTensor.from_tensor(tf.constant(k[:, None])) for k in keys[rank]]
+    context.hvd = Recorder()
+    try:
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(e) for e in sok.lookup_sparse(tables, ids)])
+        tape.gradient(loss, tables)
+    finally:
+        context.hvd = hvd
+    assert len(sent) == 2, f"one lookup_sparse call of {len(tables)} tables made {len(sent)} all-to-alls"
+    measured = hvd.allreduce(tf.constant(sent, tf.int64), op=hvd.Sum).numpy()
+    model = exchange_bytes.exchange_bytes(keys, [dim] * len(tables))
+    assert measured[0] == model["requests"] + model["headers"], (measured, model)
+    assert measured[1] == model["rows"], (measured, model)
+    done(f"bytes: {len(tables)} tables, {per_rank} samples per rank: keys {measured[0]:,} B + rows {measured[1]:,} B "
+         f"forward (as modelled), step total with gradients {model['alltoall']:,} B vs all-gather "
+         f"{model['allgather']:,} B")
+
+
 def main():
     hvd, rank, world = setup()
     assert world == hvd.size() > 1, "run under horovodrun -np N (N > 1)"
     for arg in sys.argv[1:]:
-        if arg == "tf2":
-            for kind in ("sgd", "adagrad", "adam"):
-                run_tf2(kind, hvd, rank, world)
-        elif arg == "tf1":
-            for kind in ("sgd", "adagrad", "adam"):
-                run_tf1(kind, hvd, rank, world)
+        start = time.time()
+        if arg.split(":")[0] in ("tf2", "tf1"):  # tf2 (every optimizer) or tf2:adam
+            mode, _, only = arg.partition(":")
+            for kind in [only] if only else ["sgd", "adagrad", "adam"]:
+                (run_tf2 if mode == "tf2" else run_tf1)(kind, hvd, rank, world)
         elif arg == "sok2x":
             run_sok2x(hvd, rank, world)
+        elif arg == "bytes":
+            run_bytes(hvd, rank, world)
         elif arg == "errors":
             run_errors(hvd, rank, world)
         elif arg.startswith("dump="):
@@ -383,6 +426,7 @@ def main():
             mp_checkpoint.load_and_continue(arg[5:], hvd, rank, world)
         else:
             raise ValueError(f"unknown phase {arg}")
+        log(f"phase {arg.split('=')[0]} took {time.time() - start:.1f} s")
 
 
 if __name__ == "__main__":

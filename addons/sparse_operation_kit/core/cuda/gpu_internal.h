@@ -22,6 +22,15 @@ Status sum_rows_by_group(const float* src, int64_t dim, const int32_t* group, co
                          const int64_t* d_num_groups, float* out, cudaStream_t stream,
                          DeviceAllocator* alloc);
 
+// Kernel variants for benchmarks and tuning (0 = automatic choice). Not thread-safe; set before
+// launching. Defaults are the measured best (benchmarks/gpu/RESULTS.md).
+struct Tuning {
+  int pooled_variant = 0;  // pooled forward: 1 = per-group id loads, 2 = warp-wide id prefetch
+  int apply_chunks = 0;    // optimizer kernel: column chunks in flight per lane (1, 2, 4)
+  int find_min_blocks = 0; // find kernel: 8 = cap registers for 8 blocks (64 warps) per SM
+};
+Tuning& tuning();
+
 }  // namespace detail
 }  // namespace gpu
 }  // namespace sok

@@ -60,6 +60,13 @@ class StreamOrderedAllocator : public DeviceAllocator {
 };
 }  // namespace
 
+namespace detail {
+Tuning& tuning() {
+  static Tuning t;
+  return t;
+}
+}  // namespace detail
+
 DeviceAllocator* default_allocator() {
   static StreamOrderedAllocator a;
   return &a;
@@ -138,25 +145,34 @@ int bits_for(uint64_t max_value) {  // bits to represent values in [0, max_value
 
 constexpr uint32_t kNoPos = 0xffffffffu;
 
+// Equal keys of one warp insert once (through their lowest lane, whose position is the lowest);
+// the minimum position is only lowered when needed, so hot keys hardly contend.
 template <typename K>
 __global__ void k_unique_insert(const K* keys, int64_t n, uint32_t* table, uint64_t mask,
                                 int64_t* pos_of) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  const K key = keys[i];
+  const bool valid = i < n;
+  const K key = valid ? keys[i] : K(0);
+  const unsigned active = __ballot_sync(0xffffffffu, valid);
+  if (!valid) return;
+  const unsigned peers = __match_any_sync(active, key);
+  const int leader = __ffs(peers) - 1;
   uint64_t pos = hash_key(key) & mask;
-  while (true) {
-    uint32_t cur = ld_relaxed_u32(table + pos);
-    if (cur == kNoPos) {
-      cur = atomicCAS(table + pos, kNoPos, static_cast<uint32_t>(i));
-      if (cur == kNoPos) break;
+  if ((threadIdx.x & 31) == leader) {
+    while (true) {
+      uint32_t cur = ld_relaxed_u32(table + pos);
+      if (cur == kNoPos) {
+        cur = atomicCAS(table + pos, kNoPos, static_cast<uint32_t>(i));
+        if (cur == kNoPos) break;
+      }
+      if (keys[cur] == key) {
+        if (cur > static_cast<uint32_t>(i)) atomicMin(table + pos, static_cast<uint32_t>(i));
+        break;
+      }
+      pos = (pos + 1) & mask;
     }
-    if (keys[cur] == key) {
-      atomicMin(table + pos, static_cast<uint32_t>(i));
-      break;
-    }
-    pos = (pos + 1) & mask;
   }
+  pos = __shfl_sync(peers, pos, leader);
   pos_of[i] = static_cast<int64_t>(pos);
 }
 
@@ -477,7 +493,9 @@ Status build_csr(const Segments& seg, int64_t n, int64_t batch, GpuLookupError* 
 
 // ------------------------------------------------------------------------------------------------
 // Pooled forward. One warp per sample; the warp is cut into S = 32 / L groups of L lanes, each
-// lane holding VEC consecutive columns; group k takes ids k, k+S, ... (U of them in flight), and
+// lane holding VEC consecutive columns. The ids come 32 at a time in one coalesced load (lane q
+// holds id q of the chunk, and the next chunk's ids are loaded before this chunk's rows), then
+// group k reads the rows of ids k, k+S, ... of the chunk, up to 8 rows per lane in flight, and
 // the groups are summed with shuffles at the end.
 
 template <typename I>
@@ -487,13 +505,14 @@ struct RowSrc {
   const I* idx;
   int64_t dim;
   GpuLookupError* err;
-  __device__ __forceinline__ const float* row(int64_t i, bool report) const {
+  // Row of id i, or -1 (reported when `report`).
+  __device__ __forceinline__ int64_t index(int64_t i, bool report) const {
     const int64_t r = static_cast<int64_t>(idx[i]);
     if (r < 0 || r >= num_rows) {
       if (report) report_error(err, i, 1);
-      return nullptr;
+      return -1;
     }
-    return rows + r * dim;
+    return r;
   }
 };
 
@@ -526,10 +545,11 @@ __device__ __forceinline__ void store_vec(float* p, const float* v) {
   }
 }
 
+// Variant 1: each group loads its own ids (U per lane in flight, one id load ahead of its rows).
 template <int L, int VEC, int U, typename I>
-__global__ void __launch_bounds__(256) k_pooled_forward(RowSrc<I> src, CsrView csr,
-                                                        const float* weights, int64_t batch,
-                                                        int64_t dim, int combiner, float* out) {
+__global__ void __launch_bounds__(256) k_pooled_forward_v1(RowSrc<I> src, CsrView csr,
+                                                           const float* weights, int64_t batch,
+                                                           int64_t dim, int combiner, float* out) {
   constexpr int S = 32 / L;
   const int lane = threadIdx.x & 31;
   const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
@@ -543,7 +563,7 @@ __global__ void __launch_bounds__(256) k_pooled_forward(RowSrc<I> src, CsrView c
     double acc = 0.0;
     for (int64_t j = a + lane; j < e; j += 32) {
       const int64_t i = id_at(csr, perm, j);
-      if (src.row(i, false) == nullptr) continue;
+      if (src.index(i, false) < 0) continue;
       const double w = weights ? weights[i] : 1.0;
       acc += combiner == static_cast<int>(Combiner::kMean) ? w : w * w;
     }
@@ -559,23 +579,23 @@ __global__ void __launch_bounds__(256) k_pooled_forward(RowSrc<I> src, CsrView c
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
     for (int64_t j0 = a + sub; j0 < e; j0 += S * U) {
-      const float* rp[U];
+      int64_t rr[U];
       float wv[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t j = j0 + static_cast<int64_t>(u) * S;
-        rp[u] = nullptr;
+        rr[u] = -1;
         wv[u] = 0.f;
         if (j < e) {
           const int64_t i = id_at(csr, perm, j);
-          rp[u] = src.row(i, cb == 0 && l == 0);
+          rr[u] = src.index(i, cb == 0 && l == 0);
           wv[u] = weights ? weights[i] : 1.f;
         }
       }
       Vec<VEC> x[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (rp[u] != nullptr && cv) x[u] = load_vec<VEC>(rp[u] + c0);
+        if (rr[u] >= 0 && cv) x[u] = load_vec<VEC>(src.rows + rr[u] * dim + c0);
         else {
 #pragma unroll
           for (int k = 0; k < VEC; ++k) x[u].v[k] = 0.f;
@@ -600,6 +620,95 @@ __global__ void __launch_bounds__(256) k_pooled_forward(RowSrc<I> src, CsrView c
   }
 }
 
+// Variant 2: 32 ids per coalesced warp load, shuffled to the groups, next chunk prefetched.
+template <int L, int VEC, typename I>
+__global__ void __launch_bounds__(256) k_pooled_forward(RowSrc<I> src, CsrView csr,
+                                                        const float* weights, int64_t batch,
+                                                        int64_t dim, int combiner, float* out) {
+  constexpr int S = 32 / L;       // groups per warp
+  constexpr int PER = 32 / S;     // ids of a 32-id chunk per group (= L)
+  constexpr int U = PER < 8 ? PER : 8;  // rows in flight per lane
+  const int lane = threadIdx.x & 31;
+  const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
+  if (b >= batch) return;
+  int64_t a, e;
+  csr.range(b, &a, &e);
+  const bool perm = csr.permuted();
+  const int sub = lane / L, l = lane % L;
+  for (int64_t cb = 0; cb < dim; cb += L * VEC) {
+    const int64_t c0 = cb + l * VEC;
+    const bool cv = c0 < dim;
+    const bool report = cb == 0;
+    float acc[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
+    double wsum = 0.0;
+    // Row and weight of id (j0 + lane), prefetched one chunk ahead.
+    auto fetch = [&](int64_t j0, int64_t* r, float* w) {
+      const int64_t j = j0 + lane;
+      *r = -1;
+      *w = 0.f;
+      if (j < e) {
+        const int64_t i = id_at(csr, perm, j);
+        *r = src.index(i, report);
+        if (*r >= 0) *w = weights ? weights[i] : 1.f;
+      }
+    };
+    int64_t r_cur;
+    float w_cur;
+    fetch(a, &r_cur, &w_cur);
+    for (int64_t j0 = a; j0 < e; j0 += 32) {
+      int64_t r_next = -1;
+      float w_next = 0.f;
+      if (j0 + 32 < e) fetch(j0 + 32, &r_next, &w_next);
+      if (combiner != static_cast<int>(Combiner::kSum) && r_cur >= 0)
+        wsum += combiner == static_cast<int>(Combiner::kMean) ? static_cast<double>(w_cur)
+                                                               : static_cast<double>(w_cur) * w_cur;
+#pragma unroll
+      for (int u0 = 0; u0 < PER; u0 += U) {
+        Vec<VEC> x[U];
+        float wv[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int q = (u0 + u) * S + sub;
+          const int64_t rr = __shfl_sync(0xffffffffu, r_cur, q);
+          wv[u] = __shfl_sync(0xffffffffu, w_cur, q);
+          if (rr >= 0 && cv) {
+            x[u] = load_vec<VEC>(src.rows + rr * dim + c0);
+          } else {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) x[u].v[k] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) acc[k] += wv[u] * x[u].v[k];
+        }
+      }
+      r_cur = r_next;
+      w_cur = w_next;
+    }
+#pragma unroll
+    for (int o = L; o < 32; o <<= 1) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], o);
+    }
+    float scale = 1.f;
+    if (combiner != static_cast<int>(Combiner::kSum)) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
+      const double denom = combiner == static_cast<int>(Combiner::kMean) ? wsum : sqrt(wsum);
+      scale = denom == 0.0 ? 0.f : static_cast<float>(1.0 / denom);
+    }
+    if (sub == 0 && cv) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) acc[k] *= scale;
+      store_vec<VEC>(out + b * dim + c0, acc);
+    }
+  }
+}
+
 template <typename I>
 Status pooled_forward_impl(const RowSrc<I>& src, const CsrView& csr, const float* weights,
                            int64_t batch, int64_t dim, Combiner combiner, float* out,
@@ -609,15 +718,25 @@ Status pooled_forward_impl(const RowSrc<I>& src, const CsrView& csr, const float
   const int c = static_cast<int>(combiner);
   const bool v4 = (dim % 4) == 0 && (reinterpret_cast<uintptr_t>(src.rows) % 16) == 0 &&
                   (reinterpret_cast<uintptr_t>(out) % 16) == 0;
+  const int lanes = v4 ? static_cast<int>(std::min<int64_t>(dim / 4, 32)) : static_cast<int>(std::min<int64_t>(dim, 32));
+  const int L = lanes <= 8 ? 8 : (lanes <= 16 && v4 ? 16 : 32);
+  const int variant = detail::tuning().pooled_variant == 2 ? 2 : 1;
+#define SOK_POOL(LL, VV)                                                                                   \
+  do {                                                                                                     \
+    if (variant == 2)                                                                                      \
+      k_pooled_forward<LL, VV, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);          \
+    else                                                                                                   \
+      k_pooled_forward_v1<LL, VV, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);    \
+  } while (0)
   if (v4) {
-    const int64_t lanes = dim / 4;
-    if (lanes <= 8) k_pooled_forward<8, 4, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);
-    else if (lanes <= 16) k_pooled_forward<16, 4, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);
-    else k_pooled_forward<32, 4, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);
+    if (L == 8) SOK_POOL(8, 4);
+    else if (L == 16) SOK_POOL(16, 4);
+    else SOK_POOL(32, 4);
   } else {
-    if (dim <= 8) k_pooled_forward<8, 1, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);
-    else k_pooled_forward<32, 1, 4, I><<<grid, kBlock, 0, s>>>(src, csr, weights, batch, dim, c, out);
+    if (L == 8) SOK_POOL(8, 1);
+    else SOK_POOL(32, 1);
   }
+#undef SOK_POOL
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }
@@ -712,13 +831,15 @@ __global__ void k_group_prep(const int32_t* group, const int64_t* src_row, int64
   vals[i] = static_cast<int32_t>(i);
 }
 
-__global__ void k_group_bounds(const uint32_t* keys, int64_t n, int64_t G, int32_t* start, int32_t* end) {
+__global__ void k_group_bounds(const uint32_t* keys, int64_t n, int64_t G, int32_t* start, int32_t* end,
+                               int64_t* nvalid) {
   const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (p >= n) return;
   const uint32_t g = keys[p];
   if (g >= G) return;
   if (p == 0 || keys[p - 1] != g) start[g] = static_cast<int32_t>(p);
   if (p == n - 1 || keys[p + 1] != g) end[g] = static_cast<int32_t>(p + 1);
+  if (p == n - 1 || keys[p + 1] >= G) *nvalid = p + 1;  // valid ids form a prefix (G sorts last)
 }
 
 struct GroupSrc {
@@ -727,126 +848,180 @@ struct GroupSrc {
   const float* weights;
   const float* scale;
   int64_t dim;
-  __device__ __forceinline__ void at(int32_t i, const float** row, float* w) const {
+  __device__ __forceinline__ void at(int32_t i, int64_t* row, float* w) const {
     const int64_t r = src_row ? src_row[i] : static_cast<int64_t>(i);
     float x = weights ? weights[i] : 1.f;
     if (scale) x *= scale[r];
     *w = x;
-    *row = src + r * dim;
+    *row = r;
   }
 };
 
+// One L-lane tile per chunk of kChunk sorted ids. The chunk's (group, source row, weight) are
+// staged in shared memory first (coalesced loads, no dependent index loads in the sum loop), then
+// rows are loaded 4 at a time across group boundaries and summed in id order. A group that lies
+// in the chunk is written to out; one that began earlier leaves partial [2c], one that goes on
+// leaves partial [2c+1] and is listed for the fixup.
 template <int L, int VEC>
-__global__ void k_group_chunks(GroupSrc gs, const uint32_t* keys, const int32_t* vals, int64_t n,
-                               int64_t G, const int32_t* start, const int32_t* end,
-                               float* partials, float* out) {
-  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t c = t / L;
-  const int l = static_cast<int>(t % L);
+__global__ void __launch_bounds__(256) k_group_chunks(GroupSrc gs, const uint32_t* keys, const int32_t* vals,
+                                                      int64_t n, const int64_t* nvalid, float* partials,
+                                                      float* out, int32_t* split_list, int* split_count) {
+  constexpr int TPB = 256 / L;
+  __shared__ int32_t s_g[TPB][kChunk];
+  __shared__ int64_t s_r[TPB][kChunk];
+  __shared__ float s_w[TPB][kChunk];
+  const int tb = threadIdx.x / L, l = threadIdx.x % L;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * TPB + tb;
+  const int64_t nv = *nvalid;
   const int64_t p0 = c * kChunk;
-  if (p0 >= n) return;
-  const int64_t p1 = p0 + kChunk < n ? p0 + kChunk : n;
+  const int64_t p1 = p0 + kChunk < nv ? p0 + kChunk : nv;
+  const int m = p0 < nv ? static_cast<int>(p1 - p0) : 0;
+  for (int e = l; e < m; e += L) {
+    const int32_t i = vals[p0 + e];
+    int64_t r;
+    float w;
+    gs.at(i, &r, &w);
+    s_g[tb][e] = static_cast<int32_t>(keys[p0 + e]);
+    s_r[tb][e] = r;
+    s_w[tb][e] = w;
+  }
+  __syncthreads();
+  if (m == 0) return;
+  const int64_t prev_key = p0 > 0 ? static_cast<int64_t>(keys[p0 - 1]) : -1;
+  const int64_t next_key = p1 < nv ? static_cast<int64_t>(keys[p1]) : -1;
   const int64_t dim = gs.dim;
   for (int64_t cb = 0; cb < dim; cb += L * VEC) {
     const int64_t c0 = cb + l * VEC;
     const bool cv = c0 < dim;
-    int64_t p = p0;
-    while (p < p1) {
-      const uint32_t g = keys[p];
-      if (g >= G) break;  // the invalid ids sort last
-      const int64_t gs0 = start[g], ge = end[g];
-      const int64_t q = ge < p1 ? ge : p1;
+    int32_t cur = s_g[tb][0];
+    bool first = true;
+    float acc[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
+    auto flush = [&](bool last) {
+      const bool before = first && prev_key == cur;
+      const bool after = last && next_key == cur;
+      float* dst;
+      if (!before && !after) dst = out + static_cast<int64_t>(cur) * dim;
+      else if (before) dst = partials + (2 * c) * dim;
+      else {
+        dst = partials + (2 * c + 1) * dim;
+        if (cb == 0 && l == 0) split_list[atomicAdd(split_count, 1)] = cur;
+      }
+      if (cv) store_vec<VEC>(dst + c0, acc);
+    };
+    for (int e0 = 0; e0 < m; e0 += 4) {
+      Vec<VEC> x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (e0 + u < m && cv) x[u] = load_vec<VEC>(gs.src + s_r[tb][e0 + u] * dim + c0);
+        else {
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) x[u].v[k] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (e0 + u < m) {
+          const int32_t g = s_g[tb][e0 + u];
+          if (g != cur) {
+            flush(false);
+            cur = g;
+            first = false;
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
+          }
+          const float w = s_w[tb][e0 + u];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) acc[k] += w * x[u].v[k];
+        }
+      }
+    }
+    flush(true);
+  }
+}
+
+// Rows no id names are zero.
+__global__ void k_group_zero(const int32_t* start, int64_t G, const int64_t* d_G, int64_t dim, float* out) {
+  const int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (g >= effective_n(G, d_G) || start[g] >= 0) return;
+  for (int64_t c = 0; c < dim; ++c) out[g * dim + c] = 0.f;
+}
+
+// Groups that cross chunks: one block per group (grid-stride over the list), its 8 warps sum
+// fixed strided subsets of the partials, then warp 0 adds the 8 sums in order (deterministic).
+template <int VEC>
+__global__ void __launch_bounds__(256) k_group_fixup(const int32_t* split_list, const int* split_count,
+                                                     const int32_t* start, const int32_t* end,
+                                                     const float* partials, int64_t dim, float* out) {
+  constexpr int W = 8;
+  __shared__ float red[W][32 * VEC];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int count = *split_count;
+  for (int j = blockIdx.x; j < count; j += gridDim.x) {
+    const int32_t g = split_list[j];
+    const int64_t cs = start[g] / kChunk, ce = (static_cast<int64_t>(end[g]) - 1) / kChunk;
+    const int64_t K = ce - cs + 1;  // partial 0: [2cs+1]; partial k >= 1: [2(cs+k)]
+    for (int64_t cb = 0; cb < dim; cb += 32 * VEC) {
+      const int64_t c0 = cb + lane * VEC;
+      const bool cv = c0 < dim;
       float acc[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
-      for (int64_t pp = p; pp < q; pp += 4) {
-        const float* rp[4];
-        float w[4];
+      for (int64_t k0 = w; k0 < K; k0 += 4 * W) {
         Vec<VEC> x[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          rp[u] = nullptr;
-          w[u] = 0.f;
-          if (pp + u < q) gs.at(vals[pp + u], &rp[u], &w[u]);
-        }
+          const int64_t k = k0 + u * W;
+          if (k < K && cv) {
+            const int64_t slot = k == 0 ? 2 * cs + 1 : 2 * (cs + k);
+            x[u] = load_vec<VEC>(partials + slot * dim + c0);
+          } else {
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          if (rp[u] != nullptr && cv) x[u] = load_vec<VEC>(rp[u] + c0);
-          else {
-#pragma unroll
-            for (int k = 0; k < VEC; ++k) x[u].v[k] = 0.f;
+            for (int q = 0; q < VEC; ++q) x[u].v[q] = 0.f;
           }
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          if (rp[u] != nullptr) {
 #pragma unroll
-            for (int k = 0; k < VEC; ++k) acc[k] += w[u] * x[u].v[k];
-          }
+          for (int q = 0; q < VEC; ++q) acc[q] += x[u].v[q];
         }
       }
-      if (cv) {
-        float* dst;
-        if (gs0 >= p0 && ge <= p1) dst = out + static_cast<int64_t>(g) * dim;
-        else if (gs0 < p0) dst = partials + (2 * c) * dim;
-        else dst = partials + (2 * c + 1) * dim;
-        store_vec<VEC>(dst + c0, acc);
+#pragma unroll
+      for (int q = 0; q < VEC; ++q) red[w][lane * VEC + q] = acc[q];
+      __syncthreads();
+      if (w == 0 && cv) {
+        float t[VEC];
+#pragma unroll
+        for (int q = 0; q < VEC; ++q) {
+          t[q] = red[0][lane * VEC + q];
+          for (int ww = 1; ww < W; ++ww) t[q] += red[ww][lane * VEC + q];
+        }
+        store_vec<VEC>(out + static_cast<int64_t>(g) * dim + c0, t);
       }
-      p = q;
+      __syncthreads();
     }
   }
 }
 
 template <int L, int VEC>
-__global__ void k_group_fixup(const int32_t* start, const int32_t* end, int64_t G,
-                              const int64_t* d_G, const float* partials, int64_t dim, float* out) {
-  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  const int64_t g = t / L;
-  const int l = static_cast<int>(t % L);
-  if (g >= effective_n(G, d_G)) return;
-  const int64_t s = start[g];
-  float* dst = out + g * dim;
-  if (s < 0) {
-    for (int64_t c = l; c < dim; c += L) dst[c] = 0.f;
-    return;
-  }
-  const int64_t e = end[g];
-  const int64_t cs = s / kChunk, ce = (e - 1) / kChunk;
-  if (cs == ce) return;
-  for (int64_t cb = 0; cb < dim; cb += L * VEC) {
-    const int64_t c0 = cb + l * VEC;
-    if (c0 >= dim) continue;
-    Vec<VEC> a = load_vec<VEC>(partials + (2 * cs + 1) * dim + c0);
-    int64_t c = cs + 1;
-    for (; c + 4 <= ce + 1; c += 4) {
-      Vec<VEC> x[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) x[u] = load_vec<VEC>(partials + (2 * (c + u)) * dim + c0);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) a.v[k] += x[u].v[k];
-      }
-    }
-    for (; c <= ce; ++c) {
-      Vec<VEC> x = load_vec<VEC>(partials + (2 * c) * dim + c0);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) a.v[k] += x.v[k];
-    }
-    store_vec<VEC>(dst + c0, a.v);
-  }
-}
-
-template <int L, int VEC>
-Status launch_group_kernels(const GroupSrc& gs, const uint32_t* keys, const int32_t* vals,
-                            int64_t n, int64_t G, const int64_t* d_G, const int32_t* start,
-                            const int32_t* end, float* partials, float* out, cudaStream_t s) {
+Status launch_group_kernels(const GroupSrc& gs, const uint32_t* keys, const int32_t* vals, int64_t n,
+                            const int64_t* nvalid, int64_t G, const int64_t* d_G, const int32_t* start,
+                            const int32_t* end, float* partials, int32_t* split_list, int* split_count,
+                            float* out, cudaStream_t s) {
+  constexpr int TPB = 256 / L;
   const int64_t chunks = ceil_div(n, kChunk);
-  k_group_chunks<L, VEC><<<grid_for(chunks * L, kBlock), kBlock, 0, s>>>(gs, keys, vals, n, G, start,
-                                                                         end, partials, out);
+  if (chunks > 0) {
+    k_group_chunks<L, VEC><<<grid_for(chunks, TPB), 256, 0, s>>>(gs, keys, vals, n, nvalid, partials, out,
+                                                                   split_list, split_count);
+    SOK_LAUNCH_CHECK();
+  }
+  k_group_zero<<<grid_for(G, kBlock), kBlock, 0, s>>>(start, G, d_G, gs.dim, out);
   SOK_LAUNCH_CHECK();
-  k_group_fixup<L, VEC><<<grid_for(G * L, kBlock), kBlock, 0, s>>>(start, end, G, d_G, partials,
-                                                                   gs.dim, out);
+  int dev = 0, sms = 132;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  k_group_fixup<VEC><<<4 * sms, 256, 0, s>>>(split_list, split_count, start, end, partials, gs.dim, out);
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }
@@ -872,39 +1047,52 @@ Status sum_rows_by_group(const float* src, int64_t dim, const int32_t* group, co
   auto al = [](size_t b) { return (b + 255) & ~size_t(255); };
   const int64_t chunks = ceil_div(nn, kChunk);
   const size_t kb = (nn + 1) * sizeof(uint32_t), gb = num_groups * sizeof(int32_t),
-               pb = (2 * chunks + 1) * dim * sizeof(float);
+               pb = (2 * chunks + 1) * dim * sizeof(float), lb = (chunks + 1) * sizeof(int32_t);
   Temp tmp;
-  SOK_RETURN_IF_ERROR(tmp.alloc(alloc, 4 * al(kb) + 2 * al(gb) + al(pb) + al(sort_bytes), stream));
+  SOK_RETURN_IF_ERROR(tmp.alloc(alloc, 4 * al(kb) + 2 * al(gb) + al(pb) + al(lb) + al(16) + al(sort_bytes), stream));
   char* base = tmp.as<char>();
   uint32_t* keys_in = reinterpret_cast<uint32_t*>(base);
   uint32_t* keys_out = reinterpret_cast<uint32_t*>(base + al(kb));
   int32_t* vals_in = reinterpret_cast<int32_t*>(base + 2 * al(kb));
   int32_t* vals_out = reinterpret_cast<int32_t*>(base + 3 * al(kb));
-  int32_t* start = reinterpret_cast<int32_t*>(base + 4 * al(kb));
-  int32_t* end = reinterpret_cast<int32_t*>(base + 4 * al(kb) + al(gb));
-  float* partials = reinterpret_cast<float*>(base + 4 * al(kb) + 2 * al(gb));
-  void* sort_tmp = base + 4 * al(kb) + 2 * al(gb) + al(pb);
+  base += 4 * al(kb);
+  int32_t* start = reinterpret_cast<int32_t*>(base);
+  int32_t* end = reinterpret_cast<int32_t*>(base + al(gb));
+  base += 2 * al(gb);
+  float* partials = reinterpret_cast<float*>(base);
+  base += al(pb);
+  int32_t* split_list = reinterpret_cast<int32_t*>(base);
+  base += al(lb);
+  int64_t* nvalid = reinterpret_cast<int64_t*>(base);
+  int* split_count = reinterpret_cast<int*>(base + 8);
+  base += al(16);
+  void* sort_tmp = base;
   SOK_CUDA_RETURN(cudaMemsetAsync(start, 0xff, gb, stream));
+  SOK_CUDA_RETURN(cudaMemsetAsync(nvalid, 0, 16, stream));  // nvalid and split_count
   if (nn > 0) {
     k_group_prep<<<grid_for(nn, kBlock), kBlock, 0, stream>>>(group, src_row, num_src_rows, nn,
                                                               num_groups, keys_in, vals_in);
     SOK_LAUNCH_CHECK();
     SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, keys_in, keys_out, vals_in,
                                                     vals_out, static_cast<int>(nn), 0, bits, stream));
-    k_group_bounds<<<grid_for(nn, kBlock), kBlock, 0, stream>>>(keys_out, nn, num_groups, start, end);
+    k_group_bounds<<<grid_for(nn, kBlock), kBlock, 0, stream>>>(keys_out, nn, num_groups, start, end, nvalid);
     SOK_LAUNCH_CHECK();
   }
   GroupSrc gs{src, src_row, weights, scale, dim};
   const bool v4 = (dim % 4) == 0 && (reinterpret_cast<uintptr_t>(src) % 16) == 0 &&
                   (reinterpret_cast<uintptr_t>(out) % 16) == 0;
+#define SOK_GROUP_LAUNCH(L, V)                                                                       \
+  return launch_group_kernels<L, V>(gs, keys_out, vals_out, nn, nvalid, num_groups, d_num_groups, start, \
+                                    end, partials, split_list, split_count, out, stream)
   if (v4) {
     const int64_t lanes = dim / 4;
-    if (lanes <= 8) return launch_group_kernels<8, 4>(gs, keys_out, vals_out, nn, num_groups, d_num_groups, start, end, partials, out, stream);
-    if (lanes <= 16) return launch_group_kernels<16, 4>(gs, keys_out, vals_out, nn, num_groups, d_num_groups, start, end, partials, out, stream);
-    return launch_group_kernels<32, 4>(gs, keys_out, vals_out, nn, num_groups, d_num_groups, start, end, partials, out, stream);
+    if (lanes <= 8) SOK_GROUP_LAUNCH(8, 4);
+    if (lanes <= 16) SOK_GROUP_LAUNCH(16, 4);
+    SOK_GROUP_LAUNCH(32, 4);
   }
-  if (dim <= 8) return launch_group_kernels<8, 1>(gs, keys_out, vals_out, nn, num_groups, d_num_groups, start, end, partials, out, stream);
-  return launch_group_kernels<32, 1>(gs, keys_out, vals_out, nn, num_groups, d_num_groups, start, end, partials, out, stream);
+  if (dim <= 8) SOK_GROUP_LAUNCH(8, 1);
+  SOK_GROUP_LAUNCH(32, 1);
+#undef SOK_GROUP_LAUNCH
 }
 
 }  // namespace detail

@@ -81,7 +81,7 @@ __device__ __forceinline__ uint32_t digest_of(uint64_t h) {
 // Initial content of element c of a fresh row (value from initializer.h, slots their init).
 __device__ __forceinline__ float fresh_element(const RowInit& ri, int64_t key, int64_t c, int64_t dim) {
   if (c < dim) return initial_value(ri.init, key, c, dim);
-  return ri.slot_init[c / dim - 1];
+  return c < 2 * dim ? ri.slot_init[0] : ri.slot_init[1];  // no run-time index into kernel params
 }
 
 // Returns the slot of key or -1. kAcquire orders the caller's later reads of that slot after the
@@ -168,7 +168,7 @@ __device__ Claim probe_insert(const Tile& tile, const DevTable& t, int64_t key, 
 
 // Makes a claimed slot visible: everything the tile wrote becomes visible before the digest.
 __device__ __forceinline__ void publish(const Tile& tile, const DevTable& t, int64_t slot, uint64_t h) {
-  __threadfence();
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");  // release: this lane's writes before the digest
   tile.sync();
   if (tile.thread_rank() == 0) {
     const int byte = static_cast<int>(slot & 3);
@@ -176,14 +176,44 @@ __device__ __forceinline__ void publish(const Tile& tile, const DevTable& t, int
   }
 }
 
-template <bool V4>
+// Row -> output. Outputs are written evict-first (streaming), so they do not push the digests
+// and keys out of L2; kStreamLoad reads the row evict-first too (read-only find).
+template <bool V4, bool kStreamLoad = false>
 __device__ __forceinline__ void copy_row(const Tile& tile, const float* src, float* dst, int64_t dim) {
   const int lane = tile.thread_rank();
+  // Up to 4 loads per lane issued before any store (the compiler may not hoist a load above a
+  // store that could alias it, which would serialise the round trips of a wide row).
   if (V4) {
-    for (int64_t c = 4 * lane; c < dim; c += 4 * kTile)
-      *reinterpret_cast<float4*>(dst + c) = __ldcg(reinterpret_cast<const float4*>(src + c));
+    for (int64_t c0 = 4 * lane; c0 < dim; c0 += 16 * kTile) {
+      float4 x[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * 4 * kTile;
+        if (c < dim) {
+          const float4* sp = reinterpret_cast<const float4*>(src + c);
+          x[k] = kStreamLoad ? __ldcs(sp) : __ldcg(sp);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * 4 * kTile;
+        if (c < dim) __stcs(reinterpret_cast<float4*>(dst + c), x[k]);
+      }
+    }
   } else {
-    for (int64_t c = lane; c < dim; c += kTile) dst[c] = __ldcg(src + c);
+    for (int64_t c0 = lane; c0 < dim; c0 += 4 * kTile) {
+      float x[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * kTile;
+        if (c < dim) x[k] = kStreamLoad ? __ldcs(src + c) : __ldcg(src + c);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * kTile;
+        if (c < dim) __stcs(dst + c, x[k]);
+      }
+    }
   }
 }
 
@@ -206,8 +236,9 @@ __device__ __forceinline__ void add_count(int64_t* counter, int local) {
 
 // ------------------------------------------------------------------------------------------------
 
-template <typename K, bool V4>
-__global__ void __launch_bounds__(kBlock) k_find(DevTable t, RowInit ri, const K* keys, int64_t n,
+// MINB 8 caps the registers at 32 for 64 resident warps per SM (more lookups in flight).
+template <typename K, bool V4, int MINB>
+__global__ void __launch_bounds__(kBlock, MINB) k_find(DevTable t, RowInit ri, const K* keys, int64_t n,
                                                  const int64_t* d_n, float* out) {
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
@@ -217,7 +248,7 @@ __global__ void __launch_bounds__(kBlock) k_find(DevTable t, RowInit ri, const K
   const int64_t s = probe_find<false>(tile, t, key, h);
   float* o = out + i * t.dim;
   if (s >= 0 && (ri.filter_freq <= 0 || ld_relaxed_i64(&t.meta[s].freq) >= ri.filter_freq)) {
-    copy_row<V4>(tile, t.rows + s * t.stride, o, t.dim);
+    copy_row<V4, true>(tile, t.rows + s * t.stride, o, t.dim);
   } else if (ri.filter_freq > 0) {
     fill_row<V4>(tile, ri.no_perm, o, t.dim);
   } else {
@@ -258,13 +289,17 @@ __global__ void __launch_bounds__(kBlock) k_find_or_insert(DevTable t, RowInit r
       publish(tile, t, r.slot, h);
       inserted = lane == 0;
     } else {
-      int64_t f = 0;
-      if (lane == 0)
-        f = static_cast<int64_t>(atomicAdd(reinterpret_cast<unsigned long long*>(&t.meta[r.slot].freq),
-                                           static_cast<unsigned long long>(cnt))) + cnt;
-      f = tile.shfl(f, 0);
+      unsigned long long* fp = reinterpret_cast<unsigned long long*>(&t.meta[r.slot].freq);
+      bool admitted = true;
+      if (ri.filter_freq > 0) {  // the new frequency decides what is read
+        int64_t f = 0;
+        if (lane == 0) f = static_cast<int64_t>(atomicAdd(fp, static_cast<unsigned long long>(cnt))) + cnt;
+        admitted = tile.shfl(f, 0) >= ri.filter_freq;
+      } else if (lane == 0) {
+        atomicAdd(fp, static_cast<unsigned long long>(cnt));  // result unused: no round trip
+      }
       if (o) {
-        if (ri.filter_freq > 0 && f < ri.filter_freq) fill_row<V4>(tile, ri.no_perm, o, t.dim);
+        if (!admitted) fill_row<V4>(tile, ri.no_perm, o, t.dim);
         else copy_row<V4>(tile, t.rows + r.slot * t.stride, o, t.dim);
       }
     }
@@ -294,7 +329,7 @@ __global__ void __launch_bounds__(kBlock) k_insert_or_assign(DevTable t, RowInit
           t.versions[r.slot] = 0;
         }
         for (int64_t c = lane; c < t.stride; c += kTile)
-          row[c] = c < t.dim ? v[c] : ri.slot_init[c / t.dim - 1];
+          row[c] = c < t.dim ? v[c] : (c < 2 * t.dim ? ri.slot_init[0] : ri.slot_init[1]);
         publish(tile, t, r.slot, h);
         inserted = lane == 0;
       } else {
@@ -307,7 +342,9 @@ __global__ void __launch_bounds__(kBlock) k_insert_or_assign(DevTable t, RowInit
 
 // One optimizer step per (unique) key; apply_element from optimizer.h on a one-element view
 // of the row (dim 1, column 0), so the math is the CPU's, element by element.
-template <typename K, bool V4>
+// NC > 0: float4 columns, NC chunks of 32 columns loaded before the math (more bytes in flight,
+// more registers); NC == 0: scalar columns (dim % 4 != 0).
+template <typename K, int NC>
 __global__ void __launch_bounds__(kBlock) k_apply(DevTable t, RowInit ri, const K* keys, int64_t n,
                                                   const int64_t* d_n, const float* grads,
                                                   OptimizerParams p, float alpha, int64_t step,
@@ -339,27 +376,46 @@ __global__ void __launch_bounds__(kBlock) k_apply(DevTable t, RowInit ri, const 
         const int64_t dim = t.dim;
         const float* g = grads + i * dim;
         const int ns = ri.num_slots;
-        if (V4) {
-          for (int64_t c = 4 * lane; c < dim; c += 4 * kTile) {
-            float4 v = __ldcg(reinterpret_cast<const float4*>(row + c));
-            float4 s0 = make_float4(0.f, 0.f, 0.f, 0.f), s1 = s0;
-            if (ns > 0) s0 = __ldcg(reinterpret_cast<const float4*>(row + dim + c));
-            if (ns > 1) s1 = __ldcg(reinterpret_cast<const float4*>(row + 2 * dim + c));
-            const float4 gg = __ldg(reinterpret_cast<const float4*>(g + c));
-            float* vp = &v.x;
-            float* s0p = &s0.x;
-            float* s1p = &s1.x;
-            const float* gp = &gg.x;
+        if (NC > 0) {
+          constexpr int C = NC > 0 ? NC : 1;
+          // Loads of C column chunks first, then the math (optimizer.h), then the stores.
+          for (int64_t c0 = 4 * lane; c0 < dim; c0 += 4 * kTile * C) {
+            float4 v[C], s0[C], s1[C], gg[C];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-              float sl[2] = {s0p[k], s1p[k]};
-              apply_element(p, alpha, vp + k, sl, 1, 0, gp[k]);
-              s0p[k] = sl[0];
-              s1p[k] = sl[1];
+            for (int k = 0; k < C; ++k) {
+              const int64_t c = c0 + k * 4 * kTile;
+              s0[k] = s1[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+              if (c < dim) {
+                v[k] = __ldcg(reinterpret_cast<const float4*>(row + c));
+                if (ns > 0) s0[k] = __ldcg(reinterpret_cast<const float4*>(row + dim + c));
+                if (ns > 1) s1[k] = __ldcg(reinterpret_cast<const float4*>(row + 2 * dim + c));
+                gg[k] = __ldg(reinterpret_cast<const float4*>(g + c));
+              }
             }
-            *reinterpret_cast<float4*>(row + c) = v;
-            if (ns > 0) *reinterpret_cast<float4*>(row + dim + c) = s0;
-            if (ns > 1) *reinterpret_cast<float4*>(row + 2 * dim + c) = s1;
+#pragma unroll
+            for (int k = 0; k < C; ++k) {
+              const int64_t c = c0 + k * 4 * kTile;
+              if (c >= dim) continue;
+              float* vp = &v[k].x;
+              float* s0p = &s0[k].x;
+              float* s1p = &s1[k].x;
+              const float* gp = &gg[k].x;
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                float sl[2] = {s0p[q], s1p[q]};
+                apply_element(p, alpha, vp + q, sl, 1, 0, gp[q]);
+                s0p[q] = sl[0];
+                s1p[q] = sl[1];
+              }
+            }
+#pragma unroll
+            for (int k = 0; k < C; ++k) {
+              const int64_t c = c0 + k * 4 * kTile;
+              if (c >= dim) continue;
+              *reinterpret_cast<float4*>(row + c) = v[k];
+              if (ns > 0) *reinterpret_cast<float4*>(row + dim + c) = s0[k];
+              if (ns > 1) *reinterpret_cast<float4*>(row + 2 * dim + c) = s1[k];
+            }
           }
         } else {
           for (int64_t c = lane; c < dim; c += kTile) {
@@ -442,7 +498,7 @@ __global__ void k_relayout(const float* old_rows, int64_t old_stride, float* row
   const int l = static_cast<int>(t % kTile);
   if (s >= slots) return;
   for (int64_t c = l; c < stride; c += kTile)
-    rows[s * stride + c] = c < dim ? old_rows[s * old_stride + c] : ri.slot_init[c / dim - 1];
+    rows[s * stride + c] = c < dim ? old_rows[s * old_stride + c] : (c < 2 * dim ? ri.slot_init[0] : ri.slot_init[1]);
 }
 
 struct IsLive {
@@ -783,8 +839,10 @@ Status GpuEmbeddingTable<K>::find(const K* keys, int64_t n, float* out, cudaStre
   m.note_stream(stream);
   const bool v4 = m.cfg.dim % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const int grid = grid_for(n * kTile, kBlock);
-  if (v4) k_find<K, true><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
-  else k_find<K, false><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
+  const bool many = tuning().find_min_blocks == 8;
+  if (v4 && many) k_find<K, true, 8><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
+  else if (v4) k_find<K, true, 1><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
+  else k_find<K, false, 1><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }
@@ -880,12 +938,19 @@ Status GpuEmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const flo
   const float alpha = p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f;
   const bool v4 = dim % 4 == 0 && reinterpret_cast<uintptr_t>(ugrads) % 16 == 0;
   const int grid = grid_for(n * kTile, kBlock);
-  if (v4)
-    k_apply<K, true><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), ukeys, n, un, ugrads, p, alpha,
-                                                  global_step, m.d_counters, m.d_fail);
-  else
-    k_apply<K, false><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), ukeys, n, un, ugrads, p, alpha,
-                                                   global_step, m.d_counters, m.d_fail);
+  int nc = 0;
+  if (v4) {
+    nc = tuning().apply_chunks;
+    if (nc != 1 && nc != 2 && nc != 4) nc = dim <= 32 ? 1 : (dim <= 64 ? 2 : 4);
+  }
+#define SOK_APPLY(NC)                                                                                \
+  k_apply<K, NC><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), ukeys, n, un, ugrads, p, alpha, \
+                                              global_step, m.d_counters, m.d_fail)
+  if (nc == 1) SOK_APPLY(1);
+  else if (nc == 2) SOK_APPLY(2);
+  else if (nc == 4) SOK_APPLY(4);
+  else SOK_APPLY(0);
+#undef SOK_APPLY
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }

@@ -5,7 +5,7 @@ k mod N (row k // N of a static table's local shard); target_gpu = k keeps the w
 rank k. One lookup_sparse call makes exactly two all-to-alls, whatever the number of tables:
 
   1. each rank sends every owner only the distinct keys that owner holds ([key, table, count]),
-     behind one header row per destination ([table-list signature, bad-id flag, rank]) that lets
+     behind one header row per destination ([table-list signature, n, bad-id flag]) that lets
      every rank check, before going on, that all ranks passed the same tables and valid ids;
   2. owners read (training: insert) their rows and send them back, flattened (dims may differ).
 
@@ -63,26 +63,25 @@ def _signature(params, names):
     return zlib.crc32("|".join(parts).encode()) & 0x7FFFFFFF
 
 
-def _bad_static_ids(params, keys):
+def _bad_static_ids(params, all_keys, table_ids):
     """1 + index of a static table given an id outside [0, global rows) on this rank, else 0."""
-    bad = tf.constant(0, tf.int64)
-    for i, p in enumerate(params):
-        if isinstance(p, EmbeddingVariable):
-            continue
-        out = tf.reduce_any(tf.logical_or(keys[i] < 0, keys[i] >= tf.constant(global_rows(p), tf.int64)))
-        bad = tf.where(out, tf.constant(i + 1, tf.int64), bad)
-    return bad
+    if all(isinstance(p, EmbeddingVariable) for p in params):
+        return tf.constant(0, tf.int64)
+    rows = tf.gather(tf.constant([-1 if isinstance(p, EmbeddingVariable) else global_rows(p) for p in params],
+                                 tf.int64), table_ids)
+    bad = tf.logical_and(rows >= 0, tf.logical_or(all_keys < 0, all_keys >= rows))
+    return tf.reduce_max(tf.concat([[0], tf.where(bad, table_ids + 1, 0)], 0))
 
 
 def _checks(received_headers, params, names, sig):
     """Asserts, on every rank alike, that all ranks passed these tables and valid static ids.
 
-    Each rank sends every rank a header row [signature, bad-id flag, rank] in front of its keys
-    (the first all-to-all), so every rank sees what every other rank passed: a mismatch fails on
-    every rank at once, before the second all-to-all, instead of hanging in it.
+    Each rank sends every rank a header row in front of its keys (the first all-to-all), so every
+    rank sees what every other rank passed: a mismatch fails on every rank at once, before the
+    second all-to-all, instead of hanging in it.
     """
     rank, world = context.rank, context.world_size
-    sigs, bad = received_headers[:, 0], received_headers[:, 1]
+    sigs, _, bad = tf.unstack(received_headers, num=3, axis=1)
     same = tf.debugging.Assert(
         tf.reduce_all(tf.equal(sigs, tf.constant(sig, tf.int64))),
         [f"lookup_sparse: the ranks passed different tables to this lookup_sparse call. Rank {rank} passed "
@@ -99,7 +98,33 @@ def _checks(received_headers, params, names, sig):
     return [same, valid]
 
 
+# Index helpers, each a handful of ops (eager execution pays per op; tf.repeat and
+# tf.searchsorted are a dozen each).
+def _count(ids, num):
+    """How often each of 0..num-1 occurs in `ids` (int64)."""
+    return tf.math.unsorted_segment_sum(tf.ones_like(ids), ids, num)
+
+
+def _segment_ids(lengths, total):
+    """[0] * lengths[0] + [1] * lengths[1] + ... (int64, `total` = sum of lengths)."""
+    ends = tf.cumsum(lengths)
+    marks = _count(tf.where(ends < total, ends, -1), total)  # negative ids are dropped
+    return tf.cumsum(marks)
+
+
+def _spans(starts, lengths):
+    """Concatenation of range(starts[j], starts[j] + lengths[j]) over j (int64)."""
+    total = tf.reduce_sum(lengths)
+    shift = starts - tf.cumsum(lengths, exclusive=True)
+    return tf.range(total) + tf.gather(shift, _segment_ids(lengths, total))
+
+
 def fetch_rows(params, keys, counts, training, names):
+    """Rows of the distinct `keys[i]` of every table, fetched from their owners (two all-to-alls).
+
+    The index work is vectorized over the tables (a fixed number of ops, whatever the number of
+    tables): eager execution pays per op.
+    """
     hvd = context.hvd
     rank, world = context.rank, context.world_size
     n = len(params)
@@ -112,41 +137,40 @@ def fetch_rows(params, keys, counts, training, names):
         dims.append(_dim(p))
     sig = _signature(params, names)
     with tf.name_scope("sok_exchange"):
-        wide = [tf.cast(k, tf.int64) for k in keys]
-        all_keys = tf.concat(wide, 0)
-        table_ids = tf.concat([tf.fill(tf.shape(k), tf.constant(i, tf.int64)) for i, k in enumerate(wide)], 0)
-        positions = tf.concat([tf.range(tf.shape(k, out_type=tf.int64)[0]) for k in wide], 0)
+        # Table n is the header rows' (dimension 0: no row travels back for them).
+        dim_of = tf.constant(dims + [0], tf.int64)
+        sizes = tf.stack([tf.size(k, out_type=tf.int64) for k in keys])
+        all_keys = tf.concat([tf.cast(k, tf.int64) for k in keys], 0)
         all_counts = tf.concat([tf.cast(c, tf.int64) for c in counts], 0)
-        owners = tf.concat([_owner(k, target_of(p), world) for k, p in zip(wide, params)], 0)
+        table_ids = _segment_ids(sizes, tf.size(all_keys, out_type=tf.int64))
+        key_target = tf.gather(tf.constant([target_of(p) for p in params], tf.int64), table_ids)
+        owners = tf.where(key_target < 0, tf.math.floormod(all_keys, tf.constant(world, tf.int64)), key_target)
 
-        # 1. keys to their owners, grouped by owner rank, each group behind a header row.
-        order = tf.argsort(owners, stable=True)
-        sorted_tables = tf.gather(table_ids, order)
-        key_rows = tf.stack([tf.gather(all_keys, order), sorted_tables, tf.gather(all_counts, order)], axis=1)
-        header = tf.stack([tf.constant(sig, tf.int64), _bad_static_ids(params, wide), tf.constant(rank, tf.int64)])
-        headers = tf.tile(header[None, :], [world, 1])
-        dest = tf.concat([tf.range(world, dtype=tf.int64), tf.gather(owners, order)], 0)
-        request = tf.gather(tf.concat([headers, key_rows], 0), tf.argsort(dest, stable=True))
-        splits = tf.math.bincount(tf.cast(dest, tf.int32), minlength=world, maxlength=world)
-        received, received_splits = hvd.alltoall(request, splits=splits)
+        # 1. keys to their owners: [key, table, count] rows grouped by owner rank, each group
+        # behind a header row [table-list signature, n, bad-id flag].
+        header = tf.stack([tf.constant(sig, tf.int64), tf.constant(n, tf.int64),
+                           _bad_static_ids(params, all_keys, table_ids)])
+        rows_out = tf.concat([tf.reshape(tf.tile(header, [world]), [world, 3]),
+                              tf.stack([all_keys, table_ids, all_counts], axis=1)], 0)
+        dest = tf.concat([tf.range(world, dtype=tf.int64), owners], 0)
+        order = tf.argsort(dest, stable=True)
+        request = tf.gather(rows_out, order)
+        received, received_splits = hvd.alltoall(request, splits=tf.cast(_count(dest, world), tf.int32))
 
         # Every rank checks the headers of all ranks before anything depends on the keys.
+        received_splits = tf.cast(received_splits, tf.int64)
         starts = tf.cumsum(received_splits, exclusive=True)
-        checks = _checks(tf.gather(received, starts), params, names, sig)
-        is_key = tf.tensor_scatter_nd_update(tf.ones(tf.shape(received)[:1], tf.bool), starts[:, None],
-                                             tf.zeros([world], tf.bool))
-        with tf.control_dependencies(checks):
-            received = tf.boolean_mask(received, is_key)
-        received_splits = received_splits - 1
+        with tf.control_dependencies(_checks(tf.gather(received, starts), params, names, sig)):
+            received = tf.identity(received)
 
-        # 2. owners read their rows; results are flattened in received order (dims may differ).
-        r_keys, r_tables, r_counts = received[:, 0], received[:, 1], received[:, 2]
-        dim_of = tf.constant(dims, tf.int64)
-        r_dims = tf.gather(dim_of, r_tables)
-        r_offsets = tf.cumsum(r_dims, exclusive=True)
-        picks = [tf.reshape(tf.where(tf.equal(r_tables, i)), [-1]) for i in range(n)]
-        local_keys = [_local_keys(p, tf.gather(r_keys, picks[i]), world) for i, p in enumerate(params)]
-        local_counts = [tf.gather(r_counts, picks[i]) for i in range(n)]
+        # 2. owners read their rows, table by table, and send them back flattened in received
+        # order (dims may differ).
+        r_keys, r_tables, r_counts = tf.unstack(received, num=3, axis=1)
+        by_table = tf.argsort(r_tables, stable=True)
+        table_sizes = _count(r_tables, n + 1)
+        local_keys = tf.split(tf.gather(r_keys, by_table), table_sizes, num=n + 1)[:n]
+        local_counts = tf.split(tf.gather(r_counts, by_table), table_sizes, num=n + 1)[:n]
+        local_keys = [_local_keys(p, k, world) for p, k in zip(params, local_keys)]
         # A key asked for by several ranks arrives once per rank. Static shards read each row once
         # so that their gradient (the wrapped optimizer's input) holds each row once, summed over
         # the ranks, as one process's would (Keras 3's Adagrad, e.g., squares the values of a
@@ -157,28 +181,23 @@ def fetch_rows(params, keys, counts, training, names):
                 local_keys[i], repeat[i] = tf.unique(local_keys[i], out_idx=tf.int64)
         rows = exchange.local_rows(params, local_keys, local_counts, training, names)
         rows = [r if repeat[i] is None else tf.gather(r, repeat[i]) for i, r in enumerate(rows)]
-        flat_index = [tf.reshape(tf.gather(r_offsets, picks[i])[:, None] + tf.range(dims[i], dtype=tf.int64)[None, :],
-                                 [-1]) for i in range(n)]
-        flat_rows = tf.dynamic_stitch([tf.cast(f, tf.int32) for f in flat_index],
-                                      [tf.reshape(r, [-1]) for r in rows])
-        source = tf.repeat(tf.range(world), received_splits)
-        float_splits = tf.math.unsorted_segment_sum(r_dims, source, world)
+        grouped = tf.concat([tf.reshape(r, [-1]) for r in rows], 0)
+        r_dims = tf.gather(dim_of, r_tables)
+        grouped_offsets = tf.cumsum(tf.gather(r_dims, by_table), exclusive=True)
+        flat_rows = tf.gather(grouped, _spans(tf.gather(grouped_offsets, tf.math.invert_permutation(by_table)),
+                                              r_dims))
+        float_ends = tf.concat([[0], tf.cumsum(r_dims)], 0)  # floats before each received row
+        float_splits = tf.gather(float_ends, starts + received_splits) - tf.gather(float_ends, starts)
         back, _ = hvd.alltoall(flat_rows, splits=tf.cast(float_splits, tf.int32))
 
-        # 3. back on the requester: rows of each table in its distinct-key order.
-        s_dims = tf.gather(dim_of, sorted_tables)
-        s_offsets = tf.cumsum(s_dims, exclusive=True)
-        sorted_positions = tf.gather(positions, order)
-        out = []
-        for i in range(n):
-            q = tf.reshape(tf.where(tf.equal(sorted_tables, i)), [-1])
-            index = tf.gather(s_offsets, q)[:, None] + tf.range(dims[i], dtype=tf.int64)[None, :]
-            rows_sorted = tf.gather(back, index)
-            # Keys of one table keep their relative order inside each owner's group only, so undo
-            # the owner grouping: row of distinct key j is at the place where position j landed.
-            inverse = tf.math.invert_permutation(tf.cast(tf.gather(sorted_positions, q), tf.int32))
-            out.append(tf.gather(rows_sorted, inverse))
-    return out
+        # 3. back on the requester, `back` holds the rows in the order the keys were sent: put
+        # them back in table order (each table's distinct keys in their order), split by table.
+        sent_offsets = tf.cumsum(tf.gather(dim_of, tf.gather(tf.concat([tf.fill([world], tf.constant(n, tf.int64)),
+                                                                         table_ids], 0), order)), exclusive=True)
+        mine = tf.gather(sent_offsets, tf.math.invert_permutation(order))[world:]
+        flat = tf.gather(back, _spans(mine, tf.gather(dim_of, table_ids)))
+        parts = tf.split(flat, sizes * tf.constant(dims, tf.int64), num=n)
+    return [tf.reshape(part, [-1, d]) for part, d in zip(parts, dims)]
 
 
 def static_variable(args, kwargs, target):

@@ -26,7 +26,7 @@ def filter_variables(variables):
 def _keras_hyperparameters(opt):
     cfg = opt.get_config()
     name = type(opt).__name__.lower()
-    lr = opt.learning_rate
+    lr = lambda: opt.learning_rate  # noqa: E731  read at every step: schedules and later assignments
     if name == "sgd":
         if cfg.get("momentum", 0.0):
             raise ValueError("sok.OptimizerWrapper: SGD with momentum is not supported for SOK variables")
@@ -55,6 +55,16 @@ def _value(x):
     if callable(x) and not isinstance(x, (tf.Variable, tf.Tensor)):
         x = x()
     return tf.cast(tf.convert_to_tensor(x), tf.float32)
+
+
+def _distinct_by_construction(indices):
+    """True when `indices` is an output of SokUniqueKeys (graph tensors only), as lookup_sparse's
+    gradients are: the update may then skip its dedup."""
+    try:
+        op = indices.op
+    except AttributeError:  # eager tensor
+        return False
+    return op is not None and op.type == "SokUniqueKeys"
 
 
 class _SparseUpdater:
@@ -98,8 +108,12 @@ class _SparseUpdater:
         h = self.hyper
         lr = _value(h["learning_rate"])
         l2 = float(h.get("l2", 0.0))
-        if h.get("beta", 0.0):  # FTRL (Keras and TF1) folds beta into l2
-            l2 = l2 + float(h["beta"]) / (2.0 * float(tf.get_static_value(lr)))
+        if h.get("beta", 0.0):  # FTRL (Keras and TF1) folds beta into l2 (an attribute of the op)
+            lr_now = tf.get_static_value(lr)
+            if lr_now is None:
+                raise ValueError("FTRL with beta > 0 on SOK variables needs a learning rate known when the "
+                                 "update is built (eager execution, or a constant learning rate in a graph)")
+            l2 = l2 + float(h["beta"]) / (2.0 * float(lr_now))
         own_step = step is None
         step_var = self._step_var() if own_step else None
         step_value = tf.cast(step_var.read_value() if own_step else step, tf.int64)
@@ -107,7 +121,8 @@ class _SparseUpdater:
             [v.handle for _, v in pairs], keys, grads, lr, step_value, optimizer=self.kind,
             beta1=float(h.get("beta1", 0.9)), beta2=float(h.get("beta2", 0.999)),
             epsilon=float(h.get("epsilon", 0.0)), initial_accumulator=float(h.get("initial_accumulator", 0.1)),
-            l1=float(h.get("l1", 0.0)), l2=l2, lr_power=float(h.get("lr_power", -0.5)))
+            l1=float(h.get("l1", 0.0)), l2=l2, lr_power=float(h.get("lr_power", -0.5)),
+            keys_unique=all(_distinct_by_construction(g.indices) for g, _ in pairs))
         if not own_step:
             return update
         with tf.control_dependencies([update]):

@@ -179,7 +179,7 @@ class AssignOp : public OpKernel {
 template <typename K>
 Status ApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys,
                 const Tensor& grads, const sok::OptimizerParams& p, int64_t step,
-                const sok::ParallelFor& pf) {
+                const sok::ParallelFor& pf, bool keys_unique) {
   core::RefCountPtr<Resource<K>> res;
   TF_RETURN_IF_ERROR(LookupTable(ctx, handle, &res));
   auto* table = res->table();
@@ -189,7 +189,8 @@ Status ApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor
                                    grads.shape().DebugString(), " for ", n, " keys of dimension ",
                                    table->dim());
   }
-  return ToTf(table->apply_gradients(keys.flat<K>().data(), n, grads.flat<float>().data(), p, step, pf));
+  return ToTf(table->apply_gradients(keys.flat<K>().data(), n, grads.flat<float>().data(), p, step, pf,
+                                     keys_unique));
 }
 
 class SparseApplyOp : public OpKernel {
@@ -208,6 +209,7 @@ class SparseApplyOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("l1", &params_.l1));
     OP_REQUIRES_OK(c, c->GetAttr("l2", &params_.l2));
     OP_REQUIRES_OK(c, c->GetAttr("lr_power", &params_.lr_power));
+    OP_REQUIRES_OK(c, c->GetAttr("keys_unique", &keys_unique_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -223,8 +225,9 @@ class SparseApplyOp : public OpKernel {
     const sok::ParallelFor pf = CpuParallelFor(ctx);
     auto one = [&](int i, const sok::ParallelFor& inner) {
       const ResourceHandle& h = HandleFromInput(ctx, i);
-      status[i] = keys[i].dtype() == DT_INT64 ? ApplyOne<int64_t>(ctx, h, keys[i], grads[i], p, step, inner)
-                                              : ApplyOne<int32_t>(ctx, h, keys[i], grads[i], p, step, inner);
+      status[i] = keys[i].dtype() == DT_INT64
+                      ? ApplyOne<int64_t>(ctx, h, keys[i], grads[i], p, step, inner, keys_unique_)
+                      : ApplyOne<int32_t>(ctx, h, keys[i], grads[i], p, step, inner, keys_unique_);
     };
     if (n == 1) {
       one(0, pf);
@@ -238,6 +241,7 @@ class SparseApplyOp : public OpKernel {
 
  private:
   sok::OptimizerParams params_;
+  bool keys_unique_ = false;
 };
 
 template <typename K>

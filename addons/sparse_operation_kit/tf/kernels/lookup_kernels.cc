@@ -110,18 +110,25 @@ class PooledCombineOp : public OpKernel {
                   errors::InvalidArgument("table '", names_[i], "': ", weights[i].NumElements(),
                                           " weights for ", m, " ids"));
       const int64_t b = batch_sizes.flat<int64_t>()(i);
-      OP_REQUIRES_OK(ctx, ToTf(sok::check_lookup_indices(names_[i], inverse[i].flat<int32_t>().data(),
-                                                         segments[i].flat<int64_t>().data(), m,
-                                                         rows[i].dim_size(0), b)));
+      OP_REQUIRES(ctx, b >= 0,
+                  errors::InvalidArgument("table '", names_[i], "': negative batch size ", b));
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({b, rows[i].dim_size(1)}), &outs[i]));
     }
+    // The index check runs with each table's combine, tables in parallel.
+    std::vector<Status> status(n);
     ForEachTable(ctx, n, [&](int i, const sok::ParallelFor& pf) {
+      status[i] = ToTf(sok::check_lookup_indices(names_[i], inverse[i].flat<int32_t>().data(),
+                                                 segments[i].flat<int64_t>().data(),
+                                                 inverse[i].NumElements(), rows[i].dim_size(0),
+                                                 outs[i]->dim_size(0)));
+      if (!status[i].ok()) return;
       sok::pooled_forward(rows[i].flat<float>().data(), rows[i].dim_size(1),
                           inverse[i].flat<int32_t>().data(), segments[i].flat<int64_t>().data(),
                           weights[i].NumElements() ? weights[i].flat<float>().data() : nullptr,
                           inverse[i].NumElements(), outs[i]->dim_size(0), combiners_[i],
                           outs[i]->flat<float>().data(), pf);
     });
+    for (const Status& st : status) OP_REQUIRES_OK(ctx, st);
   }
 
  private:

@@ -104,6 +104,9 @@ REGISTER_OP("SokEmbeddingVariableSparseApply")
     .Attr("l1: float = 0.0")
     .Attr("l2: float = 0.0")
     .Attr("lr_power: float = -0.5")
+    // The caller guarantees each table's keys are distinct (e.g. they are SokUniqueKeys' output):
+    // the dedup before the update is skipped.
+    .Attr("keys_unique: bool = false")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 

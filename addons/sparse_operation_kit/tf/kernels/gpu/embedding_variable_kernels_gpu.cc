@@ -164,7 +164,7 @@ class GpuAssignOp : public OpKernel {
 
 template <typename K>
 Status GpuApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys,
-                   const Tensor& grads, const sok::OptimizerParams& p, int64_t step) {
+                   const Tensor& grads, const sok::OptimizerParams& p, int64_t step, bool keys_unique) {
   core::RefCountPtr<GpuResource<K>> res;
   TF_RETURN_IF_ERROR(LookupGpuTable(ctx, handle, &res));
   auto* table = res->table();
@@ -175,7 +175,7 @@ Status GpuApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Ten
                                    table->dim());
   }
   return ToTfNamed(table->apply_gradients(keys.flat<K>().data(), n, grads.flat<float>().data(), p, step,
-                                          GpuStream(ctx)),
+                                          GpuStream(ctx), keys_unique),
                    res->name());
 }
 
@@ -195,6 +195,7 @@ class GpuSparseApplyOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("l1", &params_.l1));
     OP_REQUIRES_OK(c, c->GetAttr("l2", &params_.l2));
     OP_REQUIRES_OK(c, c->GetAttr("lr_power", &params_.lr_power));
+    OP_REQUIRES_OK(c, c->GetAttr("keys_unique", &keys_unique_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -207,13 +208,15 @@ class GpuSparseApplyOp : public OpKernel {
     p.step = step + 1;
     for (int i = 0; i < keys.size(); ++i) {
       const ResourceHandle& h = HandleFromInput(ctx, i);
-      OP_REQUIRES_OK(ctx, keys[i].dtype() == DT_INT64 ? GpuApplyOne<int64_t>(ctx, h, keys[i], grads[i], p, step)
-                                                      : GpuApplyOne<int32_t>(ctx, h, keys[i], grads[i], p, step));
+      OP_REQUIRES_OK(ctx, keys[i].dtype() == DT_INT64
+                              ? GpuApplyOne<int64_t>(ctx, h, keys[i], grads[i], p, step, keys_unique_)
+                              : GpuApplyOne<int32_t>(ctx, h, keys[i], grads[i], p, step, keys_unique_));
     }
   }
 
  private:
   sok::OptimizerParams params_;
+  bool keys_unique_ = false;
 };
 
 // The GPU table has no shrink of its own: the victims are chosen on the host from an export (the

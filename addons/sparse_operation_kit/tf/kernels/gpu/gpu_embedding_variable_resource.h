@@ -79,17 +79,20 @@ class GpuEmbeddingVariableResource : public ResourceBase {
   // (the device's allocator, which lives as long as the process).
   static Status Create(const sok::TableConfig& config, Allocator* device_alloc, cudaStream_t stream,
                        GpuEmbeddingVariableResource** out) {
-    std::unique_ptr<GpuEmbeddingVariableResource> r(new GpuEmbeddingVariableResource(device_alloc));
+    auto* r = new GpuEmbeddingVariableResource(device_alloc);
     sok::gpu::GpuTableOptions options;
     options.allocator = &r->alloc_;
     ScopedStreamDevice device(stream);
-    TF_RETURN_IF_ERROR(ToTfNamed(sok::gpu::GpuEmbeddingTable<K>::Create(config, options, &r->table_),
-                                 config.name));
-    *out = r.release();
+    Status s = ToTfNamed(sok::gpu::GpuEmbeddingTable<K>::Create(config, options, &r->table_), config.name);
+    if (!s.ok()) {
+      r->Unref();  // ref-counted: never deleted directly
+      return s;
+    }
+    *out = r;
     return OkStatus();
   }
   std::string DebugString() const override {
-    return "GPU EmbeddingVariable '" + table_->config().name + "'";
+    return table_ ? "GPU EmbeddingVariable '" + table_->config().name + "'" : "GPU EmbeddingVariable (not created)";
   }
   sok::gpu::GpuEmbeddingTable<K>* table() { return table_.get(); }
   const std::string& name() const { return table_->config().name; }

@@ -1,0 +1,185 @@
+"""Model parallelism under real `horovodrun -np 2` and `-np 3` (Gloo, CPU) against one process.
+
+Each horovodrun job runs tests/distributed/workers/model_parallel.py (or another worker there);
+every rank checks its own results against a plain-TensorFlow reference it computes alone (whole
+tables, whole global batch) and prints "OK <what>"; a failed check exits the rank non-zero, which
+ends the job. The tests assert the exit code and that every rank reported every phase.
+
+    2 ranks: exchange bytes, TF2 eager (Keras SGD/Adagrad/Adam), TF1 Session (v1 optimizers),
+             SOK 2.x-style code, errors, sok.dump (2-rank checkpoint)
+    3 ranks: the same, plus sok.load of the 2-rank checkpoint, sok.dump (3-rank checkpoint)
+    2 ranks: sok.load of the 3-rank checkpoint; one process: sok.load of both
+    failures: a rank that leaves early, a rank that never joins
+"""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "workers")
+BIN = os.path.dirname(sys.executable)
+HOROVODRUN = os.path.join(BIN, "horovodrun")
+JOB_TIMEOUT = 420  # seconds for one horovodrun job: a hang fails the test, it does not stall CI
+
+
+def _sok_pythonpath():
+    """The directory holding the sparse_operation_kit package this interpreter imports (source
+    tree or installed wheel), found without importing TensorFlow."""
+    spec = importlib.util.find_spec("sparse_operation_kit")
+    assert spec is not None and spec.origin, "sparse_operation_kit is not importable"
+    return os.path.dirname(os.path.dirname(spec.origin))
+
+
+def _env(gloo_timeout=60):
+    env = dict(os.environ)
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([_sok_pythonpath()] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(gloo_timeout)
+    env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    return env
+
+
+def horovodrun(np_, script, *args, gloo_timeout=60, timeout=JOB_TIMEOUT):
+    """Runs `horovodrun -np N --gloo -H localhost:N python workers/script args`; returns
+    (exit code, output, seconds). A job over `timeout` is killed and reported as a hang."""
+    if not os.path.exists(HOROVODRUN):
+        pytest.skip(f"horovodrun not found next to {sys.executable} (bash tools/install_horovod.sh)")
+    cmd = [HOROVODRUN, "-np", str(np_), "--gloo", "-H", f"localhost:{np_}", sys.executable,
+           os.path.join(WORKERS, script), *args]
+    start = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=WORKERS, env=_env(gloo_timeout), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
+        pytest.fail(f"horovodrun -np {np_} {script} {' '.join(args)} hung for more than {timeout} s:\n"
+                    f"{_tail(out)}")
+    return proc.returncode, proc.stdout, time.time() - start
+
+
+_NOISE = re.compile(r"(W0000|I0000|E0000|WARNING: All log messages|To enable the following|"
+                    r"cuda_platform|cudart_stub|^\[\d+\]<stderr>:$)")
+
+
+def _tail(out, lines=80):
+    kept = [ln for ln in out.splitlines() if not _NOISE.search(ln)]
+    return "\n".join(kept[-lines:])
+
+
+def _assert_ok(np_, rc, out, phases):
+    assert rc == 0, f"horovodrun -np {np_} failed (exit code {rc}):\n{_tail(out)}"
+    for r in range(np_):
+        assert f"[rank {r}/{np_}] WORKER-DONE" in out, f"rank {r} did not finish:\n{_tail(out)}"
+        for phase in phases:
+            assert re.search(rf"\[rank {r}/{np_}\] OK {re.escape(phase)}", out), \
+                f"rank {r} did not report 'OK {phase}':\n{_tail(out)}"
+
+
+MAIN_PHASES = [
+    "tf2 sgd", "tf2 adagrad", "tf2 adam", "tf1 sgd", "tf1 adagrad", "tf1 adam", "sok2x", "errors",
+]
+
+
+@pytest.fixture(scope="module")
+def ckpt_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("sok_dumps")
+
+
+@pytest.fixture(scope="module")
+def run_two(ckpt_root):
+    """-np 2: everything, and a 2-rank sok.dump."""
+    dump = ckpt_root / "from2"
+    rc, out, secs = horovodrun(2, "model_parallel.py", "bytes", "tf2", "tf1", "sok2x", "errors", f"dump={dump}")
+    return rc, out, dump
+
+
+@pytest.fixture(scope="module")
+def run_three(ckpt_root, run_two):
+    """-np 3: everything, the 2-rank dump loaded into 3 ranks, and a 3-rank sok.dump."""
+    dump = ckpt_root / "from3"
+    rc, out, secs = horovodrun(3, "model_parallel.py", f"load={run_two[2]}", "tf2", "tf1", "sok2x", "errors",
+                               f"dump={dump}")
+    return rc, out, dump
+
+
+def test_two_ranks_match_one_process(run_two):
+    """Forward values, gradients and 20 SGD/Adagrad/Adam steps (TF2 eager and TF1 Session) on
+    target_gpu=-1, target_gpu=k and both in one lookup_sparse call equal one process's; SOK
+    2.x-style code runs unchanged; errors are the same, clear, on every rank."""
+    rc, out, _ = run_two
+    _assert_ok(2, rc, out, MAIN_PHASES + ["bytes", "checkpoint: sok.dump from 2 ranks"])
+
+
+def test_three_ranks_match_one_process(run_three):
+    """The same with an odd world size (3 ranks: owners k mod 3, a table on rank 2)."""
+    rc, out, _ = run_three
+    _assert_ok(3, rc, out, MAIN_PHASES + ["checkpoint: sok.dump from 3 ranks"])
+
+
+def test_checkpoint_two_to_three_ranks(run_three):
+    rc, out, _ = run_three
+    _assert_ok(3, rc, out, ["checkpoint: sok.load of a 2-rank dump into 3 ranks"])
+
+
+def test_checkpoint_three_to_two_ranks(run_three):
+    rc, out, secs = horovodrun(2, "mp_checkpoint.py", f"load={run_three[2]}")
+    _assert_ok(2, rc, out, ["checkpoint: sok.load of a 3-rank dump into 2 ranks"])
+
+
+def test_checkpoint_into_one_process(run_two, run_three, capsys):
+    """Both dumps load into one process without Horovod (in this process: no launch needed)."""
+    sys.path.insert(0, WORKERS)
+    try:
+        import mp_checkpoint
+        import mp_common
+        _, rank, world = mp_common.setup(use_horovod=False)
+        assert (rank, world) == (0, 1)
+        for dump in (run_two[2], run_three[2]):
+            assert dump.exists(), f"no dump at {dump} (see the multi-rank tests)"
+            mp_checkpoint.load_and_continue(str(dump), None, 0, 1)
+    finally:
+        sys.path.remove(WORKERS)
+    out = capsys.readouterr().out
+    assert "OK checkpoint: sok.load of a 2-rank dump into 1 rank" in out
+    assert "OK checkpoint: sok.load of a 3-rank dump into 1 rank" in out
+
+
+def test_rank_that_leaves_early_is_an_error_not_a_hang():
+    """The last rank exits right after hvd.init(): the others' lookup_sparse fails with Horovod's
+    shutdown error and the job ends with a non-zero exit code well within the timeout."""
+    rc, out, secs = horovodrun(2, "failures.py", "exit", gloo_timeout=10, timeout=240)
+    assert rc != 0, _tail(out)
+    assert "[rank 1] leaves early" in out
+    assert re.search(r"\[rank 0\] lookup_sparse failed after .*Horovod has been shut down", out), _tail(out)
+
+
+def test_rank_that_never_joins_times_out():
+    """The last rank never calls hvd.init(): the others' hvd.init() ends with Horovod's rendezvous
+    timeout (HOROVOD_GLOO_TIMEOUT_SECONDS) and the job fails instead of hanging."""
+    rc, out, secs = horovodrun(2, "failures.py", "nojoin", gloo_timeout=5, timeout=240)
+    assert rc != 0, _tail(out)
+    assert "[rank 1] never joins" in out
+    assert re.search(r"Wait timeout after 5 seconds|HOROVOD_GLOO_TIMEOUT_SECONDS", out), _tail(out)
+
+
+def test_alltoall_moves_fewer_bytes_than_allgather(capsys):
+    """Bytes per step of the two all-to-alls (and their gradients) for a Criteo-like batch, against
+    an all-gather of all keys and rows; the model is checked against the bytes the all-to-alls
+    really send in the 2-rank job ('bytes' phase)."""
+    sys.path.insert(0, WORKERS)
+    try:
+        import exchange_bytes
+        text, results = exchange_bytes.table(worlds=(2, 4, 8), global_batch=8192)
+    finally:
+        sys.path.remove(WORKERS)
+    with capsys.disabled():
+        print("\n" + text)
+    for world, b in results.items():
+        assert b["alltoall"] < b["allgather"], (world, b)
+    assert results[8]["alltoall"] / results[8]["allgather"] < results[2]["alltoall"] / results[2]["allgather"]

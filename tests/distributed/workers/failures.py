@@ -1,0 +1,43 @@
+"""Worker for the failure tests: a rank that dies, or one that never joins.
+
+    python failures.py exit     the last rank leaves right after hvd.init(); the others then call
+                                lookup_sparse and must get Horovod's error, not hang
+    python failures.py nojoin   the last rank never calls hvd.init(); the others' hvd.init() must
+                                end with Horovod's rendezvous timeout (HOROVOD_GLOO_TIMEOUT_SECONDS)
+"""
+import os
+import sys
+import time
+
+mode = sys.argv[1]
+rank = int(os.environ["HOROVOD_RANK"])
+last = int(os.environ["HOROVOD_SIZE"]) - 1
+if mode == "nojoin" and rank == last:
+    print(f"[rank {rank}] never joins", flush=True)
+    time.sleep(600)  # horovodrun ends it once another rank has failed
+    sys.exit(0)
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf  # noqa: E402
+import horovod.tensorflow as hvd  # noqa: E402
+
+import sparse_operation_kit as sok  # noqa: E402
+
+start = time.time()
+hvd.init()
+sok.init()
+if mode == "exit" and rank == last:
+    print(f"[rank {rank}] leaves early", flush=True)
+    sys.exit(0)
+ev = sok.get_embedding_variable("dies", 4)
+ids = tf.ragged.constant([[1, 2, 3]], dtype=tf.int64)
+try:
+    for _ in range(3):
+        sok.lookup_sparse([ev], [ids])
+        time.sleep(0.5)
+except Exception as e:  # noqa: BLE001
+    print(f"[rank {rank}] lookup_sparse failed after {time.time() - start:.1f} s: {type(e).__name__}: "
+          f"{' '.join(str(e).split())[:500]}", flush=True)
+    sys.exit(2)
+print(f"[rank {rank}] lookup_sparse did not fail", flush=True)
+sys.exit(0)
