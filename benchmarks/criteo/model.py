@@ -39,7 +39,7 @@ def mlp(x, sizes, name, seed, last_activation=True):
 
 class DLRM:
     def __init__(self, embedding_dim=16, num_tables=NUM_CAT, bottom_mlp=(64, 32), top_mlp=(256, 128),
-                 seed=0, name="dlrm"):
+                 seed=0, name="dlrm", embedding_init=None):
         if not 1 <= num_tables <= NUM_CAT:
             raise ValueError(f"num_tables must be in [1, {NUM_CAT}], got {num_tables}")
         self.dim = int(embedding_dim)
@@ -50,7 +50,8 @@ class DLRM:
         self.name = name
         self.table_of_field = [f % self.num_tables for f in range(NUM_CAT)]
         self.shared = self.num_tables < NUM_CAT
-        bound = 1.0 / np.sqrt(self.dim)
+        # New rows start uniform in [-bound, bound] (default 1/sqrt(dim)).
+        bound = 1.0 / np.sqrt(self.dim) if embedding_init is None else float(embedding_init)
         self.tables = [
             sok.get_embedding_variable(
                 f"{name}_emb_{t}" if self.shared else f"{name}_emb_C{t + 1}", self.dim, key_dtype=tf.int64,

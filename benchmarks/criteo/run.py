@@ -44,12 +44,14 @@ def parse_args(argv=None):
                    help="training steps (synthetic default 400; real data default: --epochs passes)")
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the training data (real data)")
     p.add_argument("--embedding_dim", type=int, default=16)
+    p.add_argument("--embedding_init", type=float, default=None,
+                   help="new embedding rows start uniform in [-x, x] (default 1/sqrt(embedding_dim))")
     p.add_argument("--num_tables", type=int, default=26, help="Embedding Variables (fields share tables if < 26)")
     p.add_argument("--bottom_mlp", default="64,32", help="hidden sizes of the bottom MLP (it ends in embedding_dim)")
     p.add_argument("--top_mlp", default="256,128", help="hidden sizes of the top MLP (it ends in 1)")
     p.add_argument("--optimizer", choices=("adagrad", "adam"), default="adagrad")
-    p.add_argument("--learning_rate", type=float, default=None, help="default: adagrad 0.05, adam 0.001")
-    p.add_argument("--adagrad_initial_accumulator", type=float, default=0.1)
+    p.add_argument("--learning_rate", type=float, default=None, help="default: adagrad 0.1, adam 0.001")
+    p.add_argument("--adagrad_initial_accumulator", type=float, default=0.001)
     p.add_argument("--embedding_l2", type=float, default=0.0,
                    help="L2 penalty on the looked-up embedding rows (per sample, summed over fields)")
     p.add_argument("--seed", type=int, default=0)
@@ -64,7 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=0, help="TF intra/inter-op threads (0: TF's default)")
     args = p.parse_args(argv)
     if args.learning_rate is None:
-        args.learning_rate = 0.05 if args.optimizer == "adagrad" else 0.001
+        args.learning_rate = 0.1 if args.optimizer == "adagrad" else 0.001
     args.bottom_mlp = [int(x) for x in args.bottom_mlp.split(",") if x]
     args.top_mlp = [int(x) for x in args.top_mlp.split(",") if x]
     return args
@@ -132,7 +134,7 @@ class Graph:
             self.ids = tf.compat.v1.placeholder(tf.int64, [None, criteo_data.NUM_CAT], "ids")
             self.labels = tf.compat.v1.placeholder(tf.float32, [None], "labels")
             self.model = criteo_model.DLRM(args.embedding_dim, args.num_tables, args.bottom_mlp, args.top_mlp,
-                                           seed=args.seed)
+                                           seed=args.seed, embedding_init=args.embedding_init)
             logits = self.model(self.dense, self.ids, training=True)
             self.loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=self.labels, logits=logits))
             objective = self.loss

@@ -20,6 +20,7 @@ namespace {
 
 struct Times {
   double fwd_ms, step_ms;
+  double remote_mb;  // bytes rank 0 sends to other ranks per step (keys, counts, rows, grads)
 };
 
 Times run(int world, bool no_comm, int64_t dim, bool powerlaw) {
@@ -101,7 +102,13 @@ Times run(int world, bool no_comm, int64_t dim, bool powerlaw) {
       st.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
     }
   }
-  return Times{median(fw), median(st)};
+  double remote = 0;
+  if (!no_comm) {
+    const mp::Rank& k = m.rank(0);
+    for (int p = 1; p < world; ++p)
+      remote += k.scnt[p] * (16.0 + dim * 4.0) + k.rcnt[p] * dim * 4.0;  // keys+counts+grads out, rows back
+  }
+  return Times{median(fw), median(st), remote / 1e6};
 }
 
 }  // namespace
@@ -126,7 +133,10 @@ int main() {
     const Times tn = run(world, false, cf.dim, cf.pl);
     std::printf("MP dim=%lld dist=%s world=1 (no comm): fwd %.3f ms, step %.3f ms\n", (long long)cf.dim, dist, t1.fwd_ms, t1.step_ms);
     std::printf("MP dim=%lld dist=%s world=1 (NCCL path): fwd %.3f ms, step %.3f ms\n", (long long)cf.dim, dist, t1n.fwd_ms, t1n.step_ms);
-    std::printf("MP dim=%lld dist=%s world=%d: fwd %.3f ms, step %.3f ms\n", (long long)cf.dim, dist, world, tn.fwd_ms, tn.step_ms);
+    std::printf("MP dim=%lld dist=%s world=%d: fwd %.3f ms, step %.3f ms; rank 0 sends %.1f MB per step to the "
+                "other ranks (%.0f GB/s if it took the whole step-minus-T1nccl gap)\n",
+                (long long)cf.dim, dist, world, tn.fwd_ms, tn.step_ms, tn.remote_mb,
+                tn.remote_mb / 1e3 / std::max(1e-6, (tn.step_ms - t1n.step_ms) * 1e-3));
     const double e_step = t1.step_ms / tn.step_ms, e_fwd = t1.fwd_ms / tn.fwd_ms;
     std::printf("WEAK_SCALING dim=%lld dist=%s world=%d: step efficiency %.1f%% (vs NCCL-path world 1: %.1f%%), "
                 "forward efficiency %.1f%% (target >= 90%%: %s)\n",

@@ -6,12 +6,18 @@
 //   backward: pooled_backward (per unique key) -> gather into owner order -> all-to-all of the
 //             gradients -> owner apply_gradients (sums the ranks' gradients of one key first)
 // The one-GPU reference runs the same steps on the concatenated batch without communication.
+// Each GPU is driven by its own persistent host thread (as one process per GPU would), so the
+// host work of one rank (launches, the wait for the all-to-all sizes) does not delay the others.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <condition_variable>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
@@ -48,6 +54,60 @@ struct Rank {
   int64_t* h_all = nullptr;  // pinned [world * world]
   std::vector<size_t> soff, scnt, roff, rcnt;
   int64_t recv_total = 0;
+};
+
+// Persistent worker threads, one per rank: run(f) calls f(r) on thread r and waits for all.
+class RankPool {
+ public:
+  explicit RankPool(int n) : n_(n) {
+    for (int r = 0; r < n; ++r) threads_.emplace_back([this, r] { loop(r); });
+  }
+  ~RankPool() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+      ++gen_;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  void run(const std::function<void(int)>& f) {
+    std::unique_lock<std::mutex> l(mu_);
+    task_ = &f;
+    pending_ = n_;
+    ++gen_;
+    cv_.notify_all();
+    done_cv_.wait(l, [this] { return pending_ == 0; });
+    task_ = nullptr;
+  }
+
+ private:
+  void loop(int r) {
+    uint64_t seen = 0;
+    while (true) {
+      const std::function<void(int)>* f;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return gen_ != seen; });
+        seen = gen_;
+        if (stop_) return;
+        f = task_;
+      }
+      (*f)(r);
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (--pending_ == 0) done_cv_.notify_all();
+      }
+    }
+  }
+  int n_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int)>* task_ = nullptr;
+  int pending_ = 0;
+  uint64_t gen_ = 0;
+  bool stop_ = false;
 };
 
 class ModelParallel {
@@ -121,86 +181,10 @@ class ModelParallel {
   void set_batch(int r, int64_t n) { ranks_[r].n = n; }
 
   void forward() {
-    for (Rank& k : ranks_) {
-      CUDA_OK(cudaSetDevice(k.dev));
-      SOK_OK(sok::gpu::unique_keys<int64_t>(k.ids.get(), k.n, k.uniq.get(), k.inverse.get(), k.counts.get(),
-                                            k.num.get(), k.s));
-      if (no_comm_) continue;
-      SOK_OK(sok::gpu::bucketize_by_owner<int64_t>(k.uniq.get(), k.n, k.num.get(), world_, k.order.get(),
-                                                   k.owner_counts.get(), k.s));
-      SOK_OK(sok::gpu::gather<int64_t>(k.uniq.get(), k.order.get(), k.n, k.num.get(), k.send_keys.get(), k.s));
-      SOK_OK(sok::gpu::gather<int64_t>(k.counts.get(), k.order.get(), k.n, k.num.get(), k.send_cnts.get(), k.s));
-    }
-    if (no_comm_) {
-      for (Rank& k : ranks_) {
-        CUDA_OK(cudaSetDevice(k.dev));
-        SOK_OK(k.table->find_or_insert(k.uniq.get(), k.n, k.rows_u.get(), k.counts.get(), k.s, k.num.get()));
-        pool(k);
-      }
-      return;
-    }
-    NCCL_OK(ncclGroupStart());
-    for (Rank& k : ranks_)
-      NCCL_OK(ncclAllGather(k.owner_counts.get(), k.all_counts.get(), world_, ncclInt64, k.comm, k.s));
-    NCCL_OK(ncclGroupEnd());
-    for (Rank& k : ranks_) {
-      CUDA_OK(cudaSetDevice(k.dev));
-      CUDA_OK(cudaMemcpyAsync(k.h_all, k.all_counts.get(), sizeof(int64_t) * world_ * world_,
-                              cudaMemcpyDeviceToHost, k.s));
-    }
-    for (int r = 0; r < world_; ++r) {
-      Rank& k = ranks_[r];
-      CUDA_OK(cudaSetDevice(k.dev));
-      CUDA_OK(cudaStreamSynchronize(k.s));
-      size_t so = 0, ro = 0;
-      for (int p = 0; p < world_; ++p) {
-        k.scnt[p] = static_cast<size_t>(k.h_all[r * world_ + p]);  // my keys owned by p
-        k.rcnt[p] = static_cast<size_t>(k.h_all[p * world_ + r]);  // p's keys owned by me
-        k.soff[p] = so;
-        k.roff[p] = ro;
-        so += k.scnt[p];
-        ro += k.rcnt[p];
-      }
-      k.recv_total = static_cast<int64_t>(ro);
-    }
-    exchange([](Rank& k) { return k.send_keys.get(); }, [](Rank& k) { return k.recv_keys.get(); }, 1, ncclInt64,
-             false);
-    exchange([](Rank& k) { return k.send_cnts.get(); }, [](Rank& k) { return k.recv_cnts.get(); }, 1, ncclInt64,
-             false);
-    for (Rank& k : ranks_) {
-      CUDA_OK(cudaSetDevice(k.dev));
-      SOK_OK(k.table->find_or_insert(k.recv_keys.get(), k.recv_total, k.recv_rows.get(), k.recv_cnts.get(), k.s));
-    }
-    // Rows go back the opposite way.
-    exchange([](Rank& k) { return k.recv_rows.get(); }, [](Rank& k) { return k.send_rows.get(); }, dim_,
-             ncclFloat32, true);
-    for (Rank& k : ranks_) {
-      CUDA_OK(cudaSetDevice(k.dev));
-      SOK_OK(sok::gpu::scatter_rows(k.send_rows.get(), dim_, k.order.get(), k.n, k.num.get(), k.rows_u.get(), k.s));
-      pool(k);
-    }
+    each([this](int r) { forward_rank(r); });
   }
-
   void backward(const OptimizerParams& p, int64_t step) {
-    for (Rank& k : ranks_) {
-      CUDA_OK(cudaSetDevice(k.dev));
-      sok::gpu::Segments sg;
-      sg.row_splits = k.splits.get();
-      SOK_OK(sok::gpu::pooled_backward(k.grad_out.get(), dim_, k.inverse.get(), sg, nullptr, k.n, k.batch,
-                                       Combiner::kSum, k.n, k.num.get(), k.grad_u.get(), k.s));
-      if (no_comm_) {
-        SOK_OK(k.table->apply_gradients(k.uniq.get(), k.n, k.grad_u.get(), p, step, k.s, true, k.num.get()));
-        continue;
-      }
-      SOK_OK(sok::gpu::gather_rows(k.grad_u.get(), dim_, k.order.get(), k.n, k.num.get(), k.grad_send.get(), k.s));
-    }
-    if (no_comm_) return;
-    exchange([](Rank& k) { return k.grad_send.get(); }, [](Rank& k) { return k.grad_recv.get(); }, dim_,
-             ncclFloat32, false);
-    for (Rank& k : ranks_) {
-      CUDA_OK(cudaSetDevice(k.dev));
-      SOK_OK(k.table->apply_gradients(k.recv_keys.get(), k.recv_total, k.grad_recv.get(), p, step, k.s));
-    }
+    each([this, &p, step](int r) { backward_rank(r, p, step); });
   }
 
   void sync() {
@@ -212,6 +196,71 @@ class ModelParallel {
   }
 
  private:
+  void each(const std::function<void(int)>& f) {
+    if (world_ == 1) {
+      f(0);
+      CUDA_OK(cudaSetDevice(0));
+      return;
+    }
+    if (!pool_) pool_.reset(new RankPool(world_));
+    pool_->run(f);
+  }
+
+  void forward_rank(int r) {
+    Rank& k = ranks_[r];
+    CUDA_OK(cudaSetDevice(k.dev));
+    SOK_OK(sok::gpu::unique_keys<int64_t>(k.ids.get(), k.n, k.uniq.get(), k.inverse.get(), k.counts.get(),
+                                          k.num.get(), k.s));
+    if (no_comm_) {
+      SOK_OK(k.table->find_or_insert(k.uniq.get(), k.n, k.rows_u.get(), k.counts.get(), k.s, k.num.get()));
+      pool(k);
+      return;
+    }
+    SOK_OK(sok::gpu::bucketize_by_owner<int64_t>(k.uniq.get(), k.n, k.num.get(), world_, k.order.get(),
+                                                 k.owner_counts.get(), k.s));
+    SOK_OK(sok::gpu::gather<int64_t>(k.uniq.get(), k.order.get(), k.n, k.num.get(), k.send_keys.get(), k.s));
+    SOK_OK(sok::gpu::gather<int64_t>(k.counts.get(), k.order.get(), k.n, k.num.get(), k.send_cnts.get(), k.s));
+    // Every rank learns every rank's per-owner counts: the sizes of the ragged all-to-alls.
+    NCCL_OK(ncclAllGather(k.owner_counts.get(), k.all_counts.get(), world_, ncclInt64, k.comm, k.s));
+    CUDA_OK(cudaMemcpyAsync(k.h_all, k.all_counts.get(), sizeof(int64_t) * world_ * world_,
+                            cudaMemcpyDeviceToHost, k.s));
+    CUDA_OK(cudaStreamSynchronize(k.s));
+    size_t so = 0, ro = 0;
+    for (int p = 0; p < world_; ++p) {
+      k.scnt[p] = static_cast<size_t>(k.h_all[r * world_ + p]);  // my keys owned by p
+      k.rcnt[p] = static_cast<size_t>(k.h_all[p * world_ + r]);  // p's keys owned by me
+      k.soff[p] = so;
+      k.roff[p] = ro;
+      so += k.scnt[p];
+      ro += k.rcnt[p];
+    }
+    k.recv_total = static_cast<int64_t>(ro);
+    exchange(k, k.send_keys.get(), k.recv_keys.get(), 1, ncclInt64, false);
+    exchange(k, k.send_cnts.get(), k.recv_cnts.get(), 1, ncclInt64, false);
+    SOK_OK(k.table->find_or_insert(k.recv_keys.get(), k.recv_total, k.recv_rows.get(), k.recv_cnts.get(), k.s));
+    // Rows go back the opposite way.
+    exchange(k, k.recv_rows.get(), k.send_rows.get(), dim_, ncclFloat32, true);
+    SOK_OK(sok::gpu::scatter_rows(k.send_rows.get(), dim_, k.order.get(), k.n, k.num.get(), k.rows_u.get(), k.s));
+    pool(k);
+  }
+
+  void backward_rank(int r, const OptimizerParams& p, int64_t step) {
+    Rank& k = ranks_[r];
+    CUDA_OK(cudaSetDevice(k.dev));
+    sok::gpu::Segments sg;
+    sg.row_splits = k.splits.get();
+    SOK_OK(sok::gpu::pooled_backward(k.grad_out.get(), dim_, k.inverse.get(), sg, nullptr, k.n, k.batch,
+                                     Combiner::kSum, k.n, k.num.get(), k.grad_u.get(), k.s));
+    if (no_comm_) {
+      SOK_OK(k.table->apply_gradients(k.uniq.get(), k.n, k.grad_u.get(), p, step, k.s, true, k.num.get()));
+      return;
+    }
+    SOK_OK(sok::gpu::gather_rows(k.grad_u.get(), dim_, k.order.get(), k.n, k.num.get(), k.grad_send.get(), k.s));
+    exchange(k, k.grad_send.get(), k.grad_recv.get(), dim_, ncclFloat32, false);
+    // The owner sums the ranks' gradients of one key (apply_gradients dedups), then updates.
+    SOK_OK(k.table->apply_gradients(k.recv_keys.get(), k.recv_total, k.grad_recv.get(), p, step, k.s));
+  }
+
   void pool(Rank& k) {
     sok::gpu::Segments sg;
     sg.row_splits = k.splits.get();
@@ -219,25 +268,23 @@ class ModelParallel {
                                     Combiner::kSum, k.out.get(), k.s));
   }
 
-  // Ragged all-to-all. Forward direction (reverse = false): rank r sends its [soff, scnt) segment
-  // for p and receives p's into [roff, rcnt). Reverse: the owner side sends back.
-  template <typename SendF, typename RecvF>
-  void exchange(SendF send, RecvF recv, int64_t width, ncclDataType_t type, bool reverse) {
+  // Ragged all-to-all of rank k. Forward direction (reverse = false): k sends its [soff, scnt)
+  // segment to each p and receives p's into [roff, rcnt). Reverse: the owner side sends back.
+  void exchange(Rank& k, void* send, void* recv, int64_t width, ncclDataType_t type, bool reverse) {
     const size_t esz = type == ncclFloat32 ? 4 : 8;
+    char* sb = static_cast<char*>(send);
+    char* rb = static_cast<char*>(recv);
     NCCL_OK(ncclGroupStart());
-    for (Rank& k : ranks_) {
-      char* sb = reinterpret_cast<char*>(send(k));
-      char* rb = reinterpret_cast<char*>(recv(k));
-      for (int p = 0; p < world_; ++p) {
-        const size_t so = reverse ? k.roff[p] : k.soff[p], sc = reverse ? k.rcnt[p] : k.scnt[p];
-        const size_t ro = reverse ? k.soff[p] : k.roff[p], rc = reverse ? k.scnt[p] : k.rcnt[p];
-        if (sc) NCCL_OK(ncclSend(sb + so * width * esz, sc * width, type, p, k.comm, k.s));
-        if (rc) NCCL_OK(ncclRecv(rb + ro * width * esz, rc * width, type, p, k.comm, k.s));
-      }
+    for (int p = 0; p < world_; ++p) {
+      const size_t so = reverse ? k.roff[p] : k.soff[p], sc = reverse ? k.rcnt[p] : k.scnt[p];
+      const size_t ro = reverse ? k.soff[p] : k.roff[p], rc = reverse ? k.scnt[p] : k.rcnt[p];
+      if (sc) NCCL_OK(ncclSend(sb + so * width * esz, sc * width, type, p, k.comm, k.s));
+      if (rc) NCCL_OK(ncclRecv(rb + ro * width * esz, rc * width, type, p, k.comm, k.s));
     }
     NCCL_OK(ncclGroupEnd());
   }
 
+  std::unique_ptr<RankPool> pool_;
   int world_;
   int64_t dim_;
   bool no_comm_;

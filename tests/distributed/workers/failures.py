@@ -1,7 +1,9 @@
 """Worker for the failure tests: a rank that dies, or one that never joins.
 
     python failures.py exit     the last rank leaves right after hvd.init(); the others then call
-                                lookup_sparse and must get Horovod's error, not hang
+                                lookup_sparse and must get Horovod's error, not hang (the test
+                                suite runs this as the `leave` phase of mp_checkpoint.py instead,
+                                after a checkpoint load, to save a launch)
     python failures.py nojoin   the last rank never calls hvd.init(); the others' hvd.init() must
                                 end with Horovod's rendezvous timeout (HOROVOD_GLOO_TIMEOUT_SECONDS)
 """

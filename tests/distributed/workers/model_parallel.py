@@ -290,6 +290,13 @@ def run_sok2x(hvd, rank, world):
     close("sok2x: DynamicVariable rows after one step", values.numpy(),
           ref[2].numpy()[[pos[int(k)] for k in keys.numpy()]])
     close("sok2x: dense layer after one step", dense.numpy(), rdense.numpy())
+
+    # Evaluation (training=False) reads unseen keys' initial rows and inserts nothing on the owners.
+    unseen = tf.constant([[1000 + rank, 2000, 1000 + rank]], tf.int64)  # 2000: on every rank
+    out = sok2.lookup_sparse([dyn], [tf.RaggedTensor.from_tensor(unseen)], training=False)[0]
+    close("sok2x: evaluation lookup of unseen keys", out.numpy(),
+          dyn.sparse_read(unseen, training=False).numpy().sum(axis=1))
+    assert sorted(int(k) for k in sok2.export(dyn)[0].numpy()) == want_keys, "evaluation inserted keys"
     done("sok2x: SOK 2.x-style code (Variable/DynamicVariable modes, filter_variables, lookup_sparse, "
          "all2all_dense_embedding, local shard via tf.nn.embedding_lookup) runs unchanged")
 

@@ -12,6 +12,7 @@ Run alone (`python mp_checkpoint.py load=DIR`) it loads into one process, withou
 """
 import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -136,6 +137,26 @@ def load_and_continue(path, hvd, rank, world, steps=3):
     done(f"checkpoint: {what}: rows, slots and {steps} further Adagrad steps equal the reference")
 
 
+def leave_early(rank, world):
+    """The last rank leaves; the others' next lookup_sparse must fail with Horovod's error (the
+    job then ends non-zero), not hang."""
+    if rank == world - 1:
+        print(f"[rank {rank}] leaves early", flush=True)
+        os._exit(0)
+    ev = sok.get_embedding_variable("after_leave", 4)
+    ids = tf.ragged.constant([[1, 2, 3]], dtype=tf.int64)
+    start = time.time()
+    try:
+        for _ in range(20):
+            sok.lookup_sparse([ev], [ids])
+            time.sleep(0.5)
+    except Exception as e:  # noqa: BLE001
+        print(f"[rank {rank}] lookup_sparse failed after {time.time() - start:.1f} s: {type(e).__name__}: "
+              f"{' '.join(str(e).split())[:500]}", flush=True)
+        os._exit(2)
+    raise AssertionError(f"rank {rank}: lookup_sparse kept working after rank {world - 1} left")
+
+
 def main():
     use_hvd = "HOROVOD_RANK" in os.environ
     hvd, rank, world = setup(use_horovod=use_hvd)
@@ -144,6 +165,8 @@ def main():
             train_and_dump(arg[5:], hvd, rank, world)
         elif arg.startswith("load="):
             load_and_continue(arg[5:], hvd, rank, world)
+        elif arg == "leave":
+            leave_early(rank, world)
         else:
             raise ValueError(f"unknown phase {arg}")
 

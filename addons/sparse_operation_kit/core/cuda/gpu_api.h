@@ -53,7 +53,9 @@ struct GpuLookupError {
   int64_t position;  // index of the offending id (sample for kind 3); -1: none
   int64_t value;     // the offending id / row / segment / row split
   int64_t kind;      // 1: id out of [0, num_rows); 2: segment out of [0, batch); 3: bad row split
+  int64_t blocks_done;  // device-side counter of the fused checks (reset_lookup_error sets it)
 };
+// One record per call in flight: two calls running at once must not share a record.
 // Sets the record to "no error" (position = -1), ordered on `stream`.
 Status reset_lookup_error(GpuLookupError* d_err, cudaStream_t stream);
 // Synchronises `stream` and returns Invalid("<what>: id <v> at position <p> ...") if set.

@@ -277,7 +277,6 @@ __global__ void __launch_bounds__(kBlock) k_find_or_insert(DevTable t, RowInit r
       if (lane == 0) {
         t.meta[r.slot].key = key;
         t.meta[r.slot].freq = cnt;
-        t.versions[r.slot] = 0;
       }
       const bool admitted = ri.filter_freq <= 0 || cnt >= ri.filter_freq;
       float* row = t.rows + r.slot * t.stride;
@@ -326,7 +325,6 @@ __global__ void __launch_bounds__(kBlock) k_insert_or_assign(DevTable t, RowInit
         if (lane == 0) {
           t.meta[r.slot].key = key;
           t.meta[r.slot].freq = 0;
-          t.versions[r.slot] = 0;
         }
         for (int64_t c = lane; c < t.stride; c += kTile)
           row[c] = c < t.dim ? v[c] : (c < 2 * t.dim ? ri.slot_init[0] : ri.slot_init[1]);
@@ -364,7 +362,6 @@ __global__ void __launch_bounds__(kBlock) k_apply(DevTable t, RowInit ri, const 
         if (lane == 0) {
           t.meta[r.slot].key = key;
           t.meta[r.slot].freq = 0;
-          t.versions[r.slot] = 0;
         }
         for (int64_t c = lane; c < t.stride; c += kTile) row[c] = fresh_element(ri, key, c, t.dim);
         publish(tile, t, r.slot, h);
@@ -647,6 +644,9 @@ struct GpuEmbeddingTable<K>::Impl {
     if (e == cudaSuccess) e = cudaMalloc(&a->versions, cap * sizeof(int64_t));
     if (e == cudaSuccess) e = cudaMalloc(&a->rows, static_cast<size_t>(cap) * stride * sizeof(float));
     if (e == cudaSuccess) e = cudaMemsetAsync(a->digests, 0, nb * 8 * sizeof(uint32_t), s);
+    // Versions start at 0 for every slot (slots are never reused before a rehash), so inserting
+    // a key needs no extra random write for it.
+    if (e == cudaSuccess) e = cudaMemsetAsync(a->versions, 0, cap * sizeof(int64_t), s);
     if (e != cudaSuccess) {
       cudaGetLastError();
       free_arrays(a);
@@ -839,7 +839,7 @@ Status GpuEmbeddingTable<K>::find(const K* keys, int64_t n, float* out, cudaStre
   m.note_stream(stream);
   const bool v4 = m.cfg.dim % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const int grid = grid_for(n * kTile, kBlock);
-  const bool many = tuning().find_min_blocks == 8;
+  const bool many = tuning().find_min_blocks != 1;  // default: 64 warps per SM (measured faster)
   if (v4 && many) k_find<K, true, 8><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
   else if (v4) k_find<K, true, 1><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
   else k_find<K, false, 1><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
@@ -941,7 +941,7 @@ Status GpuEmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const flo
   int nc = 0;
   if (v4) {
     nc = tuning().apply_chunks;
-    if (nc != 1 && nc != 2 && nc != 4) nc = dim <= 32 ? 1 : (dim <= 64 ? 2 : 4);
+    if (nc != 1 && nc != 2 && nc != 4) nc = dim <= 32 ? 1 : 2;  // measured best on H200
   }
 #define SOK_APPLY(NC)                                                                                \
   k_apply<K, NC><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), ukeys, n, un, ugrads, p, alpha, \

@@ -32,12 +32,6 @@ def global_rows(param):
     return rows if rows is not None else param.shape[0]
 
 
-def _owner(keys, target, world):
-    if target < 0:
-        return tf.math.floormod(keys, tf.constant(world, keys.dtype))
-    return tf.fill(tf.shape(keys), tf.constant(target, keys.dtype))
-
-
 def _local_keys(param, keys, world):
     """Owner-side row index of a key: EVs keep the key; a spread static table row k // N."""
     if isinstance(param, EmbeddingVariable):

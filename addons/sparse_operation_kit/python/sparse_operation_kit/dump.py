@@ -70,8 +70,8 @@ def _ev_slots(shards, dim, name):
     num_slots = slot_init.size if slot_kind >= 0 else 0
     parts = []
     for s in shards:
-        rows = s["keys"].shape[0]
-        slots = s["slots"].reshape(rows, -1, dim) if rows else np.zeros([0, num_slots, dim], np.float32)
+        rows, raw = s["keys"].shape[0], s["slots"]
+        slots = raw if raw.ndim == 3 and raw.shape[0] == rows else np.zeros([rows, 0, dim], np.float32)
         if slots.shape[1] != num_slots:
             slots = np.broadcast_to(slot_init[None, :, None], (rows, num_slots, dim))
         parts.append(slots.astype(np.float32))
@@ -142,10 +142,9 @@ def load(path, variables, optimizer=None):
         mine = _owned(keys, target, _dir_name(var))
         if isinstance(var, EmbeddingVariable):
             slots, slot_kind, slot_init = _ev_slots(shards, dim, _dir_name(var))
-            num_slots = slots.shape[1]
             var._restore_from_tensors({
                 "keys": tf.constant(keys[mine]), "values": tf.constant(values[mine]),
-                "slots": tf.constant(slots[mine].reshape(-1, num_slots, dim)),
+                "slots": tf.constant(slots[mine]),
                 "freqs": tf.constant(np.concatenate([s["freqs"] for s in shards])[mine]),
                 "versions": tf.constant(np.concatenate([s["versions"] for s in shards])[mine]),
                 "slot_kind": tf.constant(slot_kind, tf.int32), "slot_init": tf.constant(slot_init, tf.float32)})
