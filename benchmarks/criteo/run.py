@@ -3,8 +3,9 @@ then evaluates it, and prints throughput, losses and AUC.
 
     # default: deterministic synthetic Criteo data
     PYTHONPATH=addons/sparse_operation_kit/python .venv/bin/python benchmarks/criteo/run.py
-    # real Kaggle Criteo lines
-    ... run.py --data a.tsv,b.tsv --eval_data c.tsv --epochs 10 --batch_size 256
+    # real Kaggle Criteo lines (a few epochs over small files)
+    ... run.py --data a.tsv,b.tsv --eval_data c.tsv --epochs 2 --batch_size 128 --optimizer adam \
+        --min_count 2 --embedding_init 0.01
     # several workers (needs SOK's multi-rank support)
     horovodrun -np 2 ... run.py --horovod
 
@@ -20,6 +21,7 @@ import time
 
 import numpy as np
 
+_T_START = time.time()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tensorflow as tf  # noqa: E402
@@ -41,7 +43,7 @@ def parse_args(argv=None):
     p.add_argument("--batch_size", type=int, default=2048, help="global batch size")
     p.add_argument("--eval_batch_size", type=int, default=16384)
     p.add_argument("--steps", type=int, default=None,
-                   help="training steps (synthetic default 400; real data default: --epochs passes)")
+                   help="training steps (synthetic default 600; real data default: --epochs passes)")
     p.add_argument("--epochs", type=float, default=1.0, help="passes over the training data (real data)")
     p.add_argument("--embedding_dim", type=int, default=16)
     p.add_argument("--embedding_init", type=float, default=None,
@@ -88,7 +90,7 @@ def load_data(args):
     """(train Batch, eval Batch, description). Every rank loads the same global data."""
     if args.data == "synthetic":
         gen = criteo_data.SyntheticCriteo(args.seed)
-        steps = args.steps if args.steps is not None else 400
+        steps = args.steps if args.steps is not None else 600
         n_train = args.synthetic_train_samples or steps * args.batch_size
         train = _synthetic_split(gen, 0, n_train, args.synthetic_via_tsv)
         evals = _synthetic_split(gen, 1, args.synthetic_eval_samples, args.synthetic_via_tsv)
@@ -125,6 +127,20 @@ class BatchSchedule:
 # ---------------------------------------------------------------------------------------------
 # Graph
 # ---------------------------------------------------------------------------------------------
+def _average_over_ranks(hvd, grad, var):
+    """The gradient of the global batch's mean loss from this rank's local-mean gradient.
+
+    Dense variables: hvd.allreduce average. Embedding Variables: SOK's exchange already sends
+    every rank's per-key gradient to the key's owner, where they add up, so only the 1/size of
+    the average is left to apply.
+    """
+    if grad is None:
+        return None
+    if isinstance(var, sok.EmbeddingVariable):
+        return tf.IndexedSlices(grad.values / hvd.size(), grad.indices, grad.dense_shape)
+    return hvd.allreduce(grad, op=hvd.Average)
+
+
 class Graph:
     def __init__(self, args, hvd):
         self.graph = tf.Graph()
@@ -147,14 +163,12 @@ class Graph:
                 base = tf.compat.v1.train.AdamOptimizer(args.learning_rate)
             opt = sok.OptimizerWrapper(base)
             grads_and_vars = opt.compute_gradients(objective)
-            if hvd is not None:
-                sparse_vars, _ = sok.filter_variables([v for _, v in grads_and_vars])
-                sparse_ids = {id(v) for v in sparse_vars}
-                # Dense gradients: average over ranks. Embedding Variables: SOK exchanges them.
-                grads_and_vars = [(g if g is None or id(v) in sparse_ids else hvd.allreduce(g, op=hvd.Average), v)
-                                  for g, v in grads_and_vars]
+            if hvd is not None and hvd.size() > 1:
+                grads_and_vars = [(_average_over_ranks(hvd, g, v), v) for g, v in grads_and_vars]
             self.global_step = tf.compat.v1.train.get_or_create_global_step()
             self.train_op = opt.apply_gradients(grads_and_vars, global_step=self.global_step)
+            # Reported loss: the global batch's mean (equal local batches) under Horovod.
+            self.report_loss = self.loss if hvd is None else hvd.allreduce(self.loss, op=hvd.Average)
             self.eval_logits = self.model(self.dense, self.ids, training=False)
             self.eval_out = [self.eval_logits, self.labels]
             if hvd is not None:
@@ -239,7 +253,7 @@ def main(argv=None):
         if step == warmup:
             t_timed = time.time()
         idx = next(schedule)[rank::size]  # this rank's slice of the global batch
-        loss, _ = sess.run([g.loss, g.train_op], feed_dict=g.feed(criteo_data.take(train, idx)))
+        loss, _ = sess.run([g.report_loss, g.train_op], feed_dict=g.feed(criteo_data.take(train, idx)))
         if not np.isfinite(loss):
             raise SystemExit(f"step {step}: loss is {loss}")
         losses.append(float(loss))
@@ -280,11 +294,20 @@ def main(argv=None):
         "table_rows": int(sess.run(g.table_size)),
     }
     sess.close()
-    log(f"table rows on rank {rank}: {result['table_rows']}  train_s={result['train_s']:.1f} eval_s={eval_s:.1f}")
+    result["wall_s"] = time.time() - _T_START
+    log("==== Criteo benchmark summary ====")
+    log(f"data:       {desc}, {n_train} training rows, {result['eval_rows']} evaluation rows")
+    log(f"throughput: {samples_per_sec:.0f} samples/s, {steps_per_sec:.2f} steps/s (global batch {args.batch_size}, "
+        f"{size} rank(s), {timed_steps} of {steps} steps timed: first {warmup} left out)")
+    log(f"train loss: {result['train_loss_first']:.4f} (first {tail} steps) -> {result['train_loss']:.4f} "
+        f"(last {tail} steps)")
+    log(f"eval:       loss {result['eval_loss']:.4f}, AUC {result['eval_auc']:.4f}")
+    log(f"time:       training {result['train_s']:.1f}s, evaluation {eval_s:.1f}s, loading {load_s:.1f}s, "
+        f"wall {result['wall_s']:.1f}s; embedding rows on rank {rank}: {result['table_rows']}")
     log(f"RESULT data={desc} ranks={size} steps={steps} batch_size={args.batch_size} "
         f"samples_per_sec={samples_per_sec:.0f} steps_per_sec={steps_per_sec:.2f} "
         f"train_loss_first={result['train_loss_first']:.4f} train_loss={result['train_loss']:.4f} "
-        f"eval_loss={result['eval_loss']:.4f} eval_auc={result['eval_auc']:.4f}")
+        f"eval_loss={result['eval_loss']:.4f} eval_auc={result['eval_auc']:.4f} wall_s={result['wall_s']:.1f}")
     return result
 
 

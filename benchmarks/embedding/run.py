@@ -45,9 +45,10 @@ def parse_args(argv=None):
     p.add_argument("--hash-table", choices=("mutable", "dense"), default="mutable")
     p.add_argument("--num-batches", type=int, default=4, help="pre-built batches cycled through")
     p.add_argument("--warmup", type=int, default=5, help="steps before timing (per implementation)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per round")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds; each times every implementation in turn (median over all timed steps)")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per implementation and round")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="rounds; each times every implementation in turn, so load from other "
+                        "processes hits all alike (median over all timed steps)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", type=int, default=0, metavar="K",
@@ -192,16 +193,17 @@ class Runner:
             self.sess = tf.compat.v1.Session(graph=self.graph)
             self.sess.run(init)
             self.graph.finalize()
-        self.step, self.times = 0, []
+        self.step, self.times, self.cpu_times = 0, [], []
 
     def run(self, steps, record):
         for _ in range(steps):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             self.sess.run(self.train_op, feed_dict={self.which: self.step % self.nb})
-            dt = time.perf_counter() - t0
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
             self.step += 1
             if record:
                 self.times.append(dt)
+                self.cpu_times.append(dc)  # CPU time of all threads of this process
 
     def profile(self, top):
         """Summed kernel time per op type over one traced step (both threads' work adds up)."""
@@ -244,11 +246,12 @@ def bench(args, dist):
         for impl in impls:
             runners[impl].run(args.steps, record=True)
     med = {impl: statistics.median(r.times) * 1e3 for impl, r in runners.items()}
+    cpu = {impl: statistics.median(r.cpu_times) * 1e3 for impl, r in runners.items()}
     for r in runners.values():
         r.close()
     n = args.batch * args.ids_per_field
     distinct = np.mean([len(np.unique(f)) for f in batches[0]])
-    return med, distinct / n
+    return (med, cpu), distinct / n
 
 
 def main(argv=None):
@@ -260,19 +263,22 @@ def main(argv=None):
           f"dim={args.dim} batch={args.batch} hash_table={args.hash_table} "
           f"steps={args.rounds}x{args.steps} (after {args.warmup} warm-up), TF {tf.__version__}, "
           f"{os.cpu_count()} CPUs")
-    header = f"{'ids':<10} {'distinct/ids':>12} " + " ".join(f"{i + ' ms':>10}" for i in args.impls.split(","))
-    rows = []
+    impls = [i for i in args.impls.split(",") if i]
+    others = [o for o in ("tf", "hash") if o in impls and "sok" in impls]
+    header = (f"{'ids':<9} {'time':<5} {'distinct/ids':>12} " + " ".join(f"{i + ' ms':>9}" for i in impls)
+              + "".join(f" {o + '/sok':>9}" for o in others))
+    print(f"load average at start: {os.getloadavg()[0]:.2f}")
+    print(header, flush=True)
     for dist in args.dists.split(","):
-        med, frac = bench(args, dist)
-        if med is None:
+        res, frac = bench(args, dist)
+        if res is None:
             continue
-        line = f"{dist:<10} {frac:>12.3f} " + " ".join(f"{med[i]:>10.1f}" for i in med)
-        if "sok" in med:
-            for other in ("tf", "hash"):
-                if other in med:
-                    line += f"   {other}/sok={med[other] / med['sok']:.2f}x"
-        rows.append(line)
-        print(line if len(rows) > 1 else header + "\n" + line, flush=True)
+        for kind, med in zip(("wall", "cpu"), res):
+            line = (f"{dist:<9} {kind:<5} {frac:>12.3f} " + " ".join(f"{med[i]:>9.1f}" for i in impls)
+                    + "".join(f" {med[o] / med['sok']:>8.2f}x" for o in others))
+            print(line, flush=True)
+    print(f"load average at end: {os.getloadavg()[0]:.2f} (wall: median time per step; cpu: median "
+          f"CPU time per step of all threads)")
     return 0
 
 

@@ -45,7 +45,10 @@ bool fail(const char* fmt, ...) {
   return false;
 }
 
+std::string g_filter;  // argv[2]: run only the tests whose name contains it
+
 void run(const std::string& name, const std::function<bool()>& fn) {
+  if (!g_filter.empty() && name.find(g_filter) == std::string::npos) return;
   g_current = name;
   g_msgs = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -878,10 +881,16 @@ bool test_optimizer(OptimizerKind kind, int64_t dim, bool unique_ids) {
       DevBuf<float> dout(keys.size() * dim);
       dout.poison();
       SOK_OK(gpu->find_or_insert(dk.get(), keys.size(), dout.get(), nullptr, nullptr));
-      if (!expect_close("lookup during training", dout.download(), want, 1e-5, 1e-6)) return false;
+      if (!expect_close("lookup during training", dout.download(), want, 1e-5,
+                        kind == OptimizerKind::kFtrl ? 1e-5 : 1e-6))
+        return false;
     }
   }
-  return expect_same_table(gpu_export(*gpu), cpu.export_rows(), 1e-5, 1e-6);
+  // FTRL's update subtracts two powf() values (sigma) and keeps the running 'linear' slot: CUDA's
+  // powf and glibc's differ by an ulp, and the cancellation turns that into ~1e-6 absolute after
+  // 20 steps (seen once in 5 runs: 1.6e-6 on a slot of 0.0106). A wider absolute bound there.
+  const double atol = kind == OptimizerKind::kFtrl ? 1e-5 : 1e-6;
+  return expect_same_table(gpu_export(*gpu), cpu.export_rows(), 1e-5, atol);
 }
 
 // The whole single-GPU training step with device counts (no host round trip) vs the CPU steps.
@@ -937,8 +946,10 @@ bool test_pipeline(Combiner comb) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10)
-                                 : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  // Usage: test_gpu_core [seed (0: from the clock)] [name filter]
+  uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 0;
+  if (seed == 0) seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  if (argc > 2) g_filter = argv[2];
   g_rng.seed(seed);
   int dev = 0;
   cudaDeviceProp prop;

@@ -50,7 +50,7 @@ Status cuda_status(cudaError_t e, const char* what);
 // Bad-index reports written by the device (the first bad position wins), read by the host.
 struct GpuLookupError {
   int64_t packed;    // device-side: min over (position << 3 | kind); all ones: none
-  int64_t position;  // index of the offending id (sample for kind 3); -1: none
+  int64_t position;  // index of the offending id (kinds 1, 2) or row_splits entry (kind 3); -1: none
   int64_t value;     // the offending id / row / segment / row split
   int64_t kind;      // 1: id out of [0, num_rows); 2: segment out of [0, batch); 3: bad row split
   int64_t blocks_done;  // device-side counter of the fused checks (reset_lookup_error sets it)
@@ -132,6 +132,9 @@ Status static_pooled_forward(const float* table, int64_t num_rows, int64_t dim, 
 // ---------------------------------------------------------------------------------------------
 struct GpuTableOptions {
   // Grow (rehash into twice the capacity) before live + erased slots would pass this fraction.
+  // The host keeps an upper bound of the size (+n per call that may insert) and only reads the
+  // exact size (a stream sync; a device sync if several streams were used) once that bound
+  // passes the threshold, so calls stay asynchronous while the table has headroom.
   double max_load_factor = 0.75;
   DeviceAllocator* allocator = nullptr;  // temporaries; nullptr: default_allocator()
 };

@@ -26,7 +26,8 @@ Status sum_rows_by_group(const float* src, int64_t dim, const int32_t* group, co
 // launching. Defaults are the measured best (benchmarks/gpu/RESULTS.md).
 struct Tuning {
   int pooled_variant = 0;  // pooled forward: 1 = per-group id loads (4 rows in flight per lane),
-                           // 2 = warp-wide id prefetch, 3 = as 1 with 8 rows in flight
+                           // 2 = warp-wide id prefetch, 3 = as 1 with 8 rows in flight;
+                           // 0 = 3 for rows of <= 16 lanes (dim <= 64 floats), else 1
   int apply_chunks = 0;    // optimizer kernel: column chunks in flight per lane (1, 2, 4)
   int find_min_blocks = 0; // find kernel: 0/8 = registers capped for 64 warps per SM, 1 = uncapped
 };

@@ -778,8 +778,10 @@ Status pooled_forward_impl(const RowSrc<I>& src, const CsrView& csr, const float
                   (reinterpret_cast<uintptr_t>(out) % 16) == 0;
   const int lanes = v4 ? static_cast<int>(std::min<int64_t>(dim / 4, 32)) : static_cast<int>(std::min<int64_t>(dim, 32));
   const int L = lanes <= 8 ? 8 : (lanes <= 16 && v4 ? 16 : 32);
+  // Default (measured on H200, benchmarks/gpu/RESULTS.md): 8 rows in flight per lane when a
+  // row takes at most 16 lanes (dim <= 64), 4 for wider rows.
   const int tv = detail::tuning().pooled_variant;
-  const int variant = (tv == 2 || tv == 3) ? tv : 1;
+  const int variant = (tv >= 1 && tv <= 3) ? tv : (L <= 16 ? 3 : 1);
 #define SOK_POOL(LL, VV)                                                                                   \
   do {                                                                                                     \
     if (variant == 2)                                                                                      \

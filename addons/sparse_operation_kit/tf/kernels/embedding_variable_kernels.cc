@@ -144,9 +144,8 @@ class GatherOp : public OpKernel {
     if (n == 1) {
       one(0, pf);
     } else {
-      pf(n, 1 << 20, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) one(static_cast<int>(i), sok::serial_for);
-      });
+      const sok::ParallelFor serial(sok::serial_for);
+      ParallelForTables(ctx, n, [&](int i) { one(i, serial); });
     }
     for (const Status& s : status) OP_REQUIRES_OK(ctx, s);
   }
@@ -232,9 +231,8 @@ class SparseApplyOp : public OpKernel {
     if (n == 1) {
       one(0, pf);
     } else {
-      pf(n, 1 << 20, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) one(static_cast<int>(i), sok::serial_for);
-      });
+      const sok::ParallelFor serial(sok::serial_for);
+      ParallelForTables(ctx, n, [&](int i) { one(i, serial); });
     }
     for (const Status& s : status) OP_REQUIRES_OK(ctx, s);
   }

@@ -1,6 +1,7 @@
 // The Embedding Variable as a TensorFlow resource: a thin owner of a core table.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,15 @@ inline sok::ParallelFor CpuParallelFor(OpKernelContext* ctx) {
   return [pool](int64_t total, int64_t cost, const sok::RangeFn& fn) {
     pool->ParallelFor(total, cost, [&fn](int64_t b, int64_t e) { fn(b, e); });
   };
+}
+
+// Runs fn(i) for every table i on TensorFlow's CPU worker pool, one table per task (the calling
+// thread takes tasks too): a slow or preempted worker then holds up at most one table.
+inline void ParallelForTables(OpKernelContext* ctx, int n, const std::function<void(int)>& fn) {
+  thread::ThreadPool* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  pool->ParallelFor(n, thread::ThreadPool::SchedulingParams::Fixed(1), [&fn](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) fn(static_cast<int>(i));
+  });
 }
 
 // Looks up the table behind input `index` (or list element); a missing one or one of another

@@ -19,9 +19,8 @@ void ForEachTable(OpKernelContext* ctx, int n, const Fn& fn) {
     fn(0, pf);
     return;
   }
-  pf(n, 1 << 20, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) fn(static_cast<int>(i), sok::ParallelFor(sok::serial_for));
-  });
+  const sok::ParallelFor serial(sok::serial_for);
+  ParallelForTables(ctx, n, [&](int i) { fn(i, serial); });
 }
 
 Status ParseCombiners(OpKernelConstruction* c, int n, std::vector<sok::Combiner>* out) {
