@@ -5,13 +5,16 @@
 // Concurrency (TensorFlow runs several lookups and updates of one table at once):
 //  - a shared_mutex guards the index and the row arena's layout: lookups of present keys and
 //    updates take it shared; inserting, growing, relayout and shrinking take it exclusively;
-//  - the read path takes no per-key lock; updates lock the touched rows through a striped
-//    spinlock array, so two concurrent updates of one key both land.
+//  - the read path takes no per-key lock; updates of one table run one at a time (update_mu_,
+//    like TensorFlow's use_locking=True), so two concurrent updates of one key both land. Within
+//    one update the keys are distinct, so its parallel workers write disjoint rows unlocked (a
+//    per-row atomic would fence every row and stall the overlapped cache misses).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <vector>
 
@@ -63,14 +66,12 @@ class EmbeddingTable {
 
  private:
   static constexpr int64_t kEmpty = -1;
-  static constexpr int kLockStripes = 4096;
 
   int64_t stride() const { return config_.dim * (1 + num_slots_); }
   bool admitted(int64_t row) const;
   int64_t probe(K key) const;              // row of key or kEmpty; caller holds mu_
   // rows[i] = probe(keys[i]), prefetching the index slots a few keys ahead; caller holds mu_.
   void probe_many(const K* keys, int64_t n, int64_t* rows) const;
-  void prefetch_row_values(int64_t row) const;  // the value part of a row, for reading
   int64_t insert_new(K key);               // caller holds mu_ exclusively; key absent
   void rehash(int64_t capacity);           // caller holds mu_ exclusively
   void init_row_values(K key, float* row) const;
@@ -95,7 +96,7 @@ class EmbeddingTable {
   int num_slots_ = 0;
   int slot_kind_ = -1;  // OptimizerKind owning the slots; -1 none/unknown (fresh import)
   std::vector<float> slot_init_;
-  std::unique_ptr<std::atomic<bool>[]> row_locks_;
+  std::mutex update_mu_;  // serialises apply_gradients calls
 };
 
 }  // namespace sok

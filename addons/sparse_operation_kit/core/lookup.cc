@@ -19,23 +19,56 @@ template <typename K>
 void unique_keys(const K* keys, int64_t n, std::vector<K>* unique, int32_t* inverse,
                  std::vector<int64_t>* counts) {
   // Open addressing over positions into `unique`; -1 is empty, so every key value is legal.
-  int64_t cap = 16;
-  while (cap < 2 * n) cap <<= 1;
-  const uint64_t mask = static_cast<uint64_t>(cap - 1);
-  std::vector<int32_t> slots(cap, -1);
+  // The set is sized by the distinct keys seen so far (it doubles at half load), not by n: with
+  // repeated ids it stays a few times smaller and cache-resident. Slots come from a
+  // multiplicative (Fibonacci) hash: its top bits, after folding the key's high half into the
+  // low half, are well spread at the cost of one multiply (the set lives for one call, so it
+  // needs no hash shared with the tables).
+  constexpr int64_t kKeptSlots = int64_t{1} << 22;  // kept per thread between calls: <= 16 MiB
+  thread_local std::vector<int32_t> kept;
+  std::vector<int32_t> local;
+  int bits = 0;
+  int64_t cap = 0;
+  int32_t* slots = nullptr;
   unique->clear();
-  unique->reserve(n);
   if (counts) counts->clear();
+  auto slot_of = [&bits](K key) {
+    const uint64_t x = static_cast<uint64_t>(static_cast<int64_t>(key));
+    return ((x ^ (x >> 32)) * 0x9E3779B97F4A7C15ull) >> (64 - bits);
+  };
+  auto resize = [&](int new_bits) {
+    bits = new_bits;
+    cap = int64_t{1} << bits;
+    std::vector<int32_t>& storage = cap <= kKeptSlots ? kept : local;
+    if (static_cast<int64_t>(storage.size()) < cap) storage.resize(cap);
+    slots = storage.data();
+    std::fill(slots, slots + cap, -1);
+    const uint64_t mask = static_cast<uint64_t>(cap - 1);
+    for (int32_t u = 0; u < static_cast<int32_t>(unique->size()); ++u) {
+      uint64_t pos = slot_of((*unique)[u]);
+      while (slots[pos] >= 0) pos = (pos + 1) & mask;
+      slots[pos] = u;
+    }
+  };
+  int initial_bits = 4;
+  while ((int64_t{1} << initial_bits) < 2 * std::min<int64_t>(n, 2048)) ++initial_bits;
+  resize(initial_bits);
+  uint64_t mask = static_cast<uint64_t>(cap - 1);
   for (int64_t i = 0; i < n; ++i) {
     const K key = keys[i];
-    uint64_t pos = hash_key(key) & mask;
+    uint64_t pos = slot_of(key);
     while (true) {
       const int32_t u = slots[pos];
       if (u < 0) {
-        slots[pos] = static_cast<int32_t>(unique->size());
-        inverse[i] = slots[pos];
+        const int32_t nu = static_cast<int32_t>(unique->size());
+        slots[pos] = nu;
+        inverse[i] = nu;
         unique->push_back(key);
         if (counts) counts->push_back(1);
+        if (2 * (static_cast<int64_t>(nu) + 1) > cap) {  // keep the load at most 1/2
+          resize(bits + 1);
+          mask = static_cast<uint64_t>(cap - 1);
+        }
         break;
       }
       if ((*unique)[u] == key) {
@@ -131,6 +164,19 @@ inline void add_row(float* __restrict__ dst, const float* __restrict__ src, int6
   }
 }
 
+// dst[0, d) = 0 + src (w == nullptr) or 0 + *w * src: what add_row gives on a zeroed row,
+// bit for bit (0 + -0 is +0).
+template <int64_t D>
+inline void set_row(float* __restrict__ dst, const float* __restrict__ src, int64_t d, const float* w) {
+  if (D) d = D;
+  if (w == nullptr) {
+    for (int64_t c = 0; c < d; ++c) dst[c] = 0.f + src[c];
+  } else {
+    const float wv = *w;
+    for (int64_t c = 0; c < d; ++c) dst[c] = 0.f + wv * src[c];
+  }
+}
+
 bool is_sorted(const int64_t* segment_ids, int64_t n) {
   for (int64_t i = 1; i < n; ++i)
     if (segment_ids[i] < segment_ids[i - 1]) return false;
@@ -185,7 +231,6 @@ void pooled_forward(const float* rows, int64_t dim, const int32_t* inverse,
 void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
                      const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
                      Combiner combiner, int64_t num_rows, float* grad_rows, const ParallelFor& pf) {
-  std::memset(grad_rows, 0, sizeof(float) * num_rows * dim);
   const std::vector<float> scale = segment_scales(segment_ids, weights, n, batch, combiner);
   const bool unit = weights == nullptr && combiner == Combiner::kSum;  // w == 1: skip the multiply
   // Each worker owns a range of output rows and scans every id: no two write the same row.
@@ -194,6 +239,10 @@ void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
     const int64_t d = D ? D : dim;
     pf(num_rows, 8 * d * std::max<int64_t>(1, n / std::max<int64_t>(1, num_rows)),
        [&](int64_t rb, int64_t re) {
+         // Rows [rb, ready) hold their sum so far, rows from `ready` on are untouched: no zero
+         // fill up front. unique_keys numbers rows by first appearance, so a row's first id
+         // normally comes exactly at `ready` and is stored; rows skipped over are zeroed then.
+         int64_t ready = rb;
          constexpr int64_t kAhead = 8;
          for (int64_t i = 0; i < n; ++i) {
            if (i + kAhead < n) prefetch_write(grad_rows + static_cast<int64_t>(inverse[i + kAhead]) * d);
@@ -202,8 +251,16 @@ void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
            const int64_t s = segment_ids[i];
            float w = 1.f;
            if (!unit) w = (weights ? weights[i] : 1.f) * scale[s];
-           add_row<D>(grad_rows + r * d, grad_out + s * d, d, unit ? nullptr : &w);
+           float* dst = grad_rows + r * d;
+           if (r < ready) {
+             add_row<D>(dst, grad_out + s * d, d, unit ? nullptr : &w);
+           } else {
+             std::fill(grad_rows + ready * d, dst, 0.f);
+             set_row<D>(dst, grad_out + s * d, d, unit ? nullptr : &w);
+             ready = r + 1;
+           }
          }
+         std::fill(grad_rows + ready * d, grad_rows + re * d, 0.f);
        });
   });
 }
