@@ -11,7 +11,9 @@ One step = forward (pooled "sum" lookup of every field), backward and an Adagrad
 
 All three read the same ids, kept in the graph (non-trainable variables holding a few
 pre-built batches; a fed scalar picks the batch), and run under the same default session config.
-Prints the median time per step and the ratios tf/sok and hash/sok, for uniform and power-law ids.
+Prints, for uniform and power-law ids, the median wall time per step of each implementation and
+the ratios tf/sok and hash/sok, then the same for the median CPU time of all threads per step (a
+cross-check that suffers less from other processes' load). --profile K traces steps instead.
 
     PYTHONPATH=addons/sparse_operation_kit/python .venv/bin/python benchmarks/embedding/run.py
 

@@ -334,8 +334,8 @@ Status EmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float*
   }
   std::lock_guard<std::mutex> one_update_at_a_time(update_mu_);
   const float alpha = p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f;
-  // Probes keys [b, e) in blocks and updates the present, admitted rows; caller holds mu_ shared
-  // with the slot layout in place. Returns whether every key was present.
+  // Probes keys [b, e) and updates the present, admitted rows in row order; caller holds mu_
+  // shared with the slot layout in place. Returns whether every key was present.
   auto update = [&](int64_t b, int64_t e, std::vector<uint8_t>* missing) {
     const int64_t st = stride(), m = e - b;
     float* arena = arena_.data();
