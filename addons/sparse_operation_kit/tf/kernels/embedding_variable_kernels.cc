@@ -17,23 +17,7 @@ template <typename K>
 class InitializeOp : public OpKernel {
  public:
   explicit InitializeOp(OpKernelConstruction* c) : OpKernel(c) {
-    int kind;
-    int64_t seed;
-    OP_REQUIRES_OK(c, c->GetAttr("table_name", &config_.name));
-    OP_REQUIRES_OK(c, c->GetAttr("dim", &config_.dim));
-    OP_REQUIRES_OK(c, c->GetAttr("init_kind", &kind));
-    OP_REQUIRES(c, kind >= 0 && kind <= 4,
-                errors::InvalidArgument("unknown initializer kind ", kind, " for '", config_.name, "'"));
-    config_.init.kind = static_cast<sok::InitKind>(kind);
-    OP_REQUIRES_OK(c, c->GetAttr("init_a", &config_.init.a));
-    OP_REQUIRES_OK(c, c->GetAttr("init_b", &config_.init.b));
-    OP_REQUIRES_OK(c, c->GetAttr("seed", &seed));
-    config_.init.seed = static_cast<uint64_t>(seed);
-    OP_REQUIRES_OK(c, c->GetAttr("default_value_dim", &config_.init.default_value_dim));
-    OP_REQUIRES_OK(c, c->GetAttr("filter_freq", &config_.filter_freq));
-    OP_REQUIRES_OK(c, c->GetAttr("default_value_no_permission", &config_.default_value_no_permission));
-    OP_REQUIRES_OK(c, c->GetAttr("steps_to_live", &config_.steps_to_live));
-    OP_REQUIRES_OK(c, c->GetAttr("l2_weight_threshold", &config_.l2_weight_threshold));
+    OP_REQUIRES_OK(c, ParseTableConfig(c, &config_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -195,20 +179,7 @@ Status ApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor
 class SparseApplyOp : public OpKernel {
  public:
   explicit SparseApplyOp(OpKernelConstruction* c) : OpKernel(c) {
-    std::string opt;
-    OP_REQUIRES_OK(c, c->GetAttr("optimizer", &opt));
-    params_.kind = opt == "sgd"       ? sok::OptimizerKind::kSGD
-                   : opt == "adagrad" ? sok::OptimizerKind::kAdagrad
-                   : opt == "adam"    ? sok::OptimizerKind::kAdam
-                                      : sok::OptimizerKind::kFtrl;
-    OP_REQUIRES_OK(c, c->GetAttr("beta1", &params_.beta1));
-    OP_REQUIRES_OK(c, c->GetAttr("beta2", &params_.beta2));
-    OP_REQUIRES_OK(c, c->GetAttr("epsilon", &params_.epsilon));
-    OP_REQUIRES_OK(c, c->GetAttr("initial_accumulator", &params_.initial_accumulator));
-    OP_REQUIRES_OK(c, c->GetAttr("l1", &params_.l1));
-    OP_REQUIRES_OK(c, c->GetAttr("l2", &params_.l2));
-    OP_REQUIRES_OK(c, c->GetAttr("lr_power", &params_.lr_power));
-    OP_REQUIRES_OK(c, c->GetAttr("keys_unique", &keys_unique_));
+    OP_REQUIRES_OK(c, ParseOptimizerParams(c, &params_, &keys_unique_));
   }
 
   void Compute(OpKernelContext* ctx) override {

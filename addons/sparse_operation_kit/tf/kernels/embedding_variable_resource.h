@@ -4,8 +4,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "addons/sparse_operation_kit/core/embedding_table.h"
+#include "addons/sparse_operation_kit/core/lookup.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/platform/threadpool.h"
@@ -60,6 +62,65 @@ Status LookupTable(OpKernelContext* ctx, const ResourceHandle& handle,
                                       DataTypeString(DataTypeToEnum<K>::v()),
                                       " (run its initializer first): ", s.message());
   }
+  return OkStatus();
+}
+
+// The attributes of SokEmbeddingVariableInitialize as a TableConfig (CPU and GPU kernels).
+inline Status ParseTableConfig(OpKernelConstruction* c, sok::TableConfig* config) {
+  int kind;
+  int64_t seed;
+  TF_RETURN_IF_ERROR(c->GetAttr("table_name", &config->name));
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &config->dim));
+  TF_RETURN_IF_ERROR(c->GetAttr("init_kind", &kind));
+  if (kind < 0 || kind > 4) {
+    return errors::InvalidArgument("unknown initializer kind ", kind, " for '", config->name, "'");
+  }
+  config->init.kind = static_cast<sok::InitKind>(kind);
+  TF_RETURN_IF_ERROR(c->GetAttr("init_a", &config->init.a));
+  TF_RETURN_IF_ERROR(c->GetAttr("init_b", &config->init.b));
+  TF_RETURN_IF_ERROR(c->GetAttr("seed", &seed));
+  config->init.seed = static_cast<uint64_t>(seed);
+  TF_RETURN_IF_ERROR(c->GetAttr("default_value_dim", &config->init.default_value_dim));
+  TF_RETURN_IF_ERROR(c->GetAttr("filter_freq", &config->filter_freq));
+  TF_RETURN_IF_ERROR(c->GetAttr("default_value_no_permission", &config->default_value_no_permission));
+  TF_RETURN_IF_ERROR(c->GetAttr("steps_to_live", &config->steps_to_live));
+  TF_RETURN_IF_ERROR(c->GetAttr("l2_weight_threshold", &config->l2_weight_threshold));
+  return OkStatus();
+}
+
+// The "combiners" attribute (CPU and GPU kernels).
+inline Status ParseCombiners(OpKernelConstruction* c, int n, std::vector<sok::Combiner>* out) {
+  std::vector<std::string> names;
+  TF_RETURN_IF_ERROR(c->GetAttr("combiners", &names));
+  if (static_cast<int>(names.size()) != n) {
+    return errors::InvalidArgument(names.size(), " combiners for ", n, " tables");
+  }
+  for (const std::string& name : names) {
+    sok::Combiner comb;
+    if (!sok::parse_combiner(name, &comb)) {
+      return errors::InvalidArgument("unknown combiner '", name, "': expected 'sum', 'mean' or 'sqrtn'");
+    }
+    out->push_back(comb);
+  }
+  return OkStatus();
+}
+
+// The hyperparameter attributes of SokEmbeddingVariableSparseApply (CPU and GPU kernels).
+inline Status ParseOptimizerParams(OpKernelConstruction* c, sok::OptimizerParams* p, bool* keys_unique) {
+  std::string opt;
+  TF_RETURN_IF_ERROR(c->GetAttr("optimizer", &opt));
+  p->kind = opt == "sgd"       ? sok::OptimizerKind::kSGD
+            : opt == "adagrad" ? sok::OptimizerKind::kAdagrad
+            : opt == "adam"    ? sok::OptimizerKind::kAdam
+                               : sok::OptimizerKind::kFtrl;
+  TF_RETURN_IF_ERROR(c->GetAttr("beta1", &p->beta1));
+  TF_RETURN_IF_ERROR(c->GetAttr("beta2", &p->beta2));
+  TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &p->epsilon));
+  TF_RETURN_IF_ERROR(c->GetAttr("initial_accumulator", &p->initial_accumulator));
+  TF_RETURN_IF_ERROR(c->GetAttr("l1", &p->l1));
+  TF_RETURN_IF_ERROR(c->GetAttr("l2", &p->l2));
+  TF_RETURN_IF_ERROR(c->GetAttr("lr_power", &p->lr_power));
+  TF_RETURN_IF_ERROR(c->GetAttr("keys_unique", keys_unique));
   return OkStatus();
 }
 

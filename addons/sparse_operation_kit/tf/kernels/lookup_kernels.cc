@@ -23,21 +23,6 @@ void ForEachTable(OpKernelContext* ctx, int n, const Fn& fn) {
   ParallelForTables(ctx, n, [&](int i) { fn(i, serial); });
 }
 
-Status ParseCombiners(OpKernelConstruction* c, int n, std::vector<sok::Combiner>* out) {
-  std::vector<std::string> names;
-  TF_RETURN_IF_ERROR(c->GetAttr("combiners", &names));
-  if (static_cast<int>(names.size()) != n) {
-    return errors::InvalidArgument(names.size(), " combiners for ", n, " tables");
-  }
-  for (const std::string& name : names) {
-    sok::Combiner comb;
-    if (!sok::parse_combiner(name, &comb)) {
-      return errors::InvalidArgument("unknown combiner '", name, "': expected 'sum', 'mean' or 'sqrtn'");
-    }
-    out->push_back(comb);
-  }
-  return OkStatus();
-}
 
 }  // namespace
 

@@ -182,20 +182,7 @@ Status GpuApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Ten
 class GpuSparseApplyOp : public OpKernel {
  public:
   explicit GpuSparseApplyOp(OpKernelConstruction* c) : OpKernel(c) {
-    std::string opt;
-    OP_REQUIRES_OK(c, c->GetAttr("optimizer", &opt));
-    params_.kind = opt == "sgd"       ? sok::OptimizerKind::kSGD
-                   : opt == "adagrad" ? sok::OptimizerKind::kAdagrad
-                   : opt == "adam"    ? sok::OptimizerKind::kAdam
-                                      : sok::OptimizerKind::kFtrl;
-    OP_REQUIRES_OK(c, c->GetAttr("beta1", &params_.beta1));
-    OP_REQUIRES_OK(c, c->GetAttr("beta2", &params_.beta2));
-    OP_REQUIRES_OK(c, c->GetAttr("epsilon", &params_.epsilon));
-    OP_REQUIRES_OK(c, c->GetAttr("initial_accumulator", &params_.initial_accumulator));
-    OP_REQUIRES_OK(c, c->GetAttr("l1", &params_.l1));
-    OP_REQUIRES_OK(c, c->GetAttr("l2", &params_.l2));
-    OP_REQUIRES_OK(c, c->GetAttr("lr_power", &params_.lr_power));
-    OP_REQUIRES_OK(c, c->GetAttr("keys_unique", &keys_unique_));
+    OP_REQUIRES_OK(c, ParseOptimizerParams(c, &params_, &keys_unique_));
   }
 
   void Compute(OpKernelContext* ctx) override {

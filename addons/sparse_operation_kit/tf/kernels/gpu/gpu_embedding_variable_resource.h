@@ -117,46 +117,6 @@ Status LookupGpuTable(OpKernelContext* ctx, const ResourceHandle& handle,
   return OkStatus();
 }
 
-// The attributes of SokEmbeddingVariableInitialize as a TableConfig (as the CPU kernel reads them).
-inline Status ParseTableConfig(OpKernelConstruction* c, sok::TableConfig* config) {
-  int kind;
-  int64_t seed;
-  TF_RETURN_IF_ERROR(c->GetAttr("table_name", &config->name));
-  TF_RETURN_IF_ERROR(c->GetAttr("dim", &config->dim));
-  TF_RETURN_IF_ERROR(c->GetAttr("init_kind", &kind));
-  if (kind < 0 || kind > 4) {
-    return errors::InvalidArgument("unknown initializer kind ", kind, " for '", config->name, "'");
-  }
-  config->init.kind = static_cast<sok::InitKind>(kind);
-  TF_RETURN_IF_ERROR(c->GetAttr("init_a", &config->init.a));
-  TF_RETURN_IF_ERROR(c->GetAttr("init_b", &config->init.b));
-  TF_RETURN_IF_ERROR(c->GetAttr("seed", &seed));
-  config->init.seed = static_cast<uint64_t>(seed);
-  TF_RETURN_IF_ERROR(c->GetAttr("default_value_dim", &config->init.default_value_dim));
-  TF_RETURN_IF_ERROR(c->GetAttr("filter_freq", &config->filter_freq));
-  TF_RETURN_IF_ERROR(c->GetAttr("default_value_no_permission", &config->default_value_no_permission));
-  TF_RETURN_IF_ERROR(c->GetAttr("steps_to_live", &config->steps_to_live));
-  TF_RETURN_IF_ERROR(c->GetAttr("l2_weight_threshold", &config->l2_weight_threshold));
-  return OkStatus();
-}
-
-// The "combiners" attribute (as the CPU lookup kernels parse it).
-inline Status ParseCombinerAttr(OpKernelConstruction* c, int n, std::vector<sok::Combiner>* out) {
-  std::vector<std::string> names;
-  TF_RETURN_IF_ERROR(c->GetAttr("combiners", &names));
-  if (static_cast<int>(names.size()) != n) {
-    return errors::InvalidArgument(names.size(), " combiners for ", n, " tables");
-  }
-  for (const std::string& name : names) {
-    sok::Combiner comb;
-    if (!sok::parse_combiner(name, &comb)) {
-      return errors::InvalidArgument("unknown combiner '", name, "': expected 'sum', 'mean' or 'sqrtn'");
-    }
-    out->push_back(comb);
-  }
-  return OkStatus();
-}
-
 // A CUDA runtime error of the glue's own calls (copies, synchronisation).
 inline Status CudaCall(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return OkStatus();

@@ -89,7 +89,7 @@ class GpuPooledCombineOp : public OpKernel {
   explicit GpuPooledCombineOp(OpKernelConstruction* c) : OpKernel(c) {
     int n;
     OP_REQUIRES_OK(c, c->GetAttr("N", &n));
-    OP_REQUIRES_OK(c, ParseCombinerAttr(c, n, &combiners_));
+    OP_REQUIRES_OK(c, ParseCombiners(c, n, &combiners_));
     OP_REQUIRES_OK(c, c->GetAttr("table_names", &names_));
     OP_REQUIRES(c, static_cast<int>(names_.size()) == n,
                 errors::InvalidArgument(names_.size(), " table names for ", n, " tables"));
@@ -155,7 +155,7 @@ class GpuPooledCombineGradOp : public OpKernel {
   explicit GpuPooledCombineGradOp(OpKernelConstruction* c) : OpKernel(c) {
     int n;
     OP_REQUIRES_OK(c, c->GetAttr("N", &n));
-    OP_REQUIRES_OK(c, ParseCombinerAttr(c, n, &combiners_));
+    OP_REQUIRES_OK(c, ParseCombiners(c, n, &combiners_));
   }
 
   void Compute(OpKernelContext* ctx) override {
