@@ -101,3 +101,31 @@ def sparse_value(rows, dtype=np.int64):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+# SOK_TEST_DEVICE=gpu (on a GPU machine): the suite must run its SOK ops on the GPU. Every test
+# that runs SOK kernels in this process must run them there, except tests that pin work to the
+# CPU themselves (marked `cpu_placement`). Subprocess tests are not counted.
+TEST_DEVICE = os.environ.get("SOK_TEST_DEVICE", "cpu").lower()
+if TEST_DEVICE not in ("cpu", "gpu"):
+    raise ValueError(f"SOK_TEST_DEVICE must be 'cpu' or 'gpu', got {TEST_DEVICE!r}")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu_placement: the test places SOK ops on the CPU on purpose")
+    if TEST_DEVICE == "gpu":
+        if not tf.config.list_physical_devices("GPU"):
+            raise pytest.UsageError("SOK_TEST_DEVICE=gpu, but TensorFlow sees no GPU")
+        if not sok.gpu_kernels_built():
+            raise pytest.UsageError("SOK_TEST_DEVICE=gpu, but this ops library has no GPU kernels")
+
+
+@pytest.fixture(autouse=True)
+def _sok_ops_on_test_device(request):
+    before = sok.kernel_run_counts()
+    yield
+    if TEST_DEVICE != "gpu" or request.node.get_closest_marker("cpu_placement"):
+        return
+    after = sok.kernel_run_counts()
+    cpu, gpu = after["CPU"] - before["CPU"], after["GPU"] - before["GPU"]
+    assert cpu == 0, f"{cpu} SOK kernels ran on the CPU ({gpu} on the GPU) under SOK_TEST_DEVICE=gpu"

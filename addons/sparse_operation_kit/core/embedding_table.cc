@@ -50,15 +50,6 @@ void row_order(const int64_t* rows, int64_t m, int64_t num_rows, std::vector<int
   for (int64_t j = 0; j < m; ++j) (*order)[start[bucket(rows[j])]++] = static_cast<int32_t>(j);
 }
 
-const char* optimizer_name(int kind) {
-  switch (static_cast<OptimizerKind>(kind)) {
-    case OptimizerKind::kSGD: return "sgd";
-    case OptimizerKind::kAdagrad: return "adagrad";
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kFtrl: return "ftrl";
-  }
-  return "unknown";
-}
 
 }  // namespace
 
@@ -270,22 +261,14 @@ int64_t EmbeddingTable<K>::erase(const K* keys, int64_t n) {
 
 template <typename K>
 Status EmbeddingTable<K>::ensure_slots(const OptimizerParams& p) {
+  SlotPlan plan;
+  std::string error;
+  if (!plan_slots(config_.name, slot_kind_, num_slots_, p.kind, &plan, &error)) return Status::Invalid(error);
   const int want = sok::num_slots(p.kind);
   const int kind = static_cast<int>(p.kind);
-  if (slot_kind_ == kind && num_slots_ == want) return Status::OK();
-  if (slot_kind_ == -1 && num_slots_ == want && want > 0) {  // restored from a checkpoint
+  if (plan != SlotPlan::kRelayout) {
     slot_kind_ = kind;
     return Status::OK();
-  }
-  if (num_slots_ != 0 && slot_kind_ != -1) {
-    return Status::Invalid("table '" + config_.name + "' already carries the slots of optimizer " +
-                           optimizer_name(slot_kind_) + "; it cannot also be trained by optimizer " +
-                           optimizer_name(kind));
-  }
-  if (num_slots_ != 0 && num_slots_ != want) {
-    return Status::Invalid("table '" + config_.name + "' was restored with " +
-                           std::to_string(num_slots_) + " optimizer slots but its optimizer needs " +
-                           std::to_string(want));
   }
   // Relayout every row once: [value] -> [value | slots].
   const int64_t d = config_.dim, old_stride = stride();
@@ -405,16 +388,10 @@ int64_t EmbeddingTable<K>::shrink(int64_t global_step) {
   std::vector<K> victims;
   {
     std::shared_lock<std::shared_mutex> l(mu_);
-    const int64_t d = config_.dim, st = stride();
     for (int64_t row = 0; row < static_cast<int64_t>(row_keys_.size()); ++row) {
-      bool evict = config_.steps_to_live > 0 && global_step - versions_[row] > config_.steps_to_live;
-      if (!evict && config_.l2_weight_threshold >= 0.f) {
-        double sq = 0;
-        const float* v = arena_.data() + row * st;
-        for (int64_t c = 0; c < d; ++c) sq += static_cast<double>(v[c]) * v[c];
-        evict = std::sqrt(sq) < config_.l2_weight_threshold;
+      if (should_evict(config_, global_step, versions_[row], arena_.data() + row * stride())) {
+        victims.push_back(row_keys_[row]);
       }
-      if (evict) victims.push_back(row_keys_[row]);
     }
   }
   return erase(victims.data(), static_cast<int64_t>(victims.size()));

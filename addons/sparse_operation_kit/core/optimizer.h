@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "addons/sparse_operation_kit/core/common.h"
 
@@ -41,6 +42,54 @@ SOK_HD float slot_initial_value(const OptimizerParams& p, int slot) {
     case OptimizerKind::kFtrl: return slot == 0 ? p.initial_accumulator : 0.f;
     default: return 0.f;
   }
+}
+
+// Host-only helpers (names, the slot rule).
+// The optimizer's name as the ops' "optimizer" attribute spells it.
+inline const char* optimizer_name(int kind) {
+  switch (static_cast<OptimizerKind>(kind)) {
+    case OptimizerKind::kSGD: return "sgd";
+    case OptimizerKind::kAdagrad: return "adagrad";
+    case OptimizerKind::kAdam: return "adam";
+    case OptimizerKind::kFtrl: return "ftrl";
+  }
+  return "unknown";
+}
+
+inline bool parse_optimizer(const std::string& name, OptimizerKind* out) {
+  for (int k = 0; k <= static_cast<int>(OptimizerKind::kFtrl); ++k) {
+    if (name == optimizer_name(k)) {
+      *out = static_cast<OptimizerKind>(k);
+      return true;
+    }
+  }
+  return false;
+}
+
+// What a table whose rows carry `num_slots` slots owned by optimizer `slot_kind` (-1: unknown,
+// e.g. restored from a checkpoint) does before optimizer `kind` first updates it. One rule for
+// the CPU and the GPU table.
+enum class SlotPlan { kKeep, kAdopt, kRelayout };
+inline bool plan_slots(const std::string& table, int slot_kind, int num_slots, OptimizerKind kind,
+                       SlotPlan* plan, std::string* error) {
+  const int want = sok::num_slots(kind);
+  const int k = static_cast<int>(kind);
+  if (slot_kind == k && num_slots == want) {
+    *plan = SlotPlan::kKeep;
+  } else if (slot_kind == -1 && num_slots == want && want > 0) {
+    *plan = SlotPlan::kAdopt;  // restored rows whose slots this optimizer now owns
+  } else if (num_slots != 0 && slot_kind != -1) {
+    *error = "table '" + table + "' already carries the slots of optimizer " + optimizer_name(slot_kind) +
+             "; it cannot also be trained by optimizer " + optimizer_name(k);
+    return false;
+  } else if (num_slots != 0 && num_slots != want) {
+    *error = "table '" + table + "' was restored with " + std::to_string(num_slots) +
+             " optimizer slots but its optimizer needs " + std::to_string(want);
+    return false;
+  } else {
+    *plan = SlotPlan::kRelayout;  // [value] -> [value | slots at their initial value]
+  }
+  return true;
 }
 
 // Adam's step size with bias correction, computed once per call rather than per element.

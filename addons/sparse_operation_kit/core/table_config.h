@@ -1,6 +1,7 @@
 // What a table is, independent of where it lives (CPU memory or GPU memory).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,6 +25,18 @@ struct TableConfig {
   float l2_weight_threshold = -1.f;  // < 0: never evict by norm
   int64_t initial_capacity = 1024;
 };
+
+// The eviction rule of shrink() (CPU and GPU tables alike): a row goes when it was last updated
+// more than steps_to_live steps ago, or when its value's L2 norm is under the threshold.
+inline bool should_evict(const TableConfig& c, int64_t global_step, int64_t version, const float* value) {
+  if (c.steps_to_live > 0 && global_step - version > c.steps_to_live) return true;
+  if (c.l2_weight_threshold < 0.f) return false;
+  double sq = 0;
+  for (int64_t i = 0; i < c.dim; ++i) sq += static_cast<double>(value[i]) * value[i];
+  return std::sqrt(sq) < c.l2_weight_threshold;
+}
+
+inline bool evicts_anything(const TableConfig& c) { return c.steps_to_live > 0 || c.l2_weight_threshold >= 0.f; }
 
 // Everything a table holds, in insertion order: what export produces and import consumes.
 template <typename K>

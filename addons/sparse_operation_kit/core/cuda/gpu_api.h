@@ -26,6 +26,7 @@
 
 #include "addons/sparse_operation_kit/core/lookup.h"
 #include "addons/sparse_operation_kit/core/status.h"
+#include "addons/sparse_operation_kit/core/table.h"
 #include "addons/sparse_operation_kit/core/table_config.h"
 
 namespace sok {
@@ -40,8 +41,12 @@ class DeviceAllocator {
   virtual ~DeviceAllocator() = default;
   virtual void* allocate(size_t bytes, cudaStream_t stream) = 0;  // nullptr on failure
   virtual void deallocate(void* p, size_t bytes, cudaStream_t stream) = 0;
+  // For out-of-memory errors: how much memory is free (default: the driver's cudaMemGetInfo).
+  virtual std::string describe_free_memory();
 };
 DeviceAllocator* default_allocator();
+// Long-lived memory (a table's arrays) from cudaMalloc; frees synchronise the device first.
+DeviceAllocator* default_storage_allocator();
 
 // Turns a CUDA error code into a Status ("<what>: <cuda error string>").
 Status cuda_status(cudaError_t e, const char* what);
@@ -137,6 +142,9 @@ struct GpuTableOptions {
   // passes the threshold, so calls stay asynchronous while the table has headroom.
   double max_load_factor = 0.75;
   DeviceAllocator* allocator = nullptr;  // temporaries; nullptr: default_allocator()
+  // The table's own arrays (slots, rows, counters); nullptr: default_storage_allocator(). The
+  // TF glue passes TensorFlow's allocator of the device, so tables share its memory reservation.
+  DeviceAllocator* storage = nullptr;
 };
 
 // A hash table from key to row [value(dim) | optimizer slots (num_slots x dim)] in the memory of
@@ -174,6 +182,9 @@ class GpuEmbeddingTable {
   // Overwrites the values (inserting missing keys, slots at their initial value).
   Status insert_or_assign(const K* keys, int64_t n, const float* values, cudaStream_t stream);
 
+  // Evicts the rows should_evict() selects (table_config.h); *removed = how many (synchronises).
+  Status shrink(int64_t global_step, cudaStream_t stream, int64_t* removed);
+
   // Removes the keys. *num_erased (host, optional) gets how many were present (then it
   // synchronises `stream`).
   Status erase(const K* keys, int64_t n, cudaStream_t stream, int64_t* num_erased = nullptr);
@@ -198,6 +209,41 @@ class GpuEmbeddingTable {
  private:
   GpuEmbeddingTable();
   std::unique_ptr<Impl> impl_;
+};
+
+// The GPU table behind the framework-neutral interface (table.h).
+template <typename K>
+class GpuTable final : public Table<K> {
+ public:
+  explicit GpuTable(std::unique_ptr<GpuEmbeddingTable<K>> table) : t_(std::move(table)) {}
+  const TableConfig& config() const override { return t_->config(); }
+  Status size(const ExecContext& e, int64_t* out) override { return t_->size(out, s(e)); }
+  Status find(const ExecContext& e, const K* keys, int64_t n, float* out) override {
+    return t_->find(keys, n, out, s(e));
+  }
+  Status find_or_insert(const ExecContext& e, const K* keys, int64_t n, float* out,
+                        const int64_t* counts) override {
+    return t_->find_or_insert(keys, n, out, counts, s(e));
+  }
+  Status insert_or_assign(const ExecContext& e, const K* keys, int64_t n, const float* values) override {
+    return t_->insert_or_assign(keys, n, values, s(e));
+  }
+  Status apply_gradients(const ExecContext& e, const K* keys, int64_t n, const float* grads,
+                         const OptimizerParams& p, int64_t global_step, bool keys_unique) override {
+    return t_->apply_gradients(keys, n, grads, p, global_step, s(e), keys_unique);
+  }
+  Status shrink(const ExecContext& e, int64_t global_step, int64_t* removed) override {
+    return t_->shrink(global_step, s(e), removed);
+  }
+  Status export_rows(const ExecContext& e, TableSnapshot<K>* out) override { return t_->export_rows(out, s(e)); }
+  Status import_rows(const ExecContext& e, const TableSnapshot<K>& snapshot) override {
+    return t_->import_rows(snapshot, s(e));
+  }
+  GpuEmbeddingTable<K>* gpu_table() { return t_.get(); }
+
+ private:
+  static cudaStream_t s(const ExecContext& e) { return static_cast<cudaStream_t>(e.stream); }
+  std::unique_ptr<GpuEmbeddingTable<K>> t_;
 };
 
 }  // namespace gpu

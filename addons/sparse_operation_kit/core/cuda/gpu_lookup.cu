@@ -72,6 +72,35 @@ DeviceAllocator* default_allocator() {
   return &a;
 }
 
+namespace {
+class DeviceMallocAllocator : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes, cudaStream_t) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+  void deallocate(void* p, size_t, cudaStream_t) override { cudaFree(p); }
+};
+}  // namespace
+
+DeviceAllocator* default_storage_allocator() {
+  static DeviceMallocAllocator a;
+  return &a;
+}
+
+std::string DeviceAllocator::describe_free_memory() {
+  size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return "free memory unknown";
+  }
+  return std::to_string(free_bytes) + " of " + std::to_string(total) + " bytes free on the device";
+}
+
 Status cuda_status(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::OK();
   return Status::Invalid(std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) + " (" +
@@ -453,7 +482,10 @@ struct CsrHolder {
 Status build_csr(const Segments& seg, int64_t n, int64_t batch, GpuLookupError* err,
                  cudaStream_t s, DeviceAllocator* alloc, CsrHolder* h) {
   h->view.n = n;
-  if ((seg.segment_ids == nullptr) == (seg.row_splits == nullptr))
+  // No ids at all: an empty segment_ids tensor may come as a null pointer.
+  if (seg.segment_ids != nullptr && seg.row_splits != nullptr)
+    return Status::Invalid("pooled lookup: give exactly one of segment_ids and row_splits");
+  if (seg.segment_ids == nullptr && seg.row_splits == nullptr && n > 0)
     return Status::Invalid("pooled lookup: give exactly one of segment_ids and row_splits");
   if (seg.row_splits != nullptr) {  // validated inside the pooled kernel
     h->view.splits = seg.row_splits;

@@ -589,7 +589,8 @@ template <typename K>
 struct GpuEmbeddingTable<K>::Impl {
   TableConfig cfg;
   GpuTableOptions opt;
-  DeviceAllocator* alloc = nullptr;
+  DeviceAllocator* alloc = nullptr;    // temporaries
+  DeviceAllocator* storage = nullptr;  // the arrays below
   int device = 0;
   DevTable t;
   int64_t capacity = 0;
@@ -606,11 +607,30 @@ struct GpuEmbeddingTable<K>::Impl {
   std::mutex mu;
 
   ~Impl() {
+    if (storage == nullptr) return;
+    cudaDeviceSynchronize();  // no kernel still reads the arrays given back
     free_arrays(&t);
-    if (d_matrix) cudaFree(d_matrix);
-    if (d_counters) cudaFree(d_counters);
-    if (d_fail) cudaFree(d_fail);
+    release(d_matrix);
+    release(d_counters);
+    release(d_fail);
     if (h_counters) cudaFreeHost(h_counters);
+    cudaGetLastError();
+  }
+
+  // Storage of `bytes` from the storage allocator; an error names the table, the size asked and
+  // the memory free.
+  template <typename T>
+  Status acquire(T** p, size_t bytes, const char* what) {
+    *p = static_cast<T*>(storage->allocate(bytes < 16 ? 16 : bytes, nullptr));
+    if (*p != nullptr) return Status::OK();
+    cudaGetLastError();
+    return Status::Invalid("table '" + cfg.name + "': cannot allocate " + std::to_string(bytes) + " bytes for " +
+                           what + " on GPU " + std::to_string(device) + " (" + storage->describe_free_memory() + ")");
+  }
+  template <typename T>
+  void release(T*& p) {
+    if (p != nullptr) storage->deallocate(p, 0, nullptr);
+    p = nullptr;
   }
 
   RowInit row_init() const {
@@ -625,11 +645,11 @@ struct GpuEmbeddingTable<K>::Impl {
     return ri;
   }
 
-  static void free_arrays(DevTable* a) {
-    if (a->digests) cudaFree(a->digests);
-    if (a->meta) cudaFree(a->meta);
-    if (a->versions) cudaFree(a->versions);
-    if (a->rows) cudaFree(a->rows);
+  void free_arrays(DevTable* a) {
+    release(a->digests);
+    release(a->meta);
+    release(a->versions);
+    release(a->rows);
     *a = DevTable();
   }
 
@@ -639,21 +659,19 @@ struct GpuEmbeddingTable<K>::Impl {
     a->mask = static_cast<uint64_t>(nb - 1);
     a->stride = stride;
     a->dim = cfg.dim;
-    cudaError_t e = cudaMalloc(&a->digests, nb * 8 * sizeof(uint32_t));
-    if (e == cudaSuccess) e = cudaMalloc(&a->meta, cap * sizeof(Meta));
-    if (e == cudaSuccess) e = cudaMalloc(&a->versions, cap * sizeof(int64_t));
-    if (e == cudaSuccess) e = cudaMalloc(&a->rows, static_cast<size_t>(cap) * stride * sizeof(float));
-    if (e == cudaSuccess) e = cudaMemsetAsync(a->digests, 0, nb * 8 * sizeof(uint32_t), s);
+    const std::string what = std::to_string(cap) + " slots of " + std::to_string(stride) + " floats";
+    Status st = acquire(&a->digests, nb * 8 * sizeof(uint32_t), what.c_str());
+    if (st.ok()) st = acquire(&a->meta, cap * sizeof(Meta), what.c_str());
+    if (st.ok()) st = acquire(&a->versions, cap * sizeof(int64_t), what.c_str());
+    if (st.ok()) st = acquire(&a->rows, static_cast<size_t>(cap) * stride * sizeof(float), what.c_str());
+    if (!st.ok()) {
+      free_arrays(a);
+      return st;
+    }
+    SOK_CUDA_RETURN(cudaMemsetAsync(a->digests, 0, nb * 8 * sizeof(uint32_t), s));
     // Versions start at 0 for every slot (slots are never reused before a rehash), so inserting
     // a key needs no extra random write for it.
-    if (e == cudaSuccess) e = cudaMemsetAsync(a->versions, 0, cap * sizeof(int64_t), s);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      free_arrays(a);
-      return Status::Invalid("table '" + cfg.name + "': cannot allocate " + std::to_string(cap) +
-                             " slots of " + std::to_string(stride) + " floats on the GPU (" +
-                             cudaGetErrorString(e) + ")");
-    }
+    SOK_CUDA_RETURN(cudaMemsetAsync(a->versions, 0, cap * sizeof(int64_t), s));
     return Status::OK();
   }
 
@@ -719,21 +737,14 @@ struct GpuEmbeddingTable<K>::Impl {
   }
 
   Status ensure_slots(const OptimizerParams& p, cudaStream_t s) {
+    SlotPlan plan;
+    std::string error;
+    if (!plan_slots(cfg.name, slot_kind, num_slots, p.kind, &plan, &error)) return Status::Invalid(error);
     const int want = sok::num_slots(p.kind);
     const int kind = static_cast<int>(p.kind);
-    if (slot_kind == kind && num_slots == want) return Status::OK();
-    if (slot_kind == -1 && num_slots == want && want > 0) {
+    if (plan != SlotPlan::kRelayout) {
       slot_kind = kind;
       return Status::OK();
-    }
-    if (num_slots != 0 && slot_kind != -1) {
-      return Status::Invalid("table '" + cfg.name + "' already carries the slots of optimizer " +
-                             std::to_string(slot_kind) + "; it cannot also be trained by optimizer " +
-                             std::to_string(kind));
-    }
-    if (num_slots != 0 && num_slots != want) {
-      return Status::Invalid("table '" + cfg.name + "' was restored with " + std::to_string(num_slots) +
-                             " optimizer slots but its optimizer needs " + std::to_string(want));
     }
     std::vector<float> init(want);
     for (int i = 0; i < want; ++i) init[i] = slot_initial_value(p, i);
@@ -742,18 +753,14 @@ struct GpuEmbeddingTable<K>::Impl {
       mixed = false;
       const int64_t stride = cfg.dim * (1 + want);
       float* rows = nullptr;
-      cudaError_t e = cudaMalloc(&rows, static_cast<size_t>(capacity) * stride * sizeof(float));
-      if (e != cudaSuccess) {
-        cudaGetLastError();
-        return Status::Invalid("table '" + cfg.name + "': cannot allocate optimizer slots on the GPU");
-      }
+      SOK_RETURN_IF_ERROR(acquire(&rows, static_cast<size_t>(capacity) * stride * sizeof(float), "optimizer slots"));
       num_slots = want;
       slot_init = init;
       k_relayout<<<grid_for(capacity * kTile, kBlock), kBlock, 0, s>>>(t.rows, t.stride, rows, stride,
                                                                        cfg.dim, row_init(), capacity);
       SOK_LAUNCH_CHECK();
       SOK_CUDA_RETURN(cudaStreamSynchronize(s));
-      cudaFree(t.rows);
+      release(t.rows);
       t.rows = rows;
       t.stride = stride;
     }
@@ -786,16 +793,17 @@ Status GpuEmbeddingTable<K>::Create(const TableConfig& config, const GpuTableOpt
   m.cfg = config;
   m.opt = options;
   m.alloc = options.allocator ? options.allocator : default_allocator();
+  m.storage = options.storage ? options.storage : default_storage_allocator();
   SOK_CUDA_RETURN(cudaGetDevice(&m.device));
   if (config.init.kind == InitKind::kMatrix) {
     const size_t count = static_cast<size_t>(config.init.default_value_dim) * config.dim;
     if (config.init.default_value_dim <= 0 || config.init_matrix.size() != count)
       return Status::Invalid("table '" + config.name + "': the initializer matrix must hold default_value_dim x dim values");
-    SOK_CUDA_RETURN(cudaMalloc(&m.d_matrix, count * sizeof(float)));
+    SOK_RETURN_IF_ERROR(m.acquire(&m.d_matrix, count * sizeof(float), "the initializer matrix"));
     SOK_CUDA_RETURN(cudaMemcpy(m.d_matrix, config.init_matrix.data(), count * sizeof(float), cudaMemcpyHostToDevice));
   }
-  SOK_CUDA_RETURN(cudaMalloc(&m.d_counters, 2 * sizeof(int64_t)));
-  SOK_CUDA_RETURN(cudaMalloc(&m.d_fail, sizeof(int)));
+  SOK_RETURN_IF_ERROR(m.acquire(&m.d_counters, 2 * sizeof(int64_t), "counters"));
+  SOK_RETURN_IF_ERROR(m.acquire(&m.d_fail, sizeof(int), "counters"));
   SOK_CUDA_RETURN(cudaMallocHost(&m.h_counters, 4 * sizeof(int64_t)));
   SOK_CUDA_RETURN(cudaMemset(m.d_counters, 0, 2 * sizeof(int64_t)));
   SOK_CUDA_RETURN(cudaMemset(m.d_fail, 0, sizeof(int)));
@@ -899,6 +907,30 @@ Status GpuEmbeddingTable<K>::erase(const K* keys, int64_t n, cudaStream_t stream
     SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
   }
   return Status::OK();
+}
+
+// Victims are chosen on the host from an export (shrinking is rare: checkpoint time) by the one
+// eviction rule, then erased on the device.
+template <typename K>
+Status GpuEmbeddingTable<K>::shrink(int64_t global_step, cudaStream_t stream, int64_t* removed) {
+  *removed = 0;
+  if (!evicts_anything(impl_->cfg)) return Status::OK();
+  TableSnapshot<K> s;
+  SOK_RETURN_IF_ERROR(export_rows(&s, stream));
+  std::vector<K> victims;
+  for (size_t row = 0; row < s.keys.size(); ++row) {
+    if (should_evict(impl_->cfg, global_step, s.versions[row], s.values.data() + row * s.dim)) {
+      victims.push_back(s.keys[row]);
+    }
+  }
+  if (victims.empty()) return Status::OK();
+  DeviceGuard g(impl_->device);
+  Temp d_victims;
+  const size_t bytes = victims.size() * sizeof(K);
+  SOK_RETURN_IF_ERROR(d_victims.alloc(impl_->alloc, bytes, stream));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(d_victims.as<K>(), victims.data(), bytes, cudaMemcpyHostToDevice, stream));
+  // erase() with a count synchronises the stream, so `victims` outlives the copy.
+  return erase(d_victims.as<K>(), static_cast<int64_t>(victims.size()), stream, removed);
 }
 
 template <typename K>

@@ -12,6 +12,7 @@ from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variab
 from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
 from sparse_operation_kit.distributed import all2all_dense_embedding
 from sparse_operation_kit.dump import dump, load
+from sparse_operation_kit.devices import gpu_kernels_built, kernel_run_counts
 from sparse_operation_kit import layers
 from sparse_operation_kit.layers import Embedding, SparseEmbedding
 
@@ -23,5 +24,5 @@ __all__ = [
     "InitializerOption", "CounterFilter", "GlobalStepEvict", "L2WeightEvict", "StorageOption",
     "lookup_sparse", "OptimizerWrapper", "SGD", "filter_variables", "Variable", "DynamicVariable",
     "export", "assign", "tf_version", "all2all_dense_embedding", "dump", "load",
-    "layers", "Embedding", "SparseEmbedding",
+    "layers", "Embedding", "SparseEmbedding", "kernel_run_counts", "gpu_kernels_built",
 ]

@@ -59,3 +59,9 @@ def v1_optimizer_hyperparameters(opt):
                         "l1": opt._l1_regularization_strength,
                         "l2": opt._l2_regularization_strength, "beta": opt._beta}
     return None, None
+
+
+def registered_kernel_devices(op_type):
+    """Device types with a registered kernel for `op_type` (no public API lists them)."""
+    from tensorflow.python.framework import kernels
+    return {k.device_type for k in kernels.get_registered_kernels_for_op(op_type).kernel}

@@ -25,7 +25,8 @@ def _pooled_combine_grad(op, *grads):
     rows, inverse, segments, weights = (op.inputs[i * n:(i + 1) * n] for i in range(4))
     num_rows = tf.stack([tf.shape(r, out_type=tf.int64)[0] for r in rows])
     row_grads = ops.sok_pooled_combine_grad(list(grads), list(inverse), list(segments), list(weights),
-                                            num_rows, combiners=op.get_attr("combiners"))
+                                            num_rows, combiners=op.get_attr("combiners"),
+                                            table_names=op.get_attr("table_names"))
     return list(row_grads) + [None] * (3 * n) + [None]
 
 

@@ -1,7 +1,13 @@
-// CPU kernels of the Embedding Variable ops: tensors in, core call, tensors out.
+// Kernels of the Embedding Variable ops (tf/ops/embedding_variable_ops.cc), written once for the
+// CPU and the GPU: tensors in, one call on the table interface (core/table.h), tensors out. On the
+// GPU, keys, counts, values and gradients stay in device memory; the scalars the host reads
+// (learning rate, global step, sizes) and the checkpoint tensors of Export/Import (they go
+// through a host TableSnapshot) are HostMemory.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
+#include "addons/sparse_operation_kit/tf/kernels/device.h"
 #include "addons/sparse_operation_kit/tf/kernels/embedding_variable_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -9,20 +15,22 @@
 
 namespace tensorflow {
 namespace sok_kernels {
+namespace {
 
 template <typename K>
 using Resource = EmbeddingVariableResource<K>;
 
-template <typename K>
-class InitializeOp : public OpKernel {
+template <typename Device, typename K>
+class InitializeOp : public SokOpKernel<Device> {
  public:
-  explicit InitializeOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit InitializeOp(OpKernelConstruction* c) : SokOpKernel<Device>(c) {
     OP_REQUIRES_OK(c, ParseTableConfig(c, &config_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     const ResourceHandle& handle = HandleFromInput(ctx, 0);
-    const Tensor& matrix = ctx->input(1);
+    const Tensor& matrix = ctx->input(1);  // HostMemory
     sok::TableConfig config = config_;
     if (config.init.kind == sok::InitKind::kMatrix) {
       OP_REQUIRES(ctx,
@@ -36,7 +44,10 @@ class InitializeOp : public OpKernel {
     }
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupOrCreateResource<Resource<K>>(ctx, handle, &res, [&](Resource<K>** r) {
-                     *r = new Resource<K>(config);
+                     std::unique_ptr<sok::Table<K>> table;
+                     std::shared_ptr<void> keep_alive;
+                     TF_RETURN_IF_ERROR(OnDevice<Device>::template NewTable<K>(ctx, config, &table, &keep_alive));
+                     *r = new Resource<K>(std::move(table), std::move(keep_alive));
                      return OkStatus();
                    }));
     OP_REQUIRES(ctx, res->table()->dim() == config.dim,
@@ -48,89 +59,88 @@ class InitializeOp : public OpKernel {
   sok::TableConfig config_;
 };
 
-template <typename K>
-class IsInitializedOp : public OpKernel {
+template <typename Device, typename K>
+class IsInitializedOp : public SokOpKernel<Device> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
+  using SokOpKernel<Device>::SokOpKernel;
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     core::RefCountPtr<Resource<K>> res;
     const bool found = LookupResource(ctx, HandleFromInput(ctx, 0), &res).ok();
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));  // HostMemory
     out->scalar<bool>()() = found;
   }
 };
 
-template <typename K>
-class SizeOp : public OpKernel {
+template <typename Device, typename K>
+class SizeOp : public SokOpKernel<Device> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
+  using SokOpKernel<Device>::SokOpKernel;
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, HandleFromInput(ctx, 0), &res));
+    int64_t size = 0;
+    OP_REQUIRES_OK(ctx, ToTf(res->table()->size(OnDevice<Device>::Exec(ctx), &size), res->table()->name()));
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = res->table()->size();
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));  // HostMemory
+    out->scalar<int64_t>()() = size;
   }
 };
 
-// One table's share of a multi-table op, dispatched on its key dtype.
+// One table's share of Gather, dispatched on its key dtype.
 template <typename K>
-Status GatherOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys,
-                 const Tensor& counts, int64_t dim, bool training, Tensor* out,
-                 const sok::ParallelFor& pf) {
+Status GatherOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys, const Tensor& counts,
+                 int64_t dim, bool training, Tensor* out, const sok::ExecContext& exec) {
   core::RefCountPtr<Resource<K>> res;
   TF_RETURN_IF_ERROR(LookupTable(ctx, handle, &res));
-  auto* table = res->table();
+  sok::Table<K>* table = res->table();
   if (table->dim() != dim) {
-    return errors::InvalidArgument("Embedding Variable '", table->config().name, "' has dimension ",
-                                   table->dim(), " but the lookup expects ", dim);
+    return errors::InvalidArgument("Embedding Variable '", table->name(), "' has dimension ", table->dim(),
+                                   " but the lookup expects ", dim);
   }
   const int64_t n = keys.NumElements();
   if (counts.NumElements() != 0 && counts.NumElements() != n) {
-    return errors::InvalidArgument("lookup of '", table->config().name, "': ", counts.NumElements(),
-                                   " counts for ", n, " keys");
+    return errors::InvalidArgument("lookup of '", table->name(), "': ", counts.NumElements(), " counts for ", n,
+                                   " keys");
   }
   const K* k = keys.flat<K>().data();
   float* o = out->flat<float>().data();
-  if (training) {
-    table->find_or_insert(k, n, o, counts.NumElements() ? counts.flat<int64_t>().data() : nullptr, pf);
-  } else {
-    table->find(k, n, o, pf);
-  }
-  return OkStatus();
+  if (!training) return ToTf(table->find(exec, k, n, o), table->name());
+  const int64_t* c = counts.NumElements() ? counts.flat<int64_t>().data() : nullptr;
+  return ToTf(table->find_or_insert(exec, k, n, o, c), table->name());
 }
 
-class GatherOp : public OpKernel {
+template <typename Device>
+class GatherOp : public SokOpKernel<Device> {
  public:
-  explicit GatherOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit GatherOp(OpKernelConstruction* c) : SokOpKernel<Device>(c) {
     OP_REQUIRES_OK(c, c->GetAttr("dims", &dims_));
     OP_REQUIRES_OK(c, c->GetAttr("training", &training_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     OpInputList keys, counts;
     OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
     OP_REQUIRES_OK(ctx, ctx->input_list("counts", &counts));
     const int n = keys.size();
+    OP_REQUIRES(ctx, static_cast<int>(dims_.size()) == n,
+                errors::InvalidArgument(dims_.size(), " dims for ", n, " tables"));
     std::vector<Tensor*> outs(n);
     for (int i = 0; i < n; ++i) {
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({keys[i].NumElements(), dims_[i]}), &outs[i]));
     }
     std::vector<Status> status(n);
-    const sok::ParallelFor pf = CpuParallelFor(ctx);
-    auto one = [&](int i, const sok::ParallelFor& inner) {
+    OnDevice<Device>::ForEachTable(ctx, n, [&](int i, const sok::ExecContext& exec) {
       const ResourceHandle& h = HandleFromInput(ctx, i);
       status[i] = keys[i].dtype() == DT_INT64
-                      ? GatherOne<int64_t>(ctx, h, keys[i], counts[i], dims_[i], training_, outs[i], inner)
-                      : GatherOne<int32_t>(ctx, h, keys[i], counts[i], dims_[i], training_, outs[i], inner);
-    };
-    if (n == 1) {
-      one(0, pf);
-    } else {
-      const sok::ParallelFor serial(sok::serial_for);
-      ParallelForTables(ctx, n, [&](int i) { one(i, serial); });
-    }
+                      ? GatherOne<int64_t>(ctx, h, keys[i], counts[i], dims_[i], training_, outs[i], exec)
+                      : GatherOne<int32_t>(ctx, h, keys[i], counts[i], dims_[i], training_, outs[i], exec);
+    });
     for (const Status& s : status) OP_REQUIRES_OK(ctx, s);
   }
 
@@ -139,72 +149,69 @@ class GatherOp : public OpKernel {
   bool training_;
 };
 
-template <typename K>
-class AssignOp : public OpKernel {
+template <typename Device, typename K>
+class AssignOp : public SokOpKernel<Device> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
+  using SokOpKernel<Device>::SokOpKernel;
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, HandleFromInput(ctx, 0), &res));
     const Tensor& keys = ctx->input(1);
     const Tensor& values = ctx->input(2);
-    auto* table = res->table();
+    sok::Table<K>* table = res->table();
     OP_REQUIRES(ctx,
-                values.dims() == 2 && values.dim_size(0) == keys.NumElements() &&
-                    values.dim_size(1) == table->dim(),
-                errors::InvalidArgument("assign to '", table->config().name, "': values of shape ",
+                values.dims() == 2 && values.dim_size(0) == keys.NumElements() && values.dim_size(1) == table->dim(),
+                errors::InvalidArgument("assign to '", table->name(), "': values of shape ",
                                         values.shape().DebugString(), " for ", keys.NumElements(),
                                         " keys of dimension ", table->dim()));
-    table->insert_or_assign(keys.flat<K>().data(), keys.NumElements(), values.flat<float>().data());
+    OP_REQUIRES_OK(ctx, ToTf(table->insert_or_assign(OnDevice<Device>::Exec(ctx), keys.flat<K>().data(),
+                                                     keys.NumElements(), values.flat<float>().data()),
+                             table->name()));
   }
 };
 
 template <typename K>
-Status ApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys,
-                const Tensor& grads, const sok::OptimizerParams& p, int64_t step,
-                const sok::ParallelFor& pf, bool keys_unique) {
+Status ApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys, const Tensor& grads,
+                const sok::OptimizerParams& p, int64_t step, bool keys_unique, const sok::ExecContext& exec) {
   core::RefCountPtr<Resource<K>> res;
   TF_RETURN_IF_ERROR(LookupTable(ctx, handle, &res));
-  auto* table = res->table();
+  sok::Table<K>* table = res->table();
   const int64_t n = keys.NumElements();
   if (grads.dims() != 2 || grads.dim_size(0) != n || grads.dim_size(1) != table->dim()) {
-    return errors::InvalidArgument("update of '", table->config().name, "': gradient of shape ",
-                                   grads.shape().DebugString(), " for ", n, " keys of dimension ",
-                                   table->dim());
+    return errors::InvalidArgument("update of '", table->name(), "': gradient of shape ",
+                                   grads.shape().DebugString(), " for ", n, " keys of dimension ", table->dim());
   }
-  return ToTf(table->apply_gradients(keys.flat<K>().data(), n, grads.flat<float>().data(), p, step, pf,
-                                     keys_unique));
+  return ToTf(table->apply_gradients(exec, keys.flat<K>().data(), n, grads.flat<float>().data(), p, step,
+                                     keys_unique),
+              table->name());
 }
 
-class SparseApplyOp : public OpKernel {
+template <typename Device>
+class SparseApplyOp : public SokOpKernel<Device> {
  public:
-  explicit SparseApplyOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit SparseApplyOp(OpKernelConstruction* c) : SokOpKernel<Device>(c) {
     OP_REQUIRES_OK(c, ParseOptimizerParams(c, &params_, &keys_unique_));
   }
 
-  void Compute(OpKernelContext* ctx) override {
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     OpInputList keys, grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
-    sok::OptimizerParams p = params_;
-    p.lr = ctx->input(3 * keys.size()).scalar<float>()();
-    const int64_t step = ctx->input(3 * keys.size() + 1).scalar<int64_t>()();
-    p.step = step + 1;
     const int n = keys.size();
+    sok::OptimizerParams p = params_;
+    p.lr = ctx->input(3 * n).scalar<float>()();                   // HostMemory
+    const int64_t step = ctx->input(3 * n + 1).scalar<int64_t>()();  // HostMemory
+    p.step = step + 1;
     std::vector<Status> status(n);
-    const sok::ParallelFor pf = CpuParallelFor(ctx);
-    auto one = [&](int i, const sok::ParallelFor& inner) {
+    OnDevice<Device>::ForEachTable(ctx, n, [&](int i, const sok::ExecContext& exec) {
       const ResourceHandle& h = HandleFromInput(ctx, i);
       status[i] = keys[i].dtype() == DT_INT64
-                      ? ApplyOne<int64_t>(ctx, h, keys[i], grads[i], p, step, inner, keys_unique_)
-                      : ApplyOne<int32_t>(ctx, h, keys[i], grads[i], p, step, inner, keys_unique_);
-    };
-    if (n == 1) {
-      one(0, pf);
-    } else {
-      const sok::ParallelFor serial(sok::serial_for);
-      ParallelForTables(ctx, n, [&](int i) { one(i, serial); });
-    }
+                      ? ApplyOne<int64_t>(ctx, h, keys[i], grads[i], p, step, keys_unique_, exec)
+                      : ApplyOne<int32_t>(ctx, h, keys[i], grads[i], p, step, keys_unique_, exec);
+    });
     for (const Status& s : status) OP_REQUIRES_OK(ctx, s);
   }
 
@@ -213,67 +220,78 @@ class SparseApplyOp : public OpKernel {
   bool keys_unique_ = false;
 };
 
-template <typename K>
-class ShrinkOp : public OpKernel {
+template <typename Device, typename K>
+class ShrinkOp : public SokOpKernel<Device> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
+  using SokOpKernel<Device>::SokOpKernel;
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, HandleFromInput(ctx, 0), &res));
-    const int64_t removed = res->table()->shrink(ctx->input(1).scalar<int64_t>()());
+    int64_t removed = 0;
+    OP_REQUIRES_OK(ctx, ToTf(res->table()->shrink(OnDevice<Device>::Exec(ctx),
+                                                  ctx->input(1).scalar<int64_t>()(), &removed),  // HostMemory
+                             res->table()->name()));
     Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));  // HostMemory
     out->scalar<int64_t>()() = removed;
   }
 };
 
+// Host output `index` holding a copy of v.
 template <typename T>
-Tensor VectorTensor(const std::vector<T>& v, TensorShape shape) {
-  Tensor t(DataTypeToEnum<T>::v(), shape);
-  std::copy(v.begin(), v.end(), t.flat<T>().data());
-  return t;
+Status HostOutput(OpKernelContext* ctx, int index, const std::vector<T>& v, const TensorShape& shape) {
+  Tensor* t;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &t));
+  std::copy(v.begin(), v.end(), t->flat<T>().data());
+  return OkStatus();
 }
 
-template <typename K>
-class ExportOp : public OpKernel {
+template <typename Device, typename K>
+class ExportOp : public SokOpKernel<Device> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
+  using SokOpKernel<Device>::SokOpKernel;
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, HandleFromInput(ctx, 0), &res));
-    const sok::TableSnapshot<K> s = res->table()->export_rows();
+    sok::TableSnapshot<K> s;
+    OP_REQUIRES_OK(ctx, ToTf(res->table()->export_rows(OnDevice<Device>::Exec(ctx), &s), res->table()->name()));
     const int64_t n = static_cast<int64_t>(s.keys.size());
-    ctx->set_output(0, VectorTensor(s.keys, TensorShape({n})));
-    ctx->set_output(1, VectorTensor(s.values, TensorShape({n, s.dim})));
-    ctx->set_output(2, VectorTensor(s.slots, TensorShape({n, s.num_slots, s.dim})));
-    ctx->set_output(3, VectorTensor(s.freqs, TensorShape({n})));
-    ctx->set_output(4, VectorTensor(s.versions, TensorShape({n})));
-    Tensor kind(DT_INT32, TensorShape({}));
-    kind.scalar<int32_t>()() = s.slot_kind;
-    ctx->set_output(5, kind);
-    ctx->set_output(6, VectorTensor(s.slot_init, TensorShape({static_cast<int64_t>(s.slot_init.size())})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, 0, s.keys, TensorShape({n})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, 1, s.values, TensorShape({n, s.dim})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, 2, s.slots, TensorShape({n, s.num_slots, s.dim})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, 3, s.freqs, TensorShape({n})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, 4, s.versions, TensorShape({n})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, 5, std::vector<int32_t>{s.slot_kind}, TensorShape({})));
+    OP_REQUIRES_OK(ctx,
+                   HostOutput(ctx, 6, s.slot_init, TensorShape({static_cast<int64_t>(s.slot_init.size())})));
   }
 };
 
-template <typename K>
-class ImportOp : public OpKernel {
+template <typename Device, typename K>
+class ImportOp : public SokOpKernel<Device> {
  public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
+  using SokOpKernel<Device>::SokOpKernel;
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, HandleFromInput(ctx, 0), &res));
-    auto* table = res->table();
-    const Tensor& values = ctx->input(2);
+    sok::Table<K>* table = res->table();
+    const Tensor& values = ctx->input(2);  // all HostMemory
     const Tensor& slots = ctx->input(3);
     OP_REQUIRES(ctx, values.dims() == 2 && slots.dims() == 3,
-                errors::InvalidArgument("cannot restore '", table->config().name,
+                errors::InvalidArgument("cannot restore '", table->name(),
                                         "': values must be [n, dim] and slots [n, num_slots, dim], got ",
                                         values.shape().DebugString(), " and ", slots.shape().DebugString()));
     sok::TableSnapshot<K> s;
     s.dim = values.dim_size(1);
     s.num_slots = static_cast<int>(slots.dim_size(1));
     OP_REQUIRES(ctx, slots.dim_size(2) == s.dim || slots.NumElements() == 0,
-                errors::InvalidArgument("cannot restore '", table->config().name, "': slots of shape ",
+                errors::InvalidArgument("cannot restore '", table->name(), "': slots of shape ",
                                         slots.shape().DebugString(), " for values of dimension ", s.dim));
     auto copy = [](const Tensor& t, auto* v) {
       using T = typename std::remove_reference_t<decltype(*v)>::value_type;
@@ -287,42 +305,101 @@ class ImportOp : public OpKernel {
     copy(ctx->input(5), &s.versions);
     s.slot_kind = ctx->input(6).scalar<int32_t>()();
     copy(ctx->input(7), &s.slot_init);
-    OP_REQUIRES_OK(ctx, ToTf(table->import_rows(s)));
+    OP_REQUIRES_OK(ctx, ToTf(table->import_rows(OnDevice<Device>::Exec(ctx), s), table->name()));
   }
 };
 
-#define SOK_REGISTER_EV_KERNELS(K)                                                                 \
-  REGISTER_KERNEL_BUILDER(                                                                         \
-      Name("SokEmbeddingVariableHandle").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"),        \
-      ResourceHandleOp<Resource<K>>);                                                              \
-  REGISTER_KERNEL_BUILDER(                                                                         \
-      Name("SokEmbeddingVariableInitialize").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"),    \
-      InitializeOp<K>);                                                                            \
-  REGISTER_KERNEL_BUILDER(                                                                         \
-      Name("SokEmbeddingVariableIsInitialized").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"), \
-      IsInitializedOp<K>);                                                                         \
-  REGISTER_KERNEL_BUILDER(                                                                         \
-      Name("SokEmbeddingVariableSize").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"),          \
-      SizeOp<K>);                                                                                  \
-  REGISTER_KERNEL_BUILDER(                                                                         \
-      Name("SokEmbeddingVariableAssign").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"),        \
-      AssignOp<K>);                                                                                \
-  REGISTER_KERNEL_BUILDER(                                                                         \
-      Name("SokEmbeddingVariableShrink").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"),        \
-      ShrinkOp<K>);                                                                                \
-  REGISTER_KERNEL_BUILDER(                                                                         \
-      Name("SokEmbeddingVariableExport").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"),        \
-      ExportOp<K>);                                                                                \
-  REGISTER_KERNEL_BUILDER(                                                                         \
-      Name("SokEmbeddingVariableImport").Device(DEVICE_CPU).TypeConstraint<K>("key_dtype"),        \
-      ImportOp<K>);
+// How many SOK kernels ran on each device so far: [CPU, GPU].
+class KernelRunCountsOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({2}), &out));
+    for (int d = 0; d < 2; ++d) out->flat<int64_t>()(d) = KernelRunCounts()[d].load();
+  }
+};
 
-SOK_REGISTER_EV_KERNELS(int32_t)
-SOK_REGISTER_EV_KERNELS(int64_t)
+// The handle lives in host memory on both devices; so do the scalars and the checkpoint tensors.
+#define SOK_REGISTER_EV_KERNELS(DEV, DEV_T, K)                                                          \
+  REGISTER_KERNEL_BUILDER(                                                                               \
+      Name("SokEmbeddingVariableHandle").Device(DEV).HostMemory("handle").TypeConstraint<K>("key_dtype"), \
+      ResourceHandleOp<Resource<K>>);                                                                    \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableInitialize")                                         \
+                              .Device(DEV)                                                               \
+                              .HostMemory("handle")                                                      \
+                              .HostMemory("init_matrix")                                                 \
+                              .TypeConstraint<K>("key_dtype"),                                           \
+                          InitializeOp<DEV_T, K>);                                                      \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableIsInitialized")                                      \
+                              .Device(DEV)                                                               \
+                              .HostMemory("handle")                                                      \
+                              .HostMemory("is_initialized")                                              \
+                              .TypeConstraint<K>("key_dtype"),                                           \
+                          IsInitializedOp<DEV_T, K>);                                                   \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableSize")                                               \
+                              .Device(DEV)                                                               \
+                              .HostMemory("handle")                                                      \
+                              .HostMemory("size")                                                        \
+                              .TypeConstraint<K>("key_dtype"),                                           \
+                          SizeOp<DEV_T, K>);                                                            \
+  REGISTER_KERNEL_BUILDER(                                                                               \
+      Name("SokEmbeddingVariableAssign").Device(DEV).HostMemory("handle").TypeConstraint<K>("key_dtype"), \
+      AssignOp<DEV_T, K>);                                                                              \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableShrink")                                             \
+                              .Device(DEV)                                                               \
+                              .HostMemory("handle")                                                      \
+                              .HostMemory("global_step")                                                 \
+                              .HostMemory("removed")                                                     \
+                              .TypeConstraint<K>("key_dtype"),                                           \
+                          ShrinkOp<DEV_T, K>);                                                          \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableExport")                                             \
+                              .Device(DEV)                                                               \
+                              .HostMemory("handle")                                                      \
+                              .HostMemory("keys")                                                        \
+                              .HostMemory("values")                                                      \
+                              .HostMemory("slots")                                                       \
+                              .HostMemory("freqs")                                                       \
+                              .HostMemory("versions")                                                    \
+                              .HostMemory("slot_kind")                                                   \
+                              .HostMemory("slot_init")                                                   \
+                              .TypeConstraint<K>("key_dtype"),                                           \
+                          ExportOp<DEV_T, K>);                                                          \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableImport")                                             \
+                              .Device(DEV)                                                               \
+                              .HostMemory("handle")                                                      \
+                              .HostMemory("keys")                                                        \
+                              .HostMemory("values")                                                      \
+                              .HostMemory("slots")                                                       \
+                              .HostMemory("freqs")                                                       \
+                              .HostMemory("versions")                                                    \
+                              .HostMemory("slot_kind")                                                   \
+                              .HostMemory("slot_init")                                                   \
+                              .TypeConstraint<K>("key_dtype"),                                           \
+                          ImportOp<DEV_T, K>);
+
+#define SOK_REGISTER_MULTI_TABLE_KERNELS(DEV, DEV_T)                                                  \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableGather").Device(DEV).HostMemory("handles"),        \
+                          GatherOp<DEV_T>);                                                           \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableSparseApply")                                      \
+                              .Device(DEV)                                                             \
+                              .HostMemory("handles")                                                   \
+                              .HostMemory("learning_rate")                                             \
+                              .HostMemory("global_step"),                                              \
+                          SparseApplyOp<DEV_T>);                                                      \
+  REGISTER_KERNEL_BUILDER(Name("SokKernelRunCounts").Device(DEV).HostMemory("counts"), KernelRunCountsOp);
+
+SOK_REGISTER_EV_KERNELS(DEVICE_CPU, CpuDevice, int32_t)
+SOK_REGISTER_EV_KERNELS(DEVICE_CPU, CpuDevice, int64_t)
+SOK_REGISTER_MULTI_TABLE_KERNELS(DEVICE_CPU, CpuDevice)
+#if GOOGLE_CUDA
+SOK_REGISTER_EV_KERNELS(DEVICE_GPU, GpuDevice, int32_t)
+SOK_REGISTER_EV_KERNELS(DEVICE_GPU, GpuDevice, int64_t)
+SOK_REGISTER_MULTI_TABLE_KERNELS(DEVICE_GPU, GpuDevice)
+#endif
 #undef SOK_REGISTER_EV_KERNELS
+#undef SOK_REGISTER_MULTI_TABLE_KERNELS
 
-REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableGather").Device(DEVICE_CPU), GatherOp);
-REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableSparseApply").Device(DEVICE_CPU), SparseApplyOp);
-
+}  // namespace
 }  // namespace sok_kernels
 }  // namespace tensorflow

@@ -1,16 +1,17 @@
-// The Embedding Variable as a TensorFlow resource: a thin owner of a core table.
+// The Embedding Variable as a TensorFlow resource: a thin owner of a core table on either device,
+// and the attribute parsing every kernel shares.
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "addons/sparse_operation_kit/core/embedding_table.h"
 #include "addons/sparse_operation_kit/core/lookup.h"
+#include "addons/sparse_operation_kit/core/table.h"
+#include "addons/sparse_operation_kit/tf/kernels/device.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/platform/threadpool.h"
 
 namespace tensorflow {
 namespace sok_kernels {
@@ -18,54 +19,32 @@ namespace sok_kernels {
 template <typename K>
 class EmbeddingVariableResource : public ResourceBase {
  public:
-  explicit EmbeddingVariableResource(sok::TableConfig config)
-      : table_(std::make_unique<sok::EmbeddingTable<K>>(std::move(config))) {}
-  std::string DebugString() const override {
-    return "EmbeddingVariable '" + table_->config().name + "'";
-  }
-  sok::EmbeddingTable<K>* table() { return table_.get(); }
+  EmbeddingVariableResource(std::unique_ptr<sok::Table<K>> table, std::shared_ptr<void> keep_alive)
+      : keep_alive_(std::move(keep_alive)), table_(std::move(table)) {}
+  std::string DebugString() const override { return "EmbeddingVariable '" + table_->name() + "'"; }
+  sok::Table<K>* table() { return table_.get(); }
 
  private:
-  std::unique_ptr<sok::EmbeddingTable<K>> table_;
+  std::shared_ptr<void> keep_alive_;  // declared first: outlives the table (e.g. its allocator)
+  std::unique_ptr<sok::Table<K>> table_;
 };
 
-inline Status ToTf(const sok::Status& s) {
-  return s.ok() ? OkStatus() : errors::InvalidArgument(s.message());
-}
-
-// TensorFlow's CPU worker pool, handed to the core as its ParallelFor.
-inline sok::ParallelFor CpuParallelFor(OpKernelContext* ctx) {
-  thread::ThreadPool* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  return [pool](int64_t total, int64_t cost, const sok::RangeFn& fn) {
-    pool->ParallelFor(total, cost, [&fn](int64_t b, int64_t e) { fn(b, e); });
-  };
-}
-
-// Runs fn(i) for every table i on TensorFlow's CPU worker pool, one table per task (the calling
-// thread takes tasks too): a slow or preempted worker then holds up at most one table.
-inline void ParallelForTables(OpKernelContext* ctx, int n, const std::function<void(int)>& fn) {
-  thread::ThreadPool* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  pool->ParallelFor(n, thread::ThreadPool::SchedulingParams::Fixed(1), [&fn](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) fn(static_cast<int>(i));
-  });
-}
-
-// Looks up the table behind input `index` (or list element); a missing one or one of another
-// key dtype gets an error naming the variable.
+// The table behind a handle; a missing one or one of another key dtype gets an error naming the
+// variable.
 template <typename K>
 Status LookupTable(OpKernelContext* ctx, const ResourceHandle& handle,
                    core::RefCountPtr<EmbeddingVariableResource<K>>* out) {
   Status s = LookupResource(ctx, handle, out);
   if (!s.ok()) {
     return errors::FailedPrecondition("Embedding Variable '", handle.name(),
-                                      "' is not initialized, or its key dtype is not ",
-                                      DataTypeString(DataTypeToEnum<K>::v()),
+                                      "' is not initialized on ", ctx->device()->name(),
+                                      ", or its key dtype is not ", DataTypeString(DataTypeToEnum<K>::v()),
                                       " (run its initializer first): ", s.message());
   }
   return OkStatus();
 }
 
-// The attributes of SokEmbeddingVariableInitialize as a TableConfig (CPU and GPU kernels).
+// The attributes of SokEmbeddingVariableInitialize as a TableConfig.
 inline Status ParseTableConfig(OpKernelConstruction* c, sok::TableConfig* config) {
   int kind;
   int64_t seed;
@@ -88,7 +67,7 @@ inline Status ParseTableConfig(OpKernelConstruction* c, sok::TableConfig* config
   return OkStatus();
 }
 
-// The "combiners" attribute (CPU and GPU kernels).
+// The "combiners" attribute.
 inline Status ParseCombiners(OpKernelConstruction* c, int n, std::vector<sok::Combiner>* out) {
   std::vector<std::string> names;
   TF_RETURN_IF_ERROR(c->GetAttr("combiners", &names));
@@ -105,14 +84,11 @@ inline Status ParseCombiners(OpKernelConstruction* c, int n, std::vector<sok::Co
   return OkStatus();
 }
 
-// The hyperparameter attributes of SokEmbeddingVariableSparseApply (CPU and GPU kernels).
+// The hyperparameter attributes of SokEmbeddingVariableSparseApply.
 inline Status ParseOptimizerParams(OpKernelConstruction* c, sok::OptimizerParams* p, bool* keys_unique) {
   std::string opt;
   TF_RETURN_IF_ERROR(c->GetAttr("optimizer", &opt));
-  p->kind = opt == "sgd"       ? sok::OptimizerKind::kSGD
-            : opt == "adagrad" ? sok::OptimizerKind::kAdagrad
-            : opt == "adam"    ? sok::OptimizerKind::kAdam
-                               : sok::OptimizerKind::kFtrl;
+  if (!sok::parse_optimizer(opt, &p->kind)) return errors::InvalidArgument("unknown optimizer '", opt, "'");
   TF_RETURN_IF_ERROR(c->GetAttr("beta1", &p->beta1));
   TF_RETURN_IF_ERROR(c->GetAttr("beta2", &p->beta2));
   TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &p->epsilon));

@@ -1,7 +1,15 @@
-// CPU kernels of the lookup steps: dedup and pooled combine (forward and backward).
+// Kernels of the lookup steps (tf/ops/lookup_ops.cc): dedup and pooled combine, forward and
+// backward, written once for the CPU and the GPU. The kernels validate and allocate; the
+// per-device launchers (LookupSteps<Device>) only call the core (core/lookup.h on the CPU,
+// core/cuda/gpu_api.h on the GPU). Ids of table i belong to sample segment_ids_i[j] and read row
+// inverse_i[j].
+#include <algorithm>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/lookup.h"
+#include "addons/sparse_operation_kit/tf/kernels/device.h"
 #include "addons/sparse_operation_kit/tf/kernels/embedding_variable_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -10,153 +18,302 @@ namespace tensorflow {
 namespace sok_kernels {
 namespace {
 
-// Runs fn(i, inner) for every table: tables in parallel when there are several,
-// otherwise the single table gets the whole pool.
-template <typename Fn>
-void ForEachTable(OpKernelContext* ctx, int n, const Fn& fn) {
-  const sok::ParallelFor pf = CpuParallelFor(ctx);
-  if (n == 1) {
-    fn(0, pf);
-    return;
-  }
-  const sok::ParallelFor serial(sok::serial_for);
-  ParallelForTables(ctx, n, [&](int i) { fn(i, serial); });
-}
+// One table's pooled combine (forward) or its gradient (backward).
+struct PooledArgs {
+  const std::string* name;
+  const float* src;  // forward: rows [num_rows, dim]; backward: grads [batch, dim]
+  int64_t dim, num_rows, batch, n;
+  const int32_t* inverse;
+  const int64_t* segment_ids;
+  const float* weights;  // null: all 1
+  sok::Combiner combiner;
+  float* out;  // forward: [batch, dim]; backward: [num_rows, dim]
+};
 
+template <typename Device>
+struct LookupSteps;
 
-}  // namespace
-
-class UniqueKeysOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-  void Compute(OpKernelContext* ctx) override {
-    OpInputList keys;
-    OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
-    const int n = keys.size();
-    std::vector<Status> status(n);
-    // Outputs are allocated inside the per-table work, so only after each table's size is known;
-    // allocate_output is thread-safe for distinct indices.
-    ForEachTable(ctx, n, [&](int i, const sok::ParallelFor&) {
-      const Tensor& k = keys[i];
-      const int64_t m = k.NumElements();
-      Tensor* inverse = nullptr;
-      status[i] = ctx->allocate_output(n + i, TensorShape({m}), &inverse);
-      if (!status[i].ok()) return;
+template <>
+struct LookupSteps<CpuDevice> {
+  // uniq[i] / counts[i] (sized like the keys) get the distinct keys and their counts,
+  // num_unique[i] how many there are.
+  static Status Unique(OpKernelContext* ctx, const OpInputList& keys, const std::vector<Tensor*>& inverse,
+                       std::vector<Tensor>* uniq, std::vector<Tensor>* counts, std::vector<int64_t>* num_unique) {
+    OnDevice<CpuDevice>::ForEachTable(ctx, keys.size(), [&](int i, const sok::ExecContext&) {
       auto run = [&](auto tag) {
         using K = decltype(tag);
-        std::vector<K> uniq;
-        std::vector<int64_t> counts;
-        sok::unique_keys(k.flat<K>().data(), m, &uniq, inverse->flat<int32_t>().data(), &counts);
-        const int64_t u = static_cast<int64_t>(uniq.size());
-        Tensor *uo = nullptr, *co = nullptr;
-        status[i] = ctx->allocate_output(i, TensorShape({u}), &uo);
-        if (status[i].ok()) status[i] = ctx->allocate_output(2 * n + i, TensorShape({u}), &co);
-        if (!status[i].ok()) return;
-        std::copy(uniq.begin(), uniq.end(), uo->flat<K>().data());
-        std::copy(counts.begin(), counts.end(), co->flat<int64_t>().data());
+        std::vector<K> u;
+        std::vector<int64_t> c;
+        sok::unique_keys(keys[i].flat<K>().data(), keys[i].NumElements(), &u, inverse[i]->flat<int32_t>().data(), &c);
+        (*num_unique)[i] = static_cast<int64_t>(u.size());
+        std::copy(u.begin(), u.end(), (*uniq)[i].flat<K>().data());
+        std::copy(c.begin(), c.end(), (*counts)[i].flat<int64_t>().data());
       };
-      if (k.dtype() == DT_INT64) run(int64_t()); else run(int32_t());
+      if (keys[i].dtype() == DT_INT64) run(int64_t()); else run(int32_t());
     });
-    for (const Status& s : status) OP_REQUIRES_OK(ctx, s);
+    return OkStatus();
+  }
+
+  static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) {
+    std::vector<Status> status(tables.size());
+    OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
+      const PooledArgs& a = tables[i];
+      status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, a.segment_ids, a.n, a.num_rows, a.batch));
+      if (!status[i].ok()) return;
+      sok::pooled_forward(a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch, a.combiner, a.out,
+                          exec.parallel_for);
+    });
+    for (const Status& s : status) TF_RETURN_IF_ERROR(s);
+    return OkStatus();
+  }
+
+  // Bad indices are reported (as in the forward) instead of written out of bounds.
+  static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) {
+    std::vector<Status> status(tables.size());
+    OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
+      const PooledArgs& a = tables[i];
+      status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, a.segment_ids, a.n, a.num_rows, a.batch));
+      if (!status[i].ok()) return;
+      sok::pooled_backward(a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch, a.combiner, a.num_rows,
+                           a.out, exec.parallel_for);
+    });
+    for (const Status& s : status) TF_RETURN_IF_ERROR(s);
+    return OkStatus();
   }
 };
 
-class PooledCombineOp : public OpKernel {
+#if GOOGLE_CUDA
+// Device scratch for `count` objects of T (int64 words, so 8-byte aligned).
+template <typename T>
+Status DeviceScratch(OpKernelContext* ctx, int64_t count, Tensor* t, T** out) {
+  const int64_t words = (count * static_cast<int64_t>(sizeof(T)) + 7) / 8;
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, TensorShape({words > 0 ? words : 1}), t));
+  *out = reinterpret_cast<T*>(t->flat<int64_t>().data());
+  return OkStatus();
+}
+
+Status CudaCall(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return OkStatus();
+  return errors::Internal("CUDA error in ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+template <>
+struct LookupSteps<GpuDevice> {
+  // The distinct counts are only known on the device: every table is deduplicated, then the N
+  // counts come back with ONE synchronisation.
+  static Status Unique(OpKernelContext* ctx, const OpInputList& keys, const std::vector<Tensor*>& inverse,
+                       std::vector<Tensor>* uniq, std::vector<Tensor>* counts, std::vector<int64_t>* num_unique) {
+    const int n = keys.size();
+    const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
+    TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
+    Tensor num_t;
+    int64_t* d_num;
+    TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &num_t, &d_num));
+    for (int i = 0; i < n; ++i) {
+      const int64_t m = keys[i].NumElements();
+      int32_t* inv = inverse[i]->flat<int32_t>().data();
+      int64_t* cnt = (*counts)[i].flat<int64_t>().data();
+      TF_RETURN_IF_ERROR(ToTf(
+          keys[i].dtype() == DT_INT64
+              ? sok::gpu::unique_keys(keys[i].flat<int64_t>().data(), m, (*uniq)[i].flat<int64_t>().data(), inv,
+                                      cnt, d_num + i, stream, &alloc)
+              : sok::gpu::unique_keys(keys[i].flat<int32_t>().data(), m, (*uniq)[i].flat<int32_t>().data(), inv,
+                                      cnt, d_num + i, stream, &alloc)));
+    }
+    TF_RETURN_IF_ERROR(CudaCall(
+        cudaMemcpyAsync(num_unique->data(), d_num, n * sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+        "reading the number of distinct keys"));
+    return CudaCall(cudaStreamSynchronize(stream), "reading the number of distinct keys");
+  }
+
+  // Bad sample indices or rows are skipped on the device and reported after every table's work
+  // is enqueued (one synchronisation), naming the table.
+  static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) {
+    const int n = tables.size();
+    const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
+    TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
+    Tensor err_t;
+    sok::gpu::GpuLookupError* d_err;
+    TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &err_t, &d_err));
+    for (int i = 0; i < n; ++i) {
+      const PooledArgs& a = tables[i];
+      sok::gpu::Segments seg;
+      seg.segment_ids = a.segment_ids;
+      TF_RETURN_IF_ERROR(ToTf(sok::gpu::reset_lookup_error(d_err + i, stream)));
+      TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_forward(a.src, a.dim, a.num_rows, a.inverse, seg, a.weights, a.n,
+                                                       a.batch, a.combiner, a.out, stream, d_err + i, &alloc)));
+    }
+    for (int i = 0; i < n; ++i) {
+      TF_RETURN_IF_ERROR(
+          ToTf(sok::gpu::check_lookup_error(d_err + i, "lookup of table '" + *tables[i].name + "'", stream)));
+    }
+    return OkStatus();
+  }
+
+  // Bad indices are skipped by the core (never read or written out of bounds); the forward of
+  // the same ids reports them.
+  static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) {
+    const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
+    TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
+    for (const PooledArgs& a : tables) {
+      sok::gpu::Segments seg;
+      seg.segment_ids = a.segment_ids;
+      TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch,
+                                                        a.combiner, a.num_rows, nullptr, a.out, stream, &alloc)));
+    }
+    return OkStatus();
+  }
+};
+#endif  // GOOGLE_CUDA
+
+template <typename Device>
+class UniqueKeysOp : public SokOpKernel<Device> {
  public:
-  explicit PooledCombineOp(OpKernelConstruction* c) : OpKernel(c) {
+  using SokOpKernel<Device>::SokOpKernel;
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
+    OpInputList keys;
+    OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
+    const int n = keys.size();
+    std::vector<Tensor*> inverse(n);
+    std::vector<Tensor> uniq(n), counts(n);
+    for (int i = 0; i < n; ++i) {
+      const int64_t m = keys[i].NumElements();
+      OP_REQUIRES(ctx, m <= std::numeric_limits<int32_t>::max(),
+                  errors::InvalidArgument("SokUniqueKeys: table ", i, " has ", m, " ids, more than 2^31 - 1"));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(n + i, TensorShape({m}), &inverse[i]));
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(keys[i].dtype(), TensorShape({m}), &uniq[i]));
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({m}), &counts[i]));
+    }
+    std::vector<int64_t> num_unique(n);
+    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, keys, inverse, &uniq, &counts, &num_unique));
+    // The outputs are the leading num_unique entries of the scratch: views, no copy.
+    for (int i = 0; i < n; ++i) {
+      ctx->set_output(i, uniq[i].Slice(0, num_unique[i]));
+      ctx->set_output(2 * n + i, counts[i].Slice(0, num_unique[i]));
+    }
+  }
+};
+
+template <typename Device>
+class PooledCombineOp : public SokOpKernel<Device> {
+ public:
+  explicit PooledCombineOp(OpKernelConstruction* c) : SokOpKernel<Device>(c) {
     int n;
     OP_REQUIRES_OK(c, c->GetAttr("N", &n));
     OP_REQUIRES_OK(c, ParseCombiners(c, n, &combiners_));
     OP_REQUIRES_OK(c, c->GetAttr("table_names", &names_));
+    if (names_.empty()) {  // graphs written before the gradient op had names
+      for (int i = 0; i < n; ++i) names_.push_back("#" + std::to_string(i));
+    }
     OP_REQUIRES(c, static_cast<int>(names_.size()) == n,
                 errors::InvalidArgument(names_.size(), " table names for ", n, " tables"));
   }
 
-  void Compute(OpKernelContext* ctx) override {
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     OpInputList rows, inverse, segments, weights;
     OP_REQUIRES_OK(ctx, ctx->input_list("rows", &rows));
     OP_REQUIRES_OK(ctx, ctx->input_list("inverse", &inverse));
     OP_REQUIRES_OK(ctx, ctx->input_list("segment_ids", &segments));
     OP_REQUIRES_OK(ctx, ctx->input_list("weights", &weights));
-    const Tensor& batch_sizes = ctx->input(4 * rows.size());
     const int n = rows.size();
+    const Tensor& batch_sizes = ctx->input(4 * n);  // HostMemory
     OP_REQUIRES(ctx, batch_sizes.NumElements() == n,
                 errors::InvalidArgument(batch_sizes.NumElements(), " batch sizes for ", n, " tables"));
-    std::vector<Tensor*> outs(n);
+    std::vector<PooledArgs> tables(n);
     for (int i = 0; i < n; ++i) {
       const int64_t m = inverse[i].NumElements();
-      OP_REQUIRES(ctx, rows[i].dims() == 2,
-                  errors::InvalidArgument("rows of table '", names_[i], "' must be a matrix"));
-      OP_REQUIRES(ctx, segments[i].NumElements() == m,
-                  errors::InvalidArgument("table '", names_[i], "': ", segments[i].NumElements(),
-                                          " sample indices for ", m, " ids"));
-      OP_REQUIRES(ctx, weights[i].NumElements() == 0 || weights[i].NumElements() == m,
-                  errors::InvalidArgument("table '", names_[i], "': ", weights[i].NumElements(),
-                                          " weights for ", m, " ids"));
+      OP_REQUIRES(ctx, rows[i].dims() == 2, errors::InvalidArgument("rows of table '", names_[i], "' must be a matrix"));
+      OP_REQUIRES_OK(ctx, CheckIdArrays(names_[i], m, segments[i], weights[i]));
       const int64_t b = batch_sizes.flat<int64_t>()(i);
-      OP_REQUIRES(ctx, b >= 0,
-                  errors::InvalidArgument("table '", names_[i], "': negative batch size ", b));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({b, rows[i].dim_size(1)}), &outs[i]));
+      OP_REQUIRES(ctx, b >= 0, errors::InvalidArgument("table '", names_[i], "': negative batch size ", b));
+      Tensor* out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({b, rows[i].dim_size(1)}), &out));
+      tables[i] = Args(i, rows[i], rows[i].dim_size(0), b, inverse[i], segments[i], weights[i], out);
     }
-    // The index check runs with each table's combine, tables in parallel.
-    std::vector<Status> status(n);
-    ForEachTable(ctx, n, [&](int i, const sok::ParallelFor& pf) {
-      status[i] = ToTf(sok::check_lookup_indices(names_[i], inverse[i].flat<int32_t>().data(),
-                                                 segments[i].flat<int64_t>().data(),
-                                                 inverse[i].NumElements(), rows[i].dim_size(0),
-                                                 outs[i]->dim_size(0)));
-      if (!status[i].ok()) return;
-      sok::pooled_forward(rows[i].flat<float>().data(), rows[i].dim_size(1),
-                          inverse[i].flat<int32_t>().data(), segments[i].flat<int64_t>().data(),
-                          weights[i].NumElements() ? weights[i].flat<float>().data() : nullptr,
-                          inverse[i].NumElements(), outs[i]->dim_size(0), combiners_[i],
-                          outs[i]->flat<float>().data(), pf);
-    });
-    for (const Status& st : status) OP_REQUIRES_OK(ctx, st);
+    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Forward(ctx, tables));
   }
 
- private:
+ public:
+  // sample indices and weights must match the ids one to one.
+  static Status CheckIdArrays(const std::string& name, int64_t m, const Tensor& segments, const Tensor& weights) {
+    if (segments.NumElements() != m) {
+      return errors::InvalidArgument("table '", name, "': ", segments.NumElements(), " sample indices for ", m, " ids");
+    }
+    if (weights.NumElements() != 0 && weights.NumElements() != m) {
+      return errors::InvalidArgument("table '", name, "': ", weights.NumElements(), " weights for ", m, " ids");
+    }
+    return OkStatus();
+  }
+
+ protected:
+  PooledArgs Args(int i, const Tensor& src, int64_t num_rows, int64_t batch, const Tensor& inverse,
+                  const Tensor& segments, const Tensor& weights, Tensor* out) const {
+    PooledArgs a;
+    a.name = &names_[i];
+    a.src = src.flat<float>().data();
+    a.dim = src.dim_size(1);
+    a.num_rows = num_rows;
+    a.batch = batch;
+    a.n = inverse.NumElements();
+    a.inverse = inverse.flat<int32_t>().data();
+    a.segment_ids = segments.flat<int64_t>().data();
+    a.weights = weights.NumElements() ? weights.flat<float>().data() : nullptr;
+    a.combiner = combiners_[i];
+    a.out = out->flat<float>().data();
+    return a;
+  }
+
   std::vector<sok::Combiner> combiners_;
   std::vector<std::string> names_;
 };
 
-class PooledCombineGradOp : public OpKernel {
+// The gradient has the forward's attributes; only its inputs and outputs differ.
+template <typename Device>
+class PooledCombineGradOp : public PooledCombineOp<Device> {
  public:
-  explicit PooledCombineGradOp(OpKernelConstruction* c) : OpKernel(c) {
-    int n;
-    OP_REQUIRES_OK(c, c->GetAttr("N", &n));
-    OP_REQUIRES_OK(c, ParseCombiners(c, n, &combiners_));
-  }
+  using PooledCombineOp<Device>::PooledCombineOp;
 
-  void Compute(OpKernelContext* ctx) override {
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
     OpInputList grads, inverse, segments, weights;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     OP_REQUIRES_OK(ctx, ctx->input_list("inverse", &inverse));
     OP_REQUIRES_OK(ctx, ctx->input_list("segment_ids", &segments));
     OP_REQUIRES_OK(ctx, ctx->input_list("weights", &weights));
-    const Tensor& num_rows = ctx->input(4 * grads.size());
     const int n = grads.size();
-    std::vector<Tensor*> outs(n);
+    const Tensor& num_rows = ctx->input(4 * n);  // HostMemory
+    OP_REQUIRES(ctx, num_rows.NumElements() == n,
+                errors::InvalidArgument(num_rows.NumElements(), " row counts for ", n, " tables"));
+    std::vector<PooledArgs> tables(n);
     for (int i = 0; i < n; ++i) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                              i, TensorShape({num_rows.flat<int64_t>()(i), grads[i].dim_size(1)}), &outs[i]));
+      const std::string& name = this->names_[i];
+      OP_REQUIRES(ctx, grads[i].dims() == 2,
+                  errors::InvalidArgument("gradient of table '", name, "' must be a matrix"));
+      OP_REQUIRES_OK(ctx, this->CheckIdArrays(name, inverse[i].NumElements(), segments[i], weights[i]));
+      const int64_t r = num_rows.flat<int64_t>()(i);
+      OP_REQUIRES(ctx, r >= 0, errors::InvalidArgument("table '", name, "': negative row count ", r));
+      Tensor* out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({r, grads[i].dim_size(1)}), &out));
+      tables[i] = this->Args(i, grads[i], r, grads[i].dim_size(0), inverse[i], segments[i], weights[i], out);
     }
-    ForEachTable(ctx, n, [&](int i, const sok::ParallelFor& pf) {
-      sok::pooled_backward(grads[i].flat<float>().data(), grads[i].dim_size(1),
-                           inverse[i].flat<int32_t>().data(), segments[i].flat<int64_t>().data(),
-                           weights[i].NumElements() ? weights[i].flat<float>().data() : nullptr,
-                           inverse[i].NumElements(), grads[i].dim_size(0), combiners_[i],
-                           outs[i]->dim_size(0), outs[i]->flat<float>().data(), pf);
-    });
+    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Backward(ctx, tables));
   }
-
- private:
-  std::vector<sok::Combiner> combiners_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("SokUniqueKeys").Device(DEVICE_CPU), UniqueKeysOp);
-REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_CPU), PooledCombineOp);
-REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_CPU), PooledCombineGradOp);
+REGISTER_KERNEL_BUILDER(Name("SokUniqueKeys").Device(DEVICE_CPU), UniqueKeysOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_CPU), PooledCombineOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_CPU), PooledCombineGradOp<CpuDevice>);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("SokUniqueKeys").Device(DEVICE_GPU), UniqueKeysOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_GPU).HostMemory("batch_sizes"),
+                        PooledCombineOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_GPU).HostMemory("num_rows"),
+                        PooledCombineGradOp<GpuDevice>);
+#endif
 
+}  // namespace
 }  // namespace sok_kernels
 }  // namespace tensorflow

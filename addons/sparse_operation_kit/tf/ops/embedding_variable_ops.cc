@@ -153,5 +153,14 @@ REGISTER_OP("SokEmbeddingVariableImport")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 
+// How many SOK kernels ran on [CPU, GPU] in this process (placement checks).
+REGISTER_OP("SokKernelRunCounts")
+    .Output("counts: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(2));
+      return OkStatus();
+    });
+
 }  // namespace sok_ops
 }  // namespace tensorflow

@@ -62,6 +62,7 @@ REGISTER_OP("SokPooledCombineGrad")
     .Output("row_grads: N * float")
     .Attr("N: int >= 1")
     .Attr("combiners: list(string)")
+    .Attr("table_names: list(string) = []")  // for error messages; empty: tables by position
     .SetShapeFn([](InferenceContext* c) {
       int n;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));

@@ -1,0 +1,183 @@
+// What differs between the CPU and the GPU for the SOK kernels, in one place: how work is ordered
+// (worker pool vs CUDA stream), where a table's memory comes from, how per-table work runs. Each
+// kernel is written once as a template over CpuDevice / GpuDevice and registered for both.
+#pragma once
+
+#if GOOGLE_CUDA && !defined(EIGEN_USE_GPU)
+#define EIGEN_USE_GPU
+#endif
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "addons/sparse_operation_kit/core/table.h"
+#include "tensorflow/core/framework/allocator.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+#if GOOGLE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
+#endif
+
+namespace tensorflow {
+namespace sok_kernels {
+
+struct CpuDevice {
+  static constexpr int kIndex = 0;
+};
+struct GpuDevice {
+  static constexpr int kIndex = 1;
+};
+
+// A core error as a TensorFlow one, named after the table it concerns.
+inline Status ToTf(const sok::Status& s) { return s.ok() ? OkStatus() : errors::InvalidArgument(s.message()); }
+inline Status ToTf(const sok::Status& s, const std::string& table) {
+  if (s.ok()) return OkStatus();
+  // The core's table errors already start with "table '<name>'".
+  if (s.message().rfind("table '", 0) == 0) return errors::InvalidArgument(s.message());
+  return errors::InvalidArgument("Embedding Variable '", table, "': ", s.message());
+}
+
+// How many SOK kernels ran on each device in this process (tests assert placement with it).
+inline std::atomic<int64_t>* KernelRunCounts() {
+  static std::atomic<int64_t> counts[2] = {{0}, {0}};
+  return counts;
+}
+
+// Base of every SOK kernel: counts the run, then computes.
+template <typename Device>
+class SokOpKernel : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) final {
+    KernelRunCounts()[Device::kIndex].fetch_add(1, std::memory_order_relaxed);
+    ComputeOnDevice(ctx);
+  }
+
+ protected:
+  virtual void ComputeOnDevice(OpKernelContext* ctx) = 0;
+};
+
+template <typename Device>
+struct OnDevice;
+
+template <>
+struct OnDevice<CpuDevice> {
+  // The whole worker pool for one table's work.
+  static sok::ExecContext Exec(OpKernelContext* ctx) {
+    thread::ThreadPool* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+    sok::ExecContext e;
+    e.parallel_for = [pool](int64_t total, int64_t cost, const sok::RangeFn& fn) {
+      pool->ParallelFor(total, cost, [&fn](int64_t b, int64_t end) { fn(b, end); });
+    };
+    return e;
+  }
+
+  // fn(i, exec) for every table i: several tables run in parallel, one task each (a slow or
+  // preempted worker then holds up at most one table); a single table gets the whole pool.
+  static void ForEachTable(OpKernelContext* ctx, int n,
+                           const std::function<void(int, const sok::ExecContext&)>& fn) {
+    if (n == 1) {
+      fn(0, Exec(ctx));
+      return;
+    }
+    const sok::ExecContext serial;
+    thread::ThreadPool* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+    pool->ParallelFor(n, thread::ThreadPool::SchedulingParams::Fixed(1), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) fn(static_cast<int>(i), serial);
+    });
+  }
+
+  template <typename K>
+  static Status NewTable(OpKernelContext*, const sok::TableConfig& config,
+                         std::unique_ptr<sok::Table<K>>* out, std::shared_ptr<void>*) {
+    out->reset(new sok::CpuTable<K>(config));
+    return OkStatus();
+  }
+};
+
+#if GOOGLE_CUDA
+// TensorFlow's allocator of the device as the core's DeviceAllocator, for temporaries and table
+// storage alike: tables share TensorFlow's GPU memory reservation instead of competing with it.
+// Freeing at once is safe because every user of the memory runs on TF's compute stream.
+class TfDeviceAllocator : public sok::gpu::DeviceAllocator {
+ public:
+  explicit TfDeviceAllocator(Allocator* a) : a_(a) {}
+  void* allocate(size_t bytes, cudaStream_t) override {
+    return a_->AllocateRaw(Allocator::kAllocatorAlignment, bytes);
+  }
+  void deallocate(void* p, size_t, cudaStream_t) override { a_->DeallocateRaw(p); }
+  std::string describe_free_memory() override {
+    absl::optional<AllocatorStats> s = a_->GetStats();
+    if (!s || !s->bytes_limit) return sok::gpu::DeviceAllocator::describe_free_memory();
+    return std::to_string(*s->bytes_limit - s->bytes_in_use) + " of " + std::to_string(*s->bytes_limit) +
+           " bytes free in TensorFlow's GPU allocator, largest free block " +
+           std::to_string(s->largest_free_block_bytes);
+  }
+
+ private:
+  Allocator* a_;
+};
+
+// Makes the stream's device current for a scope: the core creates a table on the current device.
+class ScopedStreamDevice {
+ public:
+  explicit ScopedStreamDevice(cudaStream_t stream) {
+    int dev = -1;
+    if (cudaStreamGetDevice(stream, &dev) == cudaSuccess && cudaGetDevice(&prev_) == cudaSuccess && dev != prev_) {
+      restore_ = cudaSetDevice(dev) == cudaSuccess;
+    }
+    cudaGetLastError();  // a failed query must not leak into the next CUDA error check
+  }
+  ~ScopedStreamDevice() {
+    if (restore_) cudaSetDevice(prev_);
+  }
+  ScopedStreamDevice(const ScopedStreamDevice&) = delete;
+  ScopedStreamDevice& operator=(const ScopedStreamDevice&) = delete;
+
+ private:
+  int prev_ = -1;
+  bool restore_ = false;
+};
+
+template <>
+struct OnDevice<GpuDevice> {
+  // TF's compute stream of the device: every core call is ordered on it.
+  static cudaStream_t Stream(OpKernelContext* ctx) { return ctx->eigen_gpu_device().stream(); }
+  static sok::ExecContext Exec(OpKernelContext* ctx) {
+    sok::ExecContext e;
+    e.stream = Stream(ctx);
+    return e;
+  }
+  // Tables one after another: each call only enqueues work on the stream.
+  static void ForEachTable(OpKernelContext* ctx, int n,
+                           const std::function<void(int, const sok::ExecContext&)>& fn) {
+    const sok::ExecContext e = Exec(ctx);
+    for (int i = 0; i < n; ++i) fn(i, e);
+  }
+
+  // A table in the memory of the kernel's device, allocated through TensorFlow's allocator
+  // (`keep_alive` owns the allocator wrapper; the resource keeps it beyond the table).
+  template <typename K>
+  static Status NewTable(OpKernelContext* ctx, const sok::TableConfig& config,
+                         std::unique_ptr<sok::Table<K>>* out, std::shared_ptr<void>* keep_alive) {
+    auto alloc = std::make_shared<TfDeviceAllocator>(ctx->device()->GetAllocator(AllocatorAttributes()));
+    sok::gpu::GpuTableOptions options;
+    options.allocator = alloc.get();
+    options.storage = alloc.get();
+    std::unique_ptr<sok::gpu::GpuEmbeddingTable<K>> table;
+    ScopedStreamDevice on_device(Stream(ctx));
+    TF_RETURN_IF_ERROR(ToTf(sok::gpu::GpuEmbeddingTable<K>::Create(config, options, &table), config.name));
+    out->reset(new sok::gpu::GpuTable<K>(std::move(table)));
+    *keep_alive = alloc;
+    return OkStatus();
+  }
+};
+#endif  // GOOGLE_CUDA
+
+}  // namespace sok_kernels
+}  // namespace tensorflow

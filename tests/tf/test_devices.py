@@ -1,0 +1,82 @@
+"""Placement: Embedding Variables live on the device they were created under, their ops run there,
+and a process without a GPU still works. Runs on the CPU here and on the H200 with SOK_TEST_DEVICE=gpu."""
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from conftest import TEST_DEVICE, subprocess_env, to_ragged, unique_name
+
+HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
+
+
+def _train_step(ev, opt, ids):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], combiners=["sum"])[0])
+    opt.apply_gradients(zip(tape.gradient(loss, [ev]), [ev]))
+    return loss
+
+
+def _ran_on(fn):
+    before = sok.kernel_run_counts()
+    fn()
+    after = sok.kernel_run_counts()
+    return {d: after[d] - before[d] for d in after}
+
+
+def test_kernel_run_counts_see_the_ops_of_a_training_step():
+    ev = sok.get_embedding_variable(unique_name(), 4)
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1))
+    ran = _ran_on(lambda: _train_step(ev, opt, to_ragged([[1, 2], [3]])))
+    device = "GPU" if TEST_DEVICE == "gpu" else "CPU"
+    # unique, gather, pooled combine, its gradient and the fused update at least
+    assert ran[device] >= 5, ran
+    assert int(ev.size()) == 3
+
+
+@pytest.mark.cpu_placement
+def test_a_table_created_under_tf_device_cpu_lives_and_trains_there():
+    with tf.device("/CPU:0"):
+        ev = sok.get_embedding_variable(unique_name(), 4, initializer=tf.ones_initializer())
+        opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.5))
+        ran = _ran_on(lambda: _train_step(ev, opt, to_ragged([[1, 1], [2]])))
+    assert "CPU" in ev.device
+    assert ran["GPU"] == 0 and ran["CPU"] >= 5, ran
+    rows = ev.sparse_read(tf.constant([1, 2], tf.int64), training=False).numpy()
+    np.testing.assert_allclose(rows, [[0.0] * 4, [0.5] * 4])  # 1 - 0.5 * 2 and 1 - 0.5 * 1
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (runs on the H200 through the device tool)")
+def test_a_table_created_under_tf_device_gpu_lives_and_trains_there():
+    with tf.device("/GPU:0"):
+        ev = sok.get_embedding_variable(unique_name(), 4, initializer=tf.ones_initializer())
+        opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.5))
+        ran = _ran_on(lambda: _train_step(ev, opt, to_ragged([[1, 1], [2]])))
+    assert "GPU" in ev.device
+    assert ran["CPU"] == 0 and ran["GPU"] >= 5, ran
+    rows = ev.sparse_read(tf.constant([1, 2], tf.int64), training=False).numpy()
+    np.testing.assert_allclose(rows, [[0.0] * 4, [0.5] * 4])
+
+
+def test_a_process_that_hides_every_gpu_runs_on_the_cpu():
+    code = textwrap.dedent("""
+        import tensorflow as tf
+        tf.config.set_visible_devices([], "GPU")
+        import sparse_operation_kit as sok
+        ev = sok.get_embedding_variable("hidden_gpu", 4, initializer=tf.ones_initializer())
+        before = sok.kernel_run_counts()
+        ids = tf.RaggedTensor.from_row_lengths(tf.constant([1, 2, 3], tf.int64), [2, 1])
+        out = sok.lookup_sparse([ev], [ids], combiners=["sum"])[0].numpy()
+        after = sok.kernel_run_counts()
+        assert out.tolist() == [[2.0] * 4, [1.0] * 4], out
+        assert after["GPU"] == before["GPU"] and after["CPU"] > before["CPU"], (before, after)
+        print("OK", ev.device)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "OK" in r.stdout and "CPU" in r.stdout

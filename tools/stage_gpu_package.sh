@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Stages the package for a GPU machine that has TensorFlow's GPU build but a Python our cp311
+# wheel does not install on (the device machines run Python 3.12): the Python sources plus the
+# Bazel-built ops library (with its GPU kernels) in build/sok_pkg, to put on PYTHONPATH there.
+#   bash tools/stage_gpu_package.sh        (after tools/setup.sh or bazel build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bazel build --noshow_progress --ui_event_filters=-info,-warning //addons/sparse_operation_kit/tf:_sparse_operation_kit_ops.so
+out=build/sok_pkg
+rm -rf "$out" && mkdir -p "$out"
+cp -r addons/sparse_operation_kit/python/sparse_operation_kit "$out/"
+rm -f "$out/sparse_operation_kit/_build_info.py"
+find "$out" -name __pycache__ -prune -exec rm -rf {} +
+install -m 0755 bazel-bin/addons/sparse_operation_kit/tf/_sparse_operation_kit_ops.so "$out/sparse_operation_kit/"
+echo "$out (PYTHONPATH=$PWD/$out)"
