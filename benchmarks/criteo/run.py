@@ -66,6 +66,9 @@ def parse_args(argv=None):
     p.add_argument("--log_every", type=int, default=100)
     p.add_argument("--horovod", action="store_true", help="run under horovodrun (hvd.init() before sok.init())")
     p.add_argument("--threads", type=int, default=0, help="TF intra/inter-op threads (0: TF's default)")
+    p.add_argument("--input", choices=("auto", "dataset", "feed"), default="auto",
+                   help="training batches through tf.data with prefetching to the GPU, or feed_dict; "
+                        "auto: dataset when TensorFlow sees a GPU, else feed (faster on the CPU alone)")
     args = p.parse_args(argv)
     if args.learning_rate is None:
         args.learning_rate = 0.1 if args.optimizer == "adagrad" else 0.001
@@ -141,8 +144,26 @@ def _average_over_ranks(hvd, grad, var):
     return hvd.allreduce(grad, op=hvd.Average)
 
 
+_BATCH_SIGNATURE = (tf.TensorSpec([None, criteo_data.NUM_DENSE], tf.float32),
+                    tf.TensorSpec([None, criteo_data.NUM_CAT], tf.int64), tf.TensorSpec([None], tf.float32))
+
+
+def train_dataset(train, batches, rank, size):
+    """This rank's training batches as a tf.data pipeline: numpy slicing runs in tf.data's thread
+    while the previous step trains, and batches are copied to the GPU ahead of use."""
+    def generate():
+        for idx in batches:
+            b = criteo_data.take(train, idx[rank::size])
+            yield b.dense, b.ids, b.labels
+    ds = tf.data.Dataset.from_generator(generate, output_signature=_BATCH_SIGNATURE).prefetch(2)
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        ds = ds.apply(tf.data.experimental.prefetch_to_device(gpus[0].name, buffer_size=2))
+    return ds
+
+
 class Graph:
-    def __init__(self, args, hvd):
+    def __init__(self, args, hvd, dataset=None):
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf.compat.v1.set_random_seed(args.seed)
@@ -151,8 +172,15 @@ class Graph:
             self.labels = tf.compat.v1.placeholder(tf.float32, [None], "labels")
             self.model = criteo_model.DLRM(args.embedding_dim, args.num_tables, args.bottom_mlp, args.top_mlp,
                                            seed=args.seed, embedding_init=args.embedding_init)
-            logits = self.model(self.dense, self.ids, training=True)
-            self.loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=self.labels, logits=logits))
+            self.input_init = None
+            if dataset is None:
+                dense, ids, labels = self.dense, self.ids, self.labels
+            else:
+                it = tf.compat.v1.data.make_initializable_iterator(dataset())
+                self.input_init = it.initializer
+                dense, ids, labels = it.get_next()
+            logits = self.model(dense, ids, training=True)
+            self.loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
             objective = self.loss
             if args.embedding_l2 > 0:
                 penalty = tf.add_n([tf.reduce_sum(tf.square(e), axis=1) for e in self.model.embeddings])
@@ -228,12 +256,18 @@ def main(argv=None):
     log(f"data={desc} train_rows={n_train} (positives {train.labels.mean():.3f}) "
         f"eval_rows={criteo_data.num_rows(evals)} (positives {evals.labels.mean():.3f}) load_s={load_s:.1f}")
 
-    g = Graph(args, hvd)
+    schedule = iter(BatchSchedule(n_train, args.batch_size, args.seed, shuffle=args.data != "synthetic"))
+    dataset = None
+    if args.input == "auto":
+        args.input = "dataset" if tf.config.list_physical_devices("GPU") else "feed"
+    if args.input == "dataset":
+        dataset = lambda: train_dataset(train, schedule, rank, size)  # noqa: E731
+    g = Graph(args, hvd, dataset)
     log(f"model: DLRM dim={args.embedding_dim} tables={args.num_tables} bottom={args.bottom_mlp + [args.embedding_dim]} "
         f"top={args.top_mlp + [1]} interactions={g.model.num_interactions} dense_params={g.num_dense_params} "
         f"optimizer={args.optimizer}(lr={args.learning_rate}) ranks={size}")
     log(f"training: steps={steps} global_batch={args.batch_size} local_batch={args.batch_size // size} "
-        f"epochs={steps / steps_per_epoch:.2f}")
+        f"epochs={steps / steps_per_epoch:.2f} input={args.input}")
 
     config = tf.compat.v1.ConfigProto()
     if args.threads:
@@ -241,19 +275,25 @@ def main(argv=None):
         config.inter_op_parallelism_threads = args.threads
     sess = tf.compat.v1.Session(graph=g.graph, config=config)
     sess.run(g.init_op)
+    if g.input_init is not None:
+        sess.run(g.input_init)
+    gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+    before = sok.kernel_run_counts()
     if g.broadcast_op is not None:
         sess.run(g.broadcast_op)
 
     losses = []
-    schedule = iter(BatchSchedule(n_train, args.batch_size, args.seed, shuffle=args.data != "synthetic"))
     warmup = min(args.warmup_steps, max(0, steps - 1))
     t_start = time.time()
     t_timed = None
     for step in range(steps):
         if step == warmup:
             t_timed = time.time()
-        idx = next(schedule)[rank::size]  # this rank's slice of the global batch
-        loss, _ = sess.run([g.report_loss, g.train_op], feed_dict=g.feed(criteo_data.take(train, idx)))
+        if dataset is None:
+            idx = next(schedule)[rank::size]  # this rank's slice of the global batch
+            loss, _ = sess.run([g.report_loss, g.train_op], feed_dict=g.feed(criteo_data.take(train, idx)))
+        else:
+            loss, _ = sess.run([g.report_loss, g.train_op])
         if not np.isfinite(loss):
             raise SystemExit(f"step {step}: loss is {loss}")
         losses.append(float(loss))
@@ -261,6 +301,9 @@ def main(argv=None):
             recent = np.mean(losses[-args.log_every:])
             log(f"step {step + 1}/{steps} loss={recent:.4f} elapsed={time.time() - t_start:.1f}s")
     t_end = time.time()
+    ran = {d: n - before[d] for d, n in sok.kernel_run_counts().items()}
+    log(f"device:     GPUs visible to TensorFlow: {gpus or 'none'}; SOK kernels run in training: "
+        f"{ran['GPU']} on the GPU, {ran['CPU']} on the CPU")
     timed_steps = steps - warmup
     train_s = t_end - t_timed
     steps_per_sec = timed_steps / train_s if train_s > 0 else float("nan")

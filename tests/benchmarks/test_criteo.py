@@ -171,6 +171,17 @@ def test_short_training_run_learns(capsys):
     assert result["samples_per_sec"] > 0 and result["table_rows"] > 0
 
 
+def test_tf_data_input_trains_exactly_like_feed_dict(capsys):
+    import run as criteo_run
+    common = ["--steps", "12", "--batch_size", "256", "--synthetic_eval_samples", "4096", "--warmup_steps", "2",
+              "--bottom_mlp", "16", "--top_mlp", "16", "--seed", "3", "--log_every", "0"]
+    fed = criteo_run.main(common + ["--input", "feed"])
+    streamed = criteo_run.main(common + ["--input", "dataset"])
+    assert "input=dataset" in capsys.readouterr().out
+    for key in ("train_loss_first", "train_loss", "eval_loss", "eval_auc", "table_rows"):
+        assert streamed[key] == fed[key], key
+
+
 def test_training_with_shared_tables_and_adam(capsys):
     import run as criteo_run
     # 26 fields over 4 tables, Adam, and the synthetic rows routed through TSV text and the reader.

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# On a device machine (after ../shared/tools/tf-gpu's device-setup.sh), from the project's root,
+# with build/sok_pkg carried (tools/stage_gpu_package.sh): the TF test suite on the GPU with the
+# placement check (SOK_TEST_DEVICE=gpu), then the Criteo job on the GPU with TensorFlow's default
+# memory settings. Full logs go to $OUT (or build/gpu_logs); the last lines summarise.
+#   bash tests/gpu/run_tf_on_device.sh [pytest args...]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. /opt/tfgpu/env.sh
+export PYTHONPATH="$PWD/build/sok_pkg${PYTHONPATH:+:$PYTHONPATH}"
+export TF_CPP_MIN_LOG_LEVEL=2
+out="${OUT:-build/gpu_logs}"; mkdir -p "$out"
+nvidia-smi -L | tee "$out/gpu.txt"
+python3 -c 'import tensorflow as tf, sparse_operation_kit as sok; print("TF", tf.__version__, "GPUs", tf.config.list_physical_devices("GPU"), "SOK GPU kernels:", sok.gpu_kernels_built())'
+SOK_TEST_DEVICE=gpu python3 -m pytest -q -p no:cacheprovider -o console_output_style=classic "${@:-tests/tf}" \
+  > "$out/tests_tf_gpu.txt" 2>&1
+rc=$?
+grep -E "passed|failed|error" "$out/tests_tf_gpu.txt" | tail -n 40
+echo "tests/tf on the GPU: exit $rc"
+for bs in 16384 65536; do
+  python3 benchmarks/criteo/run.py --batch_size $bs --steps 60 --warmup_steps 20 --log_every 0 \
+    > "$out/criteo_gpu_bs$bs.txt" 2>&1
+  echo "criteo batch $bs: exit $?"; grep -E "^(device|throughput|eval):|Error|error" "$out/criteo_gpu_bs$bs.txt" | tail -n 5
+done
+exit $rc
