@@ -8,6 +8,7 @@
 Gradients flow back the same way: per-sample gradient -> per-distinct-key gradient ->
 (exchange) -> tf.IndexedSlices keyed by id on the owning table.
 """
+import contextlib
 from typing import List, Union
 
 import tensorflow as tf
@@ -19,14 +20,30 @@ from sparse_operation_kit.embedding_variable import EmbeddingVariable
 COMBINERS = ("sum", "mean", "sqrtn")
 
 
+def _on_device_of(params):
+    """Runs SOK's lookup steps where the tables live. Without it TensorFlow may pin an op with small
+    integer inputs (a small batch's ids) to the CPU and send the rows through the host and back."""
+    if tf.executing_eagerly():
+        devices = {getattr(p, "device", "") for p in params} - {"", None}
+        return tf.device(devices.pop()) if len(devices) == 1 else contextlib.nullcontext()
+    first = params[0]
+    return tf.compat.v1.colocate_with(first.handle if hasattr(first, "handle") else first)
+
+
 @compat.register_gradient("SokPooledCombine")
 def _pooled_combine_grad(op, *grads):
     n = op.get_attr("N")
     rows, inverse, segments, weights = (op.inputs[i * n:(i + 1) * n] for i in range(4))
     num_rows = tf.stack([tf.shape(r, out_type=tf.int64)[0] for r in rows])
-    row_grads = ops.sok_pooled_combine_grad(list(grads), list(inverse), list(segments), list(weights),
-                                            num_rows, combiners=op.get_attr("combiners"),
-                                            table_names=op.get_attr("table_names"))
+    # The gradient runs where the forward ran (see _on_device_of).
+    if isinstance(op, tf.Operation):  # graphs (TF1, tf.function)
+        where = tf.compat.v1.colocate_with(op)
+    else:  # eager tape: next to the incoming gradient
+        where = tf.device(next((g.device for g in grads if g is not None), None))
+    with where:
+        row_grads = ops.sok_pooled_combine_grad(list(grads), list(inverse), list(segments), list(weights),
+                                                num_rows, combiners=op.get_attr("combiners"),
+                                                table_names=op.get_attr("table_names"))
     return list(row_grads) + [None] * (3 * n) + [None]
 
 
@@ -161,8 +178,11 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True
             segments.append(tf.cast(s, tf.int64))
             batches.append(tf.cast(b, tf.int64))
             weights.append(_flatten_weights(w, nm, None))
-        unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
+        with _on_device_of(params):
+            unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
         rows = exchange.fetch_rows(params, list(unique), list(counts), training=training, names=names)
-        outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, tf.stack(batches),
-                                      combiners=combiners, table_names=names)
+        batch_sizes = tf.stack(batches)
+        with _on_device_of(params):
+            outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, batch_sizes,
+                                          combiners=combiners, table_names=names)
     return outs[0] if single else list(outs)
