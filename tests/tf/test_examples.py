@@ -7,12 +7,14 @@ import sys
 
 import numpy as np
 
-from conftest import subprocess_env
+from conftest import TEST_DEVICE, subprocess_env
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "examples")
 # TF1 scripts run in graph mode, as on DeepRec (TensorFlow 1.x); nothing else is changed.
+# The last line reports where SOK's kernels ran.
 _RUN_IN_GRAPH_MODE = ("import runpy, sys, tensorflow as tf; tf.compat.v1.disable_eager_execution(); "
-                      "runpy.run_path(sys.argv[1], run_name='__main__')")
+                      "runpy.run_path(sys.argv[1], run_name='__main__'); import sparse_operation_kit as sok; "
+                      "c = sok.kernel_run_counts(); print('SOK kernels ran: CPU', c['CPU'], 'GPU', c['GPU'])")
 
 
 def run_example(name):
@@ -38,8 +40,18 @@ def deeprec_expected():
     return lines
 
 
+def assert_ran_on_test_device(out):
+    cpu, gpu = (int(x) for x in re.search(r"SOK kernels ran: CPU (\d+) GPU (\d+)", out).groups())
+    if TEST_DEVICE == "gpu":  # the example's tables and steps on GPU:0, nothing of SOK on the CPU
+        assert gpu > 0 and cpu == 0, (cpu, gpu)
+    else:
+        assert cpu > 0 and gpu == 0, (cpu, gpu)
+
+
 def test_deeprec_embedding_variable_example():
     out = run_example("deeprec_ev_lookup_sparse.py")
+    assert_ran_on_test_device(out)
+    out = out[:out.index("SOK kernels ran:")]
     printed = [line for line in out.splitlines() if line.strip()]
     # Each print shows [[emb], None, loss]; numpy may wrap the array over several lines.
     text = " ".join(printed)

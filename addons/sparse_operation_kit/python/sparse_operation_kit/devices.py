@@ -12,9 +12,14 @@ def kernel_run_counts() -> Dict[str, int]:
 
     Compare two readings around a step to see where its SOK ops ran.
     """
-    with tf.init_scope(), tf.device("/CPU:0"):
-        cpu, gpu = (int(x) for x in ops.sok_kernel_run_counts().numpy())
-    return {"CPU": cpu, "GPU": gpu}
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            with tf.device("/CPU:0"):
+                counts = ops.sok_kernel_run_counts().numpy()
+        else:  # eager execution disabled (TF1 programs): a throwaway graph and session
+            with tf.Graph().as_default() as g, tf.device("/CPU:0"):
+                counts = tf.compat.v1.Session(graph=g).run(ops.sok_kernel_run_counts())
+    return {"CPU": int(counts[0]), "GPU": int(counts[1])}
 
 
 def gpu_kernels_built() -> bool:
