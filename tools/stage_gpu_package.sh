@@ -3,12 +3,18 @@
 # wheel does not install on (the device machines run Python 3.12): the Python sources plus the
 # Bazel-built ops library (with its GPU kernels) in build/sok_pkg, to put on PYTHONPATH there.
 #   bash tools/stage_gpu_package.sh        (after tools/setup.sh or bazel build)
+#   SOK_STAGE_FROM=HEAD bash tools/stage_gpu_package.sh   (the committed Python sources)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bazel build --noshow_progress --ui_event_filters=-info,-warning //addons/sparse_operation_kit/tf:_sparse_operation_kit_ops.so
 out=build/sok_pkg
 rm -rf "$out" && mkdir -p "$out"
-cp -r addons/sparse_operation_kit/python/sparse_operation_kit "$out/"
+if [ -n "${SOK_STAGE_FROM:-}" ]; then  # a commit's Python sources (e.g. HEAD), not the working tree's
+  git archive "$SOK_STAGE_FROM" addons/sparse_operation_kit/python/sparse_operation_kit |
+    tar -x -C "$out" --strip-components=3
+else
+  cp -r addons/sparse_operation_kit/python/sparse_operation_kit "$out/"
+fi
 rm -f "$out/sparse_operation_kit/_build_info.py"
 find "$out" -name __pycache__ -prune -exec rm -rf {} +
 install -m 0755 bazel-bin/addons/sparse_operation_kit/tf/_sparse_operation_kit_ops.so "$out/sparse_operation_kit/"

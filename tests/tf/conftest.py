@@ -122,10 +122,11 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _sok_ops_on_test_device(request):
-    before = sok.kernel_run_counts()
+    before = sok.kernel_run_counts(by_op=True)
     yield
     if TEST_DEVICE != "gpu" or request.node.get_closest_marker("cpu_placement"):
         return
-    after = sok.kernel_run_counts()
-    cpu, gpu = after["CPU"] - before["CPU"], after["GPU"] - before["GPU"]
-    assert cpu == 0, f"{cpu} SOK kernels ran on the CPU ({gpu} on the GPU) under SOK_TEST_DEVICE=gpu"
+    after = sok.kernel_run_counts(by_op=True)
+    on_cpu = {op: c["CPU"] - before.get(op, {}).get("CPU", 0) for op, c in after.items()}
+    on_cpu = {op: n for op, n in on_cpu.items() if n}
+    assert not on_cpu, f"SOK kernels ran on the CPU under SOK_TEST_DEVICE=gpu: {on_cpu}"

@@ -14,7 +14,8 @@ EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "examples")
 # The last line reports where SOK's kernels ran.
 _RUN_IN_GRAPH_MODE = ("import runpy, sys, tensorflow as tf; tf.compat.v1.disable_eager_execution(); "
                       "runpy.run_path(sys.argv[1], run_name='__main__'); import sparse_operation_kit as sok; "
-                      "c = sok.kernel_run_counts(); print('SOK kernels ran: CPU', c['CPU'], 'GPU', c['GPU'])")
+                      "c = sok.kernel_run_counts(); print('SOK kernels ran: CPU', c['CPU'], 'GPU', c['GPU'], "
+                      "sok.kernel_run_counts(by_op=True))")
 
 
 def run_example(name):
@@ -43,7 +44,7 @@ def deeprec_expected():
 def assert_ran_on_test_device(out):
     cpu, gpu = (int(x) for x in re.search(r"SOK kernels ran: CPU (\d+) GPU (\d+)", out).groups())
     if TEST_DEVICE == "gpu":  # the example's tables and steps on GPU:0, nothing of SOK on the CPU
-        assert gpu > 0 and cpu == 0, (cpu, gpu)
+        assert gpu > 0 and cpu == 0, out[out.index("SOK kernels ran"):]
     else:
         assert cpu > 0 and gpu == 0, (cpu, gpu)
 

@@ -7,19 +7,23 @@ from sparse_operation_kit import compat
 from sparse_operation_kit._ops import ops
 
 
-def kernel_run_counts() -> Dict[str, int]:
-    """How many SOK kernels ran on each device type in this process so far: {"CPU": n, "GPU": m}.
+def kernel_run_counts(by_op: bool = False) -> Dict:
+    """How many SOK kernels ran on each device type in this process so far: {"CPU": n, "GPU": m},
+    or with by_op=True {op type: {"CPU": n, "GPU": m}}.
 
     Compare two readings around a step to see where its SOK ops ran.
     """
     with tf.init_scope():
         if tf.executing_eagerly():
             with tf.device("/CPU:0"):
-                counts = ops.sok_kernel_run_counts().numpy()
+                types, counts = (t.numpy() for t in ops.sok_kernel_run_counts())
         else:  # eager execution disabled (TF1 programs): a throwaway graph and session
             with tf.Graph().as_default() as g, tf.device("/CPU:0"):
-                counts = tf.compat.v1.Session(graph=g).run(ops.sok_kernel_run_counts())
-    return {"CPU": int(counts[0]), "GPU": int(counts[1])}
+                types, counts = tf.compat.v1.Session(graph=g).run(ops.sok_kernel_run_counts())
+    per_op = {t.decode(): {"CPU": int(c[0]), "GPU": int(c[1])} for t, c in zip(types, counts)}
+    if by_op:
+        return per_op
+    return {d: sum(c[d] for c in per_op.values()) for d in ("CPU", "GPU")}
 
 
 def gpu_kernels_built() -> bool:

@@ -7,9 +7,11 @@
 #define EIGEN_USE_GPU
 #endif
 
-#include <atomic>
+#include <array>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "addons/sparse_operation_kit/core/table.h"
@@ -42,11 +44,20 @@ inline Status ToTf(const sok::Status& s, const std::string& table) {
   return errors::InvalidArgument("Embedding Variable '", table, "': ", s.message());
 }
 
-// How many SOK kernels ran on each device in this process (tests assert placement with it).
-inline std::atomic<int64_t>* KernelRunCounts() {
-  static std::atomic<int64_t> counts[2] = {{0}, {0}};
-  return counts;
-}
+// How many times each SOK kernel ran on each device in this process: op type -> [CPU, GPU]
+// (tests and users check placement with it).
+struct KernelRunCounts {
+  std::mutex mu;
+  std::map<std::string, std::array<int64_t, 2>> by_op;
+  static KernelRunCounts& Get() {
+    static KernelRunCounts counts;
+    return counts;
+  }
+  void Add(const std::string& op, int device) {
+    std::lock_guard<std::mutex> l(mu);
+    ++by_op[op][device];
+  }
+};
 
 // Base of every SOK kernel: counts the run, then computes.
 template <typename Device>
@@ -54,7 +65,7 @@ class SokOpKernel : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) final {
-    KernelRunCounts()[Device::kIndex].fetch_add(1, std::memory_order_relaxed);
+    KernelRunCounts::Get().Add(type_string(), Device::kIndex);
     ComputeOnDevice(ctx);
   }
 

@@ -309,14 +309,24 @@ class ImportOp : public SokOpKernel<Device> {
   }
 };
 
-// How many SOK kernels ran on each device so far: [CPU, GPU].
+// How many times each SOK kernel ran so far: op types [n] and their counts [n, (CPU, GPU)].
 class KernelRunCountsOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    Tensor* out;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({2}), &out));
-    for (int d = 0; d < 2; ++d) out->flat<int64_t>()(d) = KernelRunCounts()[d].load();
+    KernelRunCounts& counts = KernelRunCounts::Get();
+    std::lock_guard<std::mutex> l(counts.mu);
+    const int64_t n = static_cast<int64_t>(counts.by_op.size());
+    Tensor *types, *runs;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &types));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, 2}), &runs));
+    int64_t i = 0;
+    for (const auto& [op, c] : counts.by_op) {
+      types->flat<tstring>()(i) = op;
+      runs->matrix<int64_t>()(i, 0) = c[0];
+      runs->matrix<int64_t>()(i, 1) = c[1];
+      ++i;
+    }
   }
 };
 
@@ -387,7 +397,8 @@ class KernelRunCountsOp : public OpKernel {
                               .HostMemory("learning_rate")                                             \
                               .HostMemory("global_step"),                                              \
                           SparseApplyOp<DEV_T>);                                                      \
-  REGISTER_KERNEL_BUILDER(Name("SokKernelRunCounts").Device(DEV).HostMemory("counts"), KernelRunCountsOp);
+  REGISTER_KERNEL_BUILDER(                                                                             \
+      Name("SokKernelRunCounts").Device(DEV).HostMemory("op_types").HostMemory("counts"), KernelRunCountsOp);
 
 SOK_REGISTER_EV_KERNELS(DEVICE_CPU, CpuDevice, int32_t)
 SOK_REGISTER_EV_KERNELS(DEVICE_CPU, CpuDevice, int64_t)

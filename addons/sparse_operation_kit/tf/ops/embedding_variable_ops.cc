@@ -153,12 +153,14 @@ REGISTER_OP("SokEmbeddingVariableImport")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 
-// How many SOK kernels ran on [CPU, GPU] in this process (placement checks).
+// How many times each SOK kernel ran in this process: op types and [CPU, GPU] counts.
 REGISTER_OP("SokKernelRunCounts")
+    .Output("op_types: string")
     .Output("counts: int64")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      c->set_output(0, c->Vector(2));
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, 2));
       return OkStatus();
     });
 
