@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
-# CI check of the TensorFlow GPU kernels. TensorFlow cannot run on the GPU machines and there is
-# no GPU where TensorFlow runs, so this proves what can be proven here:
-#   1. the CUDA core compiles with nvcc (sm_90 + compute_90 PTX), and the CPU core, the op
-#      registrations, the CPU kernels and the GPU kernels compile with g++ (GOOGLE_CUDA=1);
-#   2. they LINK into _sparse_operation_kit_ops_gpu.so with -Wl,--no-undefined against
-#      libtensorflow_framework.so.2 and the CUDA runtime, and `ldd -r` finds nothing unresolved;
-#   3. every op registered in tf/ops/*.cc has a GPU kernel: the library is loaded into (CPU)
-#      TensorFlow, which lists each op's registered kernels (nothing is run).
+# CI check of the TensorFlow GPU kernels in the ops library the Bazel build ships (built with
+# nvcc when ./configure.sh found it: see //third_party/cuda). TensorFlow cannot run on the GPU
+# machines and there is no GPU where TensorFlow runs, so this proves what can be proven here:
+#   1. the library is a CUDA build whose CUDA runtime is linked in statically (no libcudart
+#      needed at load time) and `ldd -r` resolves every symbol next to libtensorflow_framework.so.2
+#      (the build also links it with -Wl,--no-undefined);
+#   2. every op registered in tf/ops/*.cc has a CPU and a GPU kernel: the library is loaded into
+#      (CPU) TensorFlow, which lists each op's registered kernels (nothing is run).
+# It compiles nothing: build first (tools/setup.sh, or bazel build //tools/pip_package:build_sok).
 # The kernels the GPU ops call are run and tested on the H200s by the framework-free harness in
 # tests/gpu (CMakeLists.txt), not here.
 #
-# Environment: PYTHON (default <repo>/.venv/bin/python), CUDA_HOME (default /usr/local/cuda),
-# JOBS (default 2). Build outputs go to tests/gpu/build/tf_gpu_ops (git-ignored); rebuilds are
-# incremental.
+# Usage: tests/gpu/compile_check.sh [LIBRARY]
+#   LIBRARY defaults to the library of the sparse_operation_kit installed in PYTHON's environment
+#   (the wheel), else bazel-bin/addons/sparse_operation_kit/tf/_sparse_operation_kit_ops.so.
+# Environment: PYTHON (default <repo>/.venv/bin/python).
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
-export PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
-export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
-export BUILD_DIR="$REPO/tests/gpu/build/tf_gpu_ops"
-export JOBS="${JOBS:-2}"
+PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+BAZEL_LIB="$REPO/bazel-bin/addons/sparse_operation_kit/tf/_sparse_operation_kit_ops.so"
 
 fail() {
   echo "GPU kernels: FAILED ($*)"
@@ -27,23 +27,43 @@ fail() {
 }
 start=$SECONDS
 
-echo "-- building the CUDA core, the CPU glue and the GPU kernels (make -j$JOBS; nvcc takes minutes)"
-lib="$(bash "$REPO/tools/build_gpu_ops.sh" | tail -n 1)" || fail "compile or link error above"
-[ -f "$lib" ] || fail "no library at '$lib'"
-echo "-- built in $((SECONDS - start)) s: $lib"
+lib="${1:-}"
+if [ -z "$lib" ]; then
+  # The installed package's directory, without importing it (run outside the repo).
+  pkg="$(cd / && "$PYTHON" -c 'import importlib.util as u; s = u.find_spec("sparse_operation_kit"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null)"
+  if [ -n "$pkg" ] && [ -f "$pkg/_sparse_operation_kit_ops.so" ]; then
+    lib="$pkg/_sparse_operation_kit_ops.so"
+    if [ -f "$BAZEL_LIB" ] && ! cmp -s "$lib" "$BAZEL_LIB"; then
+      echo "-- note: the installed wheel's library differs from $BAZEL_LIB (rebuild the wheel?)"
+    fi
+  else
+    lib="$BAZEL_LIB"
+  fi
+fi
+[ -f "$lib" ] || fail "no library at $lib: build it first (bash tools/setup.sh)"
+lib="$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")"
+echo "-- checking $lib"
 
-# 2. Nothing unresolved once loaded next to TensorFlow's framework library. (-Wl,--no-undefined
-#    already proved it at link time; this checks the file actually shipped.)
-tf_lib="$("$PYTHON" -c 'import tensorflow as tf; print(tf.sysconfig.get_lib())' 2>/dev/null)" ||
+# 1. A CUDA build, its runtime static, nothing unresolved next to TensorFlow's framework library.
+if ! readelf -SW "$lib" | grep -q '\.nv_fatbin'; then
+  grep -q "SOK_WITH_CUDA=1" "$REPO/.configure.bazelrc" 2>/dev/null ||
+    echo "-- .configure.bazelrc does not configure CUDA: ./configure.sh found no nvcc (CUDA_HOME?) or SOK_WITH_CUDA=0"
+  fail "no GPU code in the library (no .nv_fatbin section): a CPU-only build"
+fi
+tf_lib="$(cd / && "$PYTHON" -c 'import tensorflow as tf; print(tf.sysconfig.get_lib())' 2>/dev/null | tail -n 1)" ||
   fail "cannot import tensorflow with $PYTHON"
-unresolved="$(LD_LIBRARY_PATH="$tf_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd -r "$lib" 2>&1 |
-  grep -E 'undefined symbol|not found' || true)"
+needs="$(LD_LIBRARY_PATH="$tf_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ldd -r "$lib" 2>&1)"
+unresolved="$(grep -E 'undefined symbol|not found' <<<"$needs" || true)"
 [ -z "$unresolved" ] || { echo "$unresolved"; fail "unresolved symbols or libraries (ldd -r)"; }
-echo "-- ldd -r: every symbol resolved; needs: $(LD_LIBRARY_PATH="$tf_lib" ldd "$lib" | awk '{print $1}' | tr '\n' ' ')"
+! grep -q 'libcudart' <<<"$needs" || fail "the library needs a shared libcudart: the CUDA runtime must be linked statically"
+nm -D --defined-only "$lib" 2>/dev/null | grep -q ' cuda[A-Z]' &&
+  fail "the library exports CUDA runtime symbols (they must stay hidden: -Wl,--exclude-libs)"
+echo "-- ldd -r: every symbol resolved; needs: $(awk '/=>|^\t\//{print $1}' <<<"$needs" | tr '\n' ' ')"
 
-# 3. A GPU kernel for every registered op.
-log="$BUILD_DIR/kernel_check.log"
-"$PYTHON" - "$lib" "$REPO/addons/sparse_operation_kit/tf/ops" >"$log" 2>&1 <<'EOF' || { cat "$log"; fail "missing GPU kernels or the library does not load"; }
+# 2. A CPU and a GPU kernel for every registered op.
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+(cd / && "$PYTHON" - "$lib" "$REPO/addons/sparse_operation_kit/tf/ops") >"$log" 2>&1 <<'PYEOF' || { cat "$log"; fail "missing kernels (is this a CUDA build?) or the library does not load"; }
 import glob, re, sys
 import tensorflow as tf
 from tensorflow.python.framework import kernels
@@ -51,6 +71,9 @@ from tensorflow.python.framework import kernels
 lib, ops_dir = sys.argv[1], sys.argv[2]
 ops = sorted({m for f in glob.glob(ops_dir + "/*.cc")
               for m in re.findall(r'REGISTER_OP\("(\w+)"\)', open(f).read())})
+if not ops:
+    print("no REGISTER_OP in %s/*.cc" % ops_dir)
+    sys.exit(1)
 tf.load_op_library(lib)
 missing = []
 for op in ops:
@@ -61,8 +84,8 @@ if missing:
     print("ops without a CPU and a GPU kernel:\n  " + "\n  ".join(missing))
     sys.exit(1)
 print("-- CPU and GPU kernels registered for all %d ops: %s" % (len(ops), " ".join(ops)))
-EOF
+PYEOF
 grep '^-- ' "$log"
 
 echo "-- compile_check took $((SECONDS - start)) s"
-echo "GPU kernels: compiled and linked OK ($lib)"
+echo "GPU kernels: built, linked and registered OK ($lib)"
