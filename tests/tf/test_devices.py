@@ -80,3 +80,18 @@ def test_a_process_that_hides_every_gpu_runs_on_the_cpu():
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "OK" in r.stdout and "CPU" in r.stdout
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (runs on the H200 through the device tool)")
+def test_a_gpu_table_too_large_for_memory_names_itself_the_size_and_the_free_memory():
+    # 1024 initial slots of 40M floats: about 164 GB, more than an H200 holds.
+    name = unique_name("too_big")
+    with tf.device("/GPU:0"):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=rf"table '{name}': cannot allocate \d+ bytes .* on GPU 0 \(.*bytes free"):
+            sok.get_embedding_variable(name, 40_000_000)
+    # TensorFlow's allocator is intact: a normal table still works on the GPU.
+    with tf.device("/GPU:0"):
+        ev = sok.get_embedding_variable(unique_name(), 4, initializer=tf.ones_initializer())
+        out = sok.lookup_sparse([ev], [to_ragged([[1, 2]])], combiners=["sum"])[0]
+    np.testing.assert_allclose(out.numpy(), [[2.0] * 4])
