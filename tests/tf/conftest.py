@@ -128,5 +128,7 @@ def _sok_ops_on_test_device(request):
         return
     after = sok.kernel_run_counts(by_op=True)
     on_cpu = {op: c["CPU"] - before.get(op, {}).get("CPU", 0) for op, c in after.items()}
-    on_cpu = {op: n for op, n in on_cpu.items() if n}
+    # Grappler's constant folding evaluates SokUniqueKeys on the host when its ids are graph
+    # constants (once, while optimising); test_devices checks its placement with fed ids.
+    on_cpu = {op: n for op, n in on_cpu.items() if n and op != "SokUniqueKeys"}
     assert not on_cpu, f"SOK kernels ran on the CPU under SOK_TEST_DEVICE=gpu: {on_cpu}"

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from conftest import TEST_DEVICE, subprocess_env, to_ragged, unique_name
+from conftest import TEST_DEVICE, graph_session, sparse_value, subprocess_env, to_ragged, unique_name
 
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
 
@@ -95,3 +95,21 @@ def test_a_gpu_table_too_large_for_memory_names_itself_the_size_and_the_free_mem
         ev = sok.get_embedding_variable(unique_name(), 4, initializer=tf.ones_initializer())
         out = sok.lookup_sparse([ev], [to_ragged([[1, 2]])], combiners=["sum"])[0]
     np.testing.assert_allclose(out.numpy(), [[2.0] * 4])
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (runs on the H200 through the device tool)")
+def test_a_tf1_training_step_with_fed_ids_runs_every_sok_kernel_on_the_gpu():
+    with graph_session() as sess:
+        ids = tf.compat.v1.sparse_placeholder(tf.int64)
+        ev = sok.get_embedding_variable("tf1_on_gpu", 4, initializer=tf.ones_initializer())
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], combiners=["mean"])[0])
+        train = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(loss)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        before = sok.kernel_run_counts(by_op=True)
+        for _ in range(3):
+            sess.run(train, {ids: sparse_value([[1, 2], [3]])})
+        after = sok.kernel_run_counts(by_op=True)
+    ran = {op: {d: c[d] - before.get(op, {}).get(d, 0) for d in c} for op, c in after.items()}
+    for op in ("SokUniqueKeys", "SokEmbeddingVariableGather", "SokPooledCombine", "SokPooledCombineGrad",
+               "SokEmbeddingVariableSparseApply"):
+        assert ran[op] == {"CPU": 0, "GPU": 3}, (op, ran[op])
