@@ -12,6 +12,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from sparse_operation_kit import validation
 from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 
@@ -56,6 +57,23 @@ def _shard_files(path, var):
         raise FileNotFoundError(f"sok.load: the dump of '{name}' under {path} was written by {world} ranks "
                                 f"but the files of ranks {missing} are missing")
     return [files[r] for r in range(world)]
+
+
+_REQUIRED = ("keys", "values", "dim")
+
+
+def _read_shard(f, name):
+    """One shard's arrays; a truncated or corrupt file is an error naming it."""
+    try:
+        with np.load(f) as data:
+            shard = {k: data[k] for k in data.files}
+    except Exception as e:  # noqa: BLE001  zipfile.BadZipFile, EOFError, ValueError, OSError, ...
+        raise ValueError(f"sok.load: cannot read the shard {f} of '{name}': {type(e).__name__}: {e} "
+                         "(the file is truncated or corrupt)") from e
+    missing = [k for k in _REQUIRED if k not in shard]
+    if missing:
+        raise ValueError(f"sok.load: the shard {f} of '{name}' lacks {missing} (not a sok.dump shard, or corrupt)")
+    return shard
 
 
 def _ev_slots(shards, dim, name):
@@ -130,7 +148,7 @@ def load(path, variables, optimizer=None):
     _require_eager("load", variables)
     for var in variables:
         files = _shard_files(path, var)
-        shards = [dict(np.load(f)) for f in files]
+        shards = [_read_shard(f, _dir_name(var)) for f in files]
         dim = var.embedding_dim if isinstance(var, EmbeddingVariable) else int(var.shape[-1])
         for f, s in zip(files, shards):
             if int(s["dim"]) != dim:
@@ -141,6 +159,8 @@ def load(path, variables, optimizer=None):
         target = int(getattr(var, "target_gpu", -1))
         mine = _owned(keys, target, _dir_name(var))
         if isinstance(var, EmbeddingVariable):
+            # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
+            validation.check_key_dtype_fits(keys[mine], var.key_dtype, _dir_name(var), f"sok.load from {path}")
             slots, slot_kind, slot_init = _ev_slots(shards, dim, _dir_name(var))
             var._restore_from_tensors({
                 "keys": tf.constant(keys[mine]), "values": tf.constant(values[mine]),

@@ -5,7 +5,9 @@ lives in a TensorFlow resource (a core EmbeddingTable); optimizer slots, frequen
 last-update steps are stored beside each row.
 """
 import itertools
+import numbers
 
+import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit import compat, initializers
@@ -18,15 +20,28 @@ _uid = itertools.count()
 # ---------------------------------------------------------------------------------------------
 # Options (DeepRec's names and meanings)
 # ---------------------------------------------------------------------------------------------
+def _integral(value, what, minimum=None):
+    """`value` as an int; refuses non-integral values (4.7), bools and values below `minimum`."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, numbers.Real)):
+        raise TypeError(f"{what} must be an integer, got {value!r}")
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        if not float(value).is_integer():
+            raise ValueError(f"{what} must be an integer, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
 class InitializerOption:
     """Initial values of new keys: key k starts from row k mod default_value_dim of the
     initializer's [default_value_dim, dim] default-value matrix (deterministic per seed and key)."""
 
     def __init__(self, initializer=None, default_value_dim=4096, default_value_no_permission=0.0):
-        if default_value_dim is None or int(default_value_dim) < 0:
+        if default_value_dim is None:
             raise ValueError(f"default_value_dim must be >= 0, got {default_value_dim}")
         self.initializer = initializer
-        self.default_value_dim = int(default_value_dim)
+        self.default_value_dim = _integral(default_value_dim, "InitializerOption: default_value_dim", 0)
         self.default_value_no_permission = float(default_value_no_permission)
 
 
@@ -34,7 +49,7 @@ class CounterFilter:
     """Admits a key once it was looked up in training `filter_freq` times."""
 
     def __init__(self, filter_freq=0):
-        self.filter_freq = int(filter_freq)
+        self.filter_freq = _integral(filter_freq, "CounterFilter: filter_freq", 0)
 
 
 class GlobalStepEvict:
@@ -42,15 +57,22 @@ class GlobalStepEvict:
     (DeepRec evicts when it saves; here saving never changes the table: shrink, then save)."""
 
     def __init__(self, steps_to_live=None):
-        self.steps_to_live = int(steps_to_live or 0)
+        self.steps_to_live = _integral(steps_to_live or 0, "GlobalStepEvict: steps_to_live", 0)
 
 
 class L2WeightEvict:
     """Evicts keys whose embedding's L2 norm is below `l2_weight_threshold`, at `var.shrink(...)`
-    (saving never evicts: shrink, then save)."""
+    (saving never evicts: shrink, then save). The threshold is a norm: it must be >= 0 (DeepRec's
+    default -1 means "no eviction" and is accepted as exactly that)."""
 
     def __init__(self, l2_weight_threshold=-1.0):
-        self.l2_weight_threshold = float(l2_weight_threshold)
+        if isinstance(l2_weight_threshold, (bool, np.bool_)) or not isinstance(l2_weight_threshold, numbers.Real):
+            raise TypeError(f"L2WeightEvict: l2_weight_threshold must be a number, got {l2_weight_threshold!r}")
+        value = float(l2_weight_threshold)
+        if not np.isfinite(value) or (value < 0 and value != -1.0):
+            raise ValueError(f"L2WeightEvict: l2_weight_threshold must be >= 0 (or -1 for no eviction), got "
+                             f"{l2_weight_threshold}")
+        self.l2_weight_threshold = value
 
 
 class StorageOption:
@@ -81,6 +103,13 @@ class EmbeddingVariableOption:
 class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     """A [?, embedding_dim] table keyed by int32/int64 ids; rows appear on first training lookup.
 
+    Names: as with tf.Variable in eager execution, two eager tables may share a name; they are two
+    separate tables (each gets its own resource). A name still matters: it seeds the initial
+    values of new keys, and it is the key of the table in tf.compat.v1.train.Saver checkpoints and
+    sok.dump directories (which refuse two tables of one name). In TF1 graphs
+    sok.get_embedding_variable refuses a second table of the same name unless the variable scope
+    reuses it.
+
     It reads like a resource variable where TensorFlow allows it: `tf.nn.embedding_lookup(var,
     ids)`, `var.sparse_read(ids)`, and `tf.gradients` / `tf.GradientTape` give `tf.IndexedSlices`
     keyed by id. Train it through `sok.OptimizerWrapper(opt)` or `sok.SGD`.
@@ -105,9 +134,17 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         if tf.as_dtype(value_dtype) != tf.float32:
             raise TypeError(f"Embedding Variable '{name}': value_dtype must be float32, got "
                             f"{tf.as_dtype(value_dtype).name}")
+        if isinstance(embedding_dim, (bool, np.bool_)) or not isinstance(embedding_dim, (numbers.Real, np.ndarray)) \
+                or (isinstance(embedding_dim, np.ndarray) and embedding_dim.ndim != 0):
+            raise TypeError(f"Embedding Variable '{name}': embedding_dim must be a positive integer, got "
+                            f"{embedding_dim!r}")
+        if float(embedding_dim) != int(embedding_dim):
+            raise ValueError(f"Embedding Variable '{name}': embedding_dim must be an integer, got {embedding_dim!r}")
         embedding_dim = int(embedding_dim)
         if embedding_dim <= 0:
             raise ValueError(f"Embedding Variable '{name}': embedding_dim must be positive, got {embedding_dim}")
+        if steps_to_live is not None:
+            steps_to_live = _integral(steps_to_live, f"Embedding Variable '{name}': steps_to_live", 0)
         ev_option = ev_option or EmbeddingVariableOption()
         init_option = ev_option.init_option or InitializerOption(
             initializer, 4096 if default_value_dim is None else default_value_dim)
@@ -123,6 +160,7 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         if spec.kind == initializers.MATRIX and self._default_value_dim == 0:
             self._default_value_dim = int(spec.matrix.shape[0])
         self._init_spec = spec
+        self._initializer_arg = init_option.initializer  # for Keras configs (sok.layers)
         self._no_permission = init_option.default_value_no_permission
         self._filter_freq = ev_option.filter_option.filter_freq if ev_option.filter_option else 0
         evict = ev_option.evict_option
@@ -289,6 +327,9 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
 
     def _restore_from_tensors(self, restored_tensors):
         t = [restored_tensors[f] for f in self._CKPT_FIELDS]
+        from sparse_operation_kit import validation
+        key_check = validation.check_key_dtype_fits(t[0], self._key_dtype, self._name,
+                                                    f"cannot restore Embedding Variable '{self._name}'")
         if not tf.executing_eagerly() or tf.inside_function():
             deps = [tf.debugging.assert_equal(
                 tf.shape(t[1])[1], self._dim,
@@ -299,6 +340,8 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
                 raise ValueError(f"cannot restore Embedding Variable '{self._name}': the checkpoint has "
                                  f"dimension {t[1].shape[1]}, the variable {self._dim}")
             deps = []
+        if key_check is not None:
+            deps.append(key_check)
         # Restoring replaces initialization (TF1 Saver.restore, SavedModel load): create the table
         # first if it does not exist yet; an existing one keeps its content until the import.
         deps.append(self._initialize())

@@ -1,19 +1,38 @@
 """Keras layers over SOK tables (`tf.keras`: Keras 3, or tf_keras).
 
-Keras tracks its own variables only, so a layer's tables are not in `layer.trainable_variables`:
-take them from `layer.embedding_variables` (or `sok.layers.embedding_variables(model)`) and give
-them to the GradientTape and to `sok.OptimizerWrapper` next to the model's variables. Each table
-is also an attribute of the layer, which makes it a dependency for tf.train.Checkpoint and
-tf.saved_model.save.
+Training with `fit`: compile with the optimizer wrapped,
+
+    model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(1e-3)), loss=...)
+    model.fit(dataset)
+
+trains the layers' tables with SOK's fused sparse update of the same optimizer (the Keras
+optimizer trains everything else). A plain Keras optimizer raises an error at the first `fit`
+step naming the layer, the table and this fix (see sparse_operation_kit.keras_support: each table
+has a zero "gradient carrier" variable that Keras lists among the trainable weights). Custom
+loops can keep giving `layer.embedding_variables` (or `sok.layers.embedding_variables(model)`)
+to the tape and to `sok.OptimizerWrapper` next to the model's variables.
 
 Keras's `training` flag reaches the lookup: training=True inserts unseen ids into Embedding
-Variables and counts their frequencies; training=False or None (inference, as for Keras's own
-layers) reads unseen ids as their initial value and inserts nothing.
+Variables and counts their frequencies; training=False or None (evaluate, predict, inference, as
+for Keras's own layers) reads unseen ids as their initial value and inserts nothing. Anything else
+(e.g. "no") is an error.
+
+Saving: the layers are registered Keras serializables ("sok>Embedding", "sok>SparseEmbedding"):
+`keras.models.load_model` needs no custom_objects, and `.keras` files and `save_weights` /
+`load_weights` hold every row of every table (keys, values, optimizer slots, frequencies and
+last-update steps). Each table is also an attribute of the layer, which makes it a dependency
+for tf.train.Checkpoint and tf.saved_model.save.
 """
+import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit.embedding_variable import EmbeddingVariable, is_embedding_variable
+from sparse_operation_kit import keras_support, validation
+from sparse_operation_kit.embedding_variable import (CounterFilter, EmbeddingVariable, EmbeddingVariableOption,
+                                                     GlobalStepEvict, InitializerOption, L2WeightEvict,
+                                                     is_embedding_variable)
 from sparse_operation_kit.lookup import COMBINERS, lookup_sparse
+
+_register = keras_support.keras_module().saving.register_keras_serializable
 
 
 def embedding_variables(obj):
@@ -23,53 +42,159 @@ def embedding_variables(obj):
 
 def _training_flag(training, layer_name):
     """Keras's `training` (None, a bool or a constant tensor) as the Python bool the lookup needs."""
-    if training is None:
-        return False
-    if isinstance(training, (tf.Tensor, tf.Variable)):
-        value = tf.get_static_value(training)
-        if value is None:
-            raise ValueError(f"layer '{layer_name}': `training` must be a Python bool or a constant, "
-                             "because training and inference lookups are different ops")
-        return bool(value)
-    return bool(training)
+    return bool(validation.check_training_flag(training, f"layer '{layer_name}'"))
 
 
 def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def _cast_ids(ids, dtype):
-    """Keras inputs are often int32: ids take the key dtype of their Embedding Variable."""
-    if dtype is None or ids.dtype == dtype:
-        return ids
-    if isinstance(ids, tf.SparseTensor):
-        return tf.SparseTensor(ids.indices, tf.cast(ids.values, dtype), ids.dense_shape)
-    return tf.cast(ids, dtype)
+def _cast_ids(ids, dtype, table="table"):
+    """Keras inputs are often int32: ids take the key dtype of their Embedding Variable (int64 ids
+    for an int32 table must fit in int32: an error names the table otherwise)."""
+    return validation.cast_keys(ids, dtype, table)
 
 
-def _id_lists(ids, dtype):
+def _id_lists(ids, dtype, table="table"):
     """Ids per sample: a SparseTensor / RaggedTensor as given, a dense [batch, n] tensor as n ids
     per sample (Keras also traces models with dense float inputs, e.g. for tf.saved_model.save)."""
     if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
         ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids))
     if dtype is None and not ids.dtype.is_integer:
         dtype = tf.int64
-    return _cast_ids(ids, dtype)
+        if ids.dtype.is_floating:  # Keras traces models with float placeholders
+            ids = ids.with_values(tf.cast(ids.values, tf.int64)) if isinstance(ids, tf.SparseTensor) else \
+                ids.with_flat_values(tf.cast(ids.flat_values, tf.int64))
+    return _cast_ids(ids, dtype, table)
 
 
 def _new_table(name, dim, initializer, key_dtype, ev_option):
     return EmbeddingVariable(name, dim, key_dtype=key_dtype, initializer=initializer, ev_option=ev_option)
 
 
+# ---------------------------------------------------------------------------------------------
+# Serialization: a table as a config, and its rows in a Keras weights store
+# ---------------------------------------------------------------------------------------------
+def _initializer_config(init, table):
+    if init is None or isinstance(init, (str, bool, int, float)):
+        return init
+    if isinstance(init, (np.integer, np.floating)):
+        return init.item()
+    get_config = getattr(init, "get_config", None)
+    if get_config is not None:
+        return {"class_name": type(init).__name__, "config": get_config()}
+    raise ValueError(f"table '{table}': its initializer {init!r} cannot be saved in a Keras config; use a "
+                     "Keras/TensorFlow initializer, a number or 'random'/'zeros'/'ones'")
+
+
+def _initializer_from_config(config):
+    if isinstance(config, dict):
+        return keras_support.keras_module().initializers.get({"class_name": config["class_name"], "config": config["config"]})
+    return config
+
+
+def table_config(t):
+    """A JSON-able description from which `table_from_config` makes an equal, empty table."""
+    if isinstance(t, EmbeddingVariable):
+        return {"kind": "embedding_variable", "name": t.name, "embedding_dim": t.embedding_dim,
+                "key_dtype": t.key_dtype.name, "trainable": bool(t.trainable),
+                "initializer": _initializer_config(getattr(t, "_initializer_arg", None), t.name),
+                "default_value_dim": int(t._default_value_dim),
+                "default_value_no_permission": float(t._no_permission),
+                "filter_freq": int(t._filter_freq), "steps_to_live": int(t._steps_to_live),
+                "l2_weight_threshold": float(t._l2_threshold)}
+    name = getattr(t, "name", "static")
+    return {"kind": "static", "name": name[:-2] if name.endswith(":0") else name,
+            "shape": [int(d) for d in t.shape], "dtype": tf.as_dtype(t.dtype).name}
+
+
+def table_from_config(c):
+    if c["kind"] == "static":
+        var = tf.Variable(tf.zeros(c["shape"], c["dtype"]), name=c["name"])
+        var.target_gpu = -1
+        return var
+    evict = None
+    if c["steps_to_live"] > 0:
+        evict = GlobalStepEvict(c["steps_to_live"])
+    elif c["l2_weight_threshold"] >= 0:
+        evict = L2WeightEvict(c["l2_weight_threshold"])
+    option = EmbeddingVariableOption(
+        filter_option=CounterFilter(c["filter_freq"]) if c["filter_freq"] else None, evict_option=evict,
+        init_option=InitializerOption(_initializer_from_config(c["initializer"]), c["default_value_dim"],
+                                      c["default_value_no_permission"]))
+    return EmbeddingVariable(c["name"], c["embedding_dim"], key_dtype=c["key_dtype"], trainable=c["trainable"],
+                             ev_option=option)
+
+
+_FIELDS = EmbeddingVariable._CKPT_FIELDS
+
+
 class _TablesLayer(tf.keras.layers.Layer):
     """Owns the tables: new Embedding Variables, or existing SOK variables handed in."""
 
     def _set_tables(self, tables):
+        self.supports_jit = False  # SOK's ops have no XLA kernels (Keras 3 would compile fit's step)
         self._tables = tuple(tables)
+        carriers = []
         for i, table in enumerate(self._tables):
             # One attribute per table: Keras wraps lists in containers that TensorFlow's
             # checkpointing does not follow.
             setattr(self, f"table_{i}", table)
+            # tf_keras trains a static tf.Variable table itself (it tracks tf.Variables); Keras 3
+            # does not, so such tables get a carrier there too (its gradient raises an error).
+            if table.trainable and (is_embedding_variable(table) or keras_support.keras_is_v3()):
+                carrier = keras_support.make_carrier(self.name, i, table)
+                setattr(self, f"sok_gradient_carrier_{i}", carrier)
+                carriers.append(carrier)
+            else:
+                carriers.append(None)
+        self._carriers = tuple(carriers)
+
+    def _lookup(self, compute, training):
+        """compute() -> one output per table; with training, the tables' gradients also reach their
+        carriers, through which Keras's fit trains them."""
+        if not training:
+            return compute()
+        return keras_support.lookup_with_carriers(compute, self._tables, self._carriers)
+
+    def _tables_config(self):
+        return [table_config(t) for t in self._tables]
+
+    # --- Keras weights files (.keras, save_weights): the tables' every row ----------------------
+    def _keras_variables(self):
+        return list(self._trainable_variables) + list(self._non_trainable_variables) \
+            if hasattr(self, "_trainable_variables") else list(self.weights)
+
+    def save_own_variables(self, store):
+        for i, v in enumerate(self._keras_variables()):
+            store[f"{i}"] = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+        for i, t in enumerate(self._tables):
+            if is_embedding_variable(t):
+                for field, value in zip(_FIELDS, t.export()):
+                    store[f"sok_table_{i}_{field}"] = value.numpy()
+            elif not any(t is v for v in self._keras_variables()):
+                store[f"sok_table_{i}_values"] = np.asarray(t.numpy())
+
+    def load_own_variables(self, store):
+        own = self._keras_variables()
+        keys = set(store.keys())
+        expected = len([k for k in keys if not k.startswith("sok_table_")])
+        if expected != len(own):
+            raise ValueError(f"layer '{self.name}': the weights file holds {expected} Keras variables, the layer "
+                             f"has {len(own)}")
+        for i, v in enumerate(own):
+            if keras_support.is_carrier(v):
+                continue  # always zero
+            v.assign(np.asarray(store[f"{i}"]))
+        for i, t in enumerate(self._tables):
+            if is_embedding_variable(t):
+                missing = [f for f in _FIELDS if f"sok_table_{i}_{f}" not in keys]
+                if missing:
+                    raise ValueError(f"layer '{self.name}': the weights file has no rows of table '{t.name}' "
+                                     f"(missing {missing})")
+                t._restore_from_tensors({f: tf.constant(np.asarray(store[f"sok_table_{i}_{f}"])) for f in _FIELDS})
+            elif f"sok_table_{i}_values" in keys:
+                t.assign(np.asarray(store[f"sok_table_{i}_values"]))
 
     @property
     def embedding_variables(self):
@@ -81,6 +206,7 @@ class _TablesLayer(tf.keras.layers.Layer):
         return table.key_dtype if is_embedding_variable(table) else None
 
 
+@_register(package="sok")
 class Embedding(_TablesLayer):
     """One Embedding Variable as a Keras layer (like keras.layers.Embedding, with no vocabulary size).
 
@@ -96,8 +222,10 @@ class Embedding(_TablesLayer):
     """
 
     def __init__(self, embedding_dim=None, combiner=None, initializer=None, key_dtype=tf.int64,
-                 ev_option=None, embedding_variable=None, **kwargs):
+                 ev_option=None, embedding_variable=None, tables=None, **kwargs):
         super().__init__(**kwargs)
+        if tables is not None and embedding_variable is None:  # from_config
+            embedding_variable = table_from_config(tables[0])
         if combiner is not None and combiner not in COMBINERS:
             raise ValueError(f"layer '{self.name}': unknown combiner '{combiner}' (expected one of "
                              f"{', '.join(COMBINERS)})")
@@ -123,15 +251,22 @@ class Embedding(_TablesLayer):
     def call(self, ids, training=None):
         training = _training_flag(training, self.name)
         table = self._tables[0]
-        ids = _cast_ids(ids, table.key_dtype)
+        if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
+            ids = tf.convert_to_tensor(ids)
+            if not ids.dtype.is_integer:  # Keras traces models with float placeholders
+                ids = tf.cast(ids, tf.int64)
+        ids = _cast_ids(ids, table.key_dtype, table.name)
         if self.combiner is not None:
-            return lookup_sparse(table, _id_lists(ids, table.key_dtype), combiners=self.combiner,
-                                 training=training)
+            ids = _id_lists(ids, table.key_dtype, table.name)
+            ids = validation.check_lookup_inputs([table], [ids], None, [table.name])[0][0]
+            return self._lookup(lambda: [lookup_sparse(table, ids, combiners=self.combiner, training=training)],
+                                training)[0]
         if isinstance(ids, tf.SparseTensor):
             raise TypeError(f"layer '{self.name}': SparseTensor ids need a combiner")
         if isinstance(ids, tf.RaggedTensor):
-            return tf.ragged.map_flat_values(lambda flat: table.sparse_read(flat, training=training), ids)
-        return table.sparse_read(ids, training=training)
+            return self._lookup(lambda: [tf.ragged.map_flat_values(
+                lambda flat: table.sparse_read(flat, training=training), ids)], training)[0]
+        return self._lookup(lambda: [table.sparse_read(ids, training=training)], training)[0]
 
     def compute_output_shape(self, input_shape):
         if self.combiner is not None:
@@ -141,10 +276,11 @@ class Embedding(_TablesLayer):
     def get_config(self):
         config = super().get_config()
         config.update(embedding_dim=self.embedding_dim, combiner=self.combiner,
-                      key_dtype=self._tables[0].key_dtype.name)
+                      key_dtype=self._tables[0].key_dtype.name, tables=self._tables_config())
         return config
 
 
+@_register(package="sok")
 class SparseEmbedding(_TablesLayer):
     """Pooled lookups of one or many tables in one fused `sok.lookup_sparse` call.
 
@@ -159,8 +295,10 @@ class SparseEmbedding(_TablesLayer):
     """
 
     def __init__(self, embedding_dims=None, combiners="sum", initializers=None, key_dtype=tf.int64,
-                 ev_options=None, embedding_variables=None, **kwargs):
+                 ev_options=None, embedding_variables=None, tables=None, **kwargs):
         super().__init__(**kwargs)
+        if tables is not None and embedding_variables is None:  # from_config
+            embedding_variables = [table_from_config(c) for c in tables]
         if embedding_variables is None:
             if embedding_dims is None:
                 raise ValueError(f"layer '{self.name}': give embedding_dims or embedding_variables")
@@ -192,11 +330,16 @@ class SparseEmbedding(_TablesLayer):
         n = len(self._tables)
         if len(ids) != n:
             raise ValueError(f"layer '{self.name}': {n} tables but {len(ids)} id tensors")
-        ids = [_id_lists(x, self._key_dtype(i)) for i, x in enumerate(ids)]
+        names = [getattr(t, "name", f"table_{i}") for i, t in enumerate(self._tables)]
+        ids = [_id_lists(x, self._key_dtype(i), names[i]) for i, x in enumerate(ids)]
         weights = None if weights is None else _as_list(weights)
-        outs = lookup_sparse(list(self._tables), ids, sp_weights=weights, combiners=self.combiners,
-                             training=training, name=self.name)
-        return outs[0] if single else outs
+        if weights is not None and len(weights) != n:
+            raise ValueError(f"layer '{self.name}': {n} tables but {len(weights)} weight tensors")
+        ids, weights = validation.check_lookup_inputs(list(self._tables), ids, weights, names)
+        outs = self._lookup(lambda: lookup_sparse(list(self._tables), ids, sp_weights=weights,
+                                                  combiners=self.combiners, training=training, name=self.name),
+                            training)
+        return outs[0] if single else list(outs)
 
     def compute_output_shape(self, input_shape):
         shapes = input_shape if isinstance(input_shape, list) else [input_shape]
@@ -205,5 +348,6 @@ class SparseEmbedding(_TablesLayer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(embedding_dims=[int(t.shape[-1]) for t in self._tables], combiners=self.combiners)
+        config.update(embedding_dims=[int(t.shape[-1]) for t in self._tables], combiners=list(self.combiners),
+                      tables=self._tables_config())
         return config

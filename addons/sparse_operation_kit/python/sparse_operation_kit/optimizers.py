@@ -129,13 +129,36 @@ class _SparseUpdater:
             return step_var.assign_add(1).op if not tf.executing_eagerly() else step_var.assign_add(1)
 
 
+def make_updater(optimizer):
+    """The fused sparse update matching a Keras optimizer (ValueError if it has none)."""
+    kind, hyper = _keras_hyperparameters(optimizer)
+    if kind is None:
+        raise ValueError(f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
+                         f"variables (supported: {', '.join(SUPPORTED)})")
+    return _SparseUpdater(kind, hyper)
+
+
 class OptimizerWrapper(compat.AutoTrackable):
     """Wraps a tf.compat.v1.train or Keras (3 or tf_keras) optimizer: SOK Embedding Variables get
     the fused sparse update of the same optimizer, other variables the wrapped optimizer.
 
     Supported for Embedding Variables: SGD (no momentum), Adagrad, Adam (lazy: only touched rows
     move), FTRL.
+
+    Wrapping a Keras 3 or tf_keras optimizer gives a Keras optimizer (a subclass of Keras's
+    Optimizer, registered as "sok>OptimizerWrapper"), so `model.compile(optimizer=
+    sok.OptimizerWrapper(keras.optimizers.Adam(1e-3)))` + `model.fit` train the tables of SOK
+    layers (see sparse_operation_kit.keras_support); it also takes SOK tables in
+    `apply_gradients` of custom loops, as before.
     """
+
+    def __new__(cls, optimizer=None, *args, **kwargs):
+        if cls is OptimizerWrapper:
+            from sparse_operation_kit import keras_support
+            kind = keras_support.keras_optimizer_kind(optimizer)
+            if kind is not None:
+                return keras_support.wrapper_class(kind)(optimizer)
+        return super().__new__(cls)
 
     def __init__(self, optimizer):
         self._opt = optimizer
@@ -173,9 +196,8 @@ class OptimizerWrapper(compat.AutoTrackable):
         return list(zip(grads, var_list))
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
-        grads_and_vars = list(grads_and_vars)
-        sparse = [(g, v) for g, v in grads_and_vars if isinstance(v, EmbeddingVariable)]
-        dense = [(g, v) for g, v in grads_and_vars if not isinstance(v, EmbeddingVariable)]
+        from sparse_operation_kit.keras_support import split_gradients
+        sparse, dense = split_gradients(grads_and_vars)  # gradient carriers of SOK layers -> their tables
         step = None
         if not self._is_v1 and hasattr(self._opt, "iterations"):
             step = self._opt.iterations  # Keras: share the wrapped optimizer's step counter
@@ -231,9 +253,8 @@ class SGD(compat.AutoTrackable):
         return self._lr
 
     def apply_gradients(self, grads_and_vars, **kwargs):
-        grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
-        sparse = [(g, v) for g, v in grads_and_vars if isinstance(v, EmbeddingVariable)]
-        dense = [(g, v) for g, v in grads_and_vars if not isinstance(v, EmbeddingVariable)]
+        from sparse_operation_kit.keras_support import split_gradients
+        sparse, dense = split_gradients([(g, v) for g, v in grads_and_vars if g is not None])
         ops_ = [self._updater.apply(sparse)]
         lr = _value(self._lr)
         for g, v in dense:

@@ -1,0 +1,388 @@
+"""How `model.compile(optimizer=sok.OptimizerWrapper(keras_optimizer))` + `model.fit` train SOK
+tables, for Keras 3 and tf_keras alike, without touching Keras itself.
+
+Keras trains what `model.trainable_weights` lists and SOK tables are no Keras variables. Each
+table of a SOK layer therefore has a *gradient carrier*: a tiny trainable Keras variable (shape
+[1, dim], always zero) that Keras lists, differentiates and hands to the optimizer. A training
+lookup adds `carry(carrier)` (zeros whose gradient is the table's gradient: a tf.IndexedSlices
+keyed by id) to the layer's output, so Keras's own `train_step` computes the table's gradient as
+the carrier's. sok.OptimizerWrapper (a Keras optimizer) recognises carriers and applies their
+gradients to the table with SOK's fused sparse update (slots beside each row); every other
+variable goes to the wrapped optimizer.
+
+A plain Keras optimizer cannot update a hash table: when it tries to update a carrier (at the first
+`fit` step, while Keras traces it), the carrier raises an error that names the layer, the table
+and the fix. The carrier never changes, so it cannot alter the model's output.
+"""
+import numpy as np
+import tensorflow as tf
+
+from sparse_operation_kit.embedding_variable import EmbeddingVariable
+
+
+def keras_is_v3():
+    """True when `tf.keras` is Keras 3 (TF 2.16+ without TF_USE_LEGACY_KERAS=1)."""
+    return not tf.keras.layers.Layer.__module__.startswith("tf_keras")
+
+
+def keras_module():
+    """The Keras that `tf.keras` is: Keras 3's `keras` package, or `tf_keras`."""
+    if keras_is_v3():
+        import keras
+        return keras
+    import tf_keras
+    return tf_keras
+
+
+def _refusal(carrier):
+    return (f"layer '{carrier._sok_layer}': its SOK table '{carrier._sok_table.name}' is a hash table that a plain "
+            "Keras optimizer cannot update (it tried to update the table's gradient carrier "
+            f"'{carrier._sok_carrier_name}'); compile with the optimizer wrapped: "
+            "model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(...)), ...)")
+
+
+def _is_zero_constant(value):
+    v = tf.get_static_value(value) if isinstance(value, (tf.Tensor, tf.Variable)) else value
+    if v is None:
+        return False
+    try:
+        return not np.any(np.asarray(v))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class _CarrierMixin:
+    """Refuses every update: only sok.OptimizerWrapper handles carrier gradients (loading zeros is
+    allowed, so that weight files and checkpoints restore)."""
+
+    def assign(self, value, *args, **kwargs):
+        if _is_zero_constant(value):
+            return super().assign(value, *args, **kwargs)
+        raise TypeError(_refusal(self))
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError(_refusal(self))
+
+    assign_add = assign_sub = _refuse
+    scatter_add = scatter_sub = scatter_update = scatter_max = scatter_min = _refuse
+    scatter_mul = scatter_div = scatter_nd_add = scatter_nd_sub = scatter_nd_update = _refuse
+    batch_scatter_update = _refuse
+
+
+_carrier_classes = {}
+
+
+def _carrier_class():
+    key = keras_is_v3()
+    if key not in _carrier_classes:
+        if key:
+            import keras
+
+            class Keras3Carrier(_CarrierMixin, keras.Variable):
+                # Keras 3 optimizers update raw tf.Variables (`v.value`), past any override here; but
+                # first they give each variable marked `overwrite_with_gradient` its gradient through
+                # `v.assign(gradient)`, which this class refuses with the error that names the fix.
+                @property
+                def overwrite_with_gradient(self):
+                    return True
+
+                @overwrite_with_gradient.setter
+                def overwrite_with_gradient(self, value):
+                    pass
+
+            _carrier_classes[key] = Keras3Carrier
+        else:
+            # tf_keras tracks tf.Variables; a subclass needs TensorFlow's concrete resource variable.
+            from tensorflow.python.ops.resource_variable_ops import ResourceVariable
+
+            class TfKerasCarrier(_CarrierMixin, ResourceVariable):
+                pass
+
+            _carrier_classes[key] = TfKerasCarrier
+    return _carrier_classes[key]
+
+
+def make_carrier(layer_name, index, table):
+    """The gradient carrier of `table` (an attribute of its layer: Keras tracks it)."""
+    cls = _carrier_class()
+    name = f"sok_gradient_carrier_{index}"
+    dim = int(table.shape[-1])
+    if keras_is_v3():
+        carrier = cls(initializer="zeros", shape=(1, dim), dtype="float32", trainable=True, name=name)
+    else:
+        carrier = cls(tf.zeros([1, dim]), trainable=True, name=name)
+    carrier._sok_table = table
+    carrier._sok_layer = layer_name
+    carrier._sok_carrier_name = name
+    return carrier
+
+
+def is_carrier(v):
+    return getattr(v, "_sok_table", None) is not None and isinstance(v, _CarrierMixin)
+
+
+def carrier_table(v):
+    return v._sok_table
+
+
+def _carrier_value(carrier):
+    if keras_is_v3():
+        return tf.convert_to_tensor(carrier.value)
+    return tf.convert_to_tensor(carrier)
+
+
+def lookup_with_carriers(compute, tables, carriers):
+    """Runs `compute()` (a list of outputs, output i computed from tables[i]; a RaggedTensor output
+    counts by its flat values) and returns its outputs with each table's gradient also routed to
+    its carrier. Outputs of static tables (tf.Variables) are left as they are: Keras trains
+    those only when they are Keras variables."""
+    with tf.GradientTape(persistent=True) as inner:  # watches the trainable tables as they are read
+        outs = compute()
+    result = []
+    for out, table, carrier in zip(outs, tables, carriers):
+        if carrier is None:
+            result.append(out)
+            continue
+        flat = out.flat_values if isinstance(out, tf.RaggedTensor) else out
+        flat = flat + _carry(_carrier_value(carrier), flat, inner, table)
+        result.append(out.with_flat_values(flat) if isinstance(out, tf.RaggedTensor) else flat)
+    return result
+
+
+def _carry(carrier_value, out, inner, table):
+    """Zeros like `out`; the gradient reaching them becomes the table's gradient, given to the
+    carrier (a tf.IndexedSlices keyed by id)."""
+
+    @tf.custom_gradient
+    def carry(c, o):
+        def grad(dy):
+            g = inner.gradient(out, table, output_gradients=dy)
+            if g is None:
+                return tf.zeros_like(c), None
+            if not isinstance(g, tf.IndexedSlices):  # not expected: lookups give IndexedSlices
+                raise TypeError(f"the gradient of SOK table '{table.name}' is not tf.IndexedSlices")
+            return tf.IndexedSlices(g.values, g.indices), None
+
+        return tf.zeros_like(o), grad
+
+    return carry(carrier_value, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# sok.OptimizerWrapper as a Keras optimizer
+# ---------------------------------------------------------------------------------------------
+def split_gradients(grads_and_vars):
+    """-> (sparse pairs (gradient, EmbeddingVariable), other pairs). A carrier's gradient goes to
+    its table, unless the table's own gradient is in the list too (a custom loop that passes
+    model.trainable_variables + sok.layers.embedding_variables(model)): one update per table."""
+    grads_and_vars = list(grads_and_vars)
+    direct = {id(v) for _, v in grads_and_vars if isinstance(v, EmbeddingVariable)}
+    sparse, dense = [], []
+    for g, v in grads_and_vars:
+        if isinstance(v, EmbeddingVariable):
+            sparse.append((g, v))
+        elif is_carrier(v):
+            table = carrier_table(v)
+            if id(table) not in direct and g is not None:
+                sparse.append((g, table))
+        else:
+            dense.append((g, v))
+    return sparse, dense
+
+
+_wrapper_classes = {}
+
+
+def keras_optimizer_kind(optimizer):
+    """"keras3", "tf_keras" or None: which Keras's (new-style) optimizer `optimizer` is."""
+    try:
+        import keras
+        if isinstance(optimizer, keras.optimizers.Optimizer):
+            return "keras3"
+    except ImportError:
+        pass
+    try:
+        import tf_keras
+        if isinstance(optimizer, tf_keras.optimizers.Optimizer):
+            return "tf_keras"
+    except ImportError:
+        pass
+    return None
+
+
+def wrapper_class(kind):
+    if kind not in _wrapper_classes:
+        _wrapper_classes[kind] = _make_keras3_wrapper() if kind == "keras3" else _make_tf_keras_wrapper()
+    return _wrapper_classes[kind]
+
+
+def _sparse_then_dense(updater, opt, sparse, dense, apply_dense):
+    """SOK's update (at the wrapped optimizer's current step), then the wrapped optimizer's."""
+    step = opt.iterations
+    update = updater.apply(sparse, step=step)
+    dense = [(g, v) for g, v in dense if g is not None]
+    with tf.control_dependencies([update] if isinstance(update, (tf.Operation, tf.Tensor)) and
+                                 not tf.executing_eagerly() else []):
+        if dense:
+            apply_dense(dense)
+        else:
+            step.assign_add(1)
+
+
+def _make_keras3_wrapper():
+    import keras
+
+    from sparse_operation_kit.optimizers import make_updater
+
+    @keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
+    class KerasOptimizerWrapper(keras.optimizers.Optimizer):
+        """sok.OptimizerWrapper(keras.optimizers.X(...)) for Keras 3: a Keras optimizer, so that
+        `model.compile(optimizer=...)` takes it. SOK tables (their gradient carriers in `fit`, or
+        the tables themselves in custom loops) get SOK's fused sparse update of the same
+        optimizer at the wrapped optimizer's step; every other variable the wrapped optimizer."""
+
+        def __init__(self, optimizer, name=None, **kwargs):
+            if isinstance(optimizer, dict):
+                optimizer = keras.optimizers.deserialize(optimizer)
+            updater = make_updater(optimizer)
+            super().__init__(learning_rate=0.0, name=name or f"sok_{optimizer.name}")
+            self._opt = optimizer
+            self._sok_updater = updater
+
+        @property
+        def optimizer(self):
+            return self._opt
+
+        @property
+        def iterations(self):
+            return self._opt.iterations
+
+        @property
+        def learning_rate(self):
+            return self._opt.learning_rate
+
+        @learning_rate.setter
+        def learning_rate(self, value):
+            self._opt.learning_rate = value
+
+        @property
+        def variables(self):
+            return self._opt.variables
+
+        def build(self, variables):
+            _, dense = split_gradients([(None, v) for v in variables])
+            self._opt.build([v for _, v in dense])
+            self.built = True
+
+        def apply_gradients(self, grads_and_vars):
+            grads_and_vars = list(grads_and_vars)
+            self.apply([g for g, _ in grads_and_vars], [v for _, v in grads_and_vars])
+            return self.iterations
+
+        def apply(self, grads, trainable_variables=None):
+            if trainable_variables is None:
+                raise ValueError("sok.OptimizerWrapper.apply needs trainable_variables")
+            sparse, dense = split_gradients(zip(grads, trainable_variables))
+
+            def apply_dense(pairs):
+                if not self._opt.built:
+                    self._opt.build([v for _, v in pairs])
+                self._opt.apply([g for g, _ in pairs], [v for _, v in pairs])
+
+            _sparse_then_dense(self._sok_updater, self._opt, sparse, dense, apply_dense)
+
+        def scale_loss(self, loss):
+            return self._opt.scale_loss(loss)
+
+        def finalize_variable_values(self, var_list):
+            _, dense = split_gradients([(None, v) for v in var_list])
+            self._opt.finalize_variable_values([v for _, v in dense])
+
+        # The wrapped optimizer is a child of this one in .keras files and checkpoints: it saves its
+        # own variables (this one has none of its own to save).
+        def save_own_variables(self, store):
+            pass
+
+        def load_own_variables(self, store):
+            pass
+
+        def get_config(self):
+            return {"name": self.name, "optimizer": keras.optimizers.serialize(self._opt)}
+
+        @classmethod
+        def from_config(cls, config, custom_objects=None):
+            return cls(**config)
+
+    return KerasOptimizerWrapper
+
+
+def _make_tf_keras_wrapper():
+    import tf_keras
+
+    from sparse_operation_kit.optimizers import make_updater
+
+    @tf_keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
+    class TfKerasOptimizerWrapper(tf_keras.optimizers.Optimizer):
+        """sok.OptimizerWrapper(tf_keras.optimizers.X(...)): a tf_keras optimizer (see the Keras 3
+        wrapper)."""
+
+        def __init__(self, optimizer, name=None, **kwargs):
+            if isinstance(optimizer, dict):
+                optimizer = tf_keras.optimizers.deserialize(optimizer)
+            updater = make_updater(optimizer)
+            super().__init__(name=name or f"sok_{optimizer.name}")
+            self._opt = optimizer
+            self._sok_updater = updater
+
+        @property
+        def optimizer(self):
+            return self._opt
+
+        @property
+        def iterations(self):
+            return self._opt.iterations
+
+        @iterations.setter
+        def iterations(self, variable):
+            pass  # the wrapped optimizer counts the steps
+
+        @property
+        def learning_rate(self):
+            return self._opt.learning_rate
+
+        @learning_rate.setter
+        def learning_rate(self, value):
+            self._opt.learning_rate = value
+
+        @property
+        def variables(self):
+            return self._opt.variables
+
+        def save_own_variables(self, store):
+            pass  # the wrapped optimizer, a child of this one, saves its variables
+
+        def load_own_variables(self, store):
+            pass
+
+        def build(self, var_list):
+            _, dense = split_gradients([(None, v) for v in var_list])
+            self._opt.build([v for _, v in dense])
+
+        def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
+            sparse, dense = split_gradients(grads_and_vars)
+            _sparse_then_dense(self._sok_updater, self._opt, sparse, dense,
+                               lambda pairs: self._opt.apply_gradients(pairs))
+            return self.iterations
+
+        def finalize_variable_values(self, var_list):
+            _, dense = split_gradients([(None, v) for v in var_list])
+            self._opt.finalize_variable_values([v for _, v in dense])
+
+        def get_config(self):
+            return {"name": self.name, "optimizer": tf_keras.optimizers.serialize(self._opt)}
+
+        @classmethod
+        def from_config(cls, config, custom_objects=None):
+            return cls(**config)
+
+    return TfKerasOptimizerWrapper
