@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "addons/sparse_operation_kit/core/lookup.h"
 #include "addons/sparse_operation_kit/core/status.h"
@@ -61,10 +62,14 @@ struct GpuLookupError {
   int64_t blocks_done;  // device-side counter of the fused checks (reset_lookup_error sets it)
 };
 // One record per call in flight: two calls running at once must not share a record.
-// Sets the record to "no error" (position = -1), ordered on `stream`.
-Status reset_lookup_error(GpuLookupError* d_err, cudaStream_t stream);
+// Sets `count` consecutive records to "no error" (position = -1), ordered on `stream`.
+Status reset_lookup_error(GpuLookupError* d_err, cudaStream_t stream, int count = 1);
 // Synchronises `stream` and returns Invalid("<what>: id <v> at position <p> ...") if set.
 Status check_lookup_error(const GpuLookupError* d_err, const std::string& what, cudaStream_t stream);
+// The same for what.size() consecutive records, with one copy and one synchronisation; the first
+// record holding an error wins.
+Status check_lookup_errors(const GpuLookupError* d_err, const std::vector<std::string>& what,
+                           cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Which sample each id belongs to: exactly one of the two is set.
@@ -119,6 +124,15 @@ Status pooled_backward(const float* grad_out, int64_t dim, const int32_t* invers
                        const float* weights, int64_t n, int64_t batch, Combiner combiner,
                        int64_t num_rows, const int64_t* d_num_rows, float* grad_rows,
                        cudaStream_t stream, DeviceAllocator* alloc = nullptr);
+
+// The same gradient summed with atomics (segment_ids layout): a few launches instead of a sort,
+// but the order of the additions into a row varies between runs, as in TensorFlow's own GPU
+// unsorted_segment_sum. The TF glue uses it unless op determinism is required. Bad segment ids or
+// rows are skipped.
+Status pooled_backward_unordered(const float* grad_out, int64_t dim, const int32_t* inverse,
+                                 const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
+                                 Combiner combiner, int64_t num_rows, float* grad_rows, cudaStream_t stream,
+                                 DeviceAllocator* alloc = nullptr);
 
 // Static (dense) tables, table[num_rows, dim] row-major on the device. I = int32_t or int64_t.
 // out[i] = table[ids[i]]; an id outside [0, num_rows) is reported through d_err (required) and

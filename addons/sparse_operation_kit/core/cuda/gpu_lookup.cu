@@ -107,15 +107,14 @@ Status cuda_status(cudaError_t e, const char* what) {
                          cudaGetErrorString(e) + ")");
 }
 
-Status reset_lookup_error(GpuLookupError* d_err, cudaStream_t stream) {
-  SOK_CUDA_RETURN(cudaMemsetAsync(d_err, 0xff, sizeof(GpuLookupError), stream));
+Status reset_lookup_error(GpuLookupError* d_err, cudaStream_t stream, int count) {
+  SOK_CUDA_RETURN(cudaMemsetAsync(d_err, 0xff, count * sizeof(GpuLookupError), stream));
   return Status::OK();
 }
 
-Status check_lookup_error(const GpuLookupError* d_err, const std::string& what, cudaStream_t stream) {
-  GpuLookupError h;
-  SOK_CUDA_RETURN(cudaMemcpyAsync(&h, d_err, sizeof(h), cudaMemcpyDeviceToHost, stream));
-  SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+namespace {
+// The message of a record read back to the host (OK if it holds no error).
+Status describe_lookup_error(const GpuLookupError& h, const std::string& what) {
   if (h.packed == -1) return Status::OK();
   const int64_t pos = static_cast<int64_t>(static_cast<uint64_t>(h.packed) >> 3);
   const int64_t kind = h.packed & 7;
@@ -131,6 +130,22 @@ Status check_lookup_error(const GpuLookupError* d_err, const std::string& what, 
          " is not a valid split (must start at 0, not decrease, and end at the number of ids)";
   }
   return Status::Invalid(m);
+}
+}  // namespace
+
+Status check_lookup_error(const GpuLookupError* d_err, const std::string& what, cudaStream_t stream) {
+  return check_lookup_errors(d_err, {what}, stream);
+}
+
+Status check_lookup_errors(const GpuLookupError* d_err, const std::vector<std::string>& what,
+                           cudaStream_t stream) {
+  std::vector<GpuLookupError> h(what.size());
+  if (h.empty()) return Status::OK();
+  SOK_CUDA_RETURN(cudaMemcpyAsync(h.data(), d_err, h.size() * sizeof(GpuLookupError), cudaMemcpyDeviceToHost,
+                                  stream));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+  for (size_t i = 0; i < h.size(); ++i) SOK_RETURN_IF_ERROR(describe_lookup_error(h[i], what[i]));
+  return Status::OK();
 }
 
 namespace {
@@ -1268,6 +1283,67 @@ Status pooled_backward(const float* grad_out, int64_t dim, const int32_t* invers
   }
   return detail::sum_rows_by_group(grad_out, dim, inverse, src_row, batch, weights, scale, n,
                                    num_rows, d_num_rows, grad_rows, stream, alloc);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Unordered pooled backward: atomics instead of a sort.
+
+namespace {
+
+// sums[b] = sum over the ids of sample b of w (mean) or w^2 (sqrtn).
+__global__ void k_weight_sums(const int64_t* seg, const float* weights, int64_t n, int64_t batch, bool squares,
+                              float* sums) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = seg[i];
+    if (b < 0 || b >= batch) continue;
+    const float w = weights ? weights[i] : 1.f;
+    atomicAdd(&sums[b], squares ? w * w : w);
+  }
+}
+
+// grad_rows[inverse[i], c] += scale_i * grad_out[seg[i], c], one thread per (id, column).
+__global__ void k_backward_unordered(const float* grad_out, int64_t dim, const int32_t* inverse, const int64_t* seg,
+                                     const float* weights, int64_t n, int64_t batch, int64_t num_rows,
+                                     const float* sums, int combiner, float* grad_rows) {
+  const int64_t total = n * dim;
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = t / dim, c = t - i * dim;
+    const int64_t b = seg[i], r = inverse[i];
+    if (b < 0 || b >= batch || r < 0 || r >= num_rows) continue;
+    float s = weights ? weights[i] : 1.f;
+    if (combiner == static_cast<int>(Combiner::kMean)) {
+      s = sums[b] == 0.f ? 0.f : s / sums[b];
+    } else if (combiner == static_cast<int>(Combiner::kSqrtn)) {
+      s = sums[b] == 0.f ? 0.f : s / sqrtf(sums[b]);
+    }
+    atomicAdd(&grad_rows[r * dim + c], s * grad_out[b * dim + c]);
+  }
+}
+
+}  // namespace
+
+Status pooled_backward_unordered(const float* grad_out, int64_t dim, const int32_t* inverse,
+                                 const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
+                                 Combiner combiner, int64_t num_rows, float* grad_rows, cudaStream_t stream,
+                                 DeviceAllocator* alloc) {
+  if (num_rows <= 0 || dim <= 0) return Status::OK();
+  SOK_CUDA_RETURN(cudaMemsetAsync(grad_rows, 0, static_cast<size_t>(num_rows) * dim * sizeof(float), stream));
+  if (n <= 0 || batch <= 0) return Status::OK();
+  Temp sums;
+  if (combiner != Combiner::kSum) {
+    SOK_RETURN_IF_ERROR(sums.alloc(alloc, batch * sizeof(float), stream));
+    SOK_CUDA_RETURN(cudaMemsetAsync(sums.as<float>(), 0, batch * sizeof(float), stream));
+    k_weight_sums<<<grid_for(n, kBlock), kBlock, 0, stream>>>(segment_ids, weights, n, batch,
+                                                              combiner == Combiner::kSqrtn, sums.as<float>());
+    SOK_LAUNCH_CHECK();
+  }
+  k_backward_unordered<<<grid_for(n * dim, kBlock), kBlock, 0, stream>>>(
+      grad_out, dim, inverse, segment_ids, weights, n, batch, num_rows,
+      combiner != Combiner::kSum ? sums.as<float>() : nullptr, static_cast<int>(combiner), grad_rows);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
 }
 
 // ------------------------------------------------------------------------------------------------

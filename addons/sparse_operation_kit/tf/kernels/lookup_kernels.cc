@@ -13,6 +13,7 @@
 #include "addons/sparse_operation_kit/tf/kernels/embedding_variable_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/util/determinism.h"
 
 namespace tensorflow {
 namespace sok_kernels {
@@ -135,27 +136,33 @@ struct LookupSteps<GpuDevice> {
     Tensor err_t;
     sok::gpu::GpuLookupError* d_err;
     TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &err_t, &d_err));
+    TF_RETURN_IF_ERROR(ToTf(sok::gpu::reset_lookup_error(d_err, stream, n)));
+    std::vector<std::string> what(n);
     for (int i = 0; i < n; ++i) {
       const PooledArgs& a = tables[i];
       sok::gpu::Segments seg;
       seg.segment_ids = a.segment_ids;
-      TF_RETURN_IF_ERROR(ToTf(sok::gpu::reset_lookup_error(d_err + i, stream)));
       TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_forward(a.src, a.dim, a.num_rows, a.inverse, seg, a.weights, a.n,
                                                        a.batch, a.combiner, a.out, stream, d_err + i, &alloc)));
+      what[i] = "lookup of table '" + *a.name + "'";
     }
-    for (int i = 0; i < n; ++i) {
-      TF_RETURN_IF_ERROR(
-          ToTf(sok::gpu::check_lookup_error(d_err + i, "lookup of table '" + *tables[i].name + "'", stream)));
-    }
-    return OkStatus();
+    return ToTf(sok::gpu::check_lookup_errors(d_err, what, stream));
   }
 
   // Bad indices are skipped by the core (never read or written out of bounds); the forward of
-  // the same ids reports them.
+  // the same ids reports them. Sums with atomics (a few launches per table) unless op
+  // determinism is required (tf.config.experimental.enable_op_determinism), as TF's own ops do.
   static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) {
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
+    const bool deterministic = OpDeterminismRequired();
     for (const PooledArgs& a : tables) {
+      if (!deterministic) {
+        TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_backward_unordered(a.src, a.dim, a.inverse, a.segment_ids,
+                                                                    a.weights, a.n, a.batch, a.combiner,
+                                                                    a.num_rows, a.out, stream, &alloc)));
+        continue;
+      }
       sok::gpu::Segments seg;
       seg.segment_ids = a.segment_ids;
       TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch,
