@@ -113,3 +113,44 @@ def test_a_tf1_training_step_with_fed_ids_runs_every_sok_kernel_on_the_gpu():
     for op in ("SokUniqueKeys", "SokEmbeddingVariableGather", "SokPooledCombine", "SokPooledCombineGrad",
                "SokEmbeddingVariableSparseApply"):
         assert ran[op] == {"CPU": 0, "GPU": 3}, (op, ran[op])
+
+
+def test_gradients_under_op_determinism_are_bitwise_repeatable_and_match_the_default_path():
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import tensorflow as tf
+        import sparse_operation_kit as sok
+        deterministic = sys.argv[1] == "1"
+        if deterministic:
+            tf.config.experimental.enable_op_determinism()
+        rng = np.random.default_rng(5)
+        ids = tf.RaggedTensor.from_row_lengths(tf.constant(rng.integers(0, 50, 4000), tf.int64),
+                                               tf.constant([4] * 1000, tf.int64))
+        w = tf.RaggedTensor.from_row_lengths(tf.constant(rng.random(4000), tf.float32), tf.constant([4] * 1000, tf.int64))
+        up = tf.constant(rng.standard_normal([1000, 8]), tf.float32)
+        ev = sok.get_embedding_variable("det", 8)
+        grads = []
+        for _ in range(2):
+            with tf.GradientTape() as tape:
+                out = sok.lookup_sparse([ev], [ids], sp_weights=[w], combiners=["mean"])[0]
+                loss = tf.reduce_sum(out * up)
+            g = tape.gradient(loss, ev)
+            order = np.argsort(g.indices.numpy())
+            grads.append(g.values.numpy()[order])
+        np.save(sys.argv[2], np.stack(grads))
+    """)
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        results = {}
+        for det in ("1", "0"):
+            path = os.path.join(d, f"g{det}.npy")
+            r = subprocess.run([sys.executable, "-c", code, det, path], env=subprocess_env(), capture_output=True,
+                               text=True, timeout=300)
+            assert r.returncode == 0, r.stderr[-3000:]
+            results[det] = np.load(path)
+    det, default = results["1"], results["0"]
+    np.testing.assert_array_equal(det[0], det[1])  # bit-for-bit repeatable
+    np.testing.assert_allclose(default[0], det[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(default[1], det[0], rtol=1e-5, atol=1e-6)
