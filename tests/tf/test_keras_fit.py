@@ -145,9 +145,9 @@ def test_layers_are_registered_serializables():
         np.testing.assert_array_equal(a.sparse_read(ids, training=False), b.sparse_read(ids, training=False))
 
 
-def _trained_model(path_name):
+def _trained_model(path_name, layer="sparse"):
     rows, labels = parity_data(512, seed=7)
-    model, emb = ragged_model(sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), name=unique_name(path_name))
+    model, emb = ragged_model(sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), layer, name=unique_name(path_name))
     model.fit(ragged_dataset(rows, labels), epochs=2, verbose=0)
     probe_rows, probe_labels = parity_data(128, seed=8)
     unseen_rows, _ = parity_data(128, seed=9, offset=4 * VOCAB)
@@ -155,14 +155,15 @@ def _trained_model(path_name):
     return model, emb, probe, ragged_dataset(rows, labels)
 
 
-def test_keras_file_round_trip_is_bit_exact(tmp_path):
-    model, emb, probe, train = _trained_model("saved")
+@pytest.mark.parametrize("layer", ["sparse", "embedding"])
+def test_keras_file_round_trip_is_bit_exact(tmp_path, layer):
+    model, emb, probe, train = _trained_model("saved", layer)
     expected = model.predict(probe, verbose=0)
     path = str(tmp_path / "model.keras")
     model.save(path)
     loaded = keras.models.load_model(path)  # no custom_objects
     layer = loaded.get_layer(emb.name)
-    assert isinstance(layer, sok.SparseEmbedding)
+    assert type(layer) is type(emb)
     assert_tables_bit_equal(emb.embedding_variables[0], layer.embedding_variables[0])
     got = loaded.predict(probe, verbose=0)
     assert got.tobytes() == expected.tobytes()
@@ -270,3 +271,15 @@ def test_tf_keras_fit_trains_sok_tables(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(os.path.abspath(__file__)))
     assert proc.returncode == 0 and "TF_KERAS_OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def test_static_table_in_fit_is_an_error_not_a_silent_no_op():
+    static = sok.Variable(np.ones([VOCAB, 2], np.float32), name=unique_name("static"))
+    inp = keras.Input(shape=(None,), dtype="int64", ragged=True)
+    emb = sok.SparseEmbedding(embedding_variables=[static], combiners="sum", name=unique_name("with_static"))
+    model = keras.Model(inp, keras.layers.Dense(1)(emb(inp)))
+    model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.SGD(0.1)), loss="mse")
+    rows, labels = parity_data(32, seed=11)
+    with pytest.raises(TypeError, match=f"layer '{emb.name}': its static table .* cannot be trained by Keras 3's fit"):
+        model.fit(ragged_dataset(rows, labels), epochs=1, verbose=0)
+    np.testing.assert_array_equal(static.numpy(), np.ones([VOCAB, 2], np.float32))

@@ -183,8 +183,15 @@ def split_gradients(grads_and_vars):
             sparse.append((g, v))
         elif is_carrier(v):
             table = carrier_table(v)
-            if id(table) not in direct and g is not None:
-                sparse.append((g, table))
+            if g is None or id(table) in direct:
+                continue
+            if not isinstance(table, EmbeddingVariable):
+                name = getattr(table, "name", "?")
+                raise TypeError(f"layer '{v._sok_layer}': its static table '{name}' (a tf.Variable, not a Keras "
+                                "variable) cannot be trained by Keras 3's fit; use a sok.DynamicVariable / "
+                                "sok.EmbeddingVariable for it, or keras.layers.Embedding, or train it in a "
+                                "custom loop (tape + sok.OptimizerWrapper with the table in the variable list)")
+            sparse.append((g, table))
         else:
             dense.append((g, v))
     return sparse, dense

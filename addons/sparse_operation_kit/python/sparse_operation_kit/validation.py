@@ -100,7 +100,7 @@ def _positions(x):
         return x.indices
     if x.ragged_rank != 1:
         x = x.merge_dims(1, -1)
-    rows = x.value_rowids(out_type=tf.int64)
+    rows = tf.cast(x.value_rowids(), tf.int64)
     starts = tf.gather(x.row_splits, rows)
     cols = tf.range(tf.shape(x.values, out_type=tf.int64)[0], dtype=tf.int64) - tf.cast(starts, tf.int64)
     return tf.stack([rows, cols], 1)
@@ -133,8 +133,9 @@ def check_lookup_inputs(params, sp_ids, sp_weights, names):
         checks = [c for c in checks if c is not None]
         if checks:
             with tf.control_dependencies(checks):
+                # The ids' values too: nothing is inserted before the checks passed.
                 if isinstance(ids, tf.SparseTensor):
-                    ids = tf.SparseTensor(tf.identity(ids.indices), ids.values, ids.dense_shape)
+                    ids = tf.SparseTensor(tf.identity(ids.indices), tf.identity(ids.values), ids.dense_shape)
                 else:
                     ids = ids.with_flat_values(tf.identity(ids.flat_values))
         out_ids.append(ids)
