@@ -283,3 +283,66 @@ def test_static_table_in_fit_is_an_error_not_a_silent_no_op():
     with pytest.raises(TypeError, match=f"layer '{emb.name}': its static table .* cannot be trained by Keras 3's fit"):
         model.fit(ragged_dataset(rows, labels), epochs=1, verbose=0)
     np.testing.assert_array_equal(static.numpy(), np.ones([VOCAB, 2], np.float32))
+
+
+@pytest.mark.parametrize("layer", ["sparse", "embedding"])
+def test_fit_with_dense_padded_ids(layer):
+    """Dense [batch, n] ids padded with padding_id: the padding is never looked up, inserted or
+    pooled (without padding_id it would be an id like any other)."""
+    rows, labels = parity_data(1024, seed=12)
+    padded = np.full([len(rows), 3], -1, np.int64)
+    for i, r in enumerate(rows):
+        padded[i, :len(r)] = r
+    name = unique_name("padded")
+    inp = keras.Input(shape=(3,), dtype="int64")
+    if layer == "sparse":
+        emb = sok.SparseEmbedding(8, combiners="mean", initializers=UNIFORM, padding_id=-1, name=name)
+    else:
+        emb = sok.Embedding(8, combiner="mean", initializer=UNIFORM, padding_id=-1, name=name)
+    model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(emb(inp)))
+    model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), loss="binary_crossentropy",
+                  metrics=["accuracy"])
+    table = emb.embedding_variables[0]
+    # Pooling skips the padding: the same output as the ragged ids.
+    ragged = tf.ragged.constant(rows[:8], dtype=tf.int64)
+    np.testing.assert_array_equal(emb(tf.constant(padded[:8])), emb(ragged))
+    history = model.fit(tf.data.Dataset.from_tensor_slices((padded, labels)).batch(32), epochs=4, verbose=0)
+    keys = set(table.export()[0].numpy().tolist())
+    assert -1 not in keys and keys == {k for r in rows for k in r}
+    assert history.history["accuracy"][-1] > 0.9
+    assert emb.get_config()["padding_id"] == -1
+    assert type(emb).from_config(emb.get_config()).padding_id == -1
+
+
+def test_embedding_without_combiner_gives_zero_rows_for_padding():
+    emb = sok.Embedding(3, initializer=UNIFORM, padding_id=0, name=unique_name("pad_rows"))
+    ids = tf.constant([[4, 0, 0], [5, 6, 0]], tf.int64)
+    out = emb(ids, training=True).numpy()
+    assert out.shape == (2, 3, 3)
+    np.testing.assert_array_equal(out[0, 1:], 0.0)
+    np.testing.assert_array_equal(out[1, 2], 0.0)
+    np.testing.assert_array_equal(out[1, :2], emb.embedding_variable.sparse_read(tf.constant([5, 6], tf.int64)))
+    assert sorted(emb.embedding_variable.export()[0].numpy().tolist()) == [4, 5, 6]
+
+
+class ParityModel(keras.Model):
+    def __init__(self, name):
+        super().__init__()
+        self.features = sok.SparseEmbedding(8, combiners="sum", initializers=UNIFORM, name=name)
+        self.head = keras.layers.Dense(1, activation="sigmoid")
+
+    def call(self, ids, training=None):
+        return self.head(self.features(ids, training=training))
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True])
+def test_fit_of_a_subclassed_model(run_eagerly):
+    rows, labels = parity_data(512, seed=13)
+    model = ParityModel(unique_name("subclassed"))
+    model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.Adagrad(0.3)), loss="binary_crossentropy",
+                  metrics=["accuracy"], run_eagerly=run_eagerly)
+    history = model.fit(ragged_dataset(rows, labels), epochs=4, verbose=0)
+    table = model.features.embedding_variables[0]
+    assert int(table.size()) == len({k for r in rows for k in r})
+    assert table_state(table)[2].shape[1] == 1  # Adagrad's accumulator beside each row
+    assert history.history["accuracy"][-1] > 0.9

@@ -55,17 +55,35 @@ def _cast_ids(ids, dtype, table="table"):
     return validation.cast_keys(ids, dtype, table)
 
 
-def _id_lists(ids, dtype, table="table"):
+def _id_lists(ids, dtype, table="table", padding_id=None):
     """Ids per sample: a SparseTensor / RaggedTensor as given, a dense [batch, n] tensor as n ids
-    per sample (Keras also traces models with dense float inputs, e.g. for tf.saved_model.save)."""
+    per sample, less those equal to `padding_id` (Keras also traces models with dense float inputs,
+    e.g. for tf.saved_model.save)."""
     if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
-        ids = tf.RaggedTensor.from_tensor(tf.convert_to_tensor(ids))
+        ids = tf.convert_to_tensor(ids)
+        if ids.dtype.is_floating:
+            ids = tf.cast(ids, tf.int64)
+        if padding_id is None:
+            ids = tf.RaggedTensor.from_tensor(ids)
+        else:
+            if ids.shape.rank is not None and ids.shape.rank != 2:
+                raise ValueError(f"table '{table}': dense ids with padding_id must be [batch, n], got shape "
+                                 f"{ids.shape}")
+            ids = tf.ragged.boolean_mask(ids, tf.not_equal(ids, tf.cast(padding_id, ids.dtype)))
     if dtype is None and not ids.dtype.is_integer:
         dtype = tf.int64
         if ids.dtype.is_floating:  # Keras traces models with float placeholders
             ids = ids.with_values(tf.cast(ids.values, tf.int64)) if isinstance(ids, tf.SparseTensor) else \
                 ids.with_flat_values(tf.cast(ids.flat_values, tf.int64))
     return _cast_ids(ids, dtype, table)
+
+
+def _padding_id(value, layer_name):
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"layer '{layer_name}': padding_id must be an integer id or None, got {value!r}")
+    return int(value)
 
 
 def _new_table(name, dim, initializer, key_dtype, ev_option):
@@ -218,12 +236,15 @@ class Embedding(_TablesLayer):
 
     embedding_dim, initializer, key_dtype, ev_option: those of the new Embedding Variable (see
     sok.get_embedding_variable). embedding_variable: use this existing sok.EmbeddingVariable /
-    sok.DynamicVariable instead.
+    sok.DynamicVariable instead. padding_id: in dense ids, this value marks padding (e.g. -1 for
+    [batch, n] ids padded to a fixed n): it is never looked up nor inserted; pooled, it does not
+    count; without a combiner, its output rows are zeros.
     """
 
     def __init__(self, embedding_dim=None, combiner=None, initializer=None, key_dtype=tf.int64,
-                 ev_option=None, embedding_variable=None, tables=None, **kwargs):
+                 ev_option=None, embedding_variable=None, tables=None, padding_id=None, **kwargs):
         super().__init__(**kwargs)
+        self.padding_id = _padding_id(padding_id, self.name)
         if tables is not None and embedding_variable is None:  # from_config
             embedding_variable = table_from_config(tables[0])
         if combiner is not None and combiner not in COMBINERS:
@@ -257,7 +278,7 @@ class Embedding(_TablesLayer):
                 ids = tf.cast(ids, tf.int64)
         ids = _cast_ids(ids, table.key_dtype, table.name)
         if self.combiner is not None:
-            ids = _id_lists(ids, table.key_dtype, table.name)
+            ids = _id_lists(ids, table.key_dtype, table.name, self.padding_id)
             ids = validation.check_lookup_inputs([table], [ids], None, [table.name])[0][0]
             return self._lookup(lambda: [lookup_sparse(table, ids, combiners=self.combiner, training=training)],
                                 training)[0]
@@ -266,6 +287,11 @@ class Embedding(_TablesLayer):
         if isinstance(ids, tf.RaggedTensor):
             return self._lookup(lambda: [tf.ragged.map_flat_values(
                 lambda flat: table.sparse_read(flat, training=training), ids)], training)[0]
+        if self.padding_id is not None:
+            positions = tf.where(tf.not_equal(ids, tf.cast(self.padding_id, ids.dtype)))
+            shape = tf.concat([tf.shape(ids, out_type=tf.int64), [self.embedding_dim]], 0)
+            return self._lookup(lambda: [tf.scatter_nd(
+                positions, table.sparse_read(tf.gather_nd(ids, positions), training=training), shape)], training)[0]
         return self._lookup(lambda: [table.sparse_read(ids, training=training)], training)[0]
 
     def compute_output_shape(self, input_shape):
@@ -276,7 +302,8 @@ class Embedding(_TablesLayer):
     def get_config(self):
         config = super().get_config()
         config.update(embedding_dim=self.embedding_dim, combiner=self.combiner,
-                      key_dtype=self._tables[0].key_dtype.name, tables=self._tables_config())
+                      key_dtype=self._tables[0].key_dtype.name, tables=self._tables_config(),
+                      padding_id=self.padding_id)
         return config
 
 
@@ -290,13 +317,15 @@ class SparseEmbedding(_TablesLayer):
     sok.Variable / tf.Variable). `combiners`: "sum", "mean" or "sqrtn", one, or one per table.
 
     call(ids, weights=None, training=None): ids (and weights, if given) a tf.SparseTensor /
-    tf.RaggedTensor [batch, None] per table (dense [batch, n] ids: n ids per sample) -> a
-    [batch, dim] tensor per table (a list when ids is a list, else one tensor).
+    tf.RaggedTensor [batch, None] per table (dense [batch, n] ids: n ids per sample, less those
+    equal to `padding_id` if given) -> a [batch, dim] tensor per table (a list when ids is a list,
+    else one tensor).
     """
 
     def __init__(self, embedding_dims=None, combiners="sum", initializers=None, key_dtype=tf.int64,
-                 ev_options=None, embedding_variables=None, tables=None, **kwargs):
+                 ev_options=None, embedding_variables=None, tables=None, padding_id=None, **kwargs):
         super().__init__(**kwargs)
+        self.padding_id = _padding_id(padding_id, self.name)
         if tables is not None and embedding_variables is None:  # from_config
             embedding_variables = [table_from_config(c) for c in tables]
         if embedding_variables is None:
@@ -331,7 +360,7 @@ class SparseEmbedding(_TablesLayer):
         if len(ids) != n:
             raise ValueError(f"layer '{self.name}': {n} tables but {len(ids)} id tensors")
         names = [getattr(t, "name", f"table_{i}") for i, t in enumerate(self._tables)]
-        ids = [_id_lists(x, self._key_dtype(i), names[i]) for i, x in enumerate(ids)]
+        ids = [_id_lists(x, self._key_dtype(i), names[i], self.padding_id) for i, x in enumerate(ids)]
         weights = None if weights is None else _as_list(weights)
         if weights is not None and len(weights) != n:
             raise ValueError(f"layer '{self.name}': {n} tables but {len(weights)} weight tensors")
@@ -349,5 +378,5 @@ class SparseEmbedding(_TablesLayer):
     def get_config(self):
         config = super().get_config()
         config.update(embedding_dims=[int(t.shape[-1]) for t in self._tables], combiners=list(self.combiners),
-                      tables=self._tables_config())
+                      tables=self._tables_config(), padding_id=self.padding_id)
         return config
