@@ -240,3 +240,20 @@ def test_truncated_shard_names_its_path(tmp_path):
                                          "corrupt"):
         sok.load(str(tmp_path), [fresh])
     assert int(fresh.size()) == 0
+
+
+def test_lookup_sparse_runs_the_checks():
+    """Active once lookup.py calls validation.check_lookup_inputs (its owners add the call)."""
+    import inspect
+    from sparse_operation_kit import lookup
+    if "check_lookup_inputs" not in inspect.getsource(lookup.lookup_sparse):
+        pytest.skip("lookup_sparse does not call validation.check_lookup_inputs yet")
+    ev = sok.EmbeddingVariable(unique_name("lookup_checks"), 2)
+    with pytest.raises(ValueError, match="lookup_sparse: no tables given"):
+        sok.lookup_sparse([], [])
+    with pytest.raises(ValueError, match="are at other positions"):
+        sok.lookup_sparse([ev], [_sparse([[0, 0], [1, 0]], [1, 2], [2, 2])],
+                          sp_weights=[_sparse([[0, 0], [1, 1]], [1.0, 2.0], [2, 2], tf.float32)])
+    with pytest.raises(ValueError, match="beyond dense_shape"):
+        sok.lookup_sparse([ev], [_sparse([[0, 4]], [1], [1, 2])])
+    assert int(ev.size()) == 0

@@ -21,7 +21,12 @@ Saving: the layers are registered Keras serializables ("sok>Embedding", "sok>Spa
 `keras.models.load_model` needs no custom_objects, and `.keras` files and `save_weights` /
 `load_weights` hold every row of every table (keys, values, optimizer slots, frequencies and
 last-update steps). Each table is also an attribute of the layer, which makes it a dependency
-for tf.train.Checkpoint and tf.saved_model.save.
+for tf.train.Checkpoint and tf.saved_model.save. tf_keras's legacy HDF5 format (`save_weights(
+"w.h5")`, `save("m.h5")`) stores Keras variables only, so it holds no SOK rows: use `.keras`,
+`.weights.h5` or the TensorFlow checkpoint format there.
+
+Dense ids padded to a fixed length: give `padding_id` (e.g. -1) so that the padding is neither
+looked up nor pooled; without it every entry of a dense [batch, n] tensor is an id.
 """
 import numpy as np
 import tensorflow as tf
