@@ -1,0 +1,63 @@
+"""Smoke and agreement tests of run.py on a tiny shape (CPU, or the GPU where TensorFlow sees one):
+    .venv/bin/python -m pytest -q benchmarks/embedding/test_run.py
+Each run is a subprocess (graph mode switches eager execution off for the whole process)."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUN = os.path.join(HERE, "run.py")
+HARNESS = os.path.join(HERE, "..", "gpu", "build", "fields", "bench_fields")
+TINY = ["--fields", "3", "--vocab", "500", "--batch", "64", "--ids-per-field", "6", "--min-ids-per-field", "1"]
+
+
+def run(*args, timeout=600):
+    r = subprocess.run([sys.executable, RUN, *TINY, *args], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    return r.stdout
+
+
+def test_all_implementations_agree_in_both_modes():
+    out = run("--check", "3", "--mode", "both")
+    lines = [line for line in out.splitlines() if line.startswith("CHECK")]
+    assert len(lines) == 2 * 2 * 3, out  # dists x modes x implementations
+    assert all(line.endswith("OK") for line in lines), out
+    assert "check passed" in out
+
+
+@pytest.mark.parametrize("extra", [[], ["--ids-per-field", "4", "--min-ids-per-field", "4"]])
+def test_timing_table_in_both_modes(extra):
+    out = run("--mode", "both", "--rounds", "1", "--steps", "1", "--warmup", "1", "--dists", "uniform", *extra)
+    rows = {tuple(line.split()[:3]) for line in out.splitlines() if line.startswith(("graph ", "function "))}
+    for mode in ("graph", "function"):
+        for kind in ("wall", "cpu", "ran"):
+            assert (mode, "uniform", kind) in rows, out
+    assert "tf/sok" in out and "hash/sok" in out and "SOK kernels run in the timed steps" in out
+
+
+def test_dumped_ids_are_the_benchmark_batches(tmp_path):
+    run("--dump-ids", str(tmp_path), "--num-batches", "2")
+    header = dict(line.split(" ", 1) for line in (tmp_path / "header.txt").read_text().splitlines()
+                  if not line.startswith("#"))
+    assert header["format"] == "sok_ids_v1" and header["fields"] == "3" and header["batch"] == "64"
+    assert header["dists"] == "uniform powerlaw" and header["num_batches"] == "2"
+    sys.path.insert(0, HERE)
+    import run as bench  # noqa: E402
+    args = bench.parse_args([*TINY, "--num-batches", "2"])
+    for dist in ("uniform", "powerlaw"):
+        batches = bench.make_batches(args, dist)
+        for b in range(2):
+            for f in range(3):
+                ids = np.fromfile(tmp_path / f"{dist}_b{b}_f{f}_ids.bin", "<i8")
+                splits = np.fromfile(tmp_path / f"{dist}_b{b}_f{f}_splits.bin", "<i8")
+                np.testing.assert_array_equal(ids, batches[b][f][0])
+                np.testing.assert_array_equal(splits, batches[b][f][1])
+                lengths = np.diff(splits)
+                assert lengths.min() >= 1 and lengths.max() <= 6 and splits[-1] == len(ids)
+    if os.path.exists(HARNESS):  # benchmarks/gpu/build_harness.sh; --parse-only needs no GPU
+        r = subprocess.run([HARNESS, str(tmp_path), "--parse-only"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.count("HARNESS_INPUT") == 2 and r.stdout.count(" ok") == 2, r.stdout
