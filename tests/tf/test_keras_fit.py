@@ -68,6 +68,8 @@ def test_fit_trains_sok_tables(layer, make_opt):
     rows, labels = parity_data(1024, seed=1)
     model, emb = ragged_model(sok.OptimizerWrapper(make_opt()), layer)
     assert isinstance(model.optimizer, keras.optimizers.Optimizer)
+    assert isinstance(model.optimizer, sok.OptimizerWrapper)
+    assert not isinstance(keras.optimizers.Adam(), sok.OptimizerWrapper)
     table = emb.embedding_variables[0]
     keys = np.array(sorted({k for r in rows for k in r}), np.int64)
     before = table.sparse_read(tf.constant(keys), training=False).numpy()

@@ -248,6 +248,8 @@ def _make_keras3_wrapper():
         the tables themselves in custom loops) get SOK's fused sparse update of the same
         optimizer at the wrapped optimizer's step; every other variable the wrapped optimizer."""
 
+        _sok_optimizer_wrapper = True  # isinstance(self, sok.OptimizerWrapper)
+
         def __init__(self, optimizer, name=None, **kwargs):
             if isinstance(optimizer, dict):
                 optimizer = keras.optimizers.deserialize(optimizer)
@@ -332,6 +334,8 @@ def _make_tf_keras_wrapper():
     class TfKerasOptimizerWrapper(tf_keras.optimizers.Optimizer):
         """sok.OptimizerWrapper(tf_keras.optimizers.X(...)): a tf_keras optimizer (see the Keras 3
         wrapper)."""
+
+        _sok_optimizer_wrapper = True
 
         def __init__(self, optimizer, name=None, **kwargs):
             if isinstance(optimizer, dict):

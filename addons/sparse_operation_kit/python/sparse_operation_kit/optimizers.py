@@ -138,7 +138,16 @@ def make_updater(optimizer):
     return _SparseUpdater(kind, hyper)
 
 
-class OptimizerWrapper(compat.AutoTrackable):
+class _WrapperType(type(compat.AutoTrackable)):
+    """isinstance(x, sok.OptimizerWrapper) holds for the Keras optimizers it returns too."""
+
+    def __instancecheck__(cls, obj):
+        if cls is OptimizerWrapper and getattr(type(obj), "_sok_optimizer_wrapper", False):
+            return True
+        return super().__instancecheck__(obj)
+
+
+class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
     """Wraps a tf.compat.v1.train or Keras (3 or tf_keras) optimizer: SOK Embedding Variables get
     the fused sparse update of the same optimizer, other variables the wrapped optimizer.
 
