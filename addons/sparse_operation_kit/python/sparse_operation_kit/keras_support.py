@@ -17,6 +17,7 @@ and the fix. The carrier never changes, so it cannot alter the model's output.
 import numpy as np
 import tensorflow as tf
 
+from sparse_operation_kit import compat
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 
 
@@ -136,6 +137,9 @@ def lookup_with_carriers(compute, tables, carriers):
     counts by its flat values) and returns its outputs with each table's gradient also routed to
     its carrier. Outputs of static tables (tf.Variables) are left as they are: Keras trains
     those only when they are Keras variables."""
+    if compat.in_saved_model_export():
+        # tf.saved_model.save traces training calls too (tf_keras); a SavedModel needs no carriers.
+        return compute()
     with tf.GradientTape(persistent=True) as inner:  # watches the trainable tables as they are read
         outs = compute()
     result = []
