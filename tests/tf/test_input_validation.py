@@ -34,7 +34,8 @@ def test_embedding_layer_int32_table_refuses_int64_ids_beyond_int32():
     def lookup(ids):
         return layer(ids, training=True)
 
-    with pytest.raises(tf.errors.InvalidArgumentError, match="has key dtype int32, but an id given as int64 does not fit"):
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="has key dtype int32, but an id given as int64 does not fit"):
         lookup(tf.constant([[BIG]], tf.int64))
     assert int(layer.embedding_variable.size()) == 2
 

@@ -112,7 +112,8 @@ def _initializer_config(init, table):
 
 def _initializer_from_config(config):
     if isinstance(config, dict):
-        return keras_support.keras_module().initializers.get({"class_name": config["class_name"], "config": config["config"]})
+        return keras_support.keras_module().initializers.get(
+            {"class_name": config["class_name"], "config": config["config"]})
     return config
 
 
