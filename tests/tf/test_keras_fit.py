@@ -53,7 +53,11 @@ def ragged_model(optimizer, layer="sparse", name=None):
 
 
 def table_state(table):
-    return [t.numpy() for t in table.export()]
+    """Every field of the table's export, rows sorted by key (a GPU table exports in slot order)."""
+    fields = [t.numpy() for t in table.export()]
+    order = np.argsort(fields[0], kind="stable")
+    per_row = 5  # keys, values, slots, freqs, versions; then slot_kind, slot_init
+    return [f[order] for f in fields[:per_row]] + fields[per_row:]
 
 
 def assert_tables_bit_equal(a, b):

@@ -13,7 +13,7 @@ from typing import List, Union
 
 import tensorflow as tf
 
-from sparse_operation_kit import compat, exchange
+from sparse_operation_kit import compat, exchange, validation
 from sparse_operation_kit._ops import ops
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 
@@ -160,6 +160,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True
     if len(weights_list) != n:
         raise ValueError(f"lookup_sparse: {n} tables but {len(weights_list)} weight tensors")
     names = [table_name(p) for p in params]
+    sp_ids, weights_list = validation.check_lookup_inputs(params, sp_ids, weights_list, names)
     for c, nm in zip(combiners, names):
         if c not in COMBINERS:
             raise ValueError(f"lookup_sparse: unknown combiner '{c}' for table '{nm}' "
