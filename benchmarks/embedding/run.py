@@ -484,7 +484,8 @@ class GraphRunner(_Timed):
         self.step, self.times, self.cpu_times = 0, [], []
 
     def kernel_counts(self):
-        cpu, gpu = (int(x) for x in self.sess.run(self.counts_op))
+        _, counts = self.sess.run(self.counts_op)  # op types, [n, (CPU, GPU)] runs
+        cpu, gpu = (int(x) for x in counts.sum(axis=0))
         return {"CPU": cpu, "GPU": gpu}
 
     def one_step(self):
