@@ -331,6 +331,10 @@ class KernelRunCountsOp : public OpKernel {
 };
 
 // The handle lives in host memory on both devices; so do the scalars and the checkpoint tensors.
+#define SOK_SNAPSHOT_IN_HOST_MEMORY                                                               \
+  .HostMemory("keys").HostMemory("values").HostMemory("slots").HostMemory("freqs").HostMemory("versions") \
+      .HostMemory("slot_kind")                                                                    \
+      .HostMemory("slot_init")
 #define SOK_REGISTER_EV_KERNELS(DEV, DEV_T, K)                                                          \
   REGISTER_KERNEL_BUILDER(                                                                               \
       Name("SokEmbeddingVariableHandle").Device(DEV).HostMemory("handle").TypeConstraint<K>("key_dtype"), \
@@ -366,25 +370,13 @@ class KernelRunCountsOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableExport")                                             \
                               .Device(DEV)                                                               \
                               .HostMemory("handle")                                                      \
-                              .HostMemory("keys")                                                        \
-                              .HostMemory("values")                                                      \
-                              .HostMemory("slots")                                                       \
-                              .HostMemory("freqs")                                                       \
-                              .HostMemory("versions")                                                    \
-                              .HostMemory("slot_kind")                                                   \
-                              .HostMemory("slot_init")                                                   \
+                              SOK_SNAPSHOT_IN_HOST_MEMORY                                                \
                               .TypeConstraint<K>("key_dtype"),                                           \
                           ExportOp<DEV_T, K>);                                                          \
   REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableImport")                                             \
                               .Device(DEV)                                                               \
                               .HostMemory("handle")                                                      \
-                              .HostMemory("keys")                                                        \
-                              .HostMemory("values")                                                      \
-                              .HostMemory("slots")                                                       \
-                              .HostMemory("freqs")                                                       \
-                              .HostMemory("versions")                                                    \
-                              .HostMemory("slot_kind")                                                   \
-                              .HostMemory("slot_init")                                                   \
+                              SOK_SNAPSHOT_IN_HOST_MEMORY                                                \
                               .TypeConstraint<K>("key_dtype"),                                           \
                           ImportOp<DEV_T, K>);
 
@@ -409,6 +401,7 @@ SOK_REGISTER_EV_KERNELS(DEVICE_GPU, GpuDevice, int64_t)
 SOK_REGISTER_MULTI_TABLE_KERNELS(DEVICE_GPU, GpuDevice)
 #endif
 #undef SOK_REGISTER_EV_KERNELS
+#undef SOK_SNAPSHOT_IN_HOST_MEMORY
 #undef SOK_REGISTER_MULTI_TABLE_KERNELS
 
 }  // namespace

@@ -1,6 +1,7 @@
 """Smoke and agreement tests of run.py on a tiny shape (CPU, or the GPU where TensorFlow sees one):
-    .venv/bin/python -m pytest -q benchmarks/embedding/test_run.py
+    .venv/bin/python -m pytest -q tests/benchmarks/test_embedding_run.py
 Each run is a subprocess (graph mode switches eager execution off for the whole process)."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -8,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-RUN = os.path.join(HERE, "run.py")
-HARNESS = os.path.join(HERE, "..", "gpu", "build", "fields", "bench_fields")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN = os.path.join(ROOT, "benchmarks", "embedding", "run.py")
+HARNESS = os.path.join(ROOT, "benchmarks", "gpu", "build", "fields", "bench_fields")
 TINY = ["--fields", "3", "--vocab", "500", "--batch", "64", "--ids-per-field", "6", "--min-ids-per-field", "1"]
 
 
@@ -44,8 +45,10 @@ def test_dumped_ids_are_the_benchmark_batches(tmp_path):
                   if not line.startswith("#"))
     assert header["format"] == "sok_ids_v1" and header["fields"] == "3" and header["batch"] == "64"
     assert header["dists"] == "uniform powerlaw" and header["num_batches"] == "2"
-    sys.path.insert(0, HERE)
-    import run as bench  # noqa: E402
+    # Loaded under its own name: tests/benchmarks/test_criteo.py imports the Criteo job's run.py.
+    spec = importlib.util.spec_from_file_location("embedding_bench_run", RUN)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
     args = bench.parse_args([*TINY, "--num-batches", "2"])
     for dist in ("uniform", "powerlaw"):
         batches = bench.make_batches(args, dist)
