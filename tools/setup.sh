@@ -35,6 +35,14 @@ if ! "$VPY" -c "import tensorflow, tf_keras, pytest, wheel" >/dev/null 2>&1; the
   "$VPY" -m pip install -q "$TF_PIN" tf_keras pytest setuptools wheel numpy
 fi
 
+# Tools pinned so every machine formats, lints and plots alike: ruff (Python lint), clang-format
+# (C++/CUDA format check), matplotlib (the Criteo job's plot).
+TOOLS_PIN=(ruff==0.17.6 clang-format==23.1.5 matplotlib==3.11.2)
+if ! "$VPY" -c "import ruff, clang_format, matplotlib" >/dev/null 2>&1; then
+  log "pip install ${TOOLS_PIN[*]}"
+  "$VPY" -m pip install -q "${TOOLS_PIN[@]}"
+fi
+
 log "Horovod (Gloo) for this TensorFlow"
 bash tools/install_horovod.sh "$VPY"
 

@@ -4,6 +4,7 @@ training run that must learn.
     PYTHONPATH=addons/sparse_operation_kit/python .venv/bin/python -m pytest tests/benchmarks -q
 """
 import os
+import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -20,6 +21,7 @@ except ImportError:  # source tree without PYTHONPATH
 
 import data as criteo_data  # noqa: E402
 import model as criteo_model  # noqa: E402
+import report  # noqa: E402
 
 SLICE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "criteo_slice.tsv")
 
@@ -157,9 +159,9 @@ def test_auc_exact_with_ties():
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
-def test_short_training_run_learns(capsys):
+def test_short_training_run_learns(capsys, tmp_path):
     import run as criteo_run
-    result = criteo_run.main([
+    result = criteo_run.main(["--out_dir", str(tmp_path), "--no_plot",
         "--steps", "80", "--batch_size", "512", "--synthetic_eval_samples", "16384", "--warmup_steps", "5",
         "--bottom_mlp", "32", "--top_mlp", "64", "--seed", "1", "--log_every", "0",
     ])
@@ -171,9 +173,9 @@ def test_short_training_run_learns(capsys):
     assert result["samples_per_sec"] > 0 and result["table_rows"] > 0
 
 
-def test_tf_data_input_trains_exactly_like_feed_dict(capsys):
+def test_tf_data_input_trains_exactly_like_feed_dict(capsys, tmp_path):
     import run as criteo_run
-    common = ["--steps", "12", "--batch_size", "256", "--synthetic_eval_samples", "4096", "--warmup_steps", "2",
+    common = ["--out_dir", str(tmp_path), "--no_plot","--steps", "12", "--batch_size", "256", "--synthetic_eval_samples", "4096", "--warmup_steps", "2",
               "--bottom_mlp", "16", "--top_mlp", "16", "--seed", "3", "--log_every", "0"]
     fed = criteo_run.main(common + ["--input", "feed"])
     streamed = criteo_run.main(common + ["--input", "dataset"])
@@ -182,10 +184,10 @@ def test_tf_data_input_trains_exactly_like_feed_dict(capsys):
         assert streamed[key] == fed[key], key
 
 
-def test_training_with_shared_tables_and_adam(capsys):
+def test_training_with_shared_tables_and_adam(capsys, tmp_path):
     import run as criteo_run
     # 26 fields over 4 tables, Adam, and the synthetic rows routed through TSV text and the reader.
-    result = criteo_run.main([
+    result = criteo_run.main(["--out_dir", str(tmp_path), "--no_plot",
         "--steps", "60", "--batch_size", "512", "--synthetic_eval_samples", "8192", "--warmup_steps", "5",
         "--bottom_mlp", "32", "--top_mlp", "64", "--num_tables", "4", "--optimizer", "adam",
         "--learning_rate", "0.003", "--log_every", "0", "--synthetic_via_tsv",
@@ -204,3 +206,82 @@ def test_min_count_maps_rare_ids():
     assert (t2.ids[:, 0] == [5, 5, criteo_data.RARE_ID, criteo_data.MISSING_ID]).all()
     assert (e2.ids[:, 3] == [5, criteo_data.RARE_ID, criteo_data.RARE_ID]).all()
     assert (train.ids[2] == 7).all()  # inputs untouched
+
+
+# ---------------------------------------------------------------------------------------------
+# The job as a product: arguments, --help, metrics file, plot, checkpoint and serving export
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "argument --steps: must be a positive integer, got 0"),
+    (["--batch_size", "0"], "argument --batch_size: must be a positive integer, got 0"),
+    (["--batch_size", "-5"], "argument --batch_size: must be a positive integer, got -5"),
+    (["--learning_rate", "nan"], "argument --learning_rate: must be a positive number, got nan"),
+    (["--embedding_dim", "4.7"], "argument --embedding_dim: invalid _positive_int value: '4.7'"),
+    (["--num_tables", "27"], "argument --num_tables: invalid choice: 27"),
+    (["--bottom_mlp", "32,x"], "argument --bottom_mlp: must be comma-separated positive integers, got '32,x'"),
+    (["--steps", "10", "--warmup_steps", "10"], "--warmup_steps 10 leaves no timed step out of --steps 10"),
+    (["--data", "/nonexistent/day_0.tsv"], "no such file: /nonexistent/day_0.tsv"),
+    (["--synthetic_train_samples", "100", "--batch_size", "512"], "smaller than one batch (--batch_size 512)"),
+])
+def test_bad_arguments_are_refused_with_clear_messages(argv, message, capsys):
+    import run as criteo_run
+    with pytest.raises(SystemExit) as e:
+        criteo_run.parse_args(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_help_shows_defaults_without_loading_tensorflow():
+    script = ("import sys, contextlib, io; sys.path.insert(0, sys.argv[1]); import run; buf = io.StringIO()\n"
+              "with contextlib.redirect_stdout(buf):\n"
+              "    try: run.parse_args(['--help'])\n"
+              "    except SystemExit: pass\n"
+              "print(buf.getvalue()); print('TF_LOADED', 'tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script, os.path.join(ROOT, "benchmarks", "criteo")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "global batch size (default: 2048)" in out and "(default: adagrad)" in out
+    assert "TF_LOADED False" in out
+
+
+def test_metrics_file_plot_checkpoint_and_serving_export(tmp_path, capsys):
+    import run as criteo_run
+    out = tmp_path / "run"
+    result = criteo_run.main([
+        "--steps", "24", "--batch_size", "256", "--synthetic_eval_samples", "4096", "--log_every", "5",
+        "--eval_every", "8", "--bottom_mlp", "16", "--top_mlp", "16", "--seed", "2", "--save",
+        "--out_dir", str(out)])
+    printed = capsys.readouterr().out
+    assert "samples/s ETA" in printed and "eval at step 8: AUC" in printed
+
+    records = report.read_metrics(out / "metrics.jsonl")
+    kinds = [r["kind"] for r in records]
+    assert kinds[0] == "config" and kinds[-1] == "summary"
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [5, 10, 15, 20, 24]  # the last span (21..24) is recorded too
+    assert all(np.isfinite(r["loss"]) and r["samples_per_sec"] > 0 for r in train)
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [8, 16, 24] and all(r["rows"] == 4096 for r in evals)
+    assert evals[-1]["auc"] == result["eval_auc"] and records[-1]["eval_auc"] == result["eval_auc"]
+
+    png = (out / "plot.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+    assert matplotlib.image.imread(str(out / "plot.png")).shape[:2] == (360, 1000)
+
+    # The serving SavedModel keeps every row: its predictions on the evaluation split give the
+    # run's AUC, and the checkpoint restores into the training graph with the same tables.
+    import tensorflow as tf
+    evals_batch = criteo_data.SyntheticCriteo(2).batch(1, 0, 4096)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], str(out / "serving"))
+        sig = meta.signature_def["serving_default"]
+        probs = sess.run(sig.outputs["probability"].name, {sig.inputs["dense"].name: evals_batch.dense,
+                                                           sig.inputs["ids"].name: evals_batch.ids})
+    assert probs.shape == (4096,)
+    assert criteo_model.auc(evals_batch.labels, probs) == pytest.approx(result["eval_auc"], abs=1e-6)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        saver = tf.compat.v1.train.import_meta_graph(str(out / "checkpoint" / "model.ckpt.meta"))
+        saver.restore(sess, str(out / "checkpoint" / "model.ckpt"))
+        restored = sess.run(tf.compat.v1.get_default_graph().get_tensor_by_name("probability:0"),
+                            {"dense:0": evals_batch.dense, "ids:0": evals_batch.ids})
+    np.testing.assert_allclose(restored, probs, rtol=1e-6)

@@ -15,6 +15,7 @@ from sparse_operation_kit.dump import dump, load
 from sparse_operation_kit.devices import gpu_kernels_built, kernel_run_counts
 from sparse_operation_kit import layers
 from sparse_operation_kit.layers import Embedding, SparseEmbedding
+from sparse_operation_kit.serving import save_stock_saved_model
 
 tf_version = tf.__version__
 __version__ = "0.1.0"
@@ -24,5 +25,5 @@ __all__ = [
     "InitializerOption", "CounterFilter", "GlobalStepEvict", "L2WeightEvict", "StorageOption",
     "lookup_sparse", "OptimizerWrapper", "SGD", "filter_variables", "Variable", "DynamicVariable",
     "export", "assign", "tf_version", "all2all_dense_embedding", "dump", "load",
-    "layers", "Embedding", "SparseEmbedding", "kernel_run_counts", "gpu_kernels_built",
+    "layers", "Embedding", "SparseEmbedding", "kernel_run_counts", "gpu_kernels_built", "save_stock_saved_model",
 ]

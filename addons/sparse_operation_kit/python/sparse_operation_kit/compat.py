@@ -65,3 +65,18 @@ def registered_kernel_devices(op_type):
     """Device types with a registered kernel for `op_type` (no public API lists them)."""
     from tensorflow.python.framework import kernels
     return {k.device_type for k in kernels.get_registered_kernels_for_op(op_type).kernel}
+
+
+def python_function_of(fn):
+    """The Python callable a tf.function wraps (bound to its object for a method), so it can be
+    traced afresh; anything else as it is. No public API exposes a method's object."""
+    if not isinstance(fn, tf.types.experimental.PolymorphicFunction):
+        return fn
+    func = fn.python_function
+    for bound in (func, getattr(fn, "__wrapped__", None)):
+        holder = getattr(bound, "__self__", None)
+        target = getattr(holder, "target", None)  # TfMethodTarget: the object of a decorated method
+        if target is not None:
+            plain = getattr(bound, "__func__", bound)
+            return lambda *args, **kwargs: plain(target, *args, **kwargs)
+    return func

@@ -10,7 +10,7 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import compat, initializers
+from sparse_operation_kit import compat, initializers, serving
 from sparse_operation_kit._ops import ops
 
 SOK_VARIABLES = "sok_embedding_variables"
@@ -275,6 +275,8 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     def sparse_read(self, indices, name=None, training=True):
         """Rows of `indices` (any shape) -> [*indices.shape, dim]. Training reads insert new keys."""
         indices = self._check_keys(indices)
+        if serving.active():  # save_stock_saved_model is tracing: a stock lookup on the frozen table
+            return serving.active().table(self).lookup(indices)
         flat = tf.reshape(indices, [-1])
         compat.variable_accessed(self)
         rows = ops.sok_embedding_variable_gather([self.resource_handle], [flat], [tf.zeros([0], tf.int64)],

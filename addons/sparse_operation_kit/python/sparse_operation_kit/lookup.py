@@ -13,7 +13,7 @@ from typing import List, Union
 
 import tensorflow as tf
 
-from sparse_operation_kit import compat, exchange, validation
+from sparse_operation_kit import compat, exchange, serving, validation
 from sparse_operation_kit._ops import ops
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 
@@ -179,6 +179,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True
             segments.append(tf.cast(s, tf.int64))
             batches.append(tf.cast(b, tf.int64))
             weights.append(_flatten_weights(w, nm, None))
+        if serving.active():  # save_stock_saved_model is tracing: stock ops on frozen tables
+            outs = serving.pooled_lookup(params, keys, segments, batches, weights, combiners)
+            return outs[0] if single else outs
         with _on_device_of(params):
             unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
         rows = exchange.fetch_rows(params, list(unique), list(counts), training=training, names=names)

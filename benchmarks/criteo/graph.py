@@ -1,0 +1,125 @@
+"""The Criteo job's TF1 graph: the DLRM training step (SOK's fused lookup and optimizer wrapper),
+the evaluation outputs, the input pipeline, and saving (checkpoint and serving SavedModel)."""
+import os
+
+import numpy as np
+import tensorflow as tf
+
+import data as criteo_data
+import model as criteo_model
+
+import sparse_operation_kit as sok
+
+
+def _average_over_ranks(hvd, grad, var):
+    """The gradient of the global batch's mean loss from this rank's local-mean gradient.
+
+    Dense variables: hvd.allreduce average. Embedding Variables: SOK's exchange already sends
+    every rank's per-key gradient to the key's owner, where they add up, so only the 1/size of
+    the average is left to apply.
+    """
+    if grad is None:
+        return None
+    if isinstance(var, sok.EmbeddingVariable):
+        return tf.IndexedSlices(grad.values / hvd.size(), grad.indices, grad.dense_shape)
+    return hvd.allreduce(grad, op=hvd.Average)
+
+
+_BATCH_SIGNATURE = (tf.TensorSpec([None, criteo_data.NUM_DENSE], tf.float32),
+                    tf.TensorSpec([None, criteo_data.NUM_CAT], tf.int64), tf.TensorSpec([None], tf.float32))
+
+
+def train_dataset(train, batches, rank, size):
+    """This rank's training batches as a tf.data pipeline: numpy slicing runs in tf.data's thread
+    while the previous step trains, and batches are copied to the GPU ahead of use."""
+    def generate():
+        for idx in batches:
+            b = criteo_data.take(train, idx[rank::size])
+            yield b.dense, b.ids, b.labels
+    ds = tf.data.Dataset.from_generator(generate, output_signature=_BATCH_SIGNATURE).prefetch(2)
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        ds = ds.apply(tf.data.experimental.prefetch_to_device(gpus[0].name, buffer_size=2))
+    return ds
+
+
+class Graph:
+    def __init__(self, args, hvd, dataset=None):
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            tf.compat.v1.set_random_seed(args.seed)
+            self.dense = tf.compat.v1.placeholder(tf.float32, [None, criteo_data.NUM_DENSE], "dense")
+            self.ids = tf.compat.v1.placeholder(tf.int64, [None, criteo_data.NUM_CAT], "ids")
+            self.labels = tf.compat.v1.placeholder(tf.float32, [None], "labels")
+            self.model = criteo_model.DLRM(args.embedding_dim, args.num_tables, args.bottom_mlp, args.top_mlp,
+                                           seed=args.seed, embedding_init=args.embedding_init)
+            self.input_init = None
+            if dataset is None:
+                dense, ids, labels = self.dense, self.ids, self.labels
+            else:
+                it = tf.compat.v1.data.make_initializable_iterator(dataset())
+                self.input_init = it.initializer
+                dense, ids, labels = it.get_next()
+            logits = self.model(dense, ids, training=True)
+            self.loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            objective = self.loss
+            if args.embedding_l2 > 0:
+                penalty = tf.add_n([tf.reduce_sum(tf.square(e), axis=1) for e in self.model.embeddings])
+                objective = objective + args.embedding_l2 * tf.reduce_mean(penalty)
+            if args.optimizer == "adagrad":
+                base = tf.compat.v1.train.AdagradOptimizer(args.learning_rate, args.adagrad_initial_accumulator)
+            else:
+                base = tf.compat.v1.train.AdamOptimizer(args.learning_rate)
+            opt = sok.OptimizerWrapper(base)
+            grads_and_vars = opt.compute_gradients(objective)
+            if hvd is not None and hvd.size() > 1:
+                grads_and_vars = [(_average_over_ranks(hvd, g, v), v) for g, v in grads_and_vars]
+            self.global_step = tf.compat.v1.train.get_or_create_global_step()
+            self.train_op = opt.apply_gradients(grads_and_vars, global_step=self.global_step)
+            # Reported loss: the global batch's mean (equal local batches) under Horovod.
+            self.report_loss = self.loss if hvd is None else hvd.allreduce(self.loss, op=hvd.Average)
+            self.eval_logits = self.model(self.dense, self.ids, training=False)
+            self.probability = tf.sigmoid(self.eval_logits, name="probability")
+            self.eval_out = [self.eval_logits, self.labels]
+            if hvd is not None:
+                self.eval_out = [hvd.allgather(self.eval_logits), hvd.allgather(self.labels)]
+            self.init_op = tf.compat.v1.group(tf.compat.v1.global_variables_initializer(),
+                                              tf.compat.v1.local_variables_initializer())
+            self.broadcast_op = None
+            if hvd is not None:
+                _, dense_vars = sok.filter_variables(tf.compat.v1.global_variables())
+                self.broadcast_op = hvd.broadcast_variables(dense_vars, root_rank=0)
+            self.saver = tf.compat.v1.train.Saver(max_to_keep=1)
+            self.table_size = tf.add_n([tf.cast(t.size(), tf.int64) for t in self.model.tables])
+            self.num_dense_params = int(sum(np.prod(v.shape.as_list())
+                                            for v in tf.compat.v1.trainable_variables()
+                                            if not isinstance(v, sok.EmbeddingVariable)))
+
+    def feed(self, batch):
+        return {self.dense: batch.dense, self.ids: batch.ids, self.labels: batch.labels}
+
+    def save(self, sess, out_dir, rank, size):
+        """A Saver checkpoint of every variable (Embedding Variables with their slots included) and,
+        in one process, a serving SavedModel (dense [B, 13] float32, ids [B, 26] int64 ->
+        probability [B]; its lookups are read-only). Under Horovod each rank writes its own shard
+        of the tables (rank{r}-of-{n}); a serving model then needs every shard in one process,
+        so none is written and the returned note says so."""
+        ckpt_dir = os.path.join(out_dir, "checkpoint")
+        if size > 1:
+            ckpt_dir = os.path.join(ckpt_dir, f"rank{rank}-of-{size}")
+        with self.graph.as_default():
+            ckpt = self.saver.save(sess, os.path.join(ckpt_dir, "model.ckpt"))
+        if size > 1:
+            return ckpt, None, "serving export skipped: the tables are sharded over ranks"
+        serving_dir = os.path.join(out_dir, "serving")
+        if tf.io.gfile.exists(serving_dir):
+            tf.io.gfile.rmtree(serving_dir)
+        with self.graph.as_default():
+            sig = tf.compat.v1.saved_model.predict_signature_def(
+                inputs={"dense": self.dense, "ids": self.ids}, outputs={"probability": self.probability})
+            builder = tf.compat.v1.saved_model.Builder(serving_dir)
+            builder.add_meta_graph_and_variables(
+                sess, [tf.compat.v1.saved_model.tag_constants.SERVING],
+                signature_def_map={"serving_default": sig}, strip_default_attrs=True)
+            builder.save()
+        return ckpt, serving_dir, None
