@@ -4,9 +4,8 @@ trains with sok.OptimizerWrapper(Adagrad) exactly like plain tf.Variable tables 
 embedding_lookup_sparse; Saver round trip; sequence_input_layer."""
 import numpy as np
 import pytest
-import tensorflow as tf
-
 import sparse_operation_kit as sok
+import tensorflow as tf
 from conftest import ev_rows, exported, graph_session, sparse_value
 
 fc = sok.feature_column
@@ -180,6 +179,5 @@ def test_argument_errors():
         fc.embedding_column(tf.feature_column.categorical_column_with_identity("x", 10), 3)
     with pytest.raises(RuntimeError, match="builds TF1 graphs"):
         fc.input_layer({"x": tf.constant([[1]], tf.int64)}, [fc.embedding_column(col, 3)])
-    with graph_session():
-        with pytest.raises(ValueError, match="no feature 'x'"):
-            fc.input_layer({"y": tf.constant([[1]], tf.int64)}, [fc.embedding_column(col, 3)])
+    with graph_session(), pytest.raises(ValueError, match="no feature 'x'"):
+        fc.input_layer({"y": tf.constant([[1]], tf.int64)}, [fc.embedding_column(col, 3)])

@@ -3,9 +3,8 @@ lookups and training against a plain tf.Variable reference, Saver round trips in
 another number of parts, and TF2 reads."""
 import numpy as np
 import pytest
-import tensorflow as tf
-
 import sparse_operation_kit as sok
+import tensorflow as tf
 from conftest import ev_rows, exported, graph_session, sparse_value, unique_name
 
 DIM = 3
@@ -71,7 +70,7 @@ def _reference(initial, batches):
 def test_training_matches_plain_tf_and_saver_round_trip_into_other_part_counts(tmp_path):
     path = str(tmp_path / "model.ckpt")
     with graph_session() as sess:
-        ids, ev, head, pooled, train = _training_graph(tf.compat.v1.fixed_size_partitioner(4))
+        ids, ev, _head, pooled, train = _training_graph(tf.compat.v1.fixed_size_partitioner(4))
         assert ev.name == "model/user_emb" and len(ev) == 4
         # The parts train, the partitioned table is the one global variable saved.
         assert all(p in tf.compat.v1.trainable_variables() for p in ev)
@@ -93,7 +92,7 @@ def test_training_matches_plain_tf_and_saver_round_trip_into_other_part_counts(t
 
     for partitioner in (tf.compat.v1.fixed_size_partitioner(4), tf.compat.v1.fixed_size_partitioner(3), None):
         with graph_session() as sess:
-            ids, ev, head, pooled, train = _training_graph(partitioner)
+            ids, ev, _head, pooled, train = _training_graph(partitioner)
             tf.compat.v1.train.Saver().restore(sess, path)
             restored = exported(ev, sess)
             assert sorted(restored) == sorted(trained)
@@ -111,7 +110,7 @@ def test_training_matches_plain_tf_and_saver_round_trip_into_other_part_counts(t
 def test_restored_slots_continue_training_exactly(tmp_path):
     path = str(tmp_path / "model.ckpt")
     with graph_session() as sess:
-        ids, ev, head, pooled, train = _training_graph(tf.compat.v1.fixed_size_partitioner(2))
+        ids, ev, _head, _pooled, train = _training_graph(tf.compat.v1.fixed_size_partitioner(2))
         sess.run(tf.compat.v1.global_variables_initializer())
         for b in BATCHES[:2]:
             sess.run(train, {ids: sparse_value(b)})
@@ -119,7 +118,7 @@ def test_restored_slots_continue_training_exactly(tmp_path):
         sess.run(train, {ids: sparse_value(BATCHES[2])})
         want = exported(ev, sess)
     with graph_session() as sess:
-        ids, ev, head, pooled, train = _training_graph(tf.compat.v1.fixed_size_partitioner(5))
+        ids, ev, _head, _pooled, train = _training_graph(tf.compat.v1.fixed_size_partitioner(5))
         tf.compat.v1.train.Saver().restore(sess, path)
         sess.run(train, {ids: sparse_value(BATCHES[2])})
         got = exported(ev, sess)

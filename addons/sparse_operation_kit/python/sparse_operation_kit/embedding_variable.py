@@ -391,7 +391,6 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     def to_proto(self, export_scope=None):
         """None: the table is left out of the VariableDef collections (GLOBAL_VARIABLES, ...), which
         cannot describe it; sparse_operation_kit.meta_graph writes it to its own collection."""
-        return None
 
     @classmethod
     def from_graph_ops(cls, handle, init_op, trainable, target_gpu=-1):
