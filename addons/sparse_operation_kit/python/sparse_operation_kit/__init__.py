@@ -5,9 +5,13 @@ import tensorflow as tf
 from sparse_operation_kit import lookup as _lookup_module  # registers gradients
 from sparse_operation_kit.context import init, num_ranks, rank
 from sparse_operation_kit.embedding_variable import (
-    CounterFilter, EmbeddingVariable, EmbeddingVariableOption, GlobalStepEvict, InitializerOption,
-    L2WeightEvict, StorageOption, get_embedding_variable)
+    CBFFilter, CounterFilter, EmbeddingVariable, EmbeddingVariableOption, EvictOption, GlobalStepEvict,
+    InitializerOption, L2WeightEvict, StorageOption, get_embedding_variable)
 from sparse_operation_kit.lookup import lookup_sparse
+from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
+from sparse_operation_kit.group_embedding import group_embedding_lookup_sparse
+from sparse_operation_kit import meta_graph as _meta_graph  # noqa: F401  registers EV meta graph protos
+from sparse_operation_kit import feature_column
 from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variables
 from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
 from sparse_operation_kit.distributed import all2all_dense_embedding
@@ -26,4 +30,6 @@ __all__ = [
     "lookup_sparse", "OptimizerWrapper", "SGD", "filter_variables", "Variable", "DynamicVariable",
     "export", "assign", "tf_version", "all2all_dense_embedding", "dump", "load",
     "layers", "Embedding", "SparseEmbedding", "kernel_run_counts", "gpu_kernels_built", "save_stock_saved_model",
+    "CBFFilter", "EvictOption", "PartitionedEmbeddingVariable", "group_embedding_lookup_sparse",
+    "feature_column",
 ]

@@ -16,6 +16,8 @@ SaveSpec = _saveable_object.SaveSpec
 # A checkpoint-trackable base for optimizer wrappers: tf.Module would also do, but its `name` and
 # `variables` attributes would shadow those of the wrapped optimizer.
 AutoTrackable = tf.__internal__.tracking.AutoTrackable
+# A checkpointable object that tracks no attributes (a partitioned table saves its parts itself).
+Trackable = tf.__internal__.tracking.Trackable
 
 
 def variable_accessed(variable):
@@ -80,3 +82,10 @@ def python_function_of(fn):
             plain = getattr(bound, "__func__", bound)
             return lambda *args, **kwargs: plain(target, *args, **kwargs)
     return func
+
+
+def register_collection_proto(collection, proto_type, to_proto, from_proto):
+    """Lets export_meta_graph / import_meta_graph carry `collection`'s Python objects as protos
+    (no public API registers them)."""
+    _framework_ops.register_proto_function(collection, proto_type=proto_type, to_proto=to_proto,
+                                           from_proto=from_proto)

@@ -52,7 +52,40 @@ class CounterFilter:
         self.filter_freq = _integral(filter_freq, "CounterFilter: filter_freq", 0)
 
 
-class GlobalStepEvict:
+class CBFFilter(CounterFilter):
+    """DeepRec's counting-Bloom-filter admission, with its arguments. It is carried out by the exact
+    counter filter: a key is admitted after exactly `filter_freq` training lookups. DeepRec's
+    Bloom filter may admit a key early (false positives, at most `false_positive_probability` for
+    `max_element_size` keys) and saves memory for never-admitted keys; here admission is exact and
+    every counted key keeps its counter. `counter_type` bounds the count: a `filter_freq` above its
+    largest value could never be reached and is refused."""
+
+    def __init__(self, filter_freq=0, max_element_size=0, false_positive_probability=-1.0,
+                 counter_type=tf.uint64):
+        super().__init__(_integral(filter_freq, "CBFFilter: filter_freq", 0))
+        self.max_element_size = _integral(max_element_size, "CBFFilter: max_element_size", 0)
+        p = false_positive_probability
+        if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
+            raise TypeError(f"CBFFilter: false_positive_probability must be a number, got {p!r}")
+        if not (float(p) == -1.0 or 0.0 < float(p) < 1.0):
+            raise ValueError("CBFFilter: false_positive_probability must be in (0, 1) (or -1 for DeepRec's "
+                             f"default), got {p}")
+        self.false_positive_probability = float(p)
+        counter_type = tf.as_dtype(counter_type)
+        if not counter_type.is_integer:
+            raise TypeError(f"CBFFilter: counter_type must be an integer dtype, got {counter_type.name}")
+        if self.filter_freq > counter_type.max:
+            raise ValueError(f"CBFFilter: filter_freq {self.filter_freq} exceeds the largest "
+                             f"{counter_type.name} counter ({counter_type.max}): no key could be admitted")
+        self.counter_type = counter_type
+
+
+class EvictOption:
+    """Common base of the eviction options (GlobalStepEvict, L2WeightEvict), which DeepRec's
+    `EmbeddingVariableOption(evict_option=...)` takes."""
+
+
+class GlobalStepEvict(EvictOption):
     """Evicts keys not updated for more than `steps_to_live` steps, at `var.shrink(global_step)`
     (DeepRec evicts when it saves; here saving never changes the table: shrink, then save)."""
 
@@ -60,7 +93,7 @@ class GlobalStepEvict:
         self.steps_to_live = _integral(steps_to_live or 0, "GlobalStepEvict: steps_to_live", 0)
 
 
-class L2WeightEvict:
+class L2WeightEvict(EvictOption):
     """Evicts keys whose embedding's L2 norm is below `l2_weight_threshold`, at `var.shrink(...)`
     (saving never evicts: shrink, then save). The threshold is a norm: it must be >= 0 (DeepRec's
     default -1 means "no eviction" and is accepted as exactly that)."""
@@ -86,7 +119,7 @@ class EmbeddingVariableOption:
     def __init__(self, ht_type=None, ht_partition_num=None, evict_option=None, ckpt=None,
                  filter_option=None, storage_option=None, init_option=None):
         if filter_option is not None and not isinstance(filter_option, CounterFilter):
-            raise TypeError(f"filter_option must be sok.CounterFilter, got {type(filter_option).__name__}")
+            raise TypeError(f"filter_option must be sok.CounterFilter or sok.CBFFilter, got {type(filter_option).__name__}")
         if evict_option is not None and not isinstance(evict_option, (GlobalStepEvict, L2WeightEvict)):
             raise TypeError("evict_option must be sok.GlobalStepEvict or sok.L2WeightEvict, got "
                             f"{type(evict_option).__name__}")
@@ -356,6 +389,36 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         # "VARIABLE_VALUE" makes a Saver({"key": var}) use "key/keys", as for variables.
         return {"VARIABLE_VALUE": lambda name=self._name: _EmbeddingVariableSaveable(self, name)}
 
+    # --- meta graphs (tf.compat.v1.train.export_meta_graph / import_meta_graph) -----------------
+    def to_proto(self, export_scope=None):
+        """None: the table is left out of the VariableDef collections (GLOBAL_VARIABLES, ...), which
+        cannot describe it; sparse_operation_kit.meta_graph writes it to its own collection."""
+
+    @classmethod
+    def from_graph_ops(cls, handle, init_op, trainable, target_gpu=-1):
+        """The table whose handle and initializer ops are already in the graph (an imported meta
+        graph): its settings are read back from the initializer op's attributes."""
+        self = cls.__new__(cls)
+        get = init_op.get_attr
+        self._name = get("table_name").decode()
+        self._dim = int(get("dim"))
+        self._key_dtype = tf.as_dtype(get("key_dtype"))
+        self._trainable = bool(trainable)
+        self.target_gpu = int(target_gpu)
+        self._default_value_dim = int(get("default_value_dim"))
+        self._init_spec = initializers.InitSpec(get("init_kind"), get("init_a"), get("init_b"), get("seed"),
+                                                matrix=init_op.inputs[1])
+        self._initializer_arg = None
+        self._no_permission = float(get("default_value_no_permission"))
+        self._filter_freq = int(get("filter_freq"))
+        self._steps_to_live = int(get("steps_to_live"))
+        self._l2_threshold = float(get("l2_weight_threshold"))
+        self._shared_name = handle.op.get_attr("shared_name").decode()
+        tf.saved_model.experimental.TrackableResource.__init__(self)
+        self._resource_handle = handle
+        self._init_op = init_op
+        return self
+
     def __repr__(self):
         return (f"<sok.EmbeddingVariable '{self._name}' dim={self._dim} key_dtype={self._key_dtype.name} "
                 f"target_gpu={self.target_gpu}>")
@@ -383,12 +446,33 @@ def get_embedding_variable(name, embedding_dim, key_dtype=tf.int64, value_dtype=
                            init_data_source=None, ev_option=None):
     """DeepRec's tf.get_embedding_variable on stock TensorFlow.
 
-    A `partitioner` is accepted and ignored: placement over workers is `var.target_gpu`
+    `partitioner` (or the variable scope's): a sok.PartitionedEmbeddingVariable of n parts
+    "name/part_i" acting as one table; key k lives in part (k mod 1000) mod n, DeepRec's rule
+    (see sparse_operation_kit.partitioned). Placement over Horovod workers is `var.target_gpu`
     (-1 spreads rows over all ranks, k puts the table on rank k). The variable is reused when a
     variable scope with reuse asks for the same name again.
     """
     scope = tf.compat.v1.get_variable_scope()
     full_name = f"{scope.name}/{name}" if scope.name else name
+    partitioner = partitioner if partitioner is not None else scope.partitioner
+    if partitioner is not None:
+        from sparse_operation_kit import partitioned
+        if not tf.executing_eagerly():
+            existing = partitioned.find(tf.compat.v1.get_default_graph(), full_name)
+            if existing is not None:
+                if not scope.reuse:
+                    raise ValueError(f"Embedding Variable '{full_name}' already exists; use a variable_scope "
+                                     "with reuse=True (or tf.AUTO_REUSE) to share it")
+                if existing.embedding_dim != int(embedding_dim):
+                    raise ValueError(f"Embedding Variable '{full_name}' has dimension {existing.embedding_dim}, "
+                                     f"not {embedding_dim}")
+                return existing
+
+        def make_part(part_name, part_collections):
+            return EmbeddingVariable(part_name, embedding_dim, key_dtype=key_dtype, value_dtype=value_dtype,
+                                     initializer=initializer, trainable=trainable, ev_option=ev_option,
+                                     steps_to_live=steps_to_live, collections=part_collections)
+        return partitioned.create(full_name, embedding_dim, partitioner, make_part, trainable, collections)
     if not tf.executing_eagerly():
         graph = tf.compat.v1.get_default_graph()
         for v in graph.get_collection(SOK_VARIABLES):

@@ -13,7 +13,7 @@ from typing import List, Union
 
 import tensorflow as tf
 
-from sparse_operation_kit import compat, exchange, serving, validation
+from sparse_operation_kit import compat, partitioned, serving, validation
 from sparse_operation_kit._ops import ops
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 
@@ -131,7 +131,7 @@ def _flatten_weights(weights, name, num_ids):
 
 
 def _key_dtype(param):
-    if isinstance(param, EmbeddingVariable):
+    if isinstance(param, (EmbeddingVariable, partitioned.PartitionedEmbeddingVariable)):
         return param.key_dtype
     return None  # static tables take int32 or int64 ids
 
@@ -139,8 +139,8 @@ def _key_dtype(param):
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True, name=None):
     """Pooled embeddings of many tables in one call.
 
-    params: a table or a list of tables (sok.EmbeddingVariable / DynamicVariable, sok.Variable,
-      tf.Variable). sp_ids: a tf.SparseTensor / tf.RaggedTensor of ids per table ([batch, None]).
+    params: a table or a list of tables (sok.EmbeddingVariable / DynamicVariable, a partitioned
+      Embedding Variable, sok.Variable, tf.Variable). sp_ids: a tf.SparseTensor / tf.RaggedTensor of ids per table ([batch, None]).
     sp_weights: None, or per table None or weights shaped like the ids. combiners: "sum", "mean"
     or "sqrtn" per table (default "sum"). training: True inserts unseen keys into Embedding
     Variables (and counts frequencies); False reads them without inserting.
@@ -182,11 +182,12 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True
         if serving.active():  # save_stock_saved_model is tracing: stock ops on frozen tables
             outs = serving.pooled_lookup(params, keys, segments, batches, weights, combiners)
             return outs[0] if single else outs
-        with _on_device_of(params):
+        tables = partitioned.flat_tables(params)
+        with _on_device_of(tables):
             unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
-        rows = exchange.fetch_rows(params, list(unique), list(counts), training=training, names=names)
+        rows = partitioned.fetch_rows(params, list(unique), list(counts), training=training, names=names)
         batch_sizes = tf.stack(batches)
-        with _on_device_of(params):
+        with _on_device_of(tables):
             outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, batch_sizes,
                                           combiners=combiners, table_names=names)
     return outs[0] if single else list(outs)

@@ -231,7 +231,10 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
             return None
         # Keras 3's apply_gradients returns its step variable, which tf.group does not take (inside
         # tf.function every stateful op runs anyway).
-        return tf.group(*[o for o in ops_ if isinstance(o, (tf.Operation, tf.Tensor))], name=name)
+        train_op = tf.group(*[o for o in ops_ if isinstance(o, (tf.Operation, tf.Tensor))], name=name)
+        if self._is_v1:
+            _register_train_op(ops_, train_op)
+        return train_op
 
     def minimize(self, loss, var_list=None, global_step=None, name=None, tape=None, **kwargs):
         if tf.executing_eagerly():
@@ -245,6 +248,14 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
             grads = tape.gradient(loss_value, var_list)
             return self.apply_gradients(zip(grads, var_list), global_step=global_step)
         return self.apply_gradients(self.compute_gradients(loss, var_list), global_step=global_step, name=name)
+
+
+def _register_train_op(parts, train_op):
+    """A TF1 optimizer lists its own (dense-only) update in the TRAIN_OP collection; the training
+    step is the wrapper's group, which a graph restored by import_meta_graph must find there."""
+    collection = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
+    collection[:] = [op for op in collection if op not in parts]
+    collection.append(train_op)
 
 
 class SGD(compat.AutoTrackable):

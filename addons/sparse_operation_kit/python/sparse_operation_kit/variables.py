@@ -78,7 +78,8 @@ class DynamicVariable(EmbeddingVariable):
 
 def export(var):
     """(keys, values) of every row of a SOK variable (a dense table: its ids and rows)."""
-    if isinstance(var, EmbeddingVariable):
+    from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
+    if isinstance(var, (EmbeddingVariable, PartitionedEmbeddingVariable)):
         keys, values = var.export()[:2]
         return keys, values
     value = tf.convert_to_tensor(var)
@@ -87,7 +88,8 @@ def export(var):
 
 def assign(var, indices, values):
     """Writes rows: var[indices[i]] = values[i] (inserting keys of dynamic tables)."""
-    if isinstance(var, EmbeddingVariable):
+    from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
+    if isinstance(var, (EmbeddingVariable, PartitionedEmbeddingVariable)):
         return var.assign(indices, values)
     return var.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(values, var.dtype),
                                                tf.convert_to_tensor(indices)))
