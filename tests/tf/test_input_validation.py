@@ -73,11 +73,11 @@ def test_restore_of_int64_keys_into_an_int32_table():
                "freqs": tf.zeros([2], tf.int64), "versions": tf.zeros([2], tf.int64),
                "slot_kind": tf.constant(-1, tf.int32), "slot_init": tf.zeros([0])}
     with pytest.raises(ValueError, match=f"cannot restore Embedding Variable '{table.name}'.*saved keys include {BIG}"):
-        table._restore_from_tensors(tensors)
+        table.import_snapshot(tensors)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
     def restore(keys):
-        table._restore_from_tensors(dict(tensors, keys=keys))
+        table.import_snapshot(dict(tensors, keys=keys))
 
     with pytest.raises(tf.errors.InvalidArgumentError, match="saved keys do not fit in int32"):
         restore(tensors["keys"])

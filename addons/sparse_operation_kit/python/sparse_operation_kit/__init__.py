@@ -2,27 +2,33 @@
 TensorFlow (`import sparse_operation_kit as sok`)."""
 import tensorflow as tf
 
-from sparse_operation_kit import lookup as _lookup_module  # registers gradients
-from sparse_operation_kit.context import init, num_ranks, rank
-from sparse_operation_kit.embedding_variable import (
-    CounterFilter, EmbeddingVariable, EmbeddingVariableOption, GlobalStepEvict, InitializerOption,
-    L2WeightEvict, StorageOption, get_embedding_variable)
-from sparse_operation_kit.lookup import lookup_sparse
-from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variables
-from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
-from sparse_operation_kit.distributed import all2all_dense_embedding
-from sparse_operation_kit.dump import dump, load
-from sparse_operation_kit.devices import gpu_kernels_built, kernel_run_counts
 from sparse_operation_kit import layers
+from sparse_operation_kit.context import init, num_ranks, rank
+from sparse_operation_kit.devices import gpu_kernels_built, kernel_run_counts
+from sparse_operation_kit.dump import dump, load
+from sparse_operation_kit.embedding_variable import (
+    CounterFilter,
+    EmbeddingVariable,
+    EmbeddingVariableOption,
+    GlobalStepEvict,
+    InitializerOption,
+    L2WeightEvict,
+    StorageOption,
+    get_embedding_variable,
+)
 from sparse_operation_kit.layers import Embedding, SparseEmbedding
+from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse  # also registers gradients
+from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variables
+from sparse_operation_kit.tables import StaticTable
+from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
+from sparse_operation_kit.version import __version__
 
 tf_version = tf.__version__
-__version__ = "0.1.0"
 
 __all__ = [
     "init", "rank", "num_ranks", "get_embedding_variable", "EmbeddingVariable", "EmbeddingVariableOption",
     "InitializerOption", "CounterFilter", "GlobalStepEvict", "L2WeightEvict", "StorageOption",
     "lookup_sparse", "OptimizerWrapper", "SGD", "filter_variables", "Variable", "DynamicVariable",
-    "export", "assign", "tf_version", "all2all_dense_embedding", "dump", "load",
-    "layers", "Embedding", "SparseEmbedding", "kernel_run_counts", "gpu_kernels_built",
+    "StaticTable", "export", "assign", "tf_version", "all2all_dense_embedding", "dump", "load",
+    "layers", "Embedding", "SparseEmbedding", "kernel_run_counts", "gpu_kernels_built", "__version__",
 ]

@@ -1,8 +1,7 @@
 """Model parallelism under Horovod: tables are sharded over ranks, inputs are data-parallel.
 
-Placement (NVIDIA SOK 2.x's convention): a table with target_gpu = -1 keeps key k on rank
-k mod N (row k // N of a static table's local shard); target_gpu = k keeps the whole table on
-rank k. One lookup_sparse call makes exactly two all-to-alls, whatever the number of tables:
+Placement follows tables.py (target_gpu -1: key k on rank k mod N; k: the whole table on rank k).
+One lookup_sparse call makes exactly two all-to-alls, whatever the number of tables:
 
   1. each rank sends every owner only the distinct keys that owner holds ([key, table, count]),
      behind one header row per destination ([table-list signature, n, bad-id flag]) that lets
@@ -17,32 +16,19 @@ import zlib
 
 import tensorflow as tf
 
-from sparse_operation_kit import exchange
+from sparse_operation_kit import tables
 from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
-
-
-def target_of(param):
-    return int(getattr(param, "target_gpu", -1))
-
-
-def global_rows(param):
-    """Rows of a static table over all ranks."""
-    rows = getattr(param, "sok_global_rows", None)
-    return rows if rows is not None else param.shape[0]
+from sparse_operation_kit.local_rows import local_rows
+from sparse_operation_kit.tables import dim_of as _dim
+from sparse_operation_kit.tables import global_rows, target_of
 
 
 def _local_keys(param, keys, world):
-    """Owner-side row index of a key: EVs keep the key; a spread static table row k // N."""
+    """Owner-side row index of a key: an Embedding Variable keeps the key, a static shard its row."""
     if isinstance(param, EmbeddingVariable):
         return tf.cast(keys, param.key_dtype)
-    if target_of(param) < 0:
-        return tf.math.floordiv(keys, tf.constant(world, keys.dtype))
-    return keys
-
-
-def _dim(param):
-    return param.embedding_dim if isinstance(param, EmbeddingVariable) else int(param.shape[-1])
+    return tables.local_row(keys, target_of(param), world)
 
 
 def _describe(params, names):
@@ -124,10 +110,7 @@ def fetch_rows(params, keys, counts, training, names):
     n = len(params)
     dims = []
     for p, nm in zip(params, names):
-        t = target_of(p)
-        if t >= world or t < -1:
-            raise ValueError(f"table '{nm}': target_gpu={t}, but there are {world} ranks (valid: -1 to spread "
-                             f"the rows over all ranks, or 0..{world - 1})")
+        tables.check_target(target_of(p), world, "lookup_sparse", nm)
         dims.append(_dim(p))
     sig = _signature(params, names)
     with tf.name_scope("sok_exchange"):
@@ -138,7 +121,7 @@ def fetch_rows(params, keys, counts, training, names):
         all_counts = tf.concat([tf.cast(c, tf.int64) for c in counts], 0)
         table_ids = _segment_ids(sizes, tf.size(all_keys, out_type=tf.int64))
         key_target = tf.gather(tf.constant([target_of(p) for p in params], tf.int64), table_ids)
-        owners = tf.where(key_target < 0, tf.math.floormod(all_keys, tf.constant(world, tf.int64)), key_target)
+        owners = tables.owner(all_keys, key_target, world)
 
         # 1. keys to their owners: [key, table, count] rows grouped by owner rank, each group
         # behind a header row [table-list signature, n, bad-id flag].
@@ -164,7 +147,7 @@ def fetch_rows(params, keys, counts, training, names):
         table_sizes = _count(r_tables, n + 1)
         local_keys = tf.split(tf.gather(r_keys, by_table), table_sizes, num=n + 1)[:n]
         local_counts = tf.split(tf.gather(r_counts, by_table), table_sizes, num=n + 1)[:n]
-        local_keys = [_local_keys(p, k, world) for p, k in zip(params, local_keys)]
+        local_keys = [_local_keys(p, k, world) for p, k in zip(params, local_keys, strict=True)]
         # A key asked for by several ranks arrives once per rank. Static shards read each row once
         # so that their gradient (the wrapped optimizer's input) holds each row once, summed over
         # the ranks, as one process's would (Keras 3's Adagrad, e.g., squares the values of a
@@ -173,7 +156,7 @@ def fetch_rows(params, keys, counts, training, names):
         for i, p in enumerate(params):
             if not isinstance(p, EmbeddingVariable):
                 local_keys[i], repeat[i] = tf.unique(local_keys[i], out_idx=tf.int64)
-        rows = exchange.local_rows(params, local_keys, local_counts, training, names)
+        rows = local_rows(params, local_keys, local_counts, training, names)
         rows = [r if repeat[i] is None else tf.gather(r, repeat[i]) for i, r in enumerate(rows)]
         grouped = tf.concat([tf.reshape(r, [-1]) for r in rows], 0)
         r_dims = tf.gather(dim_of, r_tables)
@@ -192,57 +175,3 @@ def fetch_rows(params, keys, counts, training, names):
         flat = tf.gather(back, _spans(mine, tf.gather(dim_of, table_ids)))
         parts = tf.split(flat, sizes * tf.constant(dims, tf.int64), num=n)
     return [tf.reshape(part, [-1, d]) for part, d in zip(parts, dims)]
-
-
-def static_variable(args, kwargs, target):
-    """sok.Variable under Horovod: this rank's shard of a static table.
-
-    The initial value is the whole table (identical on every rank); target -1 keeps rows
-    r, r+N, r+2N, ... on rank r, target k keeps every row on rank k and none elsewhere.
-    """
-    args = list(args)
-    init = args.pop(0) if args else kwargs.pop("initial_value")
-    shape = kwargs.pop("shape", None)  # the whole table's: the shard's own shape differs
-    rank, world = context.rank, context.world_size
-    if target >= world or target < -1:
-        raise ValueError(f"sok.Variable: mode 'localized:{target}' names rank {target}, but there are "
-                         f"{world} ranks (valid: 'distributed' or 'localized:0'..'localized:{world - 1}')")
-    if callable(init):
-        try:
-            value = init()
-        except TypeError:
-            if shape is None:
-                raise
-            value = init(shape=shape, dtype=kwargs.get("dtype") or tf.float32)
-    else:
-        value = init
-    value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
-    if shape is not None and not tf.TensorShape(shape).is_compatible_with(value.shape):
-        raise ValueError(f"sok.Variable: shape {shape} but the initial value has shape {value.shape}")
-    rows = int(value.shape[0])
-    if target < 0:
-        local = value[rank::world]
-    elif target == rank:
-        local = value
-    else:
-        local = value[:0]
-    var = tf.Variable(local, *args, **kwargs)
-    var.target_gpu = target
-    var.sok_global_rows = rows
-    var.sok_mode = "distributed" if target < 0 else f"localized:{target}"
-    return var
-
-
-def all2all_dense_embedding(param, indices):
-    """NVIDIA SOK 2.x's all2all_dense_embedding: rows of `indices` (any shape) from a table
-    sharded over ranks, differentiable, returned in the shape of `indices` + [dim]."""
-    from sparse_operation_kit._ops import ops
-    indices = tf.convert_to_tensor(indices)
-    flat = tf.reshape(indices, [-1])
-    unique, inverse, counts = ops.sok_unique_keys([flat], N=1)
-    name = getattr(param, "name", None) or "table"
-    name = name[:-2] if name.endswith(":0") else name
-    rows = exchange.fetch_rows([param], [unique[0]], [counts[0]], True, [name])[0]
-    out = tf.gather(rows, inverse[0])
-    dim = tf.shape(rows)[1:]
-    return tf.reshape(out, tf.concat([tf.shape(indices), dim], 0))

@@ -10,8 +10,9 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import compat, initializers
+from sparse_operation_kit import compat, initializers, validation
 from sparse_operation_kit._ops import ops
+from sparse_operation_kit.schema import EXPORT_FIELDS, InitKind
 
 SOK_VARIABLES = "sok_embedding_variables"
 _uid = itertools.count()
@@ -100,7 +101,7 @@ class EmbeddingVariableOption:
 # ---------------------------------------------------------------------------------------------
 # The variable
 # ---------------------------------------------------------------------------------------------
-class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
+class EmbeddingVariable(compat.TableResource):
     """A [?, embedding_dim] table keyed by int32/int64 ids; rows appear on first training lookup.
 
     Names: as with tf.Variable in eager execution, two eager tables may share a name; they are two
@@ -114,16 +115,6 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     ids)`, `var.sparse_read(ids)`, and `tf.gradients` / `tf.GradientTape` give `tf.IndexedSlices`
     keyed by id. Train it through `sok.OptimizerWrapper(opt)` or `sok.SGD`.
     """
-
-    @property
-    def _should_act_as_resource_variable(self):
-        # Having this attribute makes tf.gradients / GradientTape / embedding_lookup treat the
-        # table as a resource variable (they differentiate with respect to `.handle`). A
-        # SavedModel export must see the resource it is: as a "variable" it would be written
-        # as a dense one.
-        if compat.in_saved_model_export():
-            raise AttributeError("_should_act_as_resource_variable")
-        return True
 
     def __init__(self, name, embedding_dim, key_dtype=tf.int64, value_dtype=tf.float32,
                  initializer=None, trainable=True, ev_option=None, steps_to_live=None,
@@ -157,7 +148,7 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         self.target_gpu = -1
         self._default_value_dim = init_option.default_value_dim
         spec = initializers.resolve(init_option.initializer, name, embedding_dim, self._default_value_dim)
-        if spec.kind == initializers.MATRIX and self._default_value_dim == 0:
+        if spec.kind == InitKind.MATRIX and self._default_value_dim == 0:
             self._default_value_dim = int(spec.matrix.shape[0])
         self._init_spec = spec
         self._initializer_arg = init_option.initializer  # for Keras configs (sok.layers)
@@ -195,10 +186,10 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
 
     def _initialize(self):
         spec = self._init_spec
-        matrix = spec.matrix if spec.kind == initializers.MATRIX else tf.zeros([0, self._dim])
+        matrix = spec.matrix if spec.kind == InitKind.MATRIX else tf.zeros([0, self._dim])
         return ops.sok_embedding_variable_initialize(
             self.resource_handle, matrix, key_dtype=self._key_dtype, table_name=self._name,
-            dim=self._dim, init_kind=spec.kind, init_a=spec.a, init_b=spec.b, seed=spec.seed,
+            dim=self._dim, init_kind=spec.kind.value, init_a=spec.a, init_b=spec.b, seed=spec.seed,
             default_value_dim=self._default_value_dim, filter_freq=self._filter_freq,
             default_value_no_permission=self._no_permission, steps_to_live=self._steps_to_live,
             l2_weight_threshold=self._l2_threshold)
@@ -314,20 +305,14 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     # restored table trains on exactly as the saved one would have. Saving never evicts: with
     # GlobalStepEvict / L2WeightEvict options call `var.shrink(global_step)` (run its op in TF1)
     # before saving to drop stale rows, as DeepRec does when it saves.
-    _CKPT_FIELDS = ("keys", "values", "slots", "freqs", "versions", "slot_kind", "slot_init")
+    def snapshot(self):
+        """{field: tensor} of every row, fields as schema.EXPORT_FIELDS names them."""
+        return dict(zip(EXPORT_FIELDS, self.export(), strict=True))
 
-    def _serialize_to_tensors(self):
-        deps = []
-        if compat.in_saved_model_export():
-            # A loaded SavedModel calls this (to learn the tensors' dtypes) before it initializes
-            # its resources: the traced function creates the table if it is missing.
-            deps = [self._initialize()]
-        with tf.control_dependencies(deps):
-            return dict(zip(self._CKPT_FIELDS, self.export()))
-
-    def _restore_from_tensors(self, restored_tensors):
-        t = [restored_tensors[f] for f in self._CKPT_FIELDS]
-        from sparse_operation_kit import validation
+    def import_snapshot(self, tensors):
+        """Replaces the table's rows with `tensors` ({field: tensor}, as `snapshot()` gives them);
+        creates the table first if it does not exist yet. Returns the op (graphs)."""
+        t = [tensors[f] for f in EXPORT_FIELDS]
         key_check = validation.check_key_dtype_fits(t[0], self._key_dtype, self._name,
                                                     f"cannot restore Embedding Variable '{self._name}'")
         if not tf.executing_eagerly() or tf.inside_function():
@@ -349,25 +334,22 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
             return ops.sok_embedding_variable_import(self.resource_handle, tf.cast(t[0], self._key_dtype),
                                                      *t[1:])
 
-    def _gather_saveables_for_checkpoint(self):
-        # tf.compat.v1.train.Saver names tensors by variable ("<name>/keys", ...); the key
-        # "VARIABLE_VALUE" makes a Saver({"key": var}) use "key/keys", as for variables.
-        return {"VARIABLE_VALUE": lambda name=self._name: _EmbeddingVariableSaveable(self, name)}
+    # compat.TableResource's hooks (checkpoints, SavedModel, Saver).
+    def checkpoint_tensors(self):
+        deps = []
+        if compat.in_saved_model_export():
+            # A loaded SavedModel calls this (to learn the tensors' dtypes) before it initializes
+            # its resources: the traced function creates the table if it is missing.
+            deps = [self._initialize()]
+        with tf.control_dependencies(deps):
+            return self.snapshot()
+
+    def restore_checkpoint_tensors(self, tensors):
+        return self.import_snapshot(tensors)
 
     def __repr__(self):
         return (f"<sok.EmbeddingVariable '{self._name}' dim={self._dim} key_dtype={self._key_dtype.name} "
                 f"target_gpu={self.target_gpu}>")
-
-
-class _EmbeddingVariableSaveable(compat.SaveableObject):
-    def __init__(self, var, name):
-        self._var = var
-        tensors = var.export()
-        specs = [compat.SaveSpec(t, "", f"{name}/{f}") for f, t in zip(var._CKPT_FIELDS, tensors)]
-        super().__init__(var, specs, name)
-
-    def restore(self, restored_tensors, restored_shapes):
-        return self._var._restore_from_tensors(dict(zip(self._var._CKPT_FIELDS, restored_tensors)))
 
 
 def is_embedding_variable(v):

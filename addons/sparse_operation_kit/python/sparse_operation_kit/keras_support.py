@@ -94,9 +94,7 @@ def _carrier_class():
             _carrier_classes[key] = Keras3Carrier
         else:
             # tf_keras tracks tf.Variables; a subclass needs TensorFlow's concrete resource variable.
-            from tensorflow.python.ops.resource_variable_ops import ResourceVariable
-
-            class TfKerasCarrier(_CarrierMixin, ResourceVariable):
+            class TfKerasCarrier(_CarrierMixin, compat.ResourceVariable):
                 pass
 
             _carrier_classes[key] = TfKerasCarrier
@@ -221,9 +219,13 @@ def keras_optimizer_kind(optimizer):
     return None
 
 
-def wrapper_class(kind):
+def wrapper_class(kind, make_updater):
+    """The Keras optimizer class of sok.OptimizerWrapper for `kind` ("keras3" or "tf_keras");
+    `make_updater(keras_optimizer)` gives the fused sparse update (optimizers.make_updater, passed
+    in: optimizers.py builds on this module)."""
     if kind not in _wrapper_classes:
-        _wrapper_classes[kind] = _make_keras3_wrapper() if kind == "keras3" else _make_tf_keras_wrapper()
+        make = _make_keras3_wrapper if kind == "keras3" else _make_tf_keras_wrapper
+        _wrapper_classes[kind] = make(make_updater)
     return _wrapper_classes[kind]
 
 
@@ -240,10 +242,8 @@ def _sparse_then_dense(updater, opt, sparse, dense, apply_dense):
             step.assign_add(1)
 
 
-def _make_keras3_wrapper():
+def _make_keras3_wrapper(make_updater):
     import keras
-
-    from sparse_operation_kit.optimizers import make_updater
 
     @keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
     class KerasOptimizerWrapper(keras.optimizers.Optimizer):
@@ -329,10 +329,8 @@ def _make_keras3_wrapper():
     return KerasOptimizerWrapper
 
 
-def _make_tf_keras_wrapper():
+def _make_tf_keras_wrapper(make_updater):
     import tf_keras
-
-    from sparse_operation_kit.optimizers import make_updater
 
     @tf_keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
     class TfKerasOptimizerWrapper(tf_keras.optimizers.Optimizer):

@@ -36,6 +36,8 @@ from sparse_operation_kit.embedding_variable import (CounterFilter, EmbeddingVar
                                                      GlobalStepEvict, InitializerOption, L2WeightEvict,
                                                      is_embedding_variable)
 from sparse_operation_kit.lookup import COMBINERS, lookup_sparse
+from sparse_operation_kit.schema import EXPORT_FIELDS
+from sparse_operation_kit.tables import StaticTable, table_name
 
 _register = keras_support.keras_module().saving.register_keras_serializable
 
@@ -127,16 +129,13 @@ def table_config(t):
                 "default_value_no_permission": float(t._no_permission),
                 "filter_freq": int(t._filter_freq), "steps_to_live": int(t._steps_to_live),
                 "l2_weight_threshold": float(t._l2_threshold)}
-    name = getattr(t, "name", "static")
-    return {"kind": "static", "name": name[:-2] if name.endswith(":0") else name,
-            "shape": [int(d) for d in t.shape], "dtype": tf.as_dtype(t.dtype).name}
+    return {"kind": "static", "name": table_name(t), "shape": [int(d) for d in t.shape],
+            "dtype": tf.as_dtype(t.dtype).name}
 
 
 def table_from_config(c):
     if c["kind"] == "static":
-        var = tf.Variable(tf.zeros(c["shape"], c["dtype"]), name=c["name"])
-        var.target_gpu = -1
-        return var
+        return StaticTable(initial_value=tf.zeros(c["shape"], c["dtype"]), name=c["name"])
     evict = None
     if c["steps_to_live"] > 0:
         evict = GlobalStepEvict(c["steps_to_live"])
@@ -150,7 +149,7 @@ def table_from_config(c):
                              ev_option=option)
 
 
-_FIELDS = EmbeddingVariable._CKPT_FIELDS
+_FIELDS = EXPORT_FIELDS
 
 
 class _TablesLayer(tf.keras.layers.Layer):
@@ -194,7 +193,7 @@ class _TablesLayer(tf.keras.layers.Layer):
             store[f"{i}"] = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
         for i, t in enumerate(self._tables):
             if is_embedding_variable(t):
-                for field, value in zip(_FIELDS, t.export()):
+                for field, value in t.snapshot().items():
                     store[f"sok_table_{i}_{field}"] = value.numpy()
             elif not any(t is v for v in self._keras_variables()):
                 store[f"sok_table_{i}_values"] = np.asarray(t.numpy())
@@ -216,7 +215,7 @@ class _TablesLayer(tf.keras.layers.Layer):
                 if missing:
                     raise ValueError(f"layer '{self.name}': the weights file has no rows of table '{t.name}' "
                                      f"(missing {missing})")
-                t._restore_from_tensors({f: tf.constant(np.asarray(store[f"sok_table_{i}_{f}"])) for f in _FIELDS})
+                t.import_snapshot({f: tf.constant(np.asarray(store[f"sok_table_{i}_{f}"])) for f in _FIELDS})
             elif f"sok_table_{i}_values" in keys:
                 t.assign(np.asarray(store[f"sok_table_{i}_values"]))
 

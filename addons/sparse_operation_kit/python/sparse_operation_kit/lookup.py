@@ -9,13 +9,15 @@ Gradients flow back the same way: per-sample gradient -> per-distinct-key gradie
 (exchange) -> tf.IndexedSlices keyed by id on the owning table.
 """
 import contextlib
-from typing import List, Union
+from collections.abc import Sequence
+from typing import Union
 
 import tensorflow as tf
 
-from sparse_operation_kit import compat, exchange, validation
+from sparse_operation_kit import compat, exchange, uniqueness, validation
 from sparse_operation_kit._ops import ops
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.tables import table_name
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -63,7 +65,8 @@ tf.no_gradient("SokEmbeddingVariableSparseApply")
 # tf.nn.embedding_lookup(ev, ids) converts params that are no tf.Variable to a tensor, which an
 # Embedding Variable has not: dispatch on the EV to its sparse_read (gradient: IndexedSlices by id).
 compat.register_dispatchable_type(EmbeddingVariable)
-_EV_PARAMS = {"params": Union[EmbeddingVariable, List[EmbeddingVariable]]}
+# dispatch_for_api reads typing annotations (typing.Union, not "X | Y").
+_EV_PARAMS = {"params": Union[EmbeddingVariable, list[EmbeddingVariable]]}  # noqa: UP007
 
 
 def _embedding_lookup_ev(params, ids, max_norm):
@@ -92,11 +95,6 @@ def _embedding_lookup_v1(params, ids, partition_strategy="mod", name=None, valid
                          max_norm=None):
     with tf.name_scope(name or "embedding_lookup"):
         return _embedding_lookup_ev(params, ids, max_norm)
-
-
-def table_name(param):
-    name = getattr(param, "name", None) or "table"
-    return name[:-2] if name.endswith(":0") else name
 
 
 def _as_list(x):
@@ -136,7 +134,8 @@ def _key_dtype(param):
     return None  # static tables take int32 or int64 ids
 
 
-def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True, name=None):
+def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str] | None = None,
+                  training: bool = True, name: str | None = None) -> tf.Tensor | list[tf.Tensor]:
     """Pooled embeddings of many tables in one call.
 
     params: a table or a list of tables (sok.EmbeddingVariable / DynamicVariable, sok.Variable,
@@ -181,9 +180,23 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True
             weights.append(_flatten_weights(w, nm, None))
         with _on_device_of(params):
             unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
+        uniqueness.declare_distinct(unique)
         rows = exchange.fetch_rows(params, list(unique), list(counts), training=training, names=names)
         batch_sizes = tf.stack(batches)
         with _on_device_of(params):
             outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, batch_sizes,
                                           combiners=combiners, table_names=names)
     return outs[0] if single else list(outs)
+
+
+def all2all_dense_embedding(param, indices) -> tf.Tensor:
+    """NVIDIA SOK 2.x's all2all_dense_embedding: rows of `indices` (any shape) from a table
+    sharded over ranks, differentiable, returned in the shape of `indices` + [dim]."""
+    indices = tf.convert_to_tensor(indices)
+    flat = tf.reshape(indices, [-1])
+    unique, inverse, counts = ops.sok_unique_keys([flat], N=1)
+    uniqueness.declare_distinct(unique)
+    rows = exchange.fetch_rows([param], [unique[0]], [counts[0]], True, [table_name(param)])[0]
+    out = tf.gather(rows, inverse[0])
+    dim = tf.shape(rows)[1:]
+    return tf.reshape(out, tf.concat([tf.shape(indices), dim], 0))

@@ -2,19 +2,21 @@
 their co-located slots; everything else goes to the wrapped TensorFlow/Keras optimizer."""
 import tensorflow as tf
 
-from sparse_operation_kit import compat
+from sparse_operation_kit import compat, keras_support, uniqueness
 from sparse_operation_kit._ops import ops
-from sparse_operation_kit.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.keras_support import split_gradients
+from sparse_operation_kit.schema import Optimizer
+from sparse_operation_kit.tables import is_sok_table
 
-SUPPORTED = ("sgd", "adagrad", "adam", "ftrl")
+SUPPORTED = tuple(o.value for o in Optimizer)
 
 
 def is_sok_variable(v):
-    """Embedding Variables and sok.Variable tables (which carry a target_gpu placement)."""
-    return isinstance(v, EmbeddingVariable) or hasattr(v, "target_gpu")
+    """Embedding Variables and sok.Variable tables (StaticTable)."""
+    return is_sok_table(v)
 
 
-def filter_variables(variables):
+def filter_variables(variables) -> tuple[list, list]:
     """Splits variables into (SOK variables, other variables): under Horovod only the others are
     data-parallel and need their gradients averaged with hvd.allreduce."""
     sok_vars, other = [], []
@@ -30,20 +32,20 @@ def _keras_hyperparameters(opt):
     if name == "sgd":
         if cfg.get("momentum", 0.0):
             raise ValueError("sok.OptimizerWrapper: SGD with momentum is not supported for SOK variables")
-        return "sgd", {"learning_rate": lr}
+        return Optimizer.SGD, {"learning_rate": lr}
     if name == "adagrad":
-        return "adagrad", {"learning_rate": lr, "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
+        return Optimizer.ADAGRAD, {"learning_rate": lr, "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
                            "epsilon": cfg.get("epsilon", 1e-7)}
     if name in ("adam", "lazyadam"):
         if cfg.get("amsgrad"):
             raise ValueError("sok.OptimizerWrapper: Adam with amsgrad is not supported for SOK variables")
-        return "adam", {"learning_rate": lr, "beta1": cfg.get("beta_1", 0.9), "beta2": cfg.get("beta_2", 0.999),
+        return Optimizer.ADAM, {"learning_rate": lr, "beta1": cfg.get("beta_1", 0.9), "beta2": cfg.get("beta_2", 0.999),
                         "epsilon": cfg.get("epsilon", 1e-7)}
     if name == "ftrl":
         if cfg.get("l2_shrinkage_regularization_strength"):
             raise ValueError("sok.OptimizerWrapper: FTRL's l2_shrinkage_regularization_strength is not "
                              "supported for SOK variables")
-        return "ftrl", {"learning_rate": lr, "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
+        return Optimizer.FTRL, {"learning_rate": lr, "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
                         "lr_power": cfg.get("learning_rate_power", -0.5),
                         "l1": cfg.get("l1_regularization_strength", 0.0),
                         "l2": cfg.get("l2_regularization_strength", 0.0), "beta": cfg.get("beta", 0.0)}
@@ -55,16 +57,6 @@ def _value(x):
     if callable(x) and not isinstance(x, (tf.Variable, tf.Tensor)):
         x = x()
     return tf.cast(tf.convert_to_tensor(x), tf.float32)
-
-
-def _distinct_by_construction(indices):
-    """True when `indices` is an output of SokUniqueKeys (graph tensors only), as lookup_sparse's
-    gradients are: the update may then skip its dedup."""
-    try:
-        op = indices.op
-    except AttributeError:  # eager tensor
-        return False
-    return op is not None and op.type == "SokUniqueKeys"
 
 
 class _SparseUpdater:
@@ -122,7 +114,7 @@ class _SparseUpdater:
             beta1=float(h.get("beta1", 0.9)), beta2=float(h.get("beta2", 0.999)),
             epsilon=float(h.get("epsilon", 0.0)), initial_accumulator=float(h.get("initial_accumulator", 0.1)),
             l1=float(h.get("l1", 0.0)), l2=l2, lr_power=float(h.get("lr_power", -0.5)),
-            keys_unique=all(_distinct_by_construction(g.indices) for g, _ in pairs))
+            keys_unique=all(uniqueness.is_distinct(g.indices) for g, _ in pairs))
         if not own_step:
             return update
         with tf.control_dependencies([update]):
@@ -163,10 +155,9 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
 
     def __new__(cls, optimizer=None, *args, **kwargs):
         if cls is OptimizerWrapper:
-            from sparse_operation_kit import keras_support
             kind = keras_support.keras_optimizer_kind(optimizer)
             if kind is not None:
-                return keras_support.wrapper_class(kind)(optimizer)
+                return keras_support.wrapper_class(kind, make_updater)(optimizer)
         return super().__new__(cls)
 
     def __init__(self, optimizer):
@@ -205,7 +196,6 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
         return list(zip(grads, var_list))
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
-        from sparse_operation_kit.keras_support import split_gradients
         sparse, dense = split_gradients(grads_and_vars)  # gradient carriers of SOK layers -> their tables
         step = None
         if not self._is_v1 and hasattr(self._opt, "iterations"):
@@ -252,7 +242,7 @@ class SGD(compat.AutoTrackable):
 
     def __init__(self, lr=0.01, learning_rate=None):
         self._lr = learning_rate if learning_rate is not None else lr
-        self._updater = _SparseUpdater("sgd", {"learning_rate": self._lr}, on_step_created=self._track_step)
+        self._updater = _SparseUpdater(Optimizer.SGD, {"learning_rate": self._lr}, on_step_created=self._track_step)
 
     def _track_step(self, step):
         self.sok_optimizer_step = step  # a checkpoint dependency (Embedding Variables' update steps)
@@ -262,7 +252,6 @@ class SGD(compat.AutoTrackable):
         return self._lr
 
     def apply_gradients(self, grads_and_vars, **kwargs):
-        from sparse_operation_kit.keras_support import split_gradients
         sparse, dense = split_gradients([(g, v) for g, v in grads_and_vars if g is not None])
         ops_ = [self._updater.apply(sparse)]
         lr = _value(self._lr)

@@ -1,36 +1,20 @@
 """NVIDIA SOK 2.x's variables: sok.Variable (static table) and sok.DynamicVariable (hash table)."""
+from __future__ import annotations
+
 import tensorflow as tf
 
-from sparse_operation_kit.embedding_variable import EmbeddingVariable, InitializerOption, EmbeddingVariableOption
+from sparse_operation_kit.embedding_variable import EmbeddingVariable, EmbeddingVariableOption, InitializerOption
+from sparse_operation_kit.tables import StaticTable, parse_mode, static_table
 
 
-def parse_mode(mode):
-    """mode=None | "distributed" -> target_gpu -1 (rows over all ranks); "localized:k" -> k."""
-    if mode is None or mode == "distributed":
-        return -1
-    if isinstance(mode, str) and mode.startswith("localized:"):
-        try:
-            return int(mode.split(":", 1)[1])
-        except ValueError:
-            pass
-    raise ValueError(f"unknown mode {mode!r}: expected None, 'distributed' or 'localized:<rank>'")
+def Variable(*args, mode: str | None = None, **kwargs) -> StaticTable:  # noqa: N802  SOK 2.x's API name
+    """A static (dense) embedding table taking tf.Variable's arguments: a sok.StaticTable, which is
+    a tf.Variable holding the whole table (one process) or this rank's shard (Horovod).
 
-
-def Variable(*args, mode=None, **kwargs):
-    """A static (dense) embedding table taking tf.Variable's arguments.
-
-    In one process it is a plain tf.Variable holding the whole table; `target_gpu` records its
-    placement (-1 for mode "distributed", k for "localized:k") for multi-rank runs.
+    mode: None or "distributed" (target_gpu -1: key k on rank k mod N), or "localized:k" (the
+    whole table on rank k).
     """
-    target = parse_mode(mode)
-    from sparse_operation_kit.context import context
-    if context.world_size > 1:
-        from sparse_operation_kit import distributed
-        return distributed.static_variable(args, kwargs, target)
-    var = tf.Variable(*args, **kwargs)
-    var.target_gpu = target
-    var.sok_mode = mode
-    return var
+    return static_table(args, kwargs, mode)
 
 
 class DynamicVariable(EmbeddingVariable):
@@ -41,8 +25,9 @@ class DynamicVariable(EmbeddingVariable):
     storage kind ("hbm", "hybrid", ...) and is accepted: rows live in this process's memory here.
     """
 
-    def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None,
-                 trainable=True, key_type=None, dtype=None, mode=None, **kwargs):
+    def __init__(self, dimension: int, initializer=None, var_type: str | None = None, name: str | None = None,
+                 constraint=None, trainable: bool = True, key_type=None, dtype=None, mode: str | None = None,
+                 **kwargs):
         if name is None:
             name = "DynamicVariable"
             if not tf.executing_eagerly():
@@ -76,7 +61,7 @@ class DynamicVariable(EmbeddingVariable):
         return self.key_dtype
 
 
-def export(var):
+def export(var) -> tuple[tf.Tensor, tf.Tensor]:
     """(keys, values) of every row of a SOK variable (a dense table: its ids and rows)."""
     if isinstance(var, EmbeddingVariable):
         keys, values = var.export()[:2]
@@ -85,7 +70,7 @@ def export(var):
     return tf.range(tf.shape(value, out_type=tf.int64)[0]), value
 
 
-def assign(var, indices, values):
+def assign(var, indices, values) -> tf.Operation | tf.Tensor | tf.Variable | None:
     """Writes rows: var[indices[i]] = values[i] (inserting keys of dynamic tables)."""
     if isinstance(var, EmbeddingVariable):
         return var.assign(indices, values)
