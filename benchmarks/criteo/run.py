@@ -24,51 +24,103 @@ import numpy as np
 _T_START = time.time()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tensorflow as tf  # noqa: E402
-
 import data as criteo_data  # noqa: E402
 import model as criteo_model  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import sparse_operation_kit as sok  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", default="synthetic",
-                   help="'synthetic' (default) or comma-separated Criteo TSV files to train on")
-    p.add_argument("--eval_data", default=None,
-                   help="Criteo TSV file(s) to evaluate on (real data); default: hold out the last 10%% of --data")
-    p.add_argument("--min_count", type=int, default=1,
-                   help="real data: ids seen fewer times in the training data share one 'rare' id per field (1: off)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--data",
+        default="synthetic",
+        help="'synthetic' (default) or comma-separated Criteo TSV files to train on",
+    )
+    p.add_argument(
+        "--eval_data",
+        default=None,
+        help="Criteo TSV file(s) to evaluate on (real data); default: hold out the last 10%% of "
+             "--data",
+    )
+    p.add_argument(
+        "--min_count",
+        type=int,
+        default=1,
+        help="real data: ids seen fewer times in the training data share one 'rare' id per field "
+             "(1: off)",
+    )
     p.add_argument("--batch_size", type=int, default=2048, help="global batch size")
     p.add_argument("--eval_batch_size", type=int, default=16384)
-    p.add_argument("--steps", type=int, default=None,
-                   help="training steps (synthetic default 600; real data default: --epochs passes)")
-    p.add_argument("--epochs", type=float, default=1.0, help="passes over the training data (real data)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps (synthetic default 600; real data default: --epochs passes)",
+    )
+    p.add_argument(
+        "--epochs", type=float, default=1.0, help="passes over the training data (real data)"
+    )
     p.add_argument("--embedding_dim", type=int, default=16)
-    p.add_argument("--embedding_init", type=float, default=None,
-                   help="new embedding rows start uniform in [-x, x] (default 1/sqrt(embedding_dim))")
-    p.add_argument("--num_tables", type=int, default=26, help="Embedding Variables (fields share tables if < 26)")
-    p.add_argument("--bottom_mlp", default="64,32", help="hidden sizes of the bottom MLP (it ends in embedding_dim)")
-    p.add_argument("--top_mlp", default="256,128", help="hidden sizes of the top MLP (it ends in 1)")
+    p.add_argument(
+        "--embedding_init",
+        type=float,
+        default=None,
+        help="new embedding rows start uniform in [-x, x] (default 1/sqrt(embedding_dim))",
+    )
+    p.add_argument(
+        "--num_tables",
+        type=int,
+        default=26,
+        help="Embedding Variables (fields share tables if < 26)",
+    )
+    p.add_argument(
+        "--bottom_mlp",
+        default="64,32",
+        help="hidden sizes of the bottom MLP (it ends in embedding_dim)",
+    )
+    p.add_argument(
+        "--top_mlp", default="256,128", help="hidden sizes of the top MLP (it ends in 1)"
+    )
     p.add_argument("--optimizer", choices=("adagrad", "adam"), default="adagrad")
-    p.add_argument("--learning_rate", type=float, default=None, help="default: adagrad 0.1, adam 0.001")
+    p.add_argument(
+        "--learning_rate", type=float, default=None, help="default: adagrad 0.1, adam 0.001"
+    )
     p.add_argument("--adagrad_initial_accumulator", type=float, default=0.001)
-    p.add_argument("--embedding_l2", type=float, default=0.0,
-                   help="L2 penalty on the looked-up embedding rows (per sample, summed over fields)")
+    p.add_argument(
+        "--embedding_l2",
+        type=float,
+        default=0.0,
+        help="L2 penalty on the looked-up embedding rows (per sample, summed over fields)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--synthetic_train_samples", type=int, default=None,
-                   help="size of the synthetic training split (default: steps * batch_size, one pass)")
+    p.add_argument(
+        "--synthetic_train_samples",
+        type=int,
+        default=None,
+        help="size of the synthetic training split (default: steps * batch_size, one pass)",
+    )
     p.add_argument("--synthetic_eval_samples", type=int, default=131072)
     p.add_argument("--synthetic_via_tsv", action="store_true",
                    help="route synthetic rows through Criteo TSV text and the TSV reader")
     p.add_argument("--warmup_steps", type=int, default=20, help="steps left out of the throughput")
     p.add_argument("--log_every", type=int, default=100)
-    p.add_argument("--horovod", action="store_true", help="run under horovodrun (hvd.init() before sok.init())")
-    p.add_argument("--threads", type=int, default=0, help="TF intra/inter-op threads (0: TF's default)")
-    p.add_argument("--input", choices=("auto", "dataset", "feed"), default="auto",
-                   help="training batches through tf.data with prefetching to the GPU, or feed_dict; "
-                        "auto: dataset when TensorFlow sees a GPU, else feed (faster on the CPU alone)")
+    p.add_argument(
+        "--horovod", action="store_true", help="run under horovodrun (hvd.init() before sok.init())"
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="TF intra/inter-op threads (0: TF's default)"
+    )
+    p.add_argument(
+        "--input",
+        choices=("auto", "dataset", "feed"),
+        default="auto",
+        help="training batches through tf.data with prefetching to the GPU, or feed_dict; "
+        "auto: dataset when TensorFlow sees a GPU, else feed (faster on the CPU alone)",
+    )
     args = p.parse_args(argv)
     if args.learning_rate is None:
         args.learning_rate = 0.1 if args.optimizer == "adagrad" else 0.001
@@ -104,7 +156,10 @@ def load_data(args):
     else:
         n = criteo_data.num_rows(train)
         cut = n - max(1, n // 10)
-        train, evals = criteo_data.take(train, slice(0, cut)), criteo_data.take(train, slice(cut, n))
+        train, evals = (
+            criteo_data.take(train, slice(0, cut)),
+            criteo_data.take(train, slice(cut, n)),
+        )
     train, (evals,) = criteo_data.apply_min_count(train, [evals], args.min_count)
     return train, evals, args.data
 
@@ -144,8 +199,11 @@ def _average_over_ranks(hvd, grad, var):
     return hvd.allreduce(grad, op=hvd.Average)
 
 
-_BATCH_SIGNATURE = (tf.TensorSpec([None, criteo_data.NUM_DENSE], tf.float32),
-                    tf.TensorSpec([None, criteo_data.NUM_CAT], tf.int64), tf.TensorSpec([None], tf.float32))
+_BATCH_SIGNATURE = (
+    tf.TensorSpec([None, criteo_data.NUM_DENSE], tf.float32),
+    tf.TensorSpec([None, criteo_data.NUM_CAT], tf.int64),
+    tf.TensorSpec([None], tf.float32),
+)
 
 
 def train_dataset(train, batches, rank, size):
@@ -167,11 +225,19 @@ class Graph:
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf.compat.v1.set_random_seed(args.seed)
-            self.dense = tf.compat.v1.placeholder(tf.float32, [None, criteo_data.NUM_DENSE], "dense")
+            self.dense = tf.compat.v1.placeholder(
+                tf.float32, [None, criteo_data.NUM_DENSE], "dense"
+            )
             self.ids = tf.compat.v1.placeholder(tf.int64, [None, criteo_data.NUM_CAT], "ids")
             self.labels = tf.compat.v1.placeholder(tf.float32, [None], "labels")
-            self.model = criteo_model.DLRM(args.embedding_dim, args.num_tables, args.bottom_mlp, args.top_mlp,
-                                           seed=args.seed, embedding_init=args.embedding_init)
+            self.model = criteo_model.DLRM(
+                args.embedding_dim,
+                args.num_tables,
+                args.bottom_mlp,
+                args.top_mlp,
+                seed=args.seed,
+                embedding_init=args.embedding_init,
+            )
             self.input_init = None
             if dataset is None:
                 dense, ids, labels = self.dense, self.ids, self.labels
@@ -180,13 +246,19 @@ class Graph:
                 self.input_init = it.initializer
                 dense, ids, labels = it.get_next()
             logits = self.model(dense, ids, training=True)
-            self.loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            self.loss = tf.reduce_mean(
+                tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+            )
             objective = self.loss
             if args.embedding_l2 > 0:
-                penalty = tf.add_n([tf.reduce_sum(tf.square(e), axis=1) for e in self.model.embeddings])
+                penalty = tf.add_n(
+                    [tf.reduce_sum(tf.square(e), axis=1) for e in self.model.embeddings]
+                )
                 objective = objective + args.embedding_l2 * tf.reduce_mean(penalty)
             if args.optimizer == "adagrad":
-                base = tf.compat.v1.train.AdagradOptimizer(args.learning_rate, args.adagrad_initial_accumulator)
+                base = tf.compat.v1.train.AdagradOptimizer(
+                    args.learning_rate, args.adagrad_initial_accumulator
+                )
             else:
                 base = tf.compat.v1.train.AdamOptimizer(args.learning_rate)
             opt = sok.OptimizerWrapper(base)
@@ -196,7 +268,9 @@ class Graph:
             self.global_step = tf.compat.v1.train.get_or_create_global_step()
             self.train_op = opt.apply_gradients(grads_and_vars, global_step=self.global_step)
             # Reported loss: the global batch's mean (equal local batches) under Horovod.
-            self.report_loss = self.loss if hvd is None else hvd.allreduce(self.loss, op=hvd.Average)
+            self.report_loss = (
+                self.loss if hvd is None else hvd.allreduce(self.loss, op=hvd.Average)
+            )
             self.eval_logits = self.model(self.dense, self.ids, training=False)
             self.eval_out = [self.eval_logits, self.labels]
             if hvd is not None:
@@ -218,7 +292,9 @@ class Graph:
 
 def _sigmoid_xent(labels, logits):
     logits = np.asarray(logits, np.float64)
-    return float(np.mean(np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits)))))
+    return float(
+        np.mean(np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits))))
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,7 +308,7 @@ def main(argv=None):
         try:
             import horovod.tensorflow as hvd
         except ImportError as e:
-            raise SystemExit(f"--horovod needs Horovod ({e})")
+            raise SystemExit(f"--horovod needs Horovod ({e})") from e
         hvd.init()
     sok.init(use_horovod=True if hvd is not None else False)
     rank, size = sok.rank(), sok.num_ranks()
@@ -253,21 +329,35 @@ def main(argv=None):
     steps = args.steps
     if steps is None:
         steps = max(1, int(math.ceil(args.epochs * steps_per_epoch)))
-    log(f"data={desc} train_rows={n_train} (positives {train.labels.mean():.3f}) "
-        f"eval_rows={criteo_data.num_rows(evals)} (positives {evals.labels.mean():.3f}) load_s={load_s:.1f}")
+    log(
+        f"data={desc} train_rows={n_train} (positives {train.labels.mean():.3f}) "
+        f"eval_rows={criteo_data.num_rows(evals)} (positives {evals.labels.mean():.3f}) "
+        f"load_s={load_s:.1f}"
+    )
 
-    schedule = iter(BatchSchedule(n_train, args.batch_size, args.seed, shuffle=args.data != "synthetic"))
+    schedule = iter(
+        BatchSchedule(n_train, args.batch_size, args.seed, shuffle=args.data != "synthetic")
+    )
     dataset = None
     if args.input == "auto":
         args.input = "dataset" if tf.config.list_physical_devices("GPU") else "feed"
     if args.input == "dataset":
-        dataset = lambda: train_dataset(train, schedule, rank, size)  # noqa: E731
+        def dataset():
+            return train_dataset(train, schedule, rank, size)
+
     g = Graph(args, hvd, dataset)
-    log(f"model: DLRM dim={args.embedding_dim} tables={args.num_tables} bottom={args.bottom_mlp + [args.embedding_dim]} "
-        f"top={args.top_mlp + [1]} interactions={g.model.num_interactions} dense_params={g.num_dense_params} "
-        f"optimizer={args.optimizer}(lr={args.learning_rate}) ranks={size}")
-    log(f"training: steps={steps} global_batch={args.batch_size} local_batch={args.batch_size // size} "
-        f"epochs={steps / steps_per_epoch:.2f} input={args.input}")
+    log(
+        f"model: DLRM dim={args.embedding_dim} tables={args.num_tables} "
+        f"bottom={args.bottom_mlp + [args.embedding_dim]} "
+        f"top={args.top_mlp + [1]} interactions={g.model.num_interactions} "
+        f"dense_params={g.num_dense_params} "
+        f"optimizer={args.optimizer}(lr={args.learning_rate}) ranks={size}"
+    )
+    log(
+        f"training: steps={steps} global_batch={args.batch_size} "
+        f"local_batch={args.batch_size // size} "
+        f"epochs={steps / steps_per_epoch:.2f} input={args.input}"
+    )
 
     config = tf.compat.v1.ConfigProto()
     if args.threads:
@@ -291,7 +381,9 @@ def main(argv=None):
             t_timed = time.time()
         if dataset is None:
             idx = next(schedule)[rank::size]  # this rank's slice of the global batch
-            loss, _ = sess.run([g.report_loss, g.train_op], feed_dict=g.feed(criteo_data.take(train, idx)))
+            loss, _ = sess.run(
+                [g.report_loss, g.train_op], feed_dict=g.feed(criteo_data.take(train, idx))
+            )
         else:
             loss, _ = sess.run([g.report_loss, g.train_op])
         if not np.isfinite(loss):
@@ -340,17 +432,29 @@ def main(argv=None):
     result["wall_s"] = time.time() - _T_START
     log("==== Criteo benchmark summary ====")
     log(f"data:       {desc}, {n_train} training rows, {result['eval_rows']} evaluation rows")
-    log(f"throughput: {samples_per_sec:.0f} samples/s, {steps_per_sec:.2f} steps/s (global batch {args.batch_size}, "
-        f"{size} rank(s), {timed_steps} of {steps} steps timed: first {warmup} left out)")
-    log(f"train loss: {result['train_loss_first']:.4f} (first {tail} steps) -> {result['train_loss']:.4f} "
-        f"(last {tail} steps)")
+    log(
+        f"throughput: {samples_per_sec:.0f} samples/s, {steps_per_sec:.2f} steps/s (global batch "
+        f"{args.batch_size}, "
+        f"{size} rank(s), {timed_steps} of {steps} steps timed: first {warmup} left out)"
+    )
+    log(
+        f"train loss: {result['train_loss_first']:.4f} (first {tail} steps) -> "
+        f"{result['train_loss']:.4f} "
+        f"(last {tail} steps)"
+    )
     log(f"eval:       loss {result['eval_loss']:.4f}, AUC {result['eval_auc']:.4f}")
-    log(f"time:       training {result['train_s']:.1f}s, evaluation {eval_s:.1f}s, loading {load_s:.1f}s, "
-        f"wall {result['wall_s']:.1f}s; embedding rows on rank {rank}: {result['table_rows']}")
-    log(f"RESULT data={desc} ranks={size} steps={steps} batch_size={args.batch_size} "
+    log(
+        f"time:       training {result['train_s']:.1f}s, evaluation {eval_s:.1f}s, loading "
+        f"{load_s:.1f}s, "
+        f"wall {result['wall_s']:.1f}s; embedding rows on rank {rank}: {result['table_rows']}"
+    )
+    log(
+        f"RESULT data={desc} ranks={size} steps={steps} batch_size={args.batch_size} "
         f"samples_per_sec={samples_per_sec:.0f} steps_per_sec={steps_per_sec:.2f} "
         f"train_loss_first={result['train_loss_first']:.4f} train_loss={result['train_loss']:.4f} "
-        f"eval_loss={result['eval_loss']:.4f} eval_auc={result['eval_auc']:.4f} wall_s={result['wall_s']:.1f}")
+        f"eval_loss={result['eval_loss']:.4f} eval_auc={result['eval_auc']:.4f} "
+        f"wall_s={result['wall_s']:.1f}"
+    )
     return result
 
 

@@ -36,7 +36,9 @@ def test_reader_parses_the_real_slice():
     fields = _slice_fields()
     assert len(fields) == 200 and all(len(r) == 40 for r in fields)
     raw = criteo_data.read_tsv_raw(SLICE)
-    assert raw.labels.shape == (200,) and raw.dense.shape == (200, 13) and raw.cat.shape == (200, 26)
+    assert (
+        raw.labels.shape == (200,) and raw.dense.shape == (200, 13) and raw.cat.shape == (200, 26)
+    )
     # Against a plain-Python reading of every field.
     for i, r in enumerate(fields):
         assert raw.labels[i] == int(r[0])
@@ -66,7 +68,11 @@ def test_reader_parses_the_real_slice():
 def test_featurize():
     batch = criteo_data.read_tsv(SLICE)
     raw = criteo_data.read_tsv_raw(SLICE)
-    assert batch.dense.dtype == np.float32 and batch.ids.dtype == np.int64 and batch.labels.dtype == np.float32
+    assert (
+        batch.dense.dtype == np.float32
+        and batch.ids.dtype == np.int64
+        and batch.labels.dtype == np.float32
+    )
     expect = np.log1p(np.maximum(np.nan_to_num(raw.dense, nan=0.0), 0.0))
     np.testing.assert_allclose(batch.dense, expect, rtol=1e-6)
     assert (batch.dense[np.isnan(raw.dense)] == 0).all() and (batch.dense >= 0).all()
@@ -125,7 +131,9 @@ def test_generator_is_criteo_like():
     raw = gen.raw(0, 0, 60000)
     assert abs(raw.labels.mean() - 0.22) < 0.015
     distinct = [len(np.unique(raw.cat[:, f])) for f in range(26)]
-    assert min(distinct) <= 5 and max(distinct) > 10000  # vocabularies from a few values to millions
+    assert (
+        min(distinct) <= 5 and max(distinct) > 10000
+    )  # vocabularies from a few values to millions
     # Power law: in a large field the most frequent value is far above the median one.
     _, counts = np.unique(raw.cat[:, 2][raw.cat[:, 2] >= 0], return_counts=True)
     assert counts.max() > 100 * np.median(counts)
@@ -159,10 +167,27 @@ def test_auc_exact_with_ties():
 # ---------------------------------------------------------------------------------------------
 def test_short_training_run_learns(capsys):
     import run as criteo_run
-    result = criteo_run.main([
-        "--steps", "80", "--batch_size", "512", "--synthetic_eval_samples", "16384", "--warmup_steps", "5",
-        "--bottom_mlp", "32", "--top_mlp", "64", "--seed", "1", "--log_every", "0",
-    ])
+
+    result = criteo_run.main(
+        [
+            "--steps",
+            "80",
+            "--batch_size",
+            "512",
+            "--synthetic_eval_samples",
+            "16384",
+            "--warmup_steps",
+            "5",
+            "--bottom_mlp",
+            "32",
+            "--top_mlp",
+            "64",
+            "--seed",
+            "1",
+            "--log_every",
+            "0",
+        ]
+    )
     out = capsys.readouterr().out
     assert "RESULT " in out and "eval_auc=" in out
     assert result["train_loss"] < result["train_loss_first"] - 0.02
@@ -173,8 +198,25 @@ def test_short_training_run_learns(capsys):
 
 def test_tf_data_input_trains_exactly_like_feed_dict(capsys):
     import run as criteo_run
-    common = ["--steps", "12", "--batch_size", "256", "--synthetic_eval_samples", "4096", "--warmup_steps", "2",
-              "--bottom_mlp", "16", "--top_mlp", "16", "--seed", "3", "--log_every", "0"]
+
+    common = [
+        "--steps",
+        "12",
+        "--batch_size",
+        "256",
+        "--synthetic_eval_samples",
+        "4096",
+        "--warmup_steps",
+        "2",
+        "--bottom_mlp",
+        "16",
+        "--top_mlp",
+        "16",
+        "--seed",
+        "3",
+        "--log_every",
+        "0",
+    ]
     fed = criteo_run.main(common + ["--input", "feed"])
     streamed = criteo_run.main(common + ["--input", "dataset"])
     assert "input=dataset" in capsys.readouterr().out
@@ -185,11 +227,31 @@ def test_tf_data_input_trains_exactly_like_feed_dict(capsys):
 def test_training_with_shared_tables_and_adam(capsys):
     import run as criteo_run
     # 26 fields over 4 tables, Adam, and the synthetic rows routed through TSV text and the reader.
-    result = criteo_run.main([
-        "--steps", "60", "--batch_size", "512", "--synthetic_eval_samples", "8192", "--warmup_steps", "5",
-        "--bottom_mlp", "32", "--top_mlp", "64", "--num_tables", "4", "--optimizer", "adam",
-        "--learning_rate", "0.003", "--log_every", "0", "--synthetic_via_tsv",
-    ])
+    result = criteo_run.main(
+        [
+            "--steps",
+            "60",
+            "--batch_size",
+            "512",
+            "--synthetic_eval_samples",
+            "8192",
+            "--warmup_steps",
+            "5",
+            "--bottom_mlp",
+            "32",
+            "--top_mlp",
+            "64",
+            "--num_tables",
+            "4",
+            "--optimizer",
+            "adam",
+            "--learning_rate",
+            "0.003",
+            "--log_every",
+            "0",
+            "--synthetic_via_tsv",
+        ]
+    )
     assert result["train_loss"] < result["train_loss_first"] - 0.02
     assert result["eval_auc"] > 0.65
 
@@ -199,7 +261,11 @@ def test_min_count_maps_rare_ids():
     z = np.zeros([1, 13], np.float32)
     ids = np.array([[5] * 26, [5] * 26, [7] * 26, [-1] * 26], np.int64)
     train = B(np.zeros(4, np.float32), np.repeat(z, 4, 0), ids)
-    evals = B(np.zeros(3, np.float32), np.repeat(z, 3, 0), np.array([[5] * 26, [7] * 26, [9] * 26], np.int64))
+    evals = B(
+        np.zeros(3, np.float32),
+        np.repeat(z, 3, 0),
+        np.array([[5] * 26, [7] * 26, [9] * 26], np.int64),
+    )
     t2, (e2,) = criteo_data.apply_min_count(train, [evals], 2)
     assert (t2.ids[:, 0] == [5, 5, criteo_data.RARE_ID, criteo_data.MISSING_ID]).all()
     assert (e2.ids[:, 3] == [5, criteo_data.RARE_ID, criteo_data.RARE_ID]).all()

@@ -22,7 +22,9 @@ def _imports(module, modules):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module == PACKAGE:  # from sparse_operation_kit import x: a module, or the package
+            if (
+                node.module == PACKAGE
+            ):  # from sparse_operation_kit import x: a module, or the package
                 found |= {a.name if a.name in modules else "__init__" for a in node.names}
                 continue
             names = [node.module]
@@ -88,7 +90,15 @@ def test_tensorflow_internals_only_in_compat():
             continue
         with open(os.path.join(ROOT, m + ".py")) as f:
             source = f.read()
-        assert "tensorflow.python" not in source, f"{m}.py imports TensorFlow internals (keep them in compat.py)"
-        for protocol in ("_serialize_to_tensors", "_restore_from_tensors", "_gather_saveables_for_checkpoint",
-                         "_should_act_as_resource_variable"):
-            assert protocol not in source, f"{m}.py uses TensorFlow's private {protocol} (keep it in compat.py)"
+        assert "tensorflow.python" not in source, (
+            f"{m}.py imports TensorFlow internals (keep them in compat.py)"
+        )
+        for protocol in (
+            "_serialize_to_tensors",
+            "_restore_from_tensors",
+            "_gather_saveables_for_checkpoint",
+            "_should_act_as_resource_variable",
+        ):
+            assert protocol not in source, (
+                f"{m}.py uses TensorFlow's private {protocol} (keep it in compat.py)"
+            )

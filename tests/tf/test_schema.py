@@ -3,9 +3,9 @@ name tables (the SokSchema op), and the ops that take them by name refuse others
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import unique_name
 
 import sparse_operation_kit as sok
-from conftest import unique_name
 from sparse_operation_kit import schema
 from sparse_operation_kit._ops import ops
 
@@ -45,14 +45,32 @@ def test_slot_kind_names_the_optimizer():
 
 def test_an_unknown_initializer_kind_is_refused_by_name():
     with tf.device("/CPU:0"):
-        handle = ops.sok_embedding_variable_handle(key_dtype=tf.int64, shared_name=unique_name("schema_bad"))
-        with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="unknown initializer kind 'spiral'"):
-            ops.sok_embedding_variable_initialize(handle, tf.zeros([0, 2]), key_dtype=tf.int64, table_name="t",
-                                                  dim=2, init_kind="spiral")
+        handle = ops.sok_embedding_variable_handle(
+            key_dtype=tf.int64, shared_name=unique_name("schema_bad")
+        )
+        with pytest.raises(
+            (tf.errors.InvalidArgumentError, ValueError), match="unknown initializer kind 'spiral'"
+        ):
+            ops.sok_embedding_variable_initialize(
+                handle,
+                tf.zeros([0, 2]),
+                key_dtype=tf.int64,
+                table_name="t",
+                dim=2,
+                init_kind="spiral",
+            )
 
 
 def test_an_unknown_optimizer_is_refused_by_name():
     var = sok.EmbeddingVariable(unique_name("schema_opt"), 2)
-    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="unknown optimizer 'rmsprop'"):
-        ops.sok_embedding_variable_sparse_apply([var.handle], [tf.constant([1], tf.int64)], [tf.ones([1, 2])],
-                                                0.1, tf.constant(0, tf.int64), optimizer="rmsprop")
+    with pytest.raises(
+        (tf.errors.InvalidArgumentError, ValueError), match="unknown optimizer 'rmsprop'"
+    ):
+        ops.sok_embedding_variable_sparse_apply(
+            [var.handle],
+            [tf.constant([1], tf.int64)],
+            [tf.ones([1, 2])],
+            0.1,
+            tf.constant(0, tf.int64),
+            optimizer="rmsprop",
+        )

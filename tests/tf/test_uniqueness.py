@@ -2,9 +2,9 @@
 the lookup that made them (sparse_operation_kit/uniqueness.py), and the result is the same."""
 import numpy as np
 import tensorflow as tf
+from conftest import graph_session, unique_name
 
 import sparse_operation_kit as sok
-from conftest import graph_session, unique_name
 
 
 def _apply_ops(graph):
@@ -13,7 +13,9 @@ def _apply_ops(graph):
 
 def test_lookup_gradients_are_declared_distinct_in_a_graph():
     with graph_session() as sess:
-        var = sok.get_embedding_variable(unique_name("uniq_lookup"), 2, initializer=tf.ones_initializer())
+        var = sok.get_embedding_variable(
+            unique_name("uniq_lookup"), 2, initializer=tf.ones_initializer()
+        )
         ids = tf.RaggedTensor.from_row_lengths(tf.constant([4, 4, 9, 4], tf.int64), [3, 1])
         loss = tf.reduce_sum(sok.lookup_sparse(var, ids))
         opt = sok.OptimizerWrapper(tf.compat.v1.train.GradientDescentOptimizer(0.5))
@@ -29,7 +31,9 @@ def test_lookup_gradients_are_declared_distinct_in_a_graph():
 
 def test_hand_made_gradients_with_repeated_keys_are_deduplicated():
     with graph_session() as sess:
-        var = sok.get_embedding_variable(unique_name("uniq_manual"), 2, initializer=tf.ones_initializer())
+        var = sok.get_embedding_variable(
+            unique_name("uniq_manual"), 2, initializer=tf.ones_initializer()
+        )
         grad = tf.IndexedSlices(tf.ones([3, 2]), tf.constant([7, 7, 8], tf.int64))
         opt = sok.OptimizerWrapper(tf.compat.v1.train.GradientDescentOptimizer(0.5))
         train = opt.apply_gradients([(grad, var)])

@@ -17,7 +17,10 @@ from sparse_operation_kit.embedding_variable import (
     get_embedding_variable,
 )
 from sparse_operation_kit.layers import Embedding, SparseEmbedding
-from sparse_operation_kit.lookup import all2all_dense_embedding, lookup_sparse  # also registers gradients
+from sparse_operation_kit.lookup import (
+    all2all_dense_embedding,
+    lookup_sparse,
+)  # also registers gradients
 from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variables
 from sparse_operation_kit.tables import StaticTable
 from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
@@ -26,9 +29,34 @@ from sparse_operation_kit.version import __version__
 tf_version = tf.__version__
 
 __all__ = [
-    "init", "rank", "num_ranks", "get_embedding_variable", "EmbeddingVariable", "EmbeddingVariableOption",
-    "InitializerOption", "CounterFilter", "GlobalStepEvict", "L2WeightEvict", "StorageOption",
-    "lookup_sparse", "OptimizerWrapper", "SGD", "filter_variables", "Variable", "DynamicVariable",
-    "StaticTable", "export", "assign", "tf_version", "all2all_dense_embedding", "dump", "load",
-    "layers", "Embedding", "SparseEmbedding", "kernel_run_counts", "gpu_kernels_built", "__version__",
+    "init",
+    "rank",
+    "num_ranks",
+    "get_embedding_variable",
+    "EmbeddingVariable",
+    "EmbeddingVariableOption",
+    "InitializerOption",
+    "CounterFilter",
+    "GlobalStepEvict",
+    "L2WeightEvict",
+    "StorageOption",
+    "lookup_sparse",
+    "OptimizerWrapper",
+    "SGD",
+    "filter_variables",
+    "Variable",
+    "DynamicVariable",
+    "StaticTable",
+    "export",
+    "assign",
+    "tf_version",
+    "all2all_dense_embedding",
+    "dump",
+    "load",
+    "layers",
+    "Embedding",
+    "SparseEmbedding",
+    "kernel_run_counts",
+    "gpu_kernels_built",
+    "__version__",
 ]

@@ -7,7 +7,9 @@ from tensorflow.python.eager import tape as _tape  # no public "variable was rea
 from tensorflow.python.framework import kernels as _kernels  # no public list of registered kernels
 from tensorflow.python.framework import ops as _framework_ops
 from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
-from tensorflow.python.saved_model import save_context as _save_context  # no public "exporting" flag
+from tensorflow.python.saved_model import (
+    save_context as _save_context,
+)  # no public "exporting" flag
 from tensorflow.python.training.saving import saveable_object as _saveable_object
 from tensorflow.python.util import dispatch as _dispatch  # no public "dispatch on this class" hook
 
@@ -64,7 +66,9 @@ class _NamedTensorsSaveable(_saveable_object.SaveableObject):
         super().__init__(table, specs, name)
 
     def restore(self, restored_tensors, restored_shapes):
-        return self._table.restore_checkpoint_tensors(dict(zip(self._fields, restored_tensors, strict=True)))
+        return self._table.restore_checkpoint_tensors(
+            dict(zip(self._fields, restored_tensors, strict=True))
+        )
 
 
 def variable_accessed(variable):

@@ -25,21 +25,26 @@ from sparse_operation_kit.tables import global_rows, target_of
 
 
 def _local_keys(param, keys, world):
-    """Owner-side row index of a key: an Embedding Variable keeps the key, a static shard its row."""
+    """Owner-side row of a key: an Embedding Variable keeps the key, a static shard its row."""
     if isinstance(param, EmbeddingVariable):
         return tf.cast(keys, param.key_dtype)
     return tables.local_row(keys, target_of(param), world)
 
 
 def _describe(params, names):
-    return ", ".join(f"'{nm}' ({'ev' if isinstance(p, EmbeddingVariable) else 'static'}, dim {_dim(p)}, "
-                     f"target_gpu {target_of(p)})" for p, nm in zip(params, names))
+    return ", ".join(
+        f"'{nm}' ({'ev' if isinstance(p, EmbeddingVariable) else 'static'}, dim {_dim(p)}, "
+        f"target_gpu {target_of(p)})"
+        for p, nm in zip(params, names)
+    )
 
 
 def _signature(params, names):
     """The same on every rank exactly when the ranks pass the same tables in the same order."""
-    parts = [f"{nm}:{'ev' if isinstance(p, EmbeddingVariable) else 'static'}:{_dim(p)}:{target_of(p)}"
-             for p, nm in zip(params, names)]
+    parts = [
+        f"{nm}:{'ev' if isinstance(p, EmbeddingVariable) else 'static'}:{_dim(p)}:{target_of(p)}"
+        for p, nm in zip(params, names)
+    ]
     return zlib.crc32("|".join(parts).encode()) & 0x7FFFFFFF
 
 
@@ -47,8 +52,12 @@ def _bad_static_ids(params, all_keys, table_ids):
     """1 + index of a static table given an id outside [0, global rows) on this rank, else 0."""
     if all(isinstance(p, EmbeddingVariable) for p in params):
         return tf.constant(0, tf.int64)
-    rows = tf.gather(tf.constant([-1 if isinstance(p, EmbeddingVariable) else global_rows(p) for p in params],
-                                 tf.int64), table_ids)
+    rows = tf.gather(
+        tf.constant(
+            [-1 if isinstance(p, EmbeddingVariable) else global_rows(p) for p in params], tf.int64
+        ),
+        table_ids,
+    )
     bad = tf.logical_and(rows >= 0, tf.logical_or(all_keys < 0, all_keys >= rows))
     return tf.reduce_max(tf.concat([[0], tf.where(bad, table_ids + 1, 0)], 0))
 
@@ -64,17 +73,33 @@ def _checks(received_headers, params, names, sig):
     sigs, _, bad = tf.unstack(received_headers, num=3, axis=1)
     same = tf.debugging.Assert(
         tf.reduce_all(tf.equal(sigs, tf.constant(sig, tf.int64))),
-        [f"lookup_sparse: the ranks passed different tables to this lookup_sparse call. Rank {rank} passed "
-         f"[{_describe(params, names)}] (signature {sig}); every rank must pass the same tables (names, "
-         f"dimensions, target_gpu) in the same order. Table-list signatures of ranks 0..{world - 1}:", sigs],
-        summarize=world)
-    bounds = ", ".join(f"{i + 1}: '{nm}' [0, {global_rows(p)})" for i, (p, nm) in enumerate(zip(params, names))
-                       if not isinstance(p, EmbeddingVariable))
+        [
+            "lookup_sparse: the ranks passed different tables to this lookup_sparse call. Rank "
+            f"{rank} passed "
+            f"[{_describe(params, names)}] (signature {sig}); every rank must pass the same "
+            "tables (names, "
+            "dimensions, target_gpu) in the same order. Table-list signatures of ranks "
+            f"0..{world - 1}:",
+            sigs,
+        ],
+        summarize=world,
+    )
+    bounds = ", ".join(
+        f"{i + 1}: '{nm}' [0, {global_rows(p)})"
+        for i, (p, nm) in enumerate(zip(params, names))
+        if not isinstance(p, EmbeddingVariable)
+    )
     valid = tf.debugging.Assert(
         tf.reduce_all(tf.equal(bad, 0)),
-        [f"lookup_sparse: an id outside the rows of a static table (tables of this call: {bounds}). "
-         f"Per rank 0..{world - 1}, the table number it passed an out-of-range id for (0: none):", bad],
-        summarize=world)
+        [
+            "lookup_sparse: an id outside the rows of a static table (tables of this call: "
+            f"{bounds}). "
+            f"Per rank 0..{world - 1}, the table number it passed an out-of-range id for (0: "
+            "none):",
+            bad,
+        ],
+        summarize=world,
+    )
     return [same, valid]
 
 
@@ -106,7 +131,7 @@ def fetch_rows(params, keys, counts, training, names):
     tables): eager execution pays per op.
     """
     hvd = context.hvd
-    rank, world = context.rank, context.world_size
+    world = context.world_size
     n = len(params)
     dims = []
     for p, nm in zip(params, names):
@@ -132,7 +157,9 @@ def fetch_rows(params, keys, counts, training, names):
         dest = tf.concat([tf.range(world, dtype=tf.int64), owners], 0)
         order = tf.argsort(dest, stable=True)
         request = tf.gather(rows_out, order)
-        received, received_splits = hvd.alltoall(request, splits=tf.cast(_count(dest, world), tf.int32))
+        received, received_splits = hvd.alltoall(
+            request, splits=tf.cast(_count(dest, world), tf.int32)
+        )
 
         # Every rank checks the headers of all ranks before anything depends on the keys.
         received_splits = tf.cast(received_splits, tf.int64)
@@ -151,7 +178,8 @@ def fetch_rows(params, keys, counts, training, names):
         # A key asked for by several ranks arrives once per rank. Static shards read each row once
         # so that their gradient (the wrapped optimizer's input) holds each row once, summed over
         # the ranks, as one process's would (Keras 3's Adagrad, e.g., squares the values of a
-        # tf.IndexedSlices before it sums duplicates). Embedding Variables sum duplicates themselves.
+        # tf.IndexedSlices before it sums duplicates). Embedding Variables sum duplicates
+        # themselves.
         repeat = [None] * n
         for i, p in enumerate(params):
             if not isinstance(p, EmbeddingVariable):
@@ -161,16 +189,27 @@ def fetch_rows(params, keys, counts, training, names):
         grouped = tf.concat([tf.reshape(r, [-1]) for r in rows], 0)
         r_dims = tf.gather(dim_of, r_tables)
         grouped_offsets = tf.cumsum(tf.gather(r_dims, by_table), exclusive=True)
-        flat_rows = tf.gather(grouped, _spans(tf.gather(grouped_offsets, tf.math.invert_permutation(by_table)),
-                                              r_dims))
+        flat_rows = tf.gather(
+            grouped,
+            _spans(tf.gather(grouped_offsets, tf.math.invert_permutation(by_table)), r_dims),
+        )
         float_ends = tf.concat([[0], tf.cumsum(r_dims)], 0)  # floats before each received row
-        float_splits = tf.gather(float_ends, starts + received_splits) - tf.gather(float_ends, starts)
+        float_splits = tf.gather(float_ends, starts + received_splits) - tf.gather(
+            float_ends, starts
+        )
         back, _ = hvd.alltoall(flat_rows, splits=tf.cast(float_splits, tf.int32))
 
         # 3. back on the requester, `back` holds the rows in the order the keys were sent: put
         # them back in table order (each table's distinct keys in their order), split by table.
-        sent_offsets = tf.cumsum(tf.gather(dim_of, tf.gather(tf.concat([tf.fill([world], tf.constant(n, tf.int64)),
-                                                                         table_ids], 0), order)), exclusive=True)
+        sent_offsets = tf.cumsum(
+            tf.gather(
+                dim_of,
+                tf.gather(
+                    tf.concat([tf.fill([world], tf.constant(n, tf.int64)), table_ids], 0), order
+                ),
+            ),
+            exclusive=True,
+        )
         mine = tf.gather(sent_offsets, tf.math.invert_permutation(order))[world:]
         flat = tf.gather(back, _spans(mine, tf.gather(dim_of, table_ids)))
         parts = tf.split(flat, sizes * tf.constant(dims, tf.int64), num=n)

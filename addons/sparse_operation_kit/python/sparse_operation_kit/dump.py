@@ -50,8 +50,10 @@ def _shard_files(path, var):
     world, files = next(iter(found.items()))
     missing = sorted(set(range(world)) - set(files))
     if missing:
-        raise FileNotFoundError(f"sok.load: the dump of '{name}' under {path} was written by {world} ranks "
-                                f"but the files of ranks {missing} are missing")
+        raise FileNotFoundError(
+            f"sok.load: the dump of '{name}' under {path} was written by {world} ranks "
+            f"but the files of ranks {missing} are missing"
+        )
     return [files[r] for r in range(world)]
 
 
@@ -63,12 +65,17 @@ def _read_shard(f, name):
     try:
         with np.load(f) as data:
             shard = {k: data[k] for k in data.files}
-    except Exception as e:  # noqa: BLE001  zipfile.BadZipFile, EOFError, ValueError, OSError, ...
-        raise ValueError(f"sok.load: cannot read the shard {f} of '{name}': {type(e).__name__}: {e} "
-                         "(the file is truncated or corrupt)") from e
+    except Exception as e:  # zipfile.BadZipFile, EOFError, ValueError, OSError, ...
+        raise ValueError(
+            f"sok.load: cannot read the shard {f} of '{name}': {type(e).__name__}: {e} "
+            "(the file is truncated or corrupt)"
+        ) from e
     missing = [k for k in _REQUIRED if k not in shard]
     if missing:
-        raise ValueError(f"sok.load: the shard {f} of '{name}' lacks {missing} (not a sok.dump shard, or corrupt)")
+        raise ValueError(
+            f"sok.load: the shard {f} of '{name}' lacks {missing} (not a sok.dump shard, or "
+            "corrupt)"
+        )
     return shard
 
 
@@ -78,15 +85,25 @@ def _ev_slots(shards, dim, name):
     kinds = {int(s["slot_kind"]) for s in shards if s["slots"].ndim == 3 and s["slots"].shape[1]}
     if len(kinds) > 1:
         names = sorted(schema.optimizer_of_slot_kind(k) for k in kinds)
-        raise ValueError(f"sok.load: the shards of '{name}' hold slots of different optimizers {names}")
+        raise ValueError(
+            f"sok.load: the shards of '{name}' hold slots of different optimizers {names}"
+        )
     slot_kind = kinds.pop() if kinds else schema.NO_SLOTS
-    slot_init = next((s["slot_init"] for s in shards if s["slot_init"].size and int(s["slot_kind"]) == slot_kind),
-                     np.zeros([0], np.float32)).astype(np.float32)
+    slot_init = next(
+        (
+            s["slot_init"]
+            for s in shards
+            if s["slot_init"].size and int(s["slot_kind"]) == slot_kind
+        ),
+        np.zeros([0], np.float32),
+    ).astype(np.float32)
     num_slots = slot_init.size if slot_kind >= 0 else 0
     parts = []
     for s in shards:
         rows, raw = s["keys"].shape[0], s["slots"]
-        slots = raw if raw.ndim == 3 and raw.shape[0] == rows else np.zeros([rows, 0, dim], np.float32)
+        slots = (
+            raw if raw.ndim == 3 and raw.shape[0] == rows else np.zeros([rows, 0, dim], np.float32)
+        )
         if slots.shape[1] != num_slots:
             slots = np.broadcast_to(slot_init[None, :, None], (rows, num_slots, dim))
         parts.append(slots.astype(np.float32))
@@ -95,12 +112,16 @@ def _ev_slots(shards, dim, name):
 
 def _require_eager(what, variables):
     if not tf.executing_eagerly():
-        raise RuntimeError(f"sok.{what} runs eagerly (TF2); in TF1 graphs use tf.compat.v1.train.Saver")
+        raise RuntimeError(
+            f"sok.{what} runs eagerly (TF2); in TF1 graphs use tf.compat.v1.train.Saver"
+        )
     names = [_dir_name(v) for v in variables]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ValueError(f"sok.{what}: several variables are named {twice}; each variable is stored under "
-                         "its name, so give them distinct names (name=...)")
+        raise ValueError(
+            f"sok.{what}: several variables are named {twice}; each variable is stored under "
+            "its name, so give them distinct names (name=...)"
+        )
 
 
 def dump(path: str, variables: Iterable, optimizer=None) -> None:
@@ -124,7 +145,9 @@ def dump(path: str, variables: Iterable, optimizer=None) -> None:
             values = arrays["values"]
         else:
             values = var.numpy()
-            keys = tables.global_key(np.arange(values.shape[0], dtype=np.int64), target, world, rank)
+            keys = tables.global_key(
+                np.arange(values.shape[0], dtype=np.int64), target, world, rank
+            )
             if world > 1 and target >= 0 and target != rank:
                 keys = keys[:0]
             arrays = dict(keys=keys, values=values)
@@ -156,19 +179,28 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
         mine = _owned(keys, target, _dir_name(var))
         if isinstance(var, EmbeddingVariable):
             # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
-            validation.check_key_dtype_fits(keys[mine], var.key_dtype, _dir_name(var), f"sok.load from {path}")
+            validation.check_key_dtype_fits(
+                keys[mine], var.key_dtype, _dir_name(var), f"sok.load from {path}"
+            )
             slots, slot_kind, slot_init = _ev_slots(shards, dim, _dir_name(var))
-            var.import_snapshot({
-                "keys": tf.constant(keys[mine]), "values": tf.constant(values[mine]),
-                "slots": tf.constant(slots[mine]),
-                "freqs": tf.constant(np.concatenate([s["freqs"] for s in shards])[mine]),
-                "versions": tf.constant(np.concatenate([s["versions"] for s in shards])[mine]),
-                "slot_kind": tf.constant(slot_kind, tf.int32), "slot_init": tf.constant(slot_init, tf.float32)})
+            var.import_snapshot(
+                {
+                    "keys": tf.constant(keys[mine]),
+                    "values": tf.constant(values[mine]),
+                    "slots": tf.constant(slots[mine]),
+                    "freqs": tf.constant(np.concatenate([s["freqs"] for s in shards])[mine]),
+                    "versions": tf.constant(np.concatenate([s["versions"] for s in shards])[mine]),
+                    "slot_kind": tf.constant(slot_kind, tf.int32),
+                    "slot_init": tf.constant(slot_init, tf.float32),
+                }
+            )
         else:
             local = tables.local_row(keys[mine], target, context.world_size)
             current = var.numpy()
             if local.size and local.max() >= current.shape[0]:
-                raise ValueError(f"sok.load: '{_dir_name(var)}' holds row {int(local.max())} but the local "
-                                 f"shard has {current.shape[0]} rows")
+                raise ValueError(
+                    f"sok.load: '{_dir_name(var)}' holds row {int(local.max())} but the local "
+                    f"shard has {current.shape[0]} rows"
+                )
             current[local] = values[mine]
             var.assign(current)

@@ -15,7 +15,13 @@ class InitSpec:
     """kind, a, b, seed as core/initializer.h reads them; matrix only for MATRIX."""
 
     def __init__(self, kind: InitKind, a=0.0, b=0.0, seed=0, matrix=None):
-        self.kind, self.a, self.b, self.seed, self.matrix = kind, float(a), float(b), int(seed), matrix
+        self.kind, self.a, self.b, self.seed, self.matrix = (
+            kind,
+            float(a),
+            float(b),
+            int(seed),
+            matrix,
+        )
 
     def __repr__(self):
         return f"InitSpec(kind={self.kind.value}, a={self.a}, b={self.b}, seed={self.seed})"
@@ -90,5 +96,7 @@ def resolve(initializer, name, dim, default_value_dim):
         return InitSpec(TRUNCATED_NORMAL, cfg.get("mean", 0.0), cfg.get("stddev", 0.05), seed)
     if callable(initializer):
         rows = default_value_dim if default_value_dim > 0 else 4096
-        return InitSpec(MATRIX, seed=seed, matrix=_default_value_matrix(initializer, cfg, seed, rows, dim))
+        return InitSpec(
+            MATRIX, seed=seed, matrix=_default_value_matrix(initializer, cfg, seed, rows, dim)
+        )
     raise TypeError(f"table '{name}': unsupported initializer {initializer!r}")

@@ -14,10 +14,14 @@ def static_rows(var, keys, name):
         num_rows = tf.shape(var, out_type=keys.dtype)[0]
     # No quotes around the name: graph-mode Assert prints its message escaped (\\').
     checks = [
-        tf.debugging.assert_non_negative(keys, message=f"lookup of static table {name}: negative id"),
-        tf.debugging.assert_less(keys, tf.cast(num_rows, keys.dtype),
-                                 message=f"lookup of static table {name}: id out of range "
-                                         f"[0, {num_rows})"),
+        tf.debugging.assert_non_negative(
+            keys, message=f"lookup of static table {name}: negative id"
+        ),
+        tf.debugging.assert_less(
+            keys,
+            tf.cast(num_rows, keys.dtype),
+            message=f"lookup of static table {name}: id out of range [0, {num_rows})",
+        ),
     ]
     with tf.control_dependencies(checks):
         return tf.gather(var, keys)

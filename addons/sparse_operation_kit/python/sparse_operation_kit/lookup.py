@@ -43,9 +43,15 @@ def _pooled_combine_grad(op, *grads):
     else:  # eager tape: next to the incoming gradient
         where = tf.device(next((g.device for g in grads if g is not None), None))
     with where:
-        row_grads = ops.sok_pooled_combine_grad(list(grads), list(inverse), list(segments), list(weights),
-                                                num_rows, combiners=op.get_attr("combiners"),
-                                                table_names=op.get_attr("table_names"))
+        row_grads = ops.sok_pooled_combine_grad(
+            list(grads),
+            list(inverse),
+            list(segments),
+            list(weights),
+            num_rows,
+            combiners=op.get_attr("combiners"),
+            table_names=op.get_attr("table_names"),
+        )
     return list(row_grads) + [None] * (3 * n) + [None]
 
 
@@ -72,8 +78,10 @@ _EV_PARAMS = {"params": Union[EmbeddingVariable, list[EmbeddingVariable]]}  # no
 def _embedding_lookup_ev(params, ids, max_norm):
     if isinstance(params, (list, tuple)):
         if len(params) != 1:
-            raise ValueError(f"tf.nn.embedding_lookup: a list of {len(params)} Embedding Variables is not "
-                             "supported; an Embedding Variable is one unpartitioned table")
+            raise ValueError(
+                f"tf.nn.embedding_lookup: a list of {len(params)} Embedding Variables is not "
+                "supported; an Embedding Variable is one unpartitioned table"
+            )
         params = params[0]
     if isinstance(ids, tf.RaggedTensor):
         return tf.ragged.map_flat_values(lambda k: _embedding_lookup_ev(params, k, max_norm), ids)
@@ -109,8 +117,10 @@ def _flatten_ids(ids, name):
         if ids.ragged_rank != 1:
             ids = ids.merge_dims(1, -1)
         return ids.values, ids.value_rowids(), ids.nrows(out_type=tf.int64)
-    raise TypeError(f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor or tf.RaggedTensor, "
-                    f"got {type(ids).__name__}")
+    raise TypeError(
+        f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor or tf.RaggedTensor, "
+        f"got {type(ids).__name__}"
+    )
 
 
 def _flatten_weights(weights, name, num_ids):
@@ -124,7 +134,9 @@ def _flatten_weights(weights, name, num_ids):
         raise TypeError(f"lookup_sparse: weights of table '{name}' must be a tf.SparseTensor or "
                         f"tf.RaggedTensor like its ids, got {type(weights).__name__}")
     if values.dtype != tf.float32:
-        raise TypeError(f"lookup_sparse: weights of table '{name}' must be float32, got {values.dtype.name}")
+        raise TypeError(
+            f"lookup_sparse: weights of table '{name}' must be float32, got {values.dtype.name}"
+        )
     return values
 
 
@@ -169,11 +181,15 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
         for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
             k, s, b = _flatten_ids(ids, nm)
             if k.dtype not in (tf.int32, tf.int64):
-                raise TypeError(f"lookup_sparse: ids of table '{nm}' must be int32 or int64, got {k.dtype.name}")
+                raise TypeError(
+                    f"lookup_sparse: ids of table '{nm}' must be int32 or int64, got {k.dtype.name}"
+                )
             want = _key_dtype(p)
             if want is not None and k.dtype != want:
-                raise TypeError(f"lookup_sparse: table '{nm}' has key dtype {want.name}, but its ids are "
-                                f"{k.dtype.name}")
+                raise TypeError(
+                    f"lookup_sparse: table '{nm}' has key dtype {want.name}, but its ids are "
+                    f"{k.dtype.name}"
+                )
             keys.append(k)
             segments.append(tf.cast(s, tf.int64))
             batches.append(tf.cast(b, tf.int64))
@@ -181,7 +197,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
         with _on_device_of(params):
             unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
         uniqueness.declare_distinct(unique)
-        rows = exchange.fetch_rows(params, list(unique), list(counts), training=training, names=names)
+        rows = exchange.fetch_rows(
+            params, list(unique), list(counts), training=training, names=names
+        )
         batch_sizes = tf.stack(batches)
         with _on_device_of(params):
             outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, batch_sizes,

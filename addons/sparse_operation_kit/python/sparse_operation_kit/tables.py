@@ -46,7 +46,8 @@ def check_target(target: int, world: int, where: str, name: str) -> None:
     """A target must name -1 or a rank of this world."""
     if target < SPREAD or target >= world:
         raise ValueError(
-            f"{where}: table '{name}' has target_gpu={target} (mode '{mode_of(target)}'), but there are "
+            f"{where}: table '{name}' has target_gpu={target} (mode '{mode_of(target)}'), but "
+            "there are "
             f"{world} ranks (valid: -1 / 'distributed' to spread the rows over all ranks, or "
             f"0..{world - 1} / 'localized:0'..'localized:{world - 1}')")
 
@@ -174,7 +175,9 @@ def static_table(args, kwargs, mode: str | None) -> StaticTable:
         value = init
     value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
     if shape is not None and not tf.TensorShape(shape).is_compatible_with(value.shape):
-        raise ValueError(f"sok.Variable: shape {shape} but the initial value has shape {value.shape}")
+        raise ValueError(
+            f"sok.Variable: shape {shape} but the initial value has shape {value.shape}"
+        )
     rows = int(value.shape[0])
     if target < 0:
         local = value[rank::world]
@@ -182,7 +185,9 @@ def static_table(args, kwargs, mode: str | None) -> StaticTable:
         local = value
     else:
         local = value[:0]
-    return StaticTable(target=target, world_size=world, global_rows=rows, initial_value=local, **kwargs)
+    return StaticTable(
+        target=target, world_size=world, global_rows=rows, initial_value=local, **kwargs
+    )
 
 
 _VARIABLE_ARGS = ("initial_value", "trainable", "validate_shape", "caching_device", "name",

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_operation_kit.embedding_variable import EmbeddingVariable, EmbeddingVariableOption, InitializerOption
+from sparse_operation_kit.embedding_variable import (
+    EmbeddingVariable,
+    EmbeddingVariableOption,
+    InitializerOption,
+)
 from sparse_operation_kit.tables import StaticTable, parse_mode, static_table
 
 
-def Variable(*args, mode: str | None = None, **kwargs) -> StaticTable:  # noqa: N802  SOK 2.x's API name
+def Variable(*args, mode: str | None = None, **kwargs) -> StaticTable:  # SOK 2.x's API name
     """A static (dense) embedding table taking tf.Variable's arguments: a sok.StaticTable, which is
     a tf.Variable holding the whole table (one process) or this rank's shard (Horovod).
 
@@ -25,19 +29,37 @@ class DynamicVariable(EmbeddingVariable):
     storage kind ("hbm", "hybrid", ...) and is accepted: rows live in this process's memory here.
     """
 
-    def __init__(self, dimension: int, initializer=None, var_type: str | None = None, name: str | None = None,
-                 constraint=None, trainable: bool = True, key_type=None, dtype=None, mode: str | None = None,
-                 **kwargs):
+    def __init__(
+        self,
+        dimension: int,
+        initializer=None,
+        var_type: str | None = None,
+        name: str | None = None,
+        constraint=None,
+        trainable: bool = True,
+        key_type=None,
+        dtype=None,
+        mode: str | None = None,
+        **kwargs,
+    ):
         if name is None:
             name = "DynamicVariable"
             if not tf.executing_eagerly():
                 name = tf.compat.v1.get_default_graph().unique_name(name, mark_as_used=False)
         self.var_type = var_type
         self.mode = mode
-        super().__init__(name, dimension, key_dtype=key_type or tf.int64, value_dtype=dtype or tf.float32,
-                         trainable=trainable,
-                         ev_option=EmbeddingVariableOption(init_option=InitializerOption(
-                             initializer if initializer is not None else "random", default_value_dim=0)))
+        super().__init__(
+            name,
+            dimension,
+            key_dtype=key_type or tf.int64,
+            value_dtype=dtype or tf.float32,
+            trainable=trainable,
+            ev_option=EmbeddingVariableOption(
+                init_option=InitializerOption(
+                    initializer if initializer is not None else "random", default_value_dim=0
+                )
+            ),
+        )
         self.target_gpu = parse_mode(mode)
 
     @property
@@ -50,7 +72,8 @@ class DynamicVariable(EmbeddingVariable):
         return tf.stack([super().size(), tf.constant(self.embedding_dim, tf.int64)])
 
     def sparse_read(self, indices, name=None, training=True):
-        # SOK 2.x casts int32 ids (e.g. a Python list given to tf.nn.embedding_lookup) to int64 keys.
+        # SOK 2.x casts int32 ids (e.g. a Python list given to tf.nn.embedding_lookup) to int64
+        # keys.
         indices = tf.convert_to_tensor(indices)
         if indices.dtype == tf.int32 and self.key_dtype == tf.int64:
             indices = tf.cast(indices, tf.int64)
