@@ -46,10 +46,10 @@ def check_target(target: int, world: int, where: str, name: str) -> None:
     """A target must name -1 or a rank of this world."""
     if target < SPREAD or target >= world:
         raise ValueError(
-            f"{where}: table '{name}' has target_gpu={target} (mode '{mode_of(target)}'), but "
-            "there are "
-            f"{world} ranks (valid: -1 / 'distributed' to spread the rows over all ranks, or "
-            f"0..{world - 1} / 'localized:0'..'localized:{world - 1}')")
+            f"{where}: table '{name}' has target_gpu={target}, but there are {world} ranks (mode "
+            f"'{mode_of(target)}'; valid: -1 / 'distributed' to spread the rows over all ranks, or "
+            f"0..{world - 1} / 'localized:0'..'localized:{world - 1}')"
+        )
 
 
 def _np(x):
