@@ -100,7 +100,9 @@ def _parse_hex(strings, first_line):
     lengths = np.char.str_len(strings)
     if (lengths > 8).any():
         r, c = np.argwhere(lengths > 8)[0]
-        raise ValueError(f"line {first_line + r}: {CAT_NAMES[c]} '{strings[r, c]}' has more than 8 hex digits")
+        raise ValueError(
+            f"line {first_line + r}: {CAT_NAMES[c]} '{strings[r, c]}' has more than 8 hex digits"
+        )
     padded = np.char.rjust(strings, 8, "0")
     try:
         raw_bytes = np.char.encode(padded, "ascii")
@@ -110,7 +112,9 @@ def _parse_hex(strings, first_line):
     bad = (nibbles == 255).any(axis=-1) & ~missing
     if bad.any():
         r, c = np.argwhere(bad)[0]
-        raise ValueError(f"line {first_line + r}: {CAT_NAMES[c]} '{strings[r, c]}' is not a hex string")
+        raise ValueError(
+            f"line {first_line + r}: {CAT_NAMES[c]} '{strings[r, c]}' is not a hex string"
+        )
     values = (nibbles.astype(np.int64) << _SHIFTS).sum(axis=-1)
     return np.where(missing, MISSING_ID, values)
 
@@ -121,11 +125,15 @@ def parse_lines(lines, first_line=1):
     for i, line in enumerate(lines):
         fields = line.rstrip("\r\n").split("\t")
         if len(fields) != NUM_FIELDS:
-            raise ValueError(f"line {first_line + i}: {len(fields)} tab-separated fields, a Criteo line has "
-                             f"{NUM_FIELDS} (label, I1..I13, C1..C26)")
+            raise ValueError(
+                f"line {first_line + i}: {len(fields)} tab-separated fields, a Criteo line has "
+                f"{NUM_FIELDS} (label, I1..I13, C1..C26)"
+            )
         rows.append(fields)
     if not rows:
-        return Raw(np.zeros([0], np.int32), np.zeros([0, NUM_DENSE]), np.zeros([0, NUM_CAT], np.int64))
+        return Raw(
+            np.zeros([0], np.int32), np.zeros([0, NUM_DENSE]), np.zeros([0, NUM_CAT], np.int64)
+        )
     arr = np.array(rows, dtype=str)
     labels = arr[:, 0]
     if not np.isin(labels, ("0", "1")).all():
@@ -135,8 +143,14 @@ def parse_lines(lines, first_line=1):
     try:
         dense = np.where(dense_s == "", "nan", dense_s).astype(np.float64)
     except ValueError as e:
-        raise ValueError(f"lines {first_line}..{first_line + len(rows) - 1}: bad integer feature ({e})") from None
-    return Raw(labels=labels.astype(np.int32), dense=dense, cat=_parse_hex(arr[:, 1 + NUM_DENSE:], first_line))
+        raise ValueError(
+            f"lines {first_line}..{first_line + len(rows) - 1}: bad integer feature ({e})"
+        ) from None
+    return Raw(
+        labels=labels.astype(np.int32),
+        dense=dense,
+        cat=_parse_hex(arr[:, 1 + NUM_DENSE :], first_line),
+    )
 
 
 def iter_tsv(paths, chunk_lines=65536, max_lines=None):
@@ -145,7 +159,7 @@ def iter_tsv(paths, chunk_lines=65536, max_lines=None):
         paths = [p for p in paths.split(",") if p]
     left = max_lines
     for path in paths:
-        with open(path, "r", encoding="ascii", newline="") as f:
+        with open(path, encoding="ascii", newline="") as f:
             buf, start, line_no = [], 1, 0
             for line in f:
                 line_no += 1
@@ -194,7 +208,7 @@ def to_tsv_lines(raw):
         cols.append(np.where(np.isnan(v), "", s))
     for j in range(NUM_CAT):
         v = raw.cat[:, j]
-        cols.append(np.array(["" if x < 0 else "%08x" % x for x in v.tolist()], dtype=object))
+        cols.append(np.array(["" if x < 0 else f"{x:08x}" for x in v.tolist()], dtype=object))
     table = np.stack([np.asarray(c, dtype=object) for c in cols], axis=1)
     return ["\t".join(table[i]) + "\n" for i in range(n)]
 
@@ -208,18 +222,83 @@ def write_tsv(raw, path):
 # Synthetic Criteo
 # ---------------------------------------------------------------------------------------------
 # Vocabulary sizes of C1..C26 in the Kaggle Criteo training set.
-CRITEO_KAGGLE_VOCAB = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
-                       27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+CRITEO_KAGGLE_VOCAB = [
+    1460,
+    583,
+    10131227,
+    2202608,
+    305,
+    24,
+    12517,
+    633,
+    3,
+    93145,
+    5683,
+    8351593,
+    3194,
+    27,
+    14992,
+    5461306,
+    10,
+    5652,
+    2173,
+    4,
+    7046547,
+    18,
+    15,
+    286181,
+    105,
+    142572,
+]
 # Approximate share of empty values per field in the Kaggle set.
 _DENSE_MISSING = [0.45, 0.0, 0.21, 0.22, 0.026, 0.22, 0.043, 0.0005, 0.043, 0.45, 0.043, 0.77, 0.22]
-_CAT_MISSING = [0.0, 0.0, 0.034, 0.034, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.034, 0.0, 0.0, 0.0, 0.034,
-                0.0, 0.0, 0.44, 0.44, 0.034, 0.76, 0.0, 0.034, 0.44, 0.44]
+_CAT_MISSING = [
+    0.0,
+    0.0,
+    0.034,
+    0.034,
+    0.0,
+    0.12,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.0,
+    0.034,
+    0.0,
+    0.0,
+    0.0,
+    0.034,
+    0.0,
+    0.0,
+    0.44,
+    0.44,
+    0.034,
+    0.76,
+    0.0,
+    0.034,
+    0.44,
+    0.44,
+]
 # Integer features: floor(exp(N(mu, sigma))) - 1, i.e. counts with a heavy tail.
 _DENSE_MU = [0.7, 1.8, 2.0, 1.6, 7.5, 3.6, 1.6, 2.6, 3.6, 0.4, 1.0, 0.3, 1.7]
 _DENSE_SIGMA = [1.1, 1.6, 1.5, 1.0, 1.9, 1.9, 1.4, 1.1, 1.3, 0.6, 0.8, 1.0, 1.3]
 # Hidden model: weight scale of the hashed value of these categorical fields ...
-_SIGNAL_CAT = {0: 0.5, 1: 0.6, 4: 0.5, 5: 0.5, 6: 0.6, 8: 0.4, 10: 0.6, 12: 0.4, 13: 0.5, 16: 0.4, 19: 0.4,
-               22: 0.5, 24: 0.5}
+_SIGNAL_CAT = {
+    0: 0.5,
+    1: 0.6,
+    4: 0.5,
+    5: 0.5,
+    6: 0.6,
+    8: 0.4,
+    10: 0.6,
+    12: 0.4,
+    13: 0.5,
+    16: 0.4,
+    19: 0.4,
+    22: 0.5,
+    24: 0.5,
+}
 # ... of a pair interaction a(C6) * b(C17) ...
 _SIGNAL_PAIR = (5, 16, 0.6)
 # ... and of standardized log(1+x) dense features.
@@ -271,7 +350,9 @@ class SyntheticCriteo:
 
     # --- building blocks ----------------------------------------------------------------------
     def _rng(self, split, block):
-        return np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, 7919, split, block])))
+        return np.random.Generator(
+            np.random.PCG64(np.random.SeedSequence([self.seed, 7919, split, block]))
+        )
 
     def _zipf_ranks(self, u, field):
         """Bounded power law on ranks 0..V-1 by inverting the continuous CDF on [1, V+1)."""
@@ -281,9 +362,12 @@ class SyntheticCriteo:
         return np.minimum(np.floor(x).astype(np.int64) - 1, int(self.vocab[field]) - 1)
 
     def _hex_id(self, ranks, field):
-        """The 32-bit categorical value (8 hex digits) of rank `ranks` in `field` (fixed per seed)."""
+        """The 32-bit categorical value (8 hex digits) of rank `ranks` in `field` (fixed per
+        seed)."""
         key = (ranks.astype(np.uint64) << np.uint64(8)) | np.uint64(field)
-        return (_mix64(key ^ _mix64(np.uint64(self.seed * 1000003 + 17))) >> np.uint64(32)).astype(np.int64)
+        return (_mix64(key ^ _mix64(np.uint64(self.seed * 1000003 + 17))) >> np.uint64(32)).astype(
+            np.int64
+        )
 
     def _features(self, split, block):
         rng = self._rng(split, block)
@@ -295,7 +379,9 @@ class SyntheticCriteo:
             cat[:, f] = self._hex_id(self._zipf_ranks(u[:, f], f), f)
         cat[miss] = MISSING_ID
         z = rng.standard_normal([n, NUM_DENSE])
-        dense = np.maximum(np.floor(np.exp(np.array(_DENSE_MU) + np.array(_DENSE_SIGMA) * z)) - 1.0, 0.0)
+        dense = np.maximum(
+            np.floor(np.exp(np.array(_DENSE_MU) + np.array(_DENSE_SIGMA) * z)) - 1.0, 0.0
+        )
         dense[:, 1] -= (rng.random(n) < 0.1) * 2.0  # I2 takes small negative values in Criteo
         dense[rng.random([n, NUM_DENSE]) < np.array(_DENSE_MISSING)] = np.nan
         noise = rng.random(n)
@@ -333,7 +419,9 @@ class SyntheticCriteo:
     def raw(self, split, start, n):
         """Rows [start, start + n) of `split` as Raw."""
         if n <= 0:
-            return Raw(np.zeros([0], np.int32), np.zeros([0, NUM_DENSE]), np.zeros([0, NUM_CAT], np.int64))
+            return Raw(
+                np.zeros([0], np.int32), np.zeros([0, NUM_DENSE]), np.zeros([0, NUM_CAT], np.int64)
+            )
         first, last = start // self.BLOCK, (start + n - 1) // self.BLOCK
         blocks = concat_raw(self._block(split, b) for b in range(first, last + 1))
         off = start - first * self.BLOCK

@@ -1,12 +1,12 @@
 """The Criteo job's TF1 graph: the DLRM training step (SOK's fused lookup and optimizer wrapper),
 the evaluation outputs, the input pipeline, and saving (checkpoint and serving SavedModel)."""
-import os
 
-import numpy as np
-import tensorflow as tf
+import os
 
 import data as criteo_data
 import model as criteo_model
+import numpy as np
+import tensorflow as tf
 
 import sparse_operation_kit as sok
 
@@ -25,17 +25,22 @@ def _average_over_ranks(hvd, grad, var):
     return hvd.allreduce(grad, op=hvd.Average)
 
 
-_BATCH_SIGNATURE = (tf.TensorSpec([None, criteo_data.NUM_DENSE], tf.float32),
-                    tf.TensorSpec([None, criteo_data.NUM_CAT], tf.int64), tf.TensorSpec([None], tf.float32))
+_BATCH_SIGNATURE = (
+    tf.TensorSpec([None, criteo_data.NUM_DENSE], tf.float32),
+    tf.TensorSpec([None, criteo_data.NUM_CAT], tf.int64),
+    tf.TensorSpec([None], tf.float32),
+)
 
 
 def train_dataset(train, batches, rank, size):
     """This rank's training batches as a tf.data pipeline: numpy slicing runs in tf.data's thread
     while the previous step trains, and batches are copied to the GPU ahead of use."""
+
     def generate():
         for idx in batches:
             b = criteo_data.take(train, idx[rank::size])
             yield b.dense, b.ids, b.labels
+
     ds = tf.data.Dataset.from_generator(generate, output_signature=_BATCH_SIGNATURE).prefetch(2)
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
@@ -48,11 +53,19 @@ class Graph:
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf.compat.v1.set_random_seed(args.seed)
-            self.dense = tf.compat.v1.placeholder(tf.float32, [None, criteo_data.NUM_DENSE], "dense")
+            self.dense = tf.compat.v1.placeholder(
+                tf.float32, [None, criteo_data.NUM_DENSE], "dense"
+            )
             self.ids = tf.compat.v1.placeholder(tf.int64, [None, criteo_data.NUM_CAT], "ids")
             self.labels = tf.compat.v1.placeholder(tf.float32, [None], "labels")
-            self.model = criteo_model.DLRM(args.embedding_dim, args.num_tables, args.bottom_mlp, args.top_mlp,
-                                           seed=args.seed, embedding_init=args.embedding_init)
+            self.model = criteo_model.DLRM(
+                args.embedding_dim,
+                args.num_tables,
+                args.bottom_mlp,
+                args.top_mlp,
+                seed=args.seed,
+                embedding_init=args.embedding_init,
+            )
             self.input_init = None
             if dataset is None:
                 dense, ids, labels = self.dense, self.ids, self.labels
@@ -61,13 +74,19 @@ class Graph:
                 self.input_init = it.initializer
                 dense, ids, labels = it.get_next()
             logits = self.model(dense, ids, training=True)
-            self.loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+            self.loss = tf.reduce_mean(
+                tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+            )
             objective = self.loss
             if args.embedding_l2 > 0:
-                penalty = tf.add_n([tf.reduce_sum(tf.square(e), axis=1) for e in self.model.embeddings])
+                penalty = tf.add_n(
+                    [tf.reduce_sum(tf.square(e), axis=1) for e in self.model.embeddings]
+                )
                 objective = objective + args.embedding_l2 * tf.reduce_mean(penalty)
             if args.optimizer == "adagrad":
-                base = tf.compat.v1.train.AdagradOptimizer(args.learning_rate, args.adagrad_initial_accumulator)
+                base = tf.compat.v1.train.AdagradOptimizer(
+                    args.learning_rate, args.adagrad_initial_accumulator
+                )
             else:
                 base = tf.compat.v1.train.AdamOptimizer(args.learning_rate)
             opt = sok.OptimizerWrapper(base)
@@ -77,23 +96,31 @@ class Graph:
             self.global_step = tf.compat.v1.train.get_or_create_global_step()
             self.train_op = opt.apply_gradients(grads_and_vars, global_step=self.global_step)
             # Reported loss: the global batch's mean (equal local batches) under Horovod.
-            self.report_loss = self.loss if hvd is None else hvd.allreduce(self.loss, op=hvd.Average)
+            self.report_loss = (
+                self.loss if hvd is None else hvd.allreduce(self.loss, op=hvd.Average)
+            )
             self.eval_logits = self.model(self.dense, self.ids, training=False)
             self.probability = tf.sigmoid(self.eval_logits, name="probability")
             self.eval_out = [self.eval_logits, self.labels]
             if hvd is not None:
                 self.eval_out = [hvd.allgather(self.eval_logits), hvd.allgather(self.labels)]
-            self.init_op = tf.compat.v1.group(tf.compat.v1.global_variables_initializer(),
-                                              tf.compat.v1.local_variables_initializer())
+            self.init_op = tf.compat.v1.group(
+                tf.compat.v1.global_variables_initializer(),
+                tf.compat.v1.local_variables_initializer(),
+            )
             self.broadcast_op = None
             if hvd is not None:
                 _, dense_vars = sok.filter_variables(tf.compat.v1.global_variables())
                 self.broadcast_op = hvd.broadcast_variables(dense_vars, root_rank=0)
             self.saver = tf.compat.v1.train.Saver(max_to_keep=1)
             self.table_size = tf.add_n([tf.cast(t.size(), tf.int64) for t in self.model.tables])
-            self.num_dense_params = int(sum(np.prod(v.shape.as_list())
-                                            for v in tf.compat.v1.trainable_variables()
-                                            if not isinstance(v, sok.EmbeddingVariable)))
+            self.num_dense_params = int(
+                sum(
+                    np.prod(v.shape.as_list())
+                    for v in tf.compat.v1.trainable_variables()
+                    if not isinstance(v, sok.EmbeddingVariable)
+                )
+            )
 
     def feed(self, batch):
         return {self.dense: batch.dense, self.ids: batch.ids, self.labels: batch.labels}
@@ -116,10 +143,15 @@ class Graph:
             tf.io.gfile.rmtree(serving_dir)
         with self.graph.as_default():
             sig = tf.compat.v1.saved_model.predict_signature_def(
-                inputs={"dense": self.dense, "ids": self.ids}, outputs={"probability": self.probability})
+                inputs={"dense": self.dense, "ids": self.ids},
+                outputs={"probability": self.probability},
+            )
             builder = tf.compat.v1.saved_model.Builder(serving_dir)
             builder.add_meta_graph_and_variables(
-                sess, [tf.compat.v1.saved_model.tag_constants.SERVING],
-                signature_def_map={"serving_default": sig}, strip_default_attrs=True)
+                sess,
+                [tf.compat.v1.saved_model.tag_constants.SERVING],
+                signature_def_map={"serving_default": sig},
+                strip_default_attrs=True,
+            )
             builder.save()
         return ckpt, serving_dir, None

@@ -23,9 +23,14 @@ def _dense_layer(x, units, name, seed, activation):
     fan_in = int(x.shape[-1])
     with tf.compat.v1.variable_scope(name, reuse=tf.compat.v1.AUTO_REUSE):
         w = tf.compat.v1.get_variable(
-            "kernel", [fan_in, units], tf.float32,
-            initializer=tf.initializers.GlorotUniform(seed=seed))
-        b = tf.compat.v1.get_variable("bias", [units], tf.float32, initializer=tf.initializers.Zeros())
+            "kernel",
+            [fan_in, units],
+            tf.float32,
+            initializer=tf.initializers.GlorotUniform(seed=seed),
+        )
+        b = tf.compat.v1.get_variable(
+            "bias", [units], tf.float32, initializer=tf.initializers.Zeros()
+        )
     y = tf.matmul(x, w) + b
     return tf.nn.relu(y) if activation else y
 
@@ -33,18 +38,30 @@ def _dense_layer(x, units, name, seed, activation):
 def mlp(x, sizes, name, seed, last_activation=True):
     for i, units in enumerate(sizes):
         last = i == len(sizes) - 1
-        x = _dense_layer(x, units, f"{name}/layer{i}", seed + i, activation=last_activation or not last)
+        x = _dense_layer(
+            x, units, f"{name}/layer{i}", seed + i, activation=last_activation or not last
+        )
     return x
 
 
 class DLRM:
-    def __init__(self, embedding_dim=16, num_tables=NUM_CAT, bottom_mlp=(64, 32), top_mlp=(256, 128),
-                 seed=0, name="dlrm", embedding_init=None):
+    def __init__(
+        self,
+        embedding_dim=16,
+        num_tables=NUM_CAT,
+        bottom_mlp=(64, 32),
+        top_mlp=(256, 128),
+        seed=0,
+        name="dlrm",
+        embedding_init=None,
+    ):
         if not 1 <= num_tables <= NUM_CAT:
             raise ValueError(f"num_tables must be in [1, {NUM_CAT}], got {num_tables}")
         self.dim = int(embedding_dim)
         self.num_tables = int(num_tables)
-        self.bottom_sizes = list(bottom_mlp) + [self.dim]  # the bottom MLP ends in the embedding size
+        self.bottom_sizes = list(bottom_mlp) + [
+            self.dim
+        ]  # the bottom MLP ends in the embedding size
         self.top_sizes = list(top_mlp) + [1]
         self.seed = int(seed)
         self.name = name
@@ -54,9 +71,13 @@ class DLRM:
         bound = 1.0 / np.sqrt(self.dim) if embedding_init is None else float(embedding_init)
         self.tables = [
             sok.get_embedding_variable(
-                f"{name}_emb_{t}" if self.shared else f"{name}_emb_C{t + 1}", self.dim, key_dtype=tf.int64,
-                initializer=tf.random_uniform_initializer(-bound, bound, seed=self.seed + t))
-            for t in range(self.num_tables)]
+                f"{name}_emb_{t}" if self.shared else f"{name}_emb_C{t + 1}",
+                self.dim,
+                key_dtype=tf.int64,
+                initializer=tf.random_uniform_initializer(-bound, bound, seed=self.seed + t),
+            )
+            for t in range(self.num_tables)
+        ]
         n = NUM_CAT + 1
         li, lj = np.tril_indices(n, -1)
         self._tril = (li * n + lj).astype(np.int32)
@@ -66,7 +87,8 @@ class DLRM:
         return len(self._tril)
 
     def _sparse_ids(self, ids):
-        """[B, 26] int64 -> one [B, 1] RaggedTensor per field (offset by field for shared tables)."""
+        """[B, 26] int64 -> one [B, 1] RaggedTensor per field (offset by field for shared
+        tables)."""
         batch = tf.shape(ids, out_type=tf.int64)[0]
         out = []
         for f in range(NUM_CAT):
@@ -80,8 +102,12 @@ class DLRM:
         """Logits [B] of dense [B, 13] float32 and ids [B, 26] int64."""
         with tf.compat.v1.variable_scope(self.name, reuse=tf.compat.v1.AUTO_REUSE):
             x = mlp(dense, self.bottom_sizes, "bottom_mlp", self.seed + 100)
-            embs = sok.lookup_sparse([self.tables[t] for t in self.table_of_field], self._sparse_ids(ids),
-                                     combiners=["sum"] * NUM_CAT, training=training)
+            embs = sok.lookup_sparse(
+                [self.tables[t] for t in self.table_of_field],
+                self._sparse_ids(ids),
+                combiners=["sum"] * NUM_CAT,
+                training=training,
+            )
             self.embeddings = embs
             t = tf.stack([x] + embs, axis=1)  # [B, 27, d]
             z = tf.matmul(t, t, transpose_b=True)  # [B, 27, 27]

@@ -6,6 +6,7 @@ metrics.jsonl holds one object per line, each with "kind":
   "eval"    step, auc, loss, rows
   "summary" the final result (throughput, losses, AUC, times)
 """
+
 import json
 import os
 import time

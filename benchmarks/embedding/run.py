@@ -52,9 +52,13 @@ import tensorflow as tf  # noqa: E402
 IMPLS = ("sok", "tf", "hash")
 # Shapes of the benchmark; explicit flags override them.
 CONFIGS = {
-    "fields100": dict(fields=100, ids_per_field=10, min_ids_per_field=10, vocab=8192, dim=16, batch=4096),
+    "fields100": dict(
+        fields=100, ids_per_field=10, min_ids_per_field=10, vocab=8192, dim=16, batch=4096
+    ),
     # Criteo-like: 26 categorical fields, 1..8 ids per sample and field (lengths drawn per sample).
-    "criteo26": dict(fields=26, ids_per_field=8, min_ids_per_field=1, vocab=200000, dim=16, batch=8192),
+    "criteo26": dict(
+        fields=26, ids_per_field=8, min_ids_per_field=1, vocab=200000, dim=16, batch=8192
+    ),
 }
 INIT_MIN, INIT_MAX = -0.05, 0.05
 INITIAL_ACCUMULATOR = 0.1  # tf.compat.v1.train.AdagradOptimizer's default (epsilon 0)
@@ -62,15 +66,26 @@ SOK_DEFAULT_VALUE_DIM = 4096  # sok.get_embedding_variable's default Initializer
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", choices=sorted(CONFIGS), default="fields100",
-                   help="shape preset (fields100: 100 fields x 10 ids, vocab 8192, batch 4096; criteo26: "
-                        "26 fields x 1..8 ids, vocab 200000, batch 8192; both dim 16); flags below override it")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--config",
+        choices=sorted(CONFIGS),
+        default="fields100",
+        help="shape preset (fields100: 100 fields x 10 ids, vocab 8192, batch 4096; criteo26: "
+        "26 fields x 1..8 ids, vocab 200000, batch 8192; both dim 16); flags below override it",
+    )
     p.add_argument("--fields", type=int)
-    p.add_argument("--ids-per-field", type=int, help="ids per sample and field (the most, if lengths vary)")
-    p.add_argument("--min-ids-per-field", type=int,
-                   help="fewest ids per sample and field; below --ids-per-field, each sample's length is "
-                        "drawn uniformly from [min, max]")
+    p.add_argument(
+        "--ids-per-field", type=int, help="ids per sample and field (the most, if lengths vary)"
+    )
+    p.add_argument(
+        "--min-ids-per-field",
+        type=int,
+        help="fewest ids per sample and field; below --ids-per-field, each sample's length is "
+        "drawn uniformly from [min, max]",
+    )
     p.add_argument("--vocab", type=int, help="distinct ids per field")
     p.add_argument("--dim", type=int)
     p.add_argument("--batch", type=int)
@@ -86,24 +101,48 @@ def parse_args(argv=None):
                         "processes hits all alike (median over all timed steps)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
-                   help="auto: the GPU when TensorFlow sees one, else the CPU; cpu hides the GPUs")
-    p.add_argument("--mode", choices=("graph", "function", "both"), default="graph",
-                   help="graph: TF1 tf.compat.v1.Session; function: TF2 tf.function steps")
-    p.add_argument("--harness", metavar="BINARY",
-                   help="also time the framework-free CUDA harness (benchmarks/gpu/build_harness.sh builds "
-                        "it) on the same ids: dumps them to a temporary folder and runs BINARY on it")
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="auto: the GPU when TensorFlow sees one, else the CPU; cpu hides the GPUs",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("graph", "function", "both"),
+        default="graph",
+        help="graph: TF1 tf.compat.v1.Session; function: TF2 tf.function steps",
+    )
+    p.add_argument(
+        "--harness",
+        metavar="BINARY",
+        help="also time the framework-free CUDA harness (benchmarks/gpu/build_harness.sh builds "
+        "it) on the same ids: dumps them to a temporary folder and runs BINARY on it",
+    )
     p.add_argument("--harness-warmup", type=int, default=20)
     p.add_argument("--harness-steps", type=int, default=100)
-    p.add_argument("--dump-ids", metavar="DIR",
-                   help="only write the ids (per distribution, batch and field: int64 ids and row_splits, "
-                        "plus header.txt) for the harness, then exit")
-    p.add_argument("--check", type=int, default=0, metavar="N",
-                   help="instead of timing, run N steps of every implementation from the same initial "
-                        "values (SOK's) and compare their losses")
-    p.add_argument("--profile", type=int, default=0, metavar="K",
-                   help="instead of timing, trace one step per implementation and print the K op "
-                        "types with the most (summed) op time (graph mode)")
+    p.add_argument(
+        "--dump-ids",
+        metavar="DIR",
+        help="only write the ids (per distribution, batch and field: int64 ids and row_splits, "
+        "plus header.txt) for the harness, then exit",
+    )
+    p.add_argument(
+        "--check",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of timing, run N steps of every implementation from the same initial "
+        "values (SOK's) and compare their losses",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="K",
+        help="instead of timing, trace one step per implementation and print the K op "
+        "types with the most (summed) op time (graph mode)",
+    )
     p.add_argument("--horovod", action="store_true", help="(reserved) one rank per process")
     args = p.parse_args(argv)
     preset = CONFIGS[args.config]
@@ -151,7 +190,9 @@ def make_batches(args, dist, rank=0, world_size=1):
             if fixed:
                 lengths = np.full(args.batch, args.ids_per_field, np.int64)
             else:
-                lengths = rng.integers(args.min_ids_per_field, args.ids_per_field + 1, size=args.batch)
+                lengths = rng.integers(
+                    args.min_ids_per_field, args.ids_per_field + 1, size=args.batch
+                )
             n = int(lengths.sum())
             if dist == "uniform":
                 ids = rng.integers(0, args.vocab, size=n)
@@ -198,9 +239,11 @@ class IdInputs:
             for b in range(nb):
                 ids, splits = batches[b][f]
                 lengths = np.diff(splits)
-                vals[b, :ns[b]] = ids
-                idx[b, :ns[b], 0] = np.repeat(np.arange(args.batch, dtype=np.int64), lengths)
-                idx[b, :ns[b], 1] = np.arange(ns[b], dtype=np.int64) - np.repeat(splits[:-1], lengths)
+                vals[b, : ns[b]] = ids
+                idx[b, : ns[b], 0] = np.repeat(np.arange(args.batch, dtype=np.int64), lengths)
+                idx[b, : ns[b], 1] = np.arange(ns[b], dtype=np.int64) - np.repeat(
+                    splits[:-1], lengths
+                )
             self.values.append(tf.Variable(vals, trainable=False, name=f"ids_{f}"))
             self.indices.append(tf.Variable(idx, trainable=False, name=f"indices_{f}"))
             with tf.device("/CPU:0"):  # slice sizes are host-side inputs of Slice
@@ -211,12 +254,17 @@ class IdInputs:
         with tf.name_scope(INPUT_SCOPE):
             for f in range(self.args.fields):
                 if self.fixed:
-                    out.append(tf.SparseTensor(self.shared_indices, self.values[f][which], self.shape))
+                    out.append(
+                        tf.SparseTensor(self.shared_indices, self.values[f][which], self.shape)
+                    )
                     continue
                 with tf.device("/CPU:0"):  # Slice takes its begin and size in host memory
                     n = tf.gather(self.nnz[f], which)
                     size_v, begin_v = tf.reshape(n, [1]), tf.constant([0], tf.int64)
-                    size_i, begin_i = tf.stack([n, tf.constant(2, tf.int64)]), tf.constant([0, 0], tf.int64)
+                    size_i, begin_i = (
+                        tf.stack([n, tf.constant(2, tf.int64)]),
+                        tf.constant([0, 0], tf.int64),
+                    )
                 values = tf.slice(self.values[f][which], begin_v, size_v)
                 indices = tf.slice(self.indices[f][which], begin_i, size_i)
                 out.append(tf.SparseTensor(indices, values, self.shape))
@@ -239,15 +287,30 @@ def dump_ids(args, out_dir, batches_by_dist):
                 ids.astype("<i8").tofile(stem + "_ids.bin")
                 splits.astype("<i8").tofile(stem + "_splits.bin")
     header = {
-        "format": "sok_ids_v1", "config": args.config, "fields": args.fields, "batch": args.batch,
-        "dim": args.dim, "vocab": args.vocab, "min_ids_per_field": args.min_ids_per_field,
-        "ids_per_field": args.ids_per_field, "optimizer": "adagrad", "lr": repr(args.lr),
-        "initial_accumulator": repr(INITIAL_ACCUMULATOR), "init_min": repr(INIT_MIN), "init_max": repr(INIT_MAX),
-        "default_value_dim": SOK_DEFAULT_VALUE_DIM, "seed": args.seed, "num_batches": args.num_batches,
-        "zipf": repr(args.zipf), "dists": " ".join(batches_by_dist),
+        "format": "sok_ids_v1",
+        "config": args.config,
+        "fields": args.fields,
+        "batch": args.batch,
+        "dim": args.dim,
+        "vocab": args.vocab,
+        "min_ids_per_field": args.min_ids_per_field,
+        "ids_per_field": args.ids_per_field,
+        "optimizer": "adagrad",
+        "lr": repr(args.lr),
+        "initial_accumulator": repr(INITIAL_ACCUMULATOR),
+        "init_min": repr(INIT_MIN),
+        "init_max": repr(INIT_MAX),
+        "default_value_dim": SOK_DEFAULT_VALUE_DIM,
+        "seed": args.seed,
+        "num_batches": args.num_batches,
+        "zipf": repr(args.zipf),
+        "dists": " ".join(batches_by_dist),
     }
     with open(os.path.join(out_dir, "header.txt"), "w") as fh:
-        fh.write("# written by benchmarks/embedding/run.py --dump-ids; read by benchmarks/gpu/bench_fields\n")
+        fh.write(
+            "# written by benchmarks/embedding/run.py --dump-ids; read by "
+            "benchmarks/gpu/bench_fields\n"
+        )
         for k, v in header.items():
             fh.write(f"{k} {v}\n")
 
@@ -292,7 +355,10 @@ class TfImpl:
         self.opt = tf.compat.v1.train.AdagradOptimizer(args.lr)
 
     def embed(self, sp):
-        return [tf.nn.embedding_lookup_sparse(t, s, None, combiner="sum") for t, s in zip(self.tables, sp)]
+        return [
+            tf.nn.embedding_lookup_sparse(t, s, None, combiner="sum")
+            for t, s in zip(self.tables, sp)
+        ]
 
     def read_rows(self, f, keys):
         return tf.gather(self.tables[f], keys)
@@ -322,12 +388,21 @@ class HashImpl:
         for f in range(args.fields):
             if args.hash_table == "dense":
                 table = tf.lookup.experimental.DenseHashTable(
-                    tf.int64, tf.int64, default_value=-1, empty_key=-(2 ** 62), deleted_key=-(2 ** 62) - 1,
-                    initial_num_buckets=2 * args.vocab, name=f"hash_{f}")
+                    tf.int64,
+                    tf.int64,
+                    default_value=-1,
+                    empty_key=-(2**62),
+                    deleted_key=-(2**62) - 1,
+                    initial_num_buckets=2 * args.vocab,
+                    name=f"hash_{f}",
+                )
             else:
-                table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1,
-                                                                name=f"hash_{f}")
-            self.counters.append(tf.Variable(0, dtype=tf.int64, trainable=False, name=f"next_row_{f}"))
+                table = tf.lookup.experimental.MutableHashTable(
+                    tf.int64, tf.int64, default_value=-1, name=f"hash_{f}"
+                )
+            self.counters.append(
+                tf.Variable(0, dtype=tf.int64, trainable=False, name=f"next_row_{f}")
+            )
             self.tables.append(_dense_table(args, f"hash_emb_{f}"))
             self.hash_tables.append(table)
         self.opt = tf.compat.v1.train.AdagradOptimizer(args.lr)
@@ -336,8 +411,11 @@ class HashImpl:
         embs = []
         for table, counter, var, s in zip(self.hash_tables, self.counters, self.tables, sp):
             rows = _hash_rows(table, counter, s.values)
-            embs.append(tf.nn.embedding_lookup_sparse(var, tf.SparseTensor(s.indices, rows, s.dense_shape),
-                                                      None, combiner="sum"))
+            embs.append(
+                tf.nn.embedding_lookup_sparse(
+                    var, tf.SparseTensor(s.indices, rows, s.dense_shape), None, combiner="sum"
+                )
+            )
         return embs
 
     def read_rows(self, f, keys):  # keys that have rows
@@ -351,10 +429,28 @@ BUILDERS = {"sok": SokImpl, "tf": TfImpl, "hash": HashImpl}
 # Where things ran
 # ---------------------------------------------------------------------------------------------
 # Nodes that move or name data rather than compute (left out of the per-device op counts).
-BOOKKEEPING_OPS = {"_Send", "_Recv", "_HostSend", "_HostRecv", "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval",
-                   "NoOp", "Const", "HostConst", "Placeholder", "Identity", "VarHandleOp"}
-TABLE_RESOURCE_OPS = {"VarHandleOp": "variables", "SokEmbeddingVariableHandle": "embedding variables",
-                      "MutableHashTableV2": "hash tables", "MutableDenseHashTable": "hash tables"}
+BOOKKEEPING_OPS = {
+    "_Send",
+    "_Recv",
+    "_HostSend",
+    "_HostRecv",
+    "_Arg",
+    "_Retval",
+    "_DeviceArg",
+    "_DeviceRetval",
+    "NoOp",
+    "Const",
+    "HostConst",
+    "Placeholder",
+    "Identity",
+    "VarHandleOp",
+}
+TABLE_RESOURCE_OPS = {
+    "VarHandleOp": "variables",
+    "SokEmbeddingVariableHandle": "embedding variables",
+    "MutableHashTableV2": "hash tables",
+    "MutableDenseHashTable": "hash tables",
+}
 TABLE_NAME = re.compile(r"(^|/)(sok_emb|tf_emb|hash_emb|hash)_\d+$")
 
 
@@ -398,7 +494,9 @@ class Placement:
         if self.sok_kernels is not None:
             kinds = [d for d in ("GPU", "CPU") if self.sok_kernels[d] > 0]
         else:
-            kinds = [d for d in ("GPU", "CPU") if any(k.startswith(d) and v for k, v in self.ops.items())]
+            kinds = [
+                d for d in ("GPU", "CPU") if any(k.startswith(d) and v for k, v in self.ops.items())
+            ]
         return "+".join(kinds) or "?"
 
     def describe(self):
@@ -410,7 +508,9 @@ class Placement:
         text = f"step ops per device: {ops or '?'}"
         gpu_ops = sum(v for k, v in self.ops.items() if k.startswith("GPU"))
         if gpu_ops and self.cpu_op_types:
-            text += " (on the CPU: " + ", ".join(f"{t} x{n}" for t, n in self.cpu_op_types.most_common(8))
+            text += " (on the CPU: " + ", ".join(
+                f"{t} x{n}" for t, n in self.cpu_op_types.most_common(8)
+            )
             text += ", ..." if len(self.cpu_op_types) > 8 else ""
             text += ")"
         parts.append(text)
@@ -461,7 +561,9 @@ class GraphRunner(_Timed):
             self.loss = loss_of(self.model.embed(sp))
             self.train_op = self.model.opt.minimize(self.loss, var_list=self.model.tables)
             init = [tf.compat.v1.global_variables_initializer()]
-            init += [op for op in self.graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)]
+            init += [
+                op for op in self.graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
+            ]
             assign = []
             if init_values is not None:
                 for var, value in zip(self.model.tables, init_values):
@@ -492,7 +594,9 @@ class GraphRunner(_Timed):
         self.sess.run(self.train_op, feed_dict={self.which: self.step % self.nb})
 
     def loss_step(self):
-        loss, _ = self.sess.run([self.loss, self.train_op], feed_dict={self.which: self.step % self.nb})
+        loss, _ = self.sess.run(
+            [self.loss, self.train_op], feed_dict={self.which: self.step % self.nb}
+        )
         self.step += 1
         return float(loss)
 
@@ -503,7 +607,12 @@ class GraphRunner(_Timed):
         """One (untimed) step that returns the partitioned graphs: the device of every node."""
         opts = tf.compat.v1.RunOptions(output_partition_graphs=True)
         meta = tf.compat.v1.RunMetadata()
-        self.sess.run(self.train_op, feed_dict={self.which: self.step % self.nb}, options=opts, run_metadata=meta)
+        self.sess.run(
+            self.train_op,
+            feed_dict={self.which: self.step % self.nb},
+            options=opts,
+            run_metadata=meta,
+        )
         self.step += 1
         for g in meta.partition_graphs:
             self.placement.add_nodes(g.node)
@@ -577,7 +686,9 @@ class FunctionRunner(_Timed):
         finally:
             ctx.disable_run_metadata()
         # The step is the largest function (the others initialise slots and the step counter).
-        by_function = [[n for pg in fg.partition_graphs for n in pg.node] for fg in meta.function_graphs]
+        by_function = [
+            [n for pg in fg.partition_graphs for n in pg.node] for fg in meta.function_graphs
+        ]
         if by_function:
             self.placement.add_nodes(max(by_function, key=len), tables_from_graph=False)
 
@@ -639,8 +750,12 @@ def sok_initial_values(args):
     name, initializer and key), read without inserting."""
     import sparse_operation_kit as sok
     with tf.Graph().as_default() as g, tf.device("/CPU:0"):
-        tables = [sok.get_embedding_variable(f"sok_emb_{f}", args.dim, key_dtype=tf.int64,
-                                             initializer=_initializer(args)) for f in range(args.fields)]
+        tables = [
+            sok.get_embedding_variable(
+                f"sok_emb_{f}", args.dim, key_dtype=tf.int64, initializer=_initializer(args)
+            )
+            for f in range(args.fields)
+        ]
         keys = tf.range(args.vocab, dtype=tf.int64)
         reads = [t.sparse_read(keys, training=False) for t in tables]
         init = [t.initializer for t in tables]
@@ -674,30 +789,50 @@ def check(args, modes, dists, batches_by_dist, device, impls):
     ok = True
     for dist in dists:
         batches = batches_by_dist[dist]
-        inits = {"sok": None, "tf": sok_values, "hash": hash_initial_values(sok_values, batches, args.check)}
-        touched = [np.unique(np.concatenate([batches[s % len(batches)][f][0] for s in range(args.check)]))
-                   for f in range(args.fields)]
+        inits = {
+            "sok": None,
+            "tf": sok_values,
+            "hash": hash_initial_values(sok_values, batches, args.check),
+        }
+        touched = [
+            np.unique(np.concatenate([batches[s % len(batches)][f][0] for s in range(args.check)]))
+            for f in range(args.fields)
+        ]
         for mode in modes:
             losses, deltas = {}, {}
             for impl in impls:
-                r = RUNNERS[mode](impl, args, batches, device, init_values=inits[impl], for_check=True)
+                r = RUNNERS[mode](
+                    impl, args, batches, device, init_values=inits[impl], for_check=True
+                )
                 if mode == "function":  # its constructor ran the first step
                     losses[impl] = [r.first_loss] + [r.loss_step() for _ in range(args.check - 1)]
                 else:
                     losses[impl] = [r.loss_step() for _ in range(args.check)]
-                deltas[impl] = [r.read_rows(f, touched[f]) - sok_values[f][touched[f]] for f in range(args.fields)]
+                deltas[impl] = [
+                    r.read_rows(f, touched[f]) - sok_values[f][touched[f]]
+                    for f in range(args.fields)
+                ]
                 r.close()
             ref = "sok" if "sok" in impls else impls[0]
             for impl in impls:
-                loss_rel = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses[impl], losses[ref]))
-                upd_rel = max(float(np.max(np.abs(d - e))) / max(float(np.max(np.abs(e))), 1e-30)
-                              for d, e in zip(deltas[impl], deltas[ref]))
+                loss_rel = max(
+                    abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses[impl], losses[ref])
+                )
+                upd_rel = max(
+                    float(np.max(np.abs(d - e))) / max(float(np.max(np.abs(e))), 1e-30)
+                    for d, e in zip(deltas[impl], deltas[ref])
+                )
                 moved = max(float(np.max(np.abs(d))) for d in deltas[impl])
                 good = loss_rel <= 1e-5 and upd_rel <= 1e-3 and moved > 0
                 ok &= good
-                print(f"CHECK mode={mode} dist={dist} impl={impl} losses={' '.join(f'{x:.7g}' for x in losses[impl])} "
-                      f"loss rel diff={loss_rel:.1e} row updates: max |change| {moved:.2e}, rel diff={upd_rel:.1e} "
-                      f"vs {ref}: {'OK' if good else 'MISMATCH'}", flush=True)
+                print(
+                    f"CHECK mode={mode} dist={dist} impl={impl} "
+                    f"losses={' '.join(f'{x:.7g}' for x in losses[impl])} "
+                    f"loss rel diff={loss_rel:.1e} row updates: max |change| {moved:.2e}, rel "
+                    f"diff={upd_rel:.1e} "
+                    f"vs {ref}: {'OK' if good else 'MISMATCH'}",
+                    flush=True,
+                )
     print("check " + ("passed" if ok else "FAILED"))
     return ok
 
@@ -707,7 +842,14 @@ def run_harness(args, binary, batches_by_dist):
     tmp = tempfile.mkdtemp(prefix="sok_embedding_ids_")
     try:
         dump_ids(args, tmp, batches_by_dist)
-        cmd = [binary, tmp, "--warmup", str(args.harness_warmup), "--steps", str(args.harness_steps)]
+        cmd = [
+            binary,
+            tmp,
+            "--warmup",
+            str(args.harness_warmup),
+            "--steps",
+            str(args.harness_steps),
+        ]
         print("harness: " + " ".join(cmd), flush=True)
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -732,7 +874,11 @@ def run_harness(args, binary, batches_by_dist):
                 pass
         results[kv["dist"]] = kv
     if proc.returncode != 0 or not results:
-        print(f"harness failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-2000:]}", flush=True)
+        print(
+            f"harness failed (exit {proc.returncode}): "
+            f"{(proc.stderr or proc.stdout).strip()[-2000:]}",
+            flush=True,
+        )
     return results, device
 
 
@@ -752,7 +898,7 @@ def select_device(args):
         return None, "CPU"
     try:
         name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
-    except Exception:  # noqa: BLE001
+    except Exception:  # report and go on
         name = "GPU"
     return "/GPU:0", f"GPU:0 ({name})"
 
@@ -767,8 +913,11 @@ def main(argv=None):
     batches_by_dist = {dist: make_batches(args, dist) for dist in dists}
     if args.dump_ids:
         dump_ids(args, args.dump_ids, batches_by_dist)
-        print(f"wrote the ids of {', '.join(dists)} ({args.num_batches} batches x {args.fields} fields) and "
-              f"header.txt to {args.dump_ids}")
+        print(
+            f"wrote the ids of {', '.join(dists)} ({args.num_batches} batches x {args.fields} "
+            "fields) and "
+            f"header.txt to {args.dump_ids}"
+        )
         return 0
     device, device_label = select_device(args)
     harness, harness_device = {}, None
@@ -778,10 +927,13 @@ def main(argv=None):
         tf.compat.v1.disable_eager_execution()
     if args.check:
         return 0 if check(args, modes, dists, batches_by_dist, device, impls) else 1
-    print(f"config={args.config} fields={args.fields} ids/sample/field={ids_label(args)} vocab/field={args.vocab} "
-          f"dim={args.dim} batch={args.batch} hash_table={args.hash_table} "
-          f"steps={args.rounds}x{args.steps} (after {args.warmup} warm-up), TF {tf.__version__}, "
-          f"{os.cpu_count()} CPUs, device {device_label}, mode {args.mode}")
+    print(
+        f"config={args.config} fields={args.fields} ids/sample/field={ids_label(args)} "
+        f"vocab/field={args.vocab} "
+        f"dim={args.dim} batch={args.batch} hash_table={args.hash_table} "
+        f"steps={args.rounds}x{args.steps} (after {args.warmup} warm-up), TF {tf.__version__}, "
+        f"{os.cpu_count()} CPUs, device {device_label}, mode {args.mode}"
+    )
     if harness_device:
         print("harness device: " + " ".join(f"{k}={v}" for k, v in harness_device.items()))
     cols = list(impls) + (["harness"] if args.harness else [])
@@ -796,7 +948,9 @@ def main(argv=None):
     details = []
     for dist in dists:
         batches = batches_by_dist[dist]
-        distinct = sum(len(np.unique(ids)) for ids, _ in batches[0]) / sum(len(ids) for ids, _ in batches[0])
+        distinct = sum(len(np.unique(ids)) for ids, _ in batches[0]) / sum(
+            len(ids) for ids, _ in batches[0]
+        )
         h = harness.get(dist, {}).get("step_ms")
         for mode in modes:
             res = bench(args, mode, batches, device, impls)
@@ -807,15 +961,27 @@ def main(argv=None):
                 vals = dict(vals)
                 if kind == "wall" and h is not None:
                     vals["harness"] = h
-                line = (f"{mode:<9} {dist:<9} {kind:<6} {distinct:>12.3f} "
-                        + " ".join(f"{fmt_ms(vals[c]):>10}" if c in vals else f"{'-':>10}" for c in cols)
-                        + "".join(f" {vals[a] / vals[b]:>10.2f}x" if a in vals and b in vals else f" {'-':>11}"
-                                  for a, b in ratios))
+                line = (
+                    f"{mode:<9} {dist:<9} {kind:<6} {distinct:>12.3f} "
+                    + " ".join(
+                        f"{fmt_ms(vals[c]):>10}" if c in vals else f"{'-':>10}" for c in cols
+                    )
+                    + "".join(
+                        f" {vals[a] / vals[b]:>10.2f}x"
+                        if a in vals and b in vals
+                        else f" {'-':>11}"
+                        for a, b in ratios
+                    )
+                )
                 print(line, flush=True)
             ran = {i: placement[i].short() for i in impls}
             if args.harness:
                 ran["harness"] = "GPU" if h is not None else "-"
-            print(f"{mode:<9} {dist:<9} {'ran on':<6} {'':>12} " + " ".join(f"{ran[c]:>10}" for c in cols), flush=True)
+            print(
+                f"{mode:<9} {dist:<9} {'ran on':<6} {'':>12} "
+                + " ".join(f"{ran[c]:>10}" for c in cols),
+                flush=True,
+            )
             for impl in impls:
                 details.append(f"  {mode:<8} {dist:<8} {impl:<5} {placement[impl].describe()}")
         if dist in harness:
@@ -827,8 +993,10 @@ def main(argv=None):
     print(f"load average at end: {os.getloadavg()[0]:.2f} (wall: median time per step; cpu: median "
           f"CPU time per step of all threads{harness_note})")
     if details:
-        print("where each implementation ran (tables; ops per device of the partitioned step graph, "
-              "bookkeeping left out; SOK kernel runs):")
+        print(
+            "where each implementation ran (tables; ops per device of the partitioned step graph, "
+            "bookkeeping left out; SOK kernel runs):"
+        )
         print("\n".join(details))
     return 0
 

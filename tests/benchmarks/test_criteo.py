@@ -3,6 +3,7 @@ training run that must learn.
 
     PYTHONPATH=addons/sparse_operation_kit/python .venv/bin/python -m pytest tests/benchmarks -q
 """
+
 import os
 import subprocess
 import sys
@@ -38,7 +39,9 @@ def test_reader_parses_the_real_slice():
     fields = _slice_fields()
     assert len(fields) == 200 and all(len(r) == 40 for r in fields)
     raw = criteo_data.read_tsv_raw(SLICE)
-    assert raw.labels.shape == (200,) and raw.dense.shape == (200, 13) and raw.cat.shape == (200, 26)
+    assert (
+        raw.labels.shape == (200,) and raw.dense.shape == (200, 13) and raw.cat.shape == (200, 26)
+    )
     # Against a plain-Python reading of every field.
     for i, r in enumerate(fields):
         assert raw.labels[i] == int(r[0])
@@ -68,7 +71,11 @@ def test_reader_parses_the_real_slice():
 def test_featurize():
     batch = criteo_data.read_tsv(SLICE)
     raw = criteo_data.read_tsv_raw(SLICE)
-    assert batch.dense.dtype == np.float32 and batch.ids.dtype == np.int64 and batch.labels.dtype == np.float32
+    assert (
+        batch.dense.dtype == np.float32
+        and batch.ids.dtype == np.int64
+        and batch.labels.dtype == np.float32
+    )
     expect = np.log1p(np.maximum(np.nan_to_num(raw.dense, nan=0.0), 0.0))
     np.testing.assert_allclose(batch.dense, expect, rtol=1e-6)
     assert (batch.dense[np.isnan(raw.dense)] == 0).all() and (batch.dense >= 0).all()
@@ -76,13 +83,16 @@ def test_featurize():
     assert abs(batch.labels.mean() - 0.22) < 0.01
 
 
-@pytest.mark.parametrize("line, message", [
-    ("1\t2\t3\n", "3 tab-separated fields"),
-    ("2" + "\t" * 39 + "\n", "label"),
-    ("0" + "\t" * 13 + "\txyz" + "\t" * 25 + "\n", "not a hex string"),
-    ("0" + "\t" * 13 + "\t123456789" + "\t" * 25 + "\n", "more than 8 hex digits"),
-    ("0\tabc" + "\t" * 38 + "\n", "bad integer"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("1\t2\t3\n", "3 tab-separated fields"),
+        ("2" + "\t" * 39 + "\n", "label"),
+        ("0" + "\t" * 13 + "\txyz" + "\t" * 25 + "\n", "not a hex string"),
+        ("0" + "\t" * 13 + "\t123456789" + "\t" * 25 + "\n", "more than 8 hex digits"),
+        ("0\tabc" + "\t" * 38 + "\n", "bad integer"),
+    ],
+)
 def test_reader_rejects_malformed_lines(line, message):
     with pytest.raises(ValueError, match=message):
         criteo_data.parse_lines([line])
@@ -127,7 +137,9 @@ def test_generator_is_criteo_like():
     raw = gen.raw(0, 0, 60000)
     assert abs(raw.labels.mean() - 0.22) < 0.015
     distinct = [len(np.unique(raw.cat[:, f])) for f in range(26)]
-    assert min(distinct) <= 5 and max(distinct) > 10000  # vocabularies from a few values to millions
+    assert (
+        min(distinct) <= 5 and max(distinct) > 10000
+    )  # vocabularies from a few values to millions
     # Power law: in a large field the most frequent value is far above the median one.
     _, counts = np.unique(raw.cat[:, 2][raw.cat[:, 2] >= 0], return_counts=True)
     assert counts.max() > 100 * np.median(counts)
@@ -161,10 +173,30 @@ def test_auc_exact_with_ties():
 # ---------------------------------------------------------------------------------------------
 def test_short_training_run_learns(capsys, tmp_path):
     import run as criteo_run
-    result = criteo_run.main(["--out_dir", str(tmp_path), "--no_plot",
-        "--steps", "80", "--batch_size", "512", "--synthetic_eval_samples", "16384", "--warmup_steps", "5",
-        "--bottom_mlp", "32", "--top_mlp", "64", "--seed", "1", "--log_every", "0",
-    ])
+
+    result = criteo_run.main(
+        [
+            "--out_dir",
+            str(tmp_path),
+            "--no_plot",
+            "--steps",
+            "80",
+            "--batch_size",
+            "512",
+            "--synthetic_eval_samples",
+            "16384",
+            "--warmup_steps",
+            "5",
+            "--bottom_mlp",
+            "32",
+            "--top_mlp",
+            "64",
+            "--seed",
+            "1",
+            "--log_every",
+            "0",
+        ]
+    )
     out = capsys.readouterr().out
     assert "RESULT " in out and "eval_auc=" in out
     assert result["train_loss"] < result["train_loss_first"] - 0.02
@@ -175,8 +207,28 @@ def test_short_training_run_learns(capsys, tmp_path):
 
 def test_tf_data_input_trains_exactly_like_feed_dict(capsys, tmp_path):
     import run as criteo_run
-    common = ["--out_dir", str(tmp_path), "--no_plot","--steps", "12", "--batch_size", "256", "--synthetic_eval_samples", "4096", "--warmup_steps", "2",
-              "--bottom_mlp", "16", "--top_mlp", "16", "--seed", "3", "--log_every", "0"]
+
+    common = [
+        "--out_dir",
+        str(tmp_path),
+        "--no_plot",
+        "--steps",
+        "12",
+        "--batch_size",
+        "256",
+        "--synthetic_eval_samples",
+        "4096",
+        "--warmup_steps",
+        "2",
+        "--bottom_mlp",
+        "16",
+        "--top_mlp",
+        "16",
+        "--seed",
+        "3",
+        "--log_every",
+        "0",
+    ]
     fed = criteo_run.main(common + ["--input", "feed"])
     streamed = criteo_run.main(common + ["--input", "dataset"])
     assert "input=dataset" in capsys.readouterr().out
@@ -186,12 +238,36 @@ def test_tf_data_input_trains_exactly_like_feed_dict(capsys, tmp_path):
 
 def test_training_with_shared_tables_and_adam(capsys, tmp_path):
     import run as criteo_run
+
     # 26 fields over 4 tables, Adam, and the synthetic rows routed through TSV text and the reader.
-    result = criteo_run.main(["--out_dir", str(tmp_path), "--no_plot",
-        "--steps", "60", "--batch_size", "512", "--synthetic_eval_samples", "8192", "--warmup_steps", "5",
-        "--bottom_mlp", "32", "--top_mlp", "64", "--num_tables", "4", "--optimizer", "adam",
-        "--learning_rate", "0.003", "--log_every", "0", "--synthetic_via_tsv",
-    ])
+    result = criteo_run.main(
+        [
+            "--out_dir",
+            str(tmp_path),
+            "--no_plot",
+            "--steps",
+            "60",
+            "--batch_size",
+            "512",
+            "--synthetic_eval_samples",
+            "8192",
+            "--warmup_steps",
+            "5",
+            "--bottom_mlp",
+            "32",
+            "--top_mlp",
+            "64",
+            "--num_tables",
+            "4",
+            "--optimizer",
+            "adam",
+            "--learning_rate",
+            "0.003",
+            "--log_every",
+            "0",
+            "--synthetic_via_tsv",
+        ]
+    )
     assert result["train_loss"] < result["train_loss_first"] - 0.02
     assert result["eval_auc"] > 0.65
 
@@ -201,7 +277,11 @@ def test_min_count_maps_rare_ids():
     z = np.zeros([1, 13], np.float32)
     ids = np.array([[5] * 26, [5] * 26, [7] * 26, [-1] * 26], np.int64)
     train = B(np.zeros(4, np.float32), np.repeat(z, 4, 0), ids)
-    evals = B(np.zeros(3, np.float32), np.repeat(z, 3, 0), np.array([[5] * 26, [7] * 26, [9] * 26], np.int64))
+    evals = B(
+        np.zeros(3, np.float32),
+        np.repeat(z, 3, 0),
+        np.array([[5] * 26, [7] * 26, [9] * 26], np.int64),
+    )
     t2, (e2,) = criteo_data.apply_min_count(train, [evals], 2)
     assert (t2.ids[:, 0] == [5, 5, criteo_data.RARE_ID, criteo_data.MISSING_ID]).all()
     assert (e2.ids[:, 3] == [5, criteo_data.RARE_ID, criteo_data.RARE_ID]).all()
@@ -211,20 +291,39 @@ def test_min_count_maps_rare_ids():
 # ---------------------------------------------------------------------------------------------
 # The job as a product: arguments, --help, metrics file, plot, checkpoint and serving export
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "argument --steps: must be a positive integer, got 0"),
-    (["--batch_size", "0"], "argument --batch_size: must be a positive integer, got 0"),
-    (["--batch_size", "-5"], "argument --batch_size: must be a positive integer, got -5"),
-    (["--learning_rate", "nan"], "argument --learning_rate: must be a positive number, got nan"),
-    (["--embedding_dim", "4.7"], "argument --embedding_dim: invalid _positive_int value: '4.7'"),
-    (["--num_tables", "27"], "argument --num_tables: invalid choice: 27"),
-    (["--bottom_mlp", "32,x"], "argument --bottom_mlp: must be comma-separated positive integers, got '32,x'"),
-    (["--steps", "10", "--warmup_steps", "10"], "--warmup_steps 10 leaves no timed step out of --steps 10"),
-    (["--data", "/nonexistent/day_0.tsv"], "no such file: /nonexistent/day_0.tsv"),
-    (["--synthetic_train_samples", "100", "--batch_size", "512"], "smaller than one batch (--batch_size 512)"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--steps", "0"], "argument --steps: must be a positive integer, got 0"),
+        (["--batch_size", "0"], "argument --batch_size: must be a positive integer, got 0"),
+        (["--batch_size", "-5"], "argument --batch_size: must be a positive integer, got -5"),
+        (
+            ["--learning_rate", "nan"],
+            "argument --learning_rate: must be a positive number, got nan",
+        ),
+        (
+            ["--embedding_dim", "4.7"],
+            "argument --embedding_dim: invalid _positive_int value: '4.7'",
+        ),
+        (["--num_tables", "27"], "argument --num_tables: invalid choice: 27"),
+        (
+            ["--bottom_mlp", "32,x"],
+            "argument --bottom_mlp: must be comma-separated positive integers, got '32,x'",
+        ),
+        (
+            ["--steps", "10", "--warmup_steps", "10"],
+            "--warmup_steps 10 leaves no timed step out of --steps 10",
+        ),
+        (["--data", "/nonexistent/day_0.tsv"], "no such file: /nonexistent/day_0.tsv"),
+        (
+            ["--synthetic_train_samples", "100", "--batch_size", "512"],
+            "smaller than one batch (--batch_size 512)",
+        ),
+    ],
+)
 def test_bad_arguments_are_refused_with_clear_messages(argv, message, capsys):
     import run as criteo_run
+
     with pytest.raises(SystemExit) as e:
         criteo_run.parse_args(argv)
     assert e.value.code == 2
@@ -232,24 +331,50 @@ def test_bad_arguments_are_refused_with_clear_messages(argv, message, capsys):
 
 
 def test_help_shows_defaults_without_loading_tensorflow():
-    script = ("import sys, contextlib, io; sys.path.insert(0, sys.argv[1]); import run; buf = io.StringIO()\n"
-              "with contextlib.redirect_stdout(buf):\n"
-              "    try: run.parse_args(['--help'])\n"
-              "    except SystemExit: pass\n"
-              "print(buf.getvalue()); print('TF_LOADED', 'tensorflow' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", script, os.path.join(ROOT, "benchmarks", "criteo")],
-                         capture_output=True, text=True, check=True).stdout
+    script = (
+        "import sys, contextlib, io; sys.path.insert(0, sys.argv[1]); import run; buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        "    try: run.parse_args(['--help'])\n"
+        "    except SystemExit: pass\n"
+        "print(buf.getvalue()); print('TF_LOADED', 'tensorflow' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, os.path.join(ROOT, "benchmarks", "criteo")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "global batch size (default: 2048)" in out and "(default: adagrad)" in out
     assert "TF_LOADED False" in out
 
 
 def test_metrics_file_plot_checkpoint_and_serving_export(tmp_path, capsys):
     import run as criteo_run
+
     out = tmp_path / "run"
-    result = criteo_run.main([
-        "--steps", "24", "--batch_size", "256", "--synthetic_eval_samples", "4096", "--log_every", "5",
-        "--eval_every", "8", "--bottom_mlp", "16", "--top_mlp", "16", "--seed", "2", "--save",
-        "--out_dir", str(out)])
+    result = criteo_run.main(
+        [
+            "--steps",
+            "24",
+            "--batch_size",
+            "256",
+            "--synthetic_eval_samples",
+            "4096",
+            "--log_every",
+            "5",
+            "--eval_every",
+            "8",
+            "--bottom_mlp",
+            "16",
+            "--top_mlp",
+            "16",
+            "--seed",
+            "2",
+            "--save",
+            "--out_dir",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert "samples/s ETA" in printed and "eval at step 8: AUC" in printed
 
@@ -257,7 +382,13 @@ def test_metrics_file_plot_checkpoint_and_serving_export(tmp_path, capsys):
     kinds = [r["kind"] for r in records]
     assert kinds[0] == "config" and kinds[-1] == "summary"
     train = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in train] == [5, 10, 15, 20, 24]  # the last span (21..24) is recorded too
+    assert [r["step"] for r in train] == [
+        5,
+        10,
+        15,
+        20,
+        24,
+    ]  # the last span (21..24) is recorded too
     assert all(np.isfinite(r["loss"]) and r["samples_per_sec"] > 0 for r in train)
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [8, 16, 24] and all(r["rows"] == 4096 for r in evals)
@@ -266,22 +397,30 @@ def test_metrics_file_plot_checkpoint_and_serving_export(tmp_path, capsys):
     png = (out / "plot.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image
+
     assert matplotlib.image.imread(str(out / "plot.png")).shape[:2] == (360, 1000)
 
     # The serving SavedModel keeps every row: its predictions on the evaluation split give the
     # run's AUC, and the checkpoint restores into the training graph with the same tables.
     import tensorflow as tf
+
     evals_batch = criteo_data.SyntheticCriteo(2).batch(1, 0, 4096)
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], str(out / "serving"))
         sig = meta.signature_def["serving_default"]
-        probs = sess.run(sig.outputs["probability"].name, {sig.inputs["dense"].name: evals_batch.dense,
-                                                           sig.inputs["ids"].name: evals_batch.ids})
+        probs = sess.run(
+            sig.outputs["probability"].name,
+            {sig.inputs["dense"].name: evals_batch.dense, sig.inputs["ids"].name: evals_batch.ids},
+        )
     assert probs.shape == (4096,)
-    assert criteo_model.auc(evals_batch.labels, probs) == pytest.approx(result["eval_auc"], abs=1e-6)
+    assert criteo_model.auc(evals_batch.labels, probs) == pytest.approx(
+        result["eval_auc"], abs=1e-6
+    )
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         saver = tf.compat.v1.train.import_meta_graph(str(out / "checkpoint" / "model.ckpt.meta"))
         saver.restore(sess, str(out / "checkpoint" / "model.ckpt"))
-        restored = sess.run(tf.compat.v1.get_default_graph().get_tensor_by_name("probability:0"),
-                            {"dense:0": evals_batch.dense, "ids:0": evals_batch.ids})
+        restored = sess.run(
+            tf.compat.v1.get_default_graph().get_tensor_by_name("probability:0"),
+            {"dense:0": evals_batch.dense, "ids:0": evals_batch.ids},
+        )
     np.testing.assert_allclose(restored, probs, rtol=1e-6)

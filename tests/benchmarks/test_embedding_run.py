@@ -12,11 +12,24 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN = os.path.join(ROOT, "benchmarks", "embedding", "run.py")
 HARNESS = os.path.join(ROOT, "benchmarks", "gpu", "build", "fields", "bench_fields")
-TINY = ["--fields", "3", "--vocab", "500", "--batch", "64", "--ids-per-field", "6", "--min-ids-per-field", "1"]
+TINY = [
+    "--fields",
+    "3",
+    "--vocab",
+    "500",
+    "--batch",
+    "64",
+    "--ids-per-field",
+    "6",
+    "--min-ids-per-field",
+    "1",
+]
 
 
 def run(*args, timeout=600):
-    r = subprocess.run([sys.executable, RUN, *TINY, *args], capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, RUN, *TINY, *args], capture_output=True, text=True, timeout=timeout
+    )
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     return r.stdout
 
@@ -31,8 +44,24 @@ def test_all_implementations_agree_in_both_modes():
 
 @pytest.mark.parametrize("extra", [[], ["--ids-per-field", "4", "--min-ids-per-field", "4"]])
 def test_timing_table_in_both_modes(extra):
-    out = run("--mode", "both", "--rounds", "1", "--steps", "1", "--warmup", "1", "--dists", "uniform", *extra)
-    rows = {tuple(line.split()[:3]) for line in out.splitlines() if line.startswith(("graph ", "function "))}
+    out = run(
+        "--mode",
+        "both",
+        "--rounds",
+        "1",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--dists",
+        "uniform",
+        *extra,
+    )
+    rows = {
+        tuple(line.split()[:3])
+        for line in out.splitlines()
+        if line.startswith(("graph ", "function "))
+    }
     for mode in ("graph", "function"):
         for kind in ("wall", "cpu", "ran"):
             assert (mode, "uniform", kind) in rows, out
@@ -61,6 +90,8 @@ def test_dumped_ids_are_the_benchmark_batches(tmp_path):
                 lengths = np.diff(splits)
                 assert lengths.min() >= 1 and lengths.max() <= 6 and splits[-1] == len(ids)
     if os.path.exists(HARNESS):  # benchmarks/gpu/build_harness.sh; --parse-only needs no GPU
-        r = subprocess.run([HARNESS, str(tmp_path), "--parse-only"], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [HARNESS, str(tmp_path), "--parse-only"], capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == 0, r.stderr
         assert r.stdout.count("HARNESS_INPUT") == 2 and r.stdout.count(" ok") == 2, r.stdout

@@ -38,7 +38,9 @@ def _sok_pythonpath():
 def _env(gloo_timeout=60):
     env = dict(os.environ)
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = os.pathsep.join([_sok_pythonpath()] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [_sok_pythonpath()] + [p for p in [env.get("PYTHONPATH")] if p]
+    )
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(gloo_timeout)
     env.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -49,17 +51,30 @@ def horovodrun(np_, script, *args, gloo_timeout=60, timeout=JOB_TIMEOUT):
     """Runs `horovodrun -np N --gloo -H localhost:N python workers/script args`; returns
     (exit code, output, seconds). A job over `timeout` is killed and reported as a hang."""
     if not os.path.exists(HOROVODRUN):
-        pytest.skip(f"horovodrun not found next to {sys.executable} (bash tools/install_horovod.sh)")
-    cmd = [HOROVODRUN, "-np", str(np_), "--gloo", "-H", f"localhost:{np_}", sys.executable,
-           os.path.join(WORKERS, script), *args]
+        pytest.skip(
+            f"horovodrun not found next to {sys.executable} (bash tools/install_horovod.sh)"
+        )
+    cmd = [
+        HOROVODRUN,
+        "-np",
+        str(np_),
+        "--gloo",
+        "-H",
+        f"localhost:{np_}",
+        sys.executable,
+        os.path.join(WORKERS, script),
+        *args,
+    ]
     start = time.time()
     try:
         proc = subprocess.run(cmd, cwd=WORKERS, env=_env(gloo_timeout), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
-        pytest.fail(f"horovodrun -np {np_} {script} {' '.join(args)} hung for more than {timeout} s:\n"
-                    f"{_tail(out)}")
+        pytest.fail(
+            f"horovodrun -np {np_} {script} {' '.join(args)} hung for more than {timeout} s:\n"
+            f"{_tail(out)}"
+        )
     return proc.returncode, proc.stdout, time.time() - start
 
 
@@ -95,7 +110,9 @@ def ckpt_root(tmp_path_factory):
 def run_two(ckpt_root):
     """-np 2: everything, and a 2-rank sok.dump."""
     dump = ckpt_root / "from2"
-    rc, out, secs = horovodrun(2, "model_parallel.py", "bytes", "tf2", "tf1", "sok2x", "errors", f"dump={dump}")
+    rc, out, secs = horovodrun(
+        2, "model_parallel.py", "bytes", "tf2", "tf1", "sok2x", "errors", f"dump={dump}"
+    )
     return rc, out, dump
 
 
@@ -103,8 +120,16 @@ def run_two(ckpt_root):
 def run_three(ckpt_root, run_two):
     """-np 3: everything, the 2-rank dump loaded into 3 ranks, and a 3-rank sok.dump."""
     dump = ckpt_root / "from3"
-    rc, out, secs = horovodrun(3, "model_parallel.py", f"load={run_two[2]}", "tf2", "tf1", "sok2x", "errors",
-                               f"dump={dump}")
+    rc, out, secs = horovodrun(
+        3,
+        "model_parallel.py",
+        f"load={run_two[2]}",
+        "tf2",
+        "tf1",
+        "sok2x",
+        "errors",
+        f"dump={dump}",
+    )
     return rc, out, dump
 
 
@@ -136,8 +161,9 @@ def run_three_to_two(run_three):
 def test_checkpoint_three_to_two_ranks(run_three_to_two):
     rc, out, _ = run_three_to_two
     for r in range(2):
-        assert re.search(rf"\[rank {r}/2\] OK checkpoint: sok.load of a 3-rank dump into 2 ranks", out), \
-            f"rank {r} (exit code {rc}):\n{_tail(out)}"
+        assert re.search(
+            rf"\[rank {r}/2\] OK checkpoint: sok.load of a 3-rank dump into 2 ranks", out
+        ), f"rank {r} (exit code {rc}):\n{_tail(out)}"
 
 
 def test_checkpoint_into_one_process(run_two, run_three, capsys):
@@ -165,7 +191,9 @@ def test_rank_that_leaves_early_is_an_error_not_a_hang(run_three_to_two):
     rc, out, _ = run_three_to_two
     assert rc != 0, _tail(out)
     assert "[rank 1] leaves early" in out
-    assert re.search(r"\[rank 0\] lookup_sparse failed after .*Horovod has been shut down", out), _tail(out)
+    assert re.search(r"\[rank 0\] lookup_sparse failed after .*Horovod has been shut down", out), (
+        _tail(out)
+    )
 
 
 def test_rank_that_never_joins_times_out():
@@ -191,7 +219,10 @@ def test_alltoall_moves_fewer_bytes_than_allgather(capsys):
         print("\n" + text)
     for world, b in results.items():
         assert b["alltoall"] < b["allgather"], (world, b)
-    assert results[8]["alltoall"] / results[8]["allgather"] < results[2]["alltoall"] / results[2]["allgather"]
+    assert (
+        results[8]["alltoall"] / results[8]["allgather"]
+        < results[2]["alltoall"] / results[2]["allgather"]
+    )
 
 
 def test_dump_load_edges_in_one_process(tmp_path):
@@ -211,10 +242,14 @@ def test_dump_load_edges_in_one_process(tmp_path):
     ev = sok.get_embedding_variable("edge_ev", 3, initializer=tf.ones_initializer())
     ev.target_gpu = 1
     ev.assign(tf.constant([5, 8], tf.int64), tf.constant([[1.0, 2, 3], [4, 5, 6]]))
-    static = sok.Variable(np.arange(8, dtype=np.float32).reshape(4, 2), mode="localized:1", name="edge_static")
+    static = sok.Variable(
+        np.arange(8, dtype=np.float32).reshape(4, 2), mode="localized:1", name="edge_static"
+    )
     path = tmp_path / "ckpt"
     (path / "edge_ev").mkdir(parents=True)
-    np.savez(path / "edge_ev" / "rank1-of-2.npz", keys=np.array([99], np.int64))  # an older 2-rank dump
+    np.savez(
+        path / "edge_ev" / "rank1-of-2.npz", keys=np.array([99], np.int64)
+    )  # an older 2-rank dump
     sok.dump(str(path), [ev, static])
     assert sorted(os.listdir(path / "edge_ev")) == ["rank0-of-1.npz"]
 
@@ -228,5 +263,7 @@ def test_dump_load_edges_in_one_process(tmp_path):
     np.testing.assert_array_equal(static2.numpy(), np.arange(8).reshape(4, 2))
 
     os.rename(path / "edge_ev" / "rank0-of-1.npz", path / "edge_ev" / "rank0-of-3.npz")
-    with pytest.raises(FileNotFoundError, match=r"written by 3 ranks but the files of ranks \[1, 2\] are missing"):
+    with pytest.raises(
+        FileNotFoundError, match=r"written by 3 ranks but the files of ranks \[1, 2\] are missing"
+    ):
         sok.load(str(path), [ev2])

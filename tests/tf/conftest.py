@@ -18,7 +18,9 @@ SOK_PYTHONPATH = os.path.dirname(os.path.dirname(os.path.abspath(sok.__file__)))
 
 def subprocess_env():
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([SOK_PYTHONPATH] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [SOK_PYTHONPATH] + [p for p in [env.get("PYTHONPATH")] if p]
+    )
     return env
 
 _names = itertools.count()
@@ -86,7 +88,9 @@ def to_sparse(rows, dtype=tf.int64):
 
 def to_ragged(rows, dtype=tf.int64):
     return tf.RaggedTensor.from_row_lengths(
-        tf.constant([x for r in rows for x in r], dtype), tf.constant([len(r) for r in rows], tf.int64))
+        tf.constant([x for r in rows for x in r], dtype),
+        tf.constant([len(r) for r in rows], tf.int64),
+    )
 
 
 def sparse_value(rows, dtype=np.int64):
@@ -94,8 +98,11 @@ def sparse_value(rows, dtype=np.int64):
     indices = [[b, j] for b, r in enumerate(rows) for j in range(len(r))]
     values = [x for r in rows for x in r]
     width = max([len(r) for r in rows] + [1])
-    return tf.compat.v1.SparseTensorValue(np.array(indices, np.int64).reshape(-1, 2),
-                                          np.array(values, dtype), np.array([len(rows), width], np.int64))
+    return tf.compat.v1.SparseTensorValue(
+        np.array(indices, np.int64).reshape(-1, 2),
+        np.array(values, dtype),
+        np.array([len(rows), width], np.int64),
+    )
 
 
 @pytest.fixture
@@ -112,7 +119,9 @@ if TEST_DEVICE not in ("cpu", "gpu"):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "cpu_placement: the test places SOK ops on the CPU on purpose")
+    config.addinivalue_line(
+        "markers", "cpu_placement: the test places SOK ops on the CPU on purpose"
+    )
     if TEST_DEVICE == "gpu":
         if not tf.config.list_physical_devices("GPU"):
             raise pytest.UsageError("SOK_TEST_DEVICE=gpu, but TensorFlow sees no GPU")

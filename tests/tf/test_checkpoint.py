@@ -2,16 +2,15 @@
 optimizer slots, frequencies and versions; exact resume of training; dimension mismatch; eviction
 before saving; SavedModel export served read-only in a fresh process."""
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import graph_session, sparse_value, subprocess_env, to_ragged, unique_name
 
 import sparse_operation_kit as sok
-from conftest import graph_session, sparse_value, subprocess_env, to_ragged, unique_name
 
 DIM = 4
 UNIFORM = tf.random_uniform_initializer(-1.0, 1.0, seed=3)
@@ -67,7 +66,9 @@ def _train_tf2(model, opt, batches, dense_too):
     def step(ids):
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum((model(ids, training=True) - LABELS) ** 2)
-        variables = model.embedding.embedding_variables + (model.head.trainable_variables if dense_too else [])
+        variables = model.embedding.embedding_variables + (
+            model.head.trainable_variables if dense_too else []
+        )
         opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
 
     for rows in batches:
@@ -124,7 +125,9 @@ def test_wrapper_tracks_its_step_counter(tmp_path):
     path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "ckpt"))
     names = [n for n, _ in tf.train.list_variables(path)]
     assert "optimizer/sok_optimizer_step/.ATTRIBUTES/VARIABLE_VALUE" in names
-    assert tf.train.load_variable(path, "optimizer/sok_optimizer_step/.ATTRIBUTES/VARIABLE_VALUE") == 3
+    assert (
+        tf.train.load_variable(path, "optimizer/sok_optimizer_step/.ATTRIBUTES/VARIABLE_VALUE") == 3
+    )
 
 
 def test_checkpoint_tf2_dimension_mismatch_names_the_table(tmp_path):
@@ -235,7 +238,9 @@ def test_saver_tf1_dimension_mismatch_names_the_table(tmp_path):
 # ---------------------------------------------------------------------------------------------
 def test_shrink_before_save_drops_stale_rows(tmp_path):
     option = sok.EmbeddingVariableOption(evict_option=sok.GlobalStepEvict(steps_to_live=2))
-    ev = sok.get_embedding_variable(unique_name("evict"), DIM, initializer=UNIFORM, ev_option=option)
+    ev = sok.get_embedding_variable(
+        unique_name("evict"), DIM, initializer=UNIFORM, ev_option=option
+    )
     opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
     batches = [[[1, 2]], [[3]], [[4]], [[5]], [[4, 5]]]  # steps 0..4: keys 1, 2 and 3 go stale
     for rows in batches:
@@ -244,7 +249,13 @@ def test_shrink_before_save_drops_stale_rows(tmp_path):
         opt.apply_gradients([(tape.gradient(loss, ev), ev)])
     ckpt = tf.train.Checkpoint(table=ev)
     kept_all = ckpt.save(str(tmp_path / "all"))
-    assert sorted(tf.train.load_variable(kept_all, "table/.ATTRIBUTES/keys").tolist()) == [1, 2, 3, 4, 5]
+    assert sorted(tf.train.load_variable(kept_all, "table/.ATTRIBUTES/keys").tolist()) == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
     assert int(ev.shrink(len(batches))) == 3
     shrunk = ckpt.save(str(tmp_path / "shrunk"))
     assert sorted(tf.train.load_variable(shrunk, "table/.ATTRIBUTES/keys").tolist()) == [4, 5]
@@ -284,7 +295,8 @@ keras_model = tf.saved_model.load(args["keras"])
 tables = [module.table, keras_model.embedding.table_0, keras_model.embedding.table_1]
 result = {"before": sizes(tables)}
 result["module"] = module.serve(ids).numpy().tolist()
-result["module_signature"] = module.signatures["serving_default"](**flat_ids)["output_0"].numpy().tolist()
+serve_signature = module.signatures["serving_default"]
+result["module_signature"] = serve_signature(**flat_ids)["output_0"].numpy().tolist()
 result["keras"] = keras_model.signatures["serving_default"](**flat_ids)["output_0"].numpy().tolist()
 result["after"] = sizes(tables)
 print(json.dumps(result))

@@ -5,9 +5,9 @@ import threading
 
 import numpy as np
 import tensorflow as tf
+from conftest import graph_session, sparse_value, unique_name
 
 import sparse_operation_kit as sok
-from conftest import graph_session, sparse_value, unique_name
 
 THREADS = 4
 STEPS = 20
@@ -51,7 +51,9 @@ def test_tf1_session_run_from_threads():
         opt = sok.OptimizerWrapper(tf.compat.v1.train.GradientDescentOptimizer(1.0))
         train_pooled = opt.minimize(tf.reduce_sum(pooled))
         train_read = opt.minimize(tf.reduce_sum(ev.sparse_read(dense_ids)))
-        probe = ev.sparse_read(tf.constant(np.arange(THREADS * STRIDE + SPAN), tf.int64), training=False)
+        probe = ev.sparse_read(
+            tf.constant(np.arange(THREADS * STRIDE + SPAN), tf.int64), training=False
+        )
         sess.run(tf.compat.v1.global_variables_initializer())
         done = threading.Event()
         torn = []
@@ -91,9 +93,11 @@ def test_tf1_session_run_from_threads():
 
 
 def test_eager_threads_insert_new_keys_and_update():
-    """Eager ops from threads: every step inserts keys no thread has seen (neighbours insert the same
-    ones at the same time), then applies gradient 1 to them."""
-    ev = sok.get_embedding_variable(unique_name("eager_shared"), 3, initializer=tf.constant_initializer(0.5))
+    """Eager ops from threads: every step inserts keys no thread has seen (neighbours insert the
+    same ones at the same time), then applies gradient 1 to them."""
+    ev = sok.get_embedding_variable(
+        unique_name("eager_shared"), 3, initializer=tf.constant_initializer(0.5)
+    )
     opt = sok.SGD(lr=1.0)
     barrier = threading.Barrier(THREADS)
 
@@ -123,7 +127,9 @@ def test_tf1_threads_adagrad_accumulators_see_every_update():
     with graph_session() as sess:
         ev = sok.get_embedding_variable("adagrad_shared", 2, initializer=tf.zeros_initializer())
         ids = tf.compat.v1.placeholder(tf.int64, [None])
-        opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.01, initial_accumulator_value=0.5))
+        opt = sok.OptimizerWrapper(
+            tf.compat.v1.train.AdagradOptimizer(0.01, initial_accumulator_value=0.5)
+        )
         train = opt.minimize(tf.reduce_sum(ev.sparse_read(ids)))
         sess.run(tf.compat.v1.global_variables_initializer())
         run_threads(lambda t: [sess.run(train, {ids: thread_keys(t)}) for _ in range(STEPS)])

@@ -1,11 +1,13 @@
 """Partitioned Embedding Variables (get_embedding_variable(partitioner=...)): DeepRec's key rule,
 lookups and training against a plain tf.Variable reference, Saver round trips into the same and
 another number of parts, and TF2 reads."""
+
 import numpy as np
 import pytest
-import sparse_operation_kit as sok
 import tensorflow as tf
 from conftest import ev_rows, exported, graph_session, sparse_value, unique_name
+
+import sparse_operation_kit as sok
 
 DIM = 3
 UNIFORM = tf.random_uniform_initializer(-1.0, 1.0, seed=11)
@@ -18,8 +20,12 @@ def _part(k, n):
 
 
 def test_keys_live_in_deeprec_parts():
-    ev = sok.get_embedding_variable(unique_name("pev"), DIM, initializer=UNIFORM,
-                                    partitioner=tf.compat.v1.fixed_size_partitioner(3))
+    ev = sok.get_embedding_variable(
+        unique_name("pev"),
+        DIM,
+        initializer=UNIFORM,
+        partitioner=tf.compat.v1.fixed_size_partitioner(3),
+    )
     assert isinstance(ev, sok.PartitionedEmbeddingVariable) and len(ev) == 3
     assert [p.name for p in ev] == [f"{ev.name}/part_{i}" for i in range(3)]
     ev.sparse_read(tf.constant(KEYS, tf.int64))
@@ -61,7 +67,9 @@ def _reference(initial, batches):
         train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss)
         sess.run(tf.compat.v1.global_variables_initializer())
         for rows in batches:
-            out, _ = sess.run([pooled, train], {ids: sparse_value([[pos[k] for k in r] for r in rows])})
+            out, _ = sess.run(
+                [pooled, train], {ids: sparse_value([[pos[k] for k in r] for r in rows])}
+            )
             outs.append(out)
         final = sess.run(table)
     return outs, {k: final[pos[k]] for k in keys}
@@ -74,7 +82,9 @@ def test_training_matches_plain_tf_and_saver_round_trip_into_other_part_counts(t
         assert ev.name == "model/user_emb" and len(ev) == 4
         # The parts train, the partitioned table is the one global variable saved.
         assert all(p in tf.compat.v1.trainable_variables() for p in ev)
-        assert ev in tf.compat.v1.global_variables() and ev[0] not in tf.compat.v1.global_variables()
+        assert (
+            ev in tf.compat.v1.global_variables() and ev[0] not in tf.compat.v1.global_variables()
+        )
         sess.run(tf.compat.v1.global_variables_initializer())
         all_keys = sorted({k for b in BATCHES for r in b for k in r})
         initial = {k: ev_rows(ev, [k], sess)[0] for k in all_keys}
@@ -90,7 +100,11 @@ def test_training_matches_plain_tf_and_saver_round_trip_into_other_part_counts(t
     names = dict(tf.train.list_variables(path))
     assert "model/user_emb/keys" in names and "model/user_emb/slots" in names
 
-    for partitioner in (tf.compat.v1.fixed_size_partitioner(4), tf.compat.v1.fixed_size_partitioner(3), None):
+    for partitioner in (
+        tf.compat.v1.fixed_size_partitioner(4),
+        tf.compat.v1.fixed_size_partitioner(3),
+        None,
+    ):
         with graph_session() as sess:
             ids, ev, _head, pooled, train = _training_graph(partitioner)
             tf.compat.v1.train.Saver().restore(sess, path)
@@ -140,13 +154,21 @@ def test_variable_scope_reuse_and_errors():
 
 
 def test_tf2_checkpoint_round_trip(tmp_path):
-    ev = sok.get_embedding_variable(unique_name("pev2"), DIM, initializer=UNIFORM,
-                                    partitioner=tf.compat.v1.fixed_size_partitioner(3))
+    ev = sok.get_embedding_variable(
+        unique_name("pev2"),
+        DIM,
+        initializer=UNIFORM,
+        partitioner=tf.compat.v1.fixed_size_partitioner(3),
+    )
     ev.sparse_read(tf.constant(KEYS, tf.int64))
     want = exported(ev)
     path = tf.train.Checkpoint(table=ev).save(str(tmp_path / "ckpt"))
-    other = sok.get_embedding_variable(unique_name("pev2"), DIM, initializer=UNIFORM,
-                                       partitioner=tf.compat.v1.fixed_size_partitioner(2))
+    other = sok.get_embedding_variable(
+        unique_name("pev2"),
+        DIM,
+        initializer=UNIFORM,
+        partitioner=tf.compat.v1.fixed_size_partitioner(2),
+    )
     tf.train.Checkpoint(table=other).restore(path)
     got = exported(other)
     assert sorted(got) == sorted(want)

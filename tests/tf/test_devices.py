@@ -1,5 +1,6 @@
 """Placement: Embedding Variables live on the device they were created under, their ops run there,
-and a process without a GPU still works. Runs on the CPU here and on the H200 with SOK_TEST_DEVICE=gpu."""
+and a process without a GPU still works. Runs on the CPU here and on the H200 with
+SOK_TEST_DEVICE=gpu."""
 import subprocess
 import sys
 import textwrap
@@ -7,9 +8,16 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import (
+    TEST_DEVICE,
+    graph_session,
+    sparse_value,
+    subprocess_env,
+    to_ragged,
+    unique_name,
+)
 
 import sparse_operation_kit as sok
-from conftest import TEST_DEVICE, graph_session, sparse_value, subprocess_env, to_ragged, unique_name
 
 HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
 
@@ -76,8 +84,13 @@ def test_a_process_that_hides_every_gpu_runs_on_the_cpu():
         assert after["GPU"] == before["GPU"] and after["CPU"] > before["CPU"], (before, after)
         print("OK", ev.device)
     """)
-    r = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "OK" in r.stdout and "CPU" in r.stdout
 
@@ -87,8 +100,10 @@ def test_a_gpu_table_too_large_for_memory_names_itself_the_size_and_the_free_mem
     # 1024 initial slots of 40M floats: about 164 GB, more than an H200 holds.
     name = unique_name("too_big")
     with tf.device("/GPU:0"):
-        with pytest.raises(tf.errors.InvalidArgumentError,
-                           match=rf"table '{name}': cannot allocate \d+ bytes .* on GPU 0 \(.*bytes free"):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError,
+            match=rf"table '{name}': cannot allocate \d+ bytes .* on GPU 0 \(.*bytes free",
+        ):
             sok.get_embedding_variable(name, 40_000_000)
     # TensorFlow's allocator is intact: a normal table still works on the GPU.
     with tf.device("/GPU:0"):
@@ -110,8 +125,13 @@ def test_a_tf1_training_step_with_fed_ids_runs_every_sok_kernel_on_the_gpu():
             sess.run(train, {ids: sparse_value([[1, 2], [3]])})
         after = sok.kernel_run_counts(by_op=True)
     ran = {op: {d: c[d] - before.get(op, {}).get(d, 0) for d in c} for op, c in after.items()}
-    for op in ("SokUniqueKeys", "SokEmbeddingVariableGather", "SokPooledCombine", "SokPooledCombineGrad",
-               "SokEmbeddingVariableSparseApply"):
+    for op in (
+        "SokUniqueKeys",
+        "SokEmbeddingVariableGather",
+        "SokPooledCombine",
+        "SokPooledCombineGrad",
+        "SokEmbeddingVariableSparseApply",
+    ):
         assert ran[op] == {"CPU": 0, "GPU": 3}, (op, ran[op])
 
 
@@ -127,7 +147,8 @@ def test_gradients_under_op_determinism_are_bitwise_repeatable_and_match_the_def
         rng = np.random.default_rng(5)
         ids = tf.RaggedTensor.from_row_lengths(tf.constant(rng.integers(0, 50, 4000), tf.int64),
                                                tf.constant([4] * 1000, tf.int64))
-        w = tf.RaggedTensor.from_row_lengths(tf.constant(rng.random(4000), tf.float32), tf.constant([4] * 1000, tf.int64))
+        w = tf.RaggedTensor.from_row_lengths(tf.constant(rng.random(4000), tf.float32),
+                                             tf.constant([4] * 1000, tf.int64))
         up = tf.constant(rng.standard_normal([1000, 8]), tf.float32)
         ev = sok.get_embedding_variable("det", 8)
         grads = []
@@ -146,8 +167,13 @@ def test_gradients_under_op_determinism_are_bitwise_repeatable_and_match_the_def
         results = {}
         for det in ("1", "0"):
             path = os.path.join(d, f"g{det}.npy")
-            r = subprocess.run([sys.executable, "-c", code, det, path], env=subprocess_env(), capture_output=True,
-                               text=True, timeout=300)
+            r = subprocess.run(
+                [sys.executable, "-c", code, det, path],
+                env=subprocess_env(),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert r.returncode == 0, r.stderr[-3000:]
             results[det] = np.load(path)
     det, default = results["1"], results["0"]

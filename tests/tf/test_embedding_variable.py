@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ev_rows, exported, graph_session, subprocess_env, unique_name
 
 import sparse_operation_kit as sok
-from conftest import ev_rows, exported, graph_session, subprocess_env, unique_name
 
 UNIFORM = tf.random_uniform_initializer(-1.0, 1.0, seed=5)
 
@@ -125,14 +125,20 @@ def test_read_and_gradient_tf1(how):
         sess.run(tf.compat.v1.global_variables_initializer())
         keys, init, pos = _reference(lambda k: ev_rows(ev, k, sess), IDS)
         ids = tf.constant(IDS)
-        rows = ev.sparse_read(ids) if how == "sparse_read" else tf.compat.v1.nn.embedding_lookup(ev, ids)
+        rows = (
+            ev.sparse_read(ids)
+            if how == "sparse_read"
+            else tf.compat.v1.nn.embedding_lookup(ev, ids)
+        )
         weights = tf.constant(np.arange(IDS.size * 3, dtype=np.float32).reshape(2, 3, 3))
         (grad,) = tf.gradients(tf.reduce_sum(rows * weights), [ev])
         assert isinstance(grad, tf.IndexedSlices)
         ref = tf.compat.v1.get_variable("ref", initializer=init, use_resource=True)
         (ref_grad,) = tf.gradients(tf.reduce_sum(tf.gather(ref, pos) * weights), [ref])
         sess.run(ref.initializer)
-        rows_v, gi, gv, rg = sess.run([rows, grad.indices, grad.values, tf.convert_to_tensor(ref_grad)])
+        rows_v, gi, gv, rg = sess.run(
+            [rows, grad.indices, grad.values, tf.convert_to_tensor(ref_grad)]
+        )
         assert sess.run(ev.size()) == len(keys)
     np.testing.assert_allclose(rows_v, init[pos], rtol=1e-6)
     _check_grad(keys, gi, gv, rg, 3)
@@ -178,12 +184,18 @@ def test_evaluation_reads_never_insert_and_return_initial_values():
     assert int(ev.size()) == 4
     # After an update, evaluation reads see the stored row.
     ev.assign(tf.constant([10], tf.int64), tf.constant([[7.0, 8.0, 9.0]]))
-    np.testing.assert_array_equal(ev.sparse_read(keys[:1], training=False).numpy(), [[7.0, 8.0, 9.0]])
+    np.testing.assert_array_equal(
+        ev.sparse_read(keys[:1], training=False).numpy(), [[7.0, 8.0, 9.0]]
+    )
 
 
 def test_export_and_assign():
     ev = make_ev(key_dtype=tf.int32)
-    sok.assign(ev, tf.constant([5, -7, 9], tf.int32), tf.constant(np.arange(9, dtype=np.float32).reshape(3, 3)))
+    sok.assign(
+        ev,
+        tf.constant([5, -7, 9], tf.int32),
+        tf.constant(np.arange(9, dtype=np.float32).reshape(3, 3)),
+    )
     ev.sparse_read(tf.constant([11], tf.int32))
     table = exported(ev)
     assert sorted(table) == [-7, 5, 9, 11]
@@ -247,13 +259,19 @@ def test_initial_values_are_the_same_in_two_graphs():
     rows = []
     for _ in range(2):
         with graph_session() as sess:
-            evs = [make_ev(dim=4, initializer=INITIALIZERS[k](), name=f"graphs_{k}") for k in sorted(INITIALIZERS)]
+            evs = [
+                make_ev(dim=4, initializer=INITIALIZERS[k](), name=f"graphs_{k}")
+                for k in sorted(INITIALIZERS)
+            ]
             sess.run(tf.compat.v1.global_variables_initializer())
             rows.append(sess.run([ev.sparse_read(tf.constant(KEYS, tf.int64)) for ev in evs]))
     for r1, r2 in zip(*rows):
         np.testing.assert_array_equal(r1, r2)
     # And the same as an eager table of that name.
-    eager = [make_ev(dim=4, initializer=INITIALIZERS[k](), name=f"graphs_{k}") for k in sorted(INITIALIZERS)]
+    eager = [
+        make_ev(dim=4, initializer=INITIALIZERS[k](), name=f"graphs_{k}")
+        for k in sorted(INITIALIZERS)
+    ]
     for ev, r in zip(eager, rows[0]):
         np.testing.assert_array_equal(ev_rows(ev, KEYS), r)
 
@@ -276,20 +294,32 @@ print("ROWS" + json.dumps(out))
 
 def test_initial_values_are_the_same_in_another_process():
     code = _CHILD.format(tests=os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     child = json.loads(proc.stdout.split("ROWS", 1)[1])
     for k in sorted(INITIALIZERS):
         ev = make_ev(dim=4, initializer=INITIALIZERS[k](), name="process_" + k)
-        np.testing.assert_array_equal(np.array(child[k], np.float32), ev.sparse_read(tf.constant(KEYS, tf.int64)).numpy(),
-                                      err_msg=k)
+        np.testing.assert_array_equal(
+            np.array(child[k], np.float32),
+            ev.sparse_read(tf.constant(KEYS, tf.int64)).numpy(),
+            err_msg=k,
+        )
     dyn = sok.DynamicVariable(dimension=4, initializer="random", name="process_dyn")
-    np.testing.assert_array_equal(np.array(child["dyn"], np.float32), dyn.sparse_read(tf.constant(KEYS, tf.int64)).numpy())
+    np.testing.assert_array_equal(
+        np.array(child["dyn"], np.float32), dyn.sparse_read(tf.constant(KEYS, tf.int64)).numpy()
+    )
 
 
 def test_default_value_dim():
-    opt = sok.EmbeddingVariableOption(init_option=sok.InitializerOption(UNIFORM, default_value_dim=8))
+    opt = sok.EmbeddingVariableOption(
+        init_option=sok.InitializerOption(UNIFORM, default_value_dim=8)
+    )
     ev = make_ev(ev_option=opt)
     rows = ev.sparse_read(tf.constant([3, 11, 19, -5, 4], tf.int64)).numpy()
     # key k starts from row k mod 8 (floor modulo: -5 -> 3)
@@ -301,7 +331,9 @@ def test_default_value_dim():
     opt = sok.EmbeddingVariableOption(init_option=sok.InitializerOption(
         tf.keras.initializers.Orthogonal(seed=1), default_value_dim=4))
     m = make_ev(dim=4, ev_option=opt).sparse_read(tf.constant([0, 1, 2, 3, 4, 5], tf.int64)).numpy()
-    np.testing.assert_allclose(m[:4] @ m[:4].T, np.eye(4), atol=1e-5)  # the orthogonal matrix itself
+    np.testing.assert_allclose(
+        m[:4] @ m[:4].T, np.eye(4), atol=1e-5
+    )  # the orthogonal matrix itself
     np.testing.assert_array_equal(m[4:], m[:2])
     # default_value_dim=0 (DynamicVariable): every key its own row.
     dyn = sok.DynamicVariable(dimension=3, initializer="random", name=unique_name("dyn"))
@@ -315,7 +347,10 @@ def test_default_value_dim():
 def test_counter_filter():
     opt = sok.EmbeddingVariableOption(
         filter_option=sok.CounterFilter(filter_freq=3),
-        init_option=sok.InitializerOption(tf.constant_initializer(2.0), default_value_no_permission=-1.0))
+        init_option=sok.InitializerOption(
+            tf.constant_initializer(2.0), default_value_no_permission=-1.0
+        ),
+    )
     ev = make_ev(ev_option=opt)
     sgd = sok.SGD(lr=1.0)
     key = tf.constant([7], tf.int64)
@@ -338,7 +373,9 @@ def test_counter_filter():
     assert exported(ev).keys() == {7}
     # lookup_sparse counts every occurrence of a key in the batch.
     sok.lookup_sparse([ev], [tf.ragged.constant([[9, 9], [9]], dtype=tf.int64)])
-    np.testing.assert_array_equal(ev.sparse_read(tf.constant([9], tf.int64), training=False).numpy(), [[2.0] * 3])
+    np.testing.assert_array_equal(
+        ev.sparse_read(tf.constant([9], tf.int64), training=False).numpy(), [[2.0] * 3]
+    )
 
 
 def test_global_step_evict_tf1():
@@ -366,6 +403,9 @@ def test_global_step_evict_tf1():
 def test_l2_weight_evict():
     opt = sok.EmbeddingVariableOption(evict_option=sok.L2WeightEvict(l2_weight_threshold=1.0))
     ev = make_ev(ev_option=opt)
-    ev.assign(tf.constant([1, 2, 3], tf.int64), tf.constant([[0.1, 0.1, 0.1], [1.0, 1.0, 1.0], [0.5, 0.5, 0.6]]))
+    ev.assign(
+        tf.constant([1, 2, 3], tf.int64),
+        tf.constant([[0.1, 0.1, 0.1], [1.0, 1.0, 1.0], [0.5, 0.5, 0.6]]),
+    )
     assert int(ev.shrink(0)) == 2
     assert sorted(exported(ev)) == [2]

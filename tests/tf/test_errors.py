@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import graph_session, unique_name
 
 import sparse_operation_kit as sok
-from conftest import graph_session, unique_name
 
 
 def ragged(rows, dtype=tf.int64):
@@ -15,13 +15,17 @@ def ragged(rows, dtype=tf.int64):
 # Creation
 # ---------------------------------------------------------------------------------------------
 def test_bad_creation_arguments():
-    with pytest.raises(TypeError, match="'bad_keys': key_dtype must be int32 or int64, got float32"):
+    with pytest.raises(
+        TypeError, match="'bad_keys': key_dtype must be int32 or int64, got float32"
+    ):
         sok.get_embedding_variable("bad_keys", 4, key_dtype=tf.float32)
     with pytest.raises(TypeError, match="'bad_values': value_dtype must be float32, got float64"):
         sok.get_embedding_variable("bad_values", 4, value_dtype=tf.float64)
     with pytest.raises(ValueError, match="'bad_dim': embedding_dim must be positive, got 0"):
         sok.get_embedding_variable("bad_dim", 0)
-    with pytest.raises(ValueError, match="table 'bad_init': unknown initializer string 'uniformly'"):
+    with pytest.raises(
+        ValueError, match="table 'bad_init': unknown initializer string 'uniformly'"
+    ):
         sok.DynamicVariable(dimension=2, initializer="uniformly", name="bad_init")
 
 
@@ -44,7 +48,10 @@ def test_lookup_before_initialization_tf1():
     with graph_session() as sess:
         ev = sok.get_embedding_variable("not_yet", 2)
         rows = ev.sparse_read(tf.constant([1], tf.int64))
-        with pytest.raises(tf.errors.FailedPreconditionError, match="Embedding Variable 'not_yet' is not initialized"):
+        with pytest.raises(
+            tf.errors.FailedPreconditionError,
+            match="Embedding Variable 'not_yet' is not initialized",
+        ):
             sess.run(rows)
 
 
@@ -53,15 +60,23 @@ def test_lookup_before_initialization_tf1():
 # ---------------------------------------------------------------------------------------------
 def test_wrong_key_dtype():
     ev = sok.get_embedding_variable("keys64", 2)
-    with pytest.raises(TypeError, match="table 'keys64' has key dtype int64, but its ids are int32"):
+    with pytest.raises(
+        TypeError, match="table 'keys64' has key dtype int64, but its ids are int32"
+    ):
         sok.lookup_sparse([ev], [ragged([[1]], tf.int32)])
-    with pytest.raises(TypeError, match="'keys64' has key dtype int64, but ids of dtype int32 were given"):
+    with pytest.raises(
+        TypeError, match="'keys64' has key dtype int64, but ids of dtype int32 were given"
+    ):
         ev.sparse_read(tf.constant([1], tf.int32))
-    with pytest.raises(TypeError, match="'keys64' has key dtype int64, but ids of dtype int32 were given"):
+    with pytest.raises(
+        TypeError, match="'keys64' has key dtype int64, but ids of dtype int32 were given"
+    ):
         tf.nn.embedding_lookup(ev, tf.constant([1], tf.int32))
     with pytest.raises(TypeError, match="ids of table 'keys64' must be int32 or int64, got string"):
         sok.lookup_sparse([ev], [tf.ragged.constant([["a"]])])
-    with pytest.raises(TypeError, match="ids of table 'keys64' must be a tf.SparseTensor or tf.RaggedTensor"):
+    with pytest.raises(
+        TypeError, match="ids of table 'keys64' must be a tf.SparseTensor or tf.RaggedTensor"
+    ):
         sok.lookup_sparse([ev], [tf.constant([[1]], tf.int64)])
 
 
@@ -84,10 +99,16 @@ def test_lists_of_different_lengths():
 
 def test_weights_that_do_not_match_the_ids():
     ev = sok.get_embedding_variable("weights", 2)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="table 'weights': 3 weights for 2 ids"):
-        sok.lookup_sparse([ev], [ragged([[1, 2]])], sp_weights=[tf.ragged.constant([[1.0, 2.0, 3.0]])])
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="table 'weights': 3 weights for 2 ids"
+    ):
+        sok.lookup_sparse(
+            [ev], [ragged([[1, 2]])], sp_weights=[tf.ragged.constant([[1.0, 2.0, 3.0]])]
+        )
     with pytest.raises(TypeError, match="weights of table 'weights' must be float32, got float64"):
-        sok.lookup_sparse([ev], [ragged([[1, 2]])], sp_weights=[tf.ragged.constant([[1.0, 2.0]], tf.float64)])
+        sok.lookup_sparse(
+            [ev], [ragged([[1, 2]])], sp_weights=[tf.ragged.constant([[1.0, 2.0]], tf.float64)]
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,9 +117,14 @@ def test_weights_that_do_not_match_the_ids():
 def test_assign_values_of_another_dimension():
     ev = sok.get_embedding_variable("assign_dim", 3)
     for bad in (np.ones([2, 4], np.float32), np.ones([3, 2], np.float32)):
-        with pytest.raises(ValueError, match="'assign_dim' has dimension 3, but the values have shape"):
+        with pytest.raises(
+            ValueError, match="'assign_dim' has dimension 3, but the values have shape"
+        ):
             sok.assign(ev, tf.constant([1, 2], tf.int64), bad)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="assign to 'assign_dim': values of shape \\[3,3\\] for 2 keys"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match="assign to 'assign_dim': values of shape \\[3,3\\] for 2 keys",
+    ):
         ev.assign(tf.constant([1, 2], tf.int64), np.ones([3, 3], np.float32))
     assert int(ev.size()) == 0
 
@@ -107,9 +133,13 @@ def test_gradient_of_another_dimension():
     ev = sok.get_embedding_variable("grad_dim", 3)
     opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.1))
     bad = tf.IndexedSlices(tf.ones([2, 4]), tf.constant([1, 2], tf.int64))
-    with pytest.raises(ValueError, match="gradient of Embedding Variable 'grad_dim' has shape \\(2, 4\\)"):
+    with pytest.raises(
+        ValueError, match="gradient of Embedding Variable 'grad_dim' has shape \\(2, 4\\)"
+    ):
         opt.apply_gradients([(bad, ev)])
-    with pytest.raises(TypeError, match="gradient of Embedding Variable 'grad_dim' must be tf.IndexedSlices"):
+    with pytest.raises(
+        TypeError, match="gradient of Embedding Variable 'grad_dim' must be tf.IndexedSlices"
+    ):
         opt.apply_gradients([(tf.ones([2, 3]), ev)])
 
 
@@ -121,7 +151,9 @@ def test_static_table_ids_out_of_range_eager(bad_id, what):
     table = tf.Variable(np.ones([6, 2], np.float32), name="static_items")
     sok_table = sok.Variable(np.ones([6, 2], np.float32), name="sok_items", mode="localized:0")
     for t, name in ((table, "static_items"), (sok_table, "sok_items")):
-        with pytest.raises(tf.errors.InvalidArgumentError, match=f"lookup of static table {name}: {what}"):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match=f"lookup of static table {name}: {what}"
+        ):
             sok.lookup_sparse([t], [ragged([[0, bad_id]])])
 
 
@@ -136,10 +168,14 @@ def test_static_table_ids_out_of_range_in_functions_and_graphs(bad_id, what):
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"static table fn_items: {what}"):
         lookup(ragged([[bad_id]], tf.int32))
     with graph_session() as sess:
-        t = tf.compat.v1.get_variable("graph_items", initializer=np.ones([6, 2], np.float32), use_resource=True)
+        t = tf.compat.v1.get_variable(
+            "graph_items", initializer=np.ones([6, 2], np.float32), use_resource=True
+        )
         out = sok.lookup_sparse([t], [ragged([[1], [bad_id]])])[0]
         sess.run(t.initializer)
-        with pytest.raises(tf.errors.InvalidArgumentError, match=f"static table graph_items: {what}"):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match=f"static table graph_items: {what}"
+        ):
             sess.run(out)
 
 
@@ -166,9 +202,11 @@ def test_two_optimizers_on_one_table():
     ev = sok.get_embedding_variable("two_opts", 2)
     grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64))
     sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1)).apply_gradients([(grad, ev)])
-    with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="table 'two_opts' already carries the slots of optimizer adagrad; it cannot also be "
-                             "trained by optimizer adam"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match="table 'two_opts' already carries the slots of optimizer adagrad; it cannot also be "
+        "trained by optimizer adam",
+    ):
         sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1)).apply_gradients([(grad, ev)])
 
 
@@ -178,7 +216,11 @@ def test_ftrl_beta_needs_a_known_learning_rate_in_graphs():
 
     @tf.function
     def step():
-        wrapper.apply_gradients([(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), ev)])
+        wrapper.apply_gradients(
+            [(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), ev)]
+        )
 
-    with pytest.raises(ValueError, match="FTRL with beta > 0 on SOK variables needs a learning rate known"):
+    with pytest.raises(
+        ValueError, match="FTRL with beta > 0 on SOK variables needs a learning rate known"
+    ):
         step()

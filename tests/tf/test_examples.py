@@ -7,16 +7,17 @@ import subprocess
 import sys
 
 import numpy as np
-
 from conftest import TEST_DEVICE, subprocess_env
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "examples")
 # TF1 scripts run in graph mode, as on DeepRec (TensorFlow 1.x); nothing else is changed.
 # The last line reports where SOK's kernels ran.
-_RUN_IN_GRAPH_MODE = ("import runpy, sys, tensorflow as tf; tf.compat.v1.disable_eager_execution(); "
-                      "runpy.run_path(sys.argv[1], run_name='__main__'); import sparse_operation_kit as sok; "
-                      "c = sok.kernel_run_counts(); print('SOK kernels ran: CPU', c['CPU'], 'GPU', c['GPU'], "
-                      "sok.kernel_run_counts(by_op=True))")
+_RUN_IN_GRAPH_MODE = (
+    "import runpy, sys, tensorflow as tf; tf.compat.v1.disable_eager_execution(); "
+    "runpy.run_path(sys.argv[1], run_name='__main__'); import sparse_operation_kit as sok; "
+    "c = sok.kernel_run_counts(); print('SOK kernels ran: CPU', c['CPU'], 'GPU', c['GPU'], "
+    "sok.kernel_run_counts(by_op=True))"
+)
 
 
 def run_example(name):
@@ -46,9 +47,16 @@ def assert_ran_on_test_device(out):
     cpu, gpu = (int(x) for x in re.search(r"SOK kernels ran: CPU (\d+) GPU (\d+)", out).groups())
     if TEST_DEVICE == "gpu":  # the example's tables and steps on GPU:0, nothing of SOK on the CPU
         # except the dedup of its constant ids, which Grappler folds on the host (see conftest)
-        per_op = ast.literal_eval(out[out.index("{", out.index("SOK kernels ran")):].splitlines()[0])
-        assert gpu > 0 and cpu == per_op.get("SokUniqueKeys", {}).get("CPU", 0), out[out.index("SOK kernels"):]
-        assert per_op["SokPooledCombine"]["GPU"] == 3 and per_op["SokEmbeddingVariableSparseApply"]["GPU"] == 3
+        per_op = ast.literal_eval(
+            out[out.index("{", out.index("SOK kernels ran")) :].splitlines()[0]
+        )
+        assert gpu > 0 and cpu == per_op.get("SokUniqueKeys", {}).get("CPU", 0), out[
+            out.index("SOK kernels") :
+        ]
+        assert (
+            per_op["SokPooledCombine"]["GPU"] == 3
+            and per_op["SokEmbeddingVariableSparseApply"]["GPU"] == 3
+        )
     else:
         assert cpu > 0 and gpu == 0, (cpu, gpu)
 

@@ -5,10 +5,10 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import graph_session, unique_name
 
 import sparse_operation_kit as sok
 from sparse_operation_kit import validation
-from conftest import graph_session, unique_name
 
 BIG = 2 ** 32 + 5  # an int64 id that an int32 cast folds onto 5
 
@@ -19,8 +19,11 @@ BIG = 2 ** 32 + 5  # an int64 id that an int32 cast folds onto 5
 def test_embedding_layer_int32_table_refuses_int64_ids_beyond_int32():
     layer = sok.Embedding(2, key_dtype=tf.int32, name=unique_name("keys32"))
     table = layer.embedding_variable.name
-    with pytest.raises(ValueError, match=f"table '{table}' has key dtype int32, but an id given as int64 does not "
-                                         f"fit in int32.*\\(id {BIG}\\)"):
+    with pytest.raises(
+        ValueError,
+        match=f"table '{table}' has key dtype int32, but an id given as int64 does not "
+        f"fit in int32.*\\(id {BIG}\\)",
+    ):
         layer(tf.constant([[5, BIG]], tf.int64), training=True)
     assert int(layer.embedding_variable.size()) == 0  # nothing inserted under the folded key 5
     out = layer(tf.constant([[5, 7]], tf.int64), training=True)  # int64 ids that fit are fine
@@ -54,8 +57,11 @@ def test_load_of_an_int64_dump_into_an_int32_table(tmp_path):
     big.assign(tf.constant([5, BIG], tf.int64), np.arange(4, dtype=np.float32).reshape(2, 2))
     sok.dump(str(tmp_path), [big])
     small = sok.EmbeddingVariable(name, 2, key_dtype=tf.int32)
-    with pytest.raises(ValueError, match=f"sok.load from {tmp_path}: table '{name}' has key dtype int32, but the "
-                                         f"saved keys include {BIG}"):
+    with pytest.raises(
+        ValueError,
+        match=f"sok.load from {tmp_path}: table '{name}' has key dtype int32, but the "
+        f"saved keys include {BIG}",
+    ):
         sok.load(str(tmp_path), [small])
     assert int(small.size()) == 0
     # Keys that fit load into an int32 table.
@@ -69,15 +75,24 @@ def test_load_of_an_int64_dump_into_an_int32_table(tmp_path):
 
 def test_restore_of_int64_keys_into_an_int32_table():
     table = sok.EmbeddingVariable(unique_name("restore32"), 2, key_dtype=tf.int32)
-    tensors = {"keys": tf.constant([5, BIG], tf.int64), "values": tf.ones([2, 2]), "slots": tf.zeros([2, 0, 2]),
-               "freqs": tf.zeros([2], tf.int64), "versions": tf.zeros([2], tf.int64),
-               "slot_kind": tf.constant(-1, tf.int32), "slot_init": tf.zeros([0])}
-    with pytest.raises(ValueError, match=f"cannot restore Embedding Variable '{table.name}'.*saved keys include {BIG}"):
-        table._restore_from_tensors(tensors)
+    tensors = {
+        "keys": tf.constant([5, BIG], tf.int64),
+        "values": tf.ones([2, 2]),
+        "slots": tf.zeros([2, 0, 2]),
+        "freqs": tf.zeros([2], tf.int64),
+        "versions": tf.zeros([2], tf.int64),
+        "slot_kind": tf.constant(-1, tf.int32),
+        "slot_init": tf.zeros([0]),
+    }
+    with pytest.raises(
+        ValueError,
+        match=f"cannot restore Embedding Variable '{table.name}'.*saved keys include {BIG}",
+    ):
+        table.import_snapshot(tensors)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
     def restore(keys):
-        table._restore_from_tensors(dict(tensors, keys=keys))
+        table.import_snapshot(dict(tensors, keys=keys))
 
     with pytest.raises(tf.errors.InvalidArgumentError, match="saved keys do not fit in int32"):
         restore(tensors["keys"])
@@ -90,8 +105,10 @@ def test_checkpoint_of_an_int64_table_into_an_int32_table(tmp_path):
     big.assign(tf.constant([5, BIG], tf.int64), np.ones([2, 2], np.float32))
     path = tf.train.Checkpoint(t=big).save(str(tmp_path / "c"))
     small = sok.EmbeddingVariable(name, 2, key_dtype=tf.int32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="t/.ATTRIBUTES/keys; expected dtype int32 does not "
-                                                             "equal original dtype int64"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match="t/.ATTRIBUTES/keys; expected dtype int32 does not equal original dtype int64",
+    ):
         tf.train.Checkpoint(t=small).restore(path)
     with graph_session() as sess:
         v64 = sok.get_embedding_variable("saver_keys", 2)
@@ -100,7 +117,9 @@ def test_checkpoint_of_an_int64_table_into_an_int32_table(tmp_path):
         saved = tf.compat.v1.train.Saver([v64]).save(sess, str(tmp_path / "saver"))
     with graph_session() as sess:
         v32 = sok.get_embedding_variable("saver_keys", 2, key_dtype=tf.int32)
-        with pytest.raises(tf.errors.InvalidArgumentError, match="saver_keys/keys; expected dtype int32"):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match="saver_keys/keys; expected dtype int32"
+        ):
             tf.compat.v1.train.Saver([v32]).restore(sess, saved)
 
 
@@ -113,16 +132,23 @@ def _sparse(indices, values, shape, dtype=tf.int64):
 
 def test_weights_at_other_positions_than_the_ids():
     ids = _sparse([[0, 0], [1, 0]], [1, 2], [2, 2])
-    weights = _sparse([[0, 0], [1, 1]], [1.0, 3.0], [2, 2], tf.float32)  # same count, other positions
+    weights = _sparse(
+        [[0, 0], [1, 1]], [1.0, 3.0], [2, 2], tf.float32
+    )  # same count, other positions
     layer = sok.SparseEmbedding(2, name=unique_name("weighted"))
-    with pytest.raises(ValueError, match=f"weights of table '{layer.name}/table_0' are at other positions "
-                                         r"\(indices\) than its ids.*id at \[1, 0\], weight at \[1, 1\]"):
+    with pytest.raises(
+        ValueError,
+        match=f"weights of table '{layer.name}/table_0' are at other positions "
+        r"\(indices\) than its ids.*id at \[1, 0\], weight at \[1, 1\]",
+    ):
         layer(ids, weights=weights, training=True)
     assert int(layer.embedding_variables[0].size()) == 0
     ragged_ids = tf.ragged.constant([[1, 2], [3]], dtype=tf.int64)
     ragged_w = tf.ragged.constant([[1.0], [2.0, 3.0]])
     with pytest.raises(ValueError, match="are at other positions"):
-        validation.check_lookup_inputs([layer.embedding_variables[0]], [ragged_ids], [ragged_w], ["t"])
+        validation.check_lookup_inputs(
+            [layer.embedding_variables[0]], [ragged_ids], [ragged_w], ["t"]
+        )
 
     @tf.function
     def lookup(i, w):
@@ -134,14 +160,19 @@ def test_weights_at_other_positions_than_the_ids():
     good = _sparse([[0, 0], [1, 0]], [1.0, 3.0], [2, 2], tf.float32)
     np.testing.assert_allclose(layer(ids, weights=good, training=True), lookup(ids, good))
     same_positions = ragged_ids.with_flat_values(tf.constant([1.0, 2.0, 3.0]))
-    validation.check_lookup_inputs([layer.embedding_variables[0]], [ragged_ids], [same_positions], ["t"])
+    validation.check_lookup_inputs(
+        [layer.embedding_variables[0]], [ragged_ids], [same_positions], ["t"]
+    )
 
 
 def test_column_indices_beyond_dense_shape():
     layer = sok.SparseEmbedding(2, name=unique_name("cols"))
     bad = _sparse([[0, 0], [1, 5]], [1, 2], [2, 3])
-    with pytest.raises(ValueError, match=f"ids of table '{layer.name}/table_0': an index is negative or beyond "
-                                         r"dense_shape: index \[1, 5\] for dense_shape \[2, 3\]"):
+    with pytest.raises(
+        ValueError,
+        match=f"ids of table '{layer.name}/table_0': an index is negative or beyond "
+        r"dense_shape: index \[1, 5\] for dense_shape \[2, 3\]",
+    ):
         layer(bad, training=True)
     with pytest.raises(ValueError, match="beyond dense_shape: index \\[2, 0\\]"):
         layer(_sparse([[2, 0]], [1], [2, 3]), training=True)  # a row beyond the batch too
@@ -150,7 +181,9 @@ def test_column_indices_beyond_dense_shape():
     def lookup(ids):
         return layer(ids, training=True)
 
-    with pytest.raises(tf.errors.InvalidArgumentError, match="an index is negative or beyond dense_shape"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="an index is negative or beyond dense_shape"
+    ):
         lookup(bad)
     assert int(layer.embedding_variables[0].size()) == 0
 
@@ -174,20 +207,51 @@ def test_embedding_dim_must_be_a_positive_integer(dim, error, match):
         sok.EmbeddingVariable("dims", dim)
     with pytest.raises(error, match=match):
         sok.Embedding(dim, name="dims")
-    assert sok.EmbeddingVariable(unique_name("whole"), 4.0).embedding_dim == 4  # an integral float is fine
+    assert (
+        sok.EmbeddingVariable(unique_name("whole"), 4.0).embedding_dim == 4
+    )  # an integral float is fine
 
 
-@pytest.mark.parametrize("make, error, match", [
-    (lambda: sok.CounterFilter(filter_freq=-1), ValueError, "CounterFilter: filter_freq must be >= 0, got -1"),
-    (lambda: sok.CounterFilter(filter_freq=2.5), ValueError, "CounterFilter: filter_freq must be an integer"),
-    (lambda: sok.GlobalStepEvict(steps_to_live=-5), ValueError, "GlobalStepEvict: steps_to_live must be >= 0, got -5"),
-    (lambda: sok.L2WeightEvict(l2_weight_threshold=-0.5), ValueError,
-     "L2WeightEvict: l2_weight_threshold must be >= 0 \\(or -1 for no eviction\\), got -0.5"),
-    (lambda: sok.L2WeightEvict(l2_weight_threshold="big"), TypeError, "l2_weight_threshold must be a number"),
-    (lambda: sok.InitializerOption(default_value_dim=-3), ValueError, "default_value_dim must be >= 0, got -3"),
-    (lambda: sok.get_embedding_variable(unique_name("stl"), 2, steps_to_live=-1), ValueError,
-     "steps_to_live must be >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (
+            lambda: sok.CounterFilter(filter_freq=-1),
+            ValueError,
+            "CounterFilter: filter_freq must be >= 0, got -1",
+        ),
+        (
+            lambda: sok.CounterFilter(filter_freq=2.5),
+            ValueError,
+            "CounterFilter: filter_freq must be an integer",
+        ),
+        (
+            lambda: sok.GlobalStepEvict(steps_to_live=-5),
+            ValueError,
+            "GlobalStepEvict: steps_to_live must be >= 0, got -5",
+        ),
+        (
+            lambda: sok.L2WeightEvict(l2_weight_threshold=-0.5),
+            ValueError,
+            "L2WeightEvict: l2_weight_threshold must be >= 0 \\(or -1 for no eviction\\), got -0.5",
+        ),
+        (
+            lambda: sok.L2WeightEvict(l2_weight_threshold="big"),
+            TypeError,
+            "l2_weight_threshold must be a number",
+        ),
+        (
+            lambda: sok.InitializerOption(default_value_dim=-3),
+            ValueError,
+            "default_value_dim must be >= 0, got -3",
+        ),
+        (
+            lambda: sok.get_embedding_variable(unique_name("stl"), 2, steps_to_live=-1),
+            ValueError,
+            "steps_to_live must be >= 0, got -1",
+        ),
+    ],
+)
 def test_negative_filter_and_eviction_options(make, error, match):
     with pytest.raises(error, match=match):
         make()
@@ -203,7 +267,9 @@ def test_valid_options_still_accepted():
 @pytest.mark.parametrize("flag", ["no", "False", 2, 0.5])
 def test_training_flag_must_be_a_bool(flag):
     layer = sok.Embedding(2, name=unique_name("flag"))
-    with pytest.raises(TypeError, match=f"layer '{layer.name}': `training` must be True, False or None"):
+    with pytest.raises(
+        TypeError, match=f"layer '{layer.name}': `training` must be True, False or None"
+    ):
         layer(tf.constant([[1]], tf.int64), training=flag)
     assert int(layer.embedding_variable.size()) == 0
     with pytest.raises(TypeError, match="must be a bool, got a int32 tensor"):
@@ -237,8 +303,10 @@ def test_truncated_shard_names_its_path(tmp_path):
     with open(shard, "wb") as f:
         f.write(data[:len(data) // 2])
     fresh = sok.EmbeddingVariable(table.name, 2)
-    with pytest.raises(ValueError, match=f"sok.load: cannot read the shard {shard} of '{table.name}'.*truncated or "
-                                         "corrupt"):
+    with pytest.raises(
+        ValueError,
+        match=f"sok.load: cannot read the shard {shard} of '{table.name}'.*truncated or corrupt",
+    ):
         sok.load(str(tmp_path), [fresh])
     assert int(fresh.size()) == 0
 
@@ -246,6 +314,7 @@ def test_truncated_shard_names_its_path(tmp_path):
 def test_lookup_sparse_runs_the_checks():
     """Active once lookup.py calls validation.check_lookup_inputs (its owners add the call)."""
     import inspect
+
     from sparse_operation_kit import lookup
     if "check_lookup_inputs" not in inspect.getsource(lookup.lookup_sparse):
         pytest.skip("lookup_sparse does not call validation.check_lookup_inputs yet")

@@ -4,9 +4,9 @@ training with sok.OptimizerWrapper(Keras optimizer) in a tf.function custom loop
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import to_ragged, to_sparse, unique_name
 
 import sparse_operation_kit as sok
-from conftest import to_ragged, to_sparse, unique_name
 
 VOCAB = 16
 UNIFORM = tf.random_uniform_initializer(-1.0, 1.0, seed=11)
@@ -14,7 +14,9 @@ UNIFORM = tf.random_uniform_initializer(-1.0, 1.0, seed=11)
 
 def initial_table(var):
     """The [VOCAB, dim] rows keys 0..VOCAB-1 will start from (read without inserting them)."""
-    return tf.constant(var.sparse_read(tf.range(VOCAB, dtype=var.key_dtype), training=False).numpy())
+    return tf.constant(
+        var.sparse_read(tf.range(VOCAB, dtype=var.key_dtype), training=False).numpy()
+    )
 
 
 def test_embedding_forward_matches_tf():
@@ -46,18 +48,32 @@ def test_sparse_embedding_forward_matches_tf():
     layer = sok.SparseEmbedding(embedding_variables=[existing, static, sok.EmbeddingVariable(
         unique_name("ev"), 3, initializer=UNIFORM)], combiners=["sum", "mean", "sqrtn"])
     assert layer.embedding_variables[:2] == [existing, static]
-    references = [initial_table(existing), tf.constant(static.numpy()), initial_table(layer.embedding_variables[2])]
+    references = [
+        initial_table(existing),
+        tf.constant(static.numpy()),
+        initial_table(layer.embedding_variables[2]),
+    ]
     rows = [[[1, 2, 2], [], [3]], [[4], [5, 6, 7], [8, 0]], [[9, 9], [10], [11, 12, 13]]]
     weights = to_sparse([[0.5, 2.0, 1.0], [], [3.0]], dtype=tf.float32)
     ids = [to_sparse(rows[0]), to_ragged(rows[1]), to_ragged(rows[2])]
     outs = layer(ids, weights=[weights, None, None], training=True)
-    expected = [tf.nn.safe_embedding_lookup_sparse(references[0], to_sparse(rows[0]), weights, combiner="sum"),
-                tf.nn.safe_embedding_lookup_sparse(references[1], to_sparse(rows[1]), None, combiner="mean"),
-                tf.nn.safe_embedding_lookup_sparse(references[2], to_sparse(rows[2]), None, combiner="sqrtn")]
+    expected = [
+        tf.nn.safe_embedding_lookup_sparse(
+            references[0], to_sparse(rows[0]), weights, combiner="sum"
+        ),
+        tf.nn.safe_embedding_lookup_sparse(
+            references[1], to_sparse(rows[1]), None, combiner="mean"
+        ),
+        tf.nn.safe_embedding_lookup_sparse(
+            references[2], to_sparse(rows[2]), None, combiner="sqrtn"
+        ),
+    ]
     for out, ref in zip(outs, expected):
         np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-7)
     single = sok.SparseEmbedding(embedding_variables=[existing], combiners="sum")
-    np.testing.assert_allclose(single(ids[0], weights=weights, training=False), expected[0], rtol=1e-6)
+    np.testing.assert_allclose(
+        single(ids[0], weights=weights, training=False), expected[0], rtol=1e-6
+    )
     with pytest.raises(ValueError, match="3 tables but 2 id tensors"):
         layer(ids[:2])
 
@@ -89,8 +105,15 @@ class ReferenceModel(tf.Module):
 
 def test_training_matches_tf_reference():
     rng = np.random.default_rng(7)
-    batches = [[to_ragged([[int(k) for k in rng.integers(0, VOCAB, rng.integers(1, 4))] for _ in range(4)])
-                for _ in range(2)] for _ in range(4)]
+    batches = [
+        [
+            to_ragged(
+                [[int(k) for k in rng.integers(0, VOCAB, rng.integers(1, 4))] for _ in range(4)]
+            )
+            for _ in range(2)
+        ]
+        for _ in range(4)
+    ]
     labels = tf.constant(rng.normal(size=[4, 1]), tf.float32)
     model = TwoTableModel()
     reference = ReferenceModel(model.features.embedding_variables)
@@ -115,10 +138,14 @@ def test_training_matches_tf_reference():
 
     for inputs in batches:
         np.testing.assert_allclose(sok_step(inputs), reference_step(inputs), rtol=2e-5)
-    for table, dense, initial in zip(model.features.embedding_variables, reference.tables, reference.initial):
+    for table, dense, initial in zip(
+        model.features.embedding_variables, reference.tables, reference.initial
+    ):
         keys, values = (t.numpy() for t in sok.export(table))
         np.testing.assert_allclose(values, tf.gather(dense, keys), rtol=2e-5, atol=1e-6)
-        assert not np.isclose(values, tf.gather(initial, keys)).all(axis=1).any()  # every row trained
+        assert (
+            not np.isclose(values, tf.gather(initial, keys)).all(axis=1).any()
+        )  # every row trained
     np.testing.assert_allclose(model.head.kernel, reference.head.kernel, rtol=2e-5, atol=1e-6)
     assert int(opt.iterations) == len(batches)
 
@@ -140,7 +167,9 @@ def test_training_flag_controls_insertion():
     assert [int(t.size()) for t in tables] == [0, 0]
 
     trained = model(inputs, training=True)  # Keras passes the flag down to the nested layer
-    np.testing.assert_array_equal(trained, default)  # same rows: unseen ids read their initial value
+    np.testing.assert_array_equal(
+        trained, default
+    )  # same rows: unseen ids read their initial value
     assert [int(t.size()) for t in tables] == [3, 2]
     keys, _, _, freqs = (t.numpy() for t in tables[1].export()[:4])
     assert dict(zip(keys.tolist(), freqs.tolist())) == {4: 1, 5: 2}  # training lookups count ids
@@ -151,4 +180,7 @@ def test_layer_tables_are_checkpoint_dependencies(tmp_path):
     model([to_ragged([[1]]), to_ragged([[2]])], training=True)
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
     names = {n for n, _ in tf.train.list_variables(path)}
-    assert {"model/features/table_0/.ATTRIBUTES/values", "model/features/table_1/.ATTRIBUTES/keys"} <= names
+    assert {
+        "model/features/table_0/.ATTRIBUTES/values",
+        "model/features/table_1/.ATTRIBUTES/keys",
+    } <= names

@@ -11,9 +11,9 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import subprocess_env, unique_name
 
 import sparse_operation_kit as sok
-from conftest import subprocess_env, unique_name
 
 keras = pytest.importorskip("keras")
 if not sok.keras_support.keras_is_v3():
@@ -66,8 +66,11 @@ def assert_tables_bit_equal(a, b):
 
 
 @pytest.mark.parametrize("layer", ["sparse", "embedding"])
-@pytest.mark.parametrize("make_opt", [lambda: keras.optimizers.Adam(0.05), lambda: keras.optimizers.Adagrad(0.3)],
-                         ids=["adam", "adagrad"])
+@pytest.mark.parametrize(
+    "make_opt",
+    [lambda: keras.optimizers.Adam(0.05), lambda: keras.optimizers.Adagrad(0.3)],
+    ids=["adam", "adagrad"],
+)
 def test_fit_trains_sok_tables(layer, make_opt):
     rows, labels = parity_data(1024, seed=1)
     model, emb = ragged_model(sok.OptimizerWrapper(make_opt()), layer)
@@ -94,17 +97,26 @@ def test_fit_trains_sok_tables(layer, make_opt):
 def test_fit_with_dense_ids():
     rng = np.random.default_rng(3)
     labels = rng.integers(0, 2, 512)
-    ids = (2 * rng.integers(0, VOCAB // 2, [512, 3]) + labels[:, None]).astype(np.int32)  # Keras-style int32
+    ids = (2 * rng.integers(0, VOCAB // 2, [512, 3]) + labels[:, None]).astype(
+        np.int32
+    )  # Keras-style int32
     inp = keras.Input(shape=(3,), dtype="int32")
     emb = sok.Embedding(4, initializer=UNIFORM, name=unique_name("dense_ids"))
     pooled = keras.layers.GlobalAveragePooling1D()(emb(inp))
     model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(pooled))
-    model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), loss="binary_crossentropy",
-                  metrics=["accuracy"])
-    before = emb.embedding_variable.sparse_read(tf.constant(ids.reshape(-1), tf.int64), training=False).numpy()
+    model.compile(
+        optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(0.05)),
+        loss="binary_crossentropy",
+        metrics=["accuracy"],
+    )
+    before = emb.embedding_variable.sparse_read(
+        tf.constant(ids.reshape(-1), tf.int64), training=False
+    ).numpy()
     ds = tf.data.Dataset.from_tensor_slices((ids, labels.astype(np.float32))).batch(32)
     history = model.fit(ds, epochs=4, verbose=0)
-    after = emb.embedding_variable.sparse_read(tf.constant(ids.reshape(-1), tf.int64), training=False).numpy()
+    after = emb.embedding_variable.sparse_read(
+        tf.constant(ids.reshape(-1), tf.int64), training=False
+    ).numpy()
     assert (np.abs(after - before) > 1e-6).any(axis=1).all()
     assert history.history["accuracy"][-1] > 0.9
 
@@ -140,20 +152,31 @@ def test_evaluate_and_predict_insert_nothing():
 def test_layers_are_registered_serializables():
     for cls in (sok.Embedding, sok.SparseEmbedding):
         assert keras.saving.get_registered_object(f"sok>{cls.__name__}") is cls
-    layer = sok.SparseEmbedding([3, 2], combiners=["sum", "mean"], initializers=UNIFORM, name=unique_name("cfg"),
-                                ev_options=sok.EmbeddingVariableOption(filter_option=sok.CounterFilter(2)))
+    layer = sok.SparseEmbedding(
+        [3, 2],
+        combiners=["sum", "mean"],
+        initializers=UNIFORM,
+        name=unique_name("cfg"),
+        ev_options=sok.EmbeddingVariableOption(filter_option=sok.CounterFilter(2)),
+    )
     clone = sok.SparseEmbedding.from_config(layer.get_config())
     assert [t.embedding_dim for t in clone.embedding_variables] == [3, 2]
-    assert [t.name for t in clone.embedding_variables] == [t.name for t in layer.embedding_variables]
+    assert [t.name for t in clone.embedding_variables] == [
+        t.name for t in layer.embedding_variables
+    ]
     assert clone.embedding_variables[0]._filter_freq == 2
     ids = tf.constant([1, 7, 123456789], tf.int64)
     for a, b in zip(layer.embedding_variables, clone.embedding_variables):  # same initial rows
-        np.testing.assert_array_equal(a.sparse_read(ids, training=False), b.sparse_read(ids, training=False))
+        np.testing.assert_array_equal(
+            a.sparse_read(ids, training=False), b.sparse_read(ids, training=False)
+        )
 
 
 def _trained_model(path_name, layer="sparse"):
     rows, labels = parity_data(512, seed=7)
-    model, emb = ragged_model(sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), layer, name=unique_name(path_name))
+    model, emb = ragged_model(
+        sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), layer, name=unique_name(path_name)
+    )
     model.fit(ragged_dataset(rows, labels), epochs=2, verbose=0)
     probe_rows, probe_labels = parity_data(128, seed=8)
     unseen_rows, _ = parity_data(128, seed=9, offset=4 * VOCAB)
@@ -188,7 +211,9 @@ def test_save_weights_round_trip_is_bit_exact(tmp_path):
     expected = model.predict(probe, verbose=0)
     path = str(tmp_path / "model.weights.h5")
     model.save_weights(path)
-    fresh, fresh_emb = ragged_model(sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), name=emb.name)
+    fresh, fresh_emb = ragged_model(
+        sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), name=emb.name
+    )
     assert int(fresh_emb.embedding_variables[0].size()) == 0
     fresh.load_weights(path)
     assert_tables_bit_equal(emb.embedding_variables[0], fresh_emb.embedding_variables[0])
@@ -265,7 +290,8 @@ TF_KERAS_SCRIPT = textwrap.dedent("""
     fresh, _ = build(sok.OptimizerWrapper(keras.optimizers.Adam(0.05)))
     fresh.load_weights(SAVE_DIR + "/w.weights.h5")
     assert fresh.predict(ds, verbose=0).tobytes() == expected.tobytes()
-    tf.saved_model.save(model, SAVE_DIR + "/saved_model")  # traces training calls: no carriers there
+    # Traces training calls: no carriers there.
+    tf.saved_model.save(model, SAVE_DIR + "/saved_model")
     print("TF_KERAS_OK", history.history["accuracy"][-1])
 """)
 
@@ -275,19 +301,32 @@ def test_tf_keras_fit_trains_sok_tables(tmp_path):
     env = subprocess_env()
     env["TF_USE_LEGACY_KERAS"] = "1"
     script = "SAVE_DIR = " + repr(str(tmp_path)) + "\n" + TF_KERAS_SCRIPT
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(os.path.abspath(__file__)))
-    assert proc.returncode == 0 and "TF_KERAS_OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
+    assert proc.returncode == 0 and "TF_KERAS_OK" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-5000:]
+    )
 
 
 def test_static_table_in_fit_is_an_error_not_a_silent_no_op():
     static = sok.Variable(np.ones([VOCAB, 2], np.float32), name=unique_name("static"))
     inp = keras.Input(shape=(None,), dtype="int64", ragged=True)
-    emb = sok.SparseEmbedding(embedding_variables=[static], combiners="sum", name=unique_name("with_static"))
+    emb = sok.SparseEmbedding(
+        embedding_variables=[static], combiners="sum", name=unique_name("with_static")
+    )
     model = keras.Model(inp, keras.layers.Dense(1)(emb(inp)))
     model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.SGD(0.1)), loss="mse")
     rows, labels = parity_data(32, seed=11)
-    with pytest.raises(TypeError, match=f"layer '{emb.name}': its static table .* cannot be trained by Keras 3's fit"):
+    with pytest.raises(
+        TypeError,
+        match=f"layer '{emb.name}': its static table .* cannot be trained by Keras 3's fit",
+    ):
         model.fit(ragged_dataset(rows, labels), epochs=1, verbose=0)
     np.testing.assert_array_equal(static.numpy(), np.ones([VOCAB, 2], np.float32))
 
@@ -303,17 +342,24 @@ def test_fit_with_dense_padded_ids(layer):
     name = unique_name("padded")
     inp = keras.Input(shape=(3,), dtype="int64")
     if layer == "sparse":
-        emb = sok.SparseEmbedding(8, combiners="mean", initializers=UNIFORM, padding_id=-1, name=name)
+        emb = sok.SparseEmbedding(
+            8, combiners="mean", initializers=UNIFORM, padding_id=-1, name=name
+        )
     else:
         emb = sok.Embedding(8, combiner="mean", initializer=UNIFORM, padding_id=-1, name=name)
     model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(emb(inp)))
-    model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), loss="binary_crossentropy",
-                  metrics=["accuracy"])
+    model.compile(
+        optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(0.05)),
+        loss="binary_crossentropy",
+        metrics=["accuracy"],
+    )
     table = emb.embedding_variables[0]
     # Pooling skips the padding: the same output as the ragged ids.
     ragged = tf.ragged.constant(rows[:8], dtype=tf.int64)
     np.testing.assert_array_equal(emb(tf.constant(padded[:8])), emb(ragged))
-    history = model.fit(tf.data.Dataset.from_tensor_slices((padded, labels)).batch(32), epochs=4, verbose=0)
+    history = model.fit(
+        tf.data.Dataset.from_tensor_slices((padded, labels)).batch(32), epochs=4, verbose=0
+    )
     keys = set(table.export()[0].numpy().tolist())
     assert -1 not in keys and keys == {k for r in rows for k in r}
     assert history.history["accuracy"][-1] > 0.9
@@ -328,7 +374,9 @@ def test_embedding_without_combiner_gives_zero_rows_for_padding():
     assert out.shape == (2, 3, 3)
     np.testing.assert_array_equal(out[0, 1:], 0.0)
     np.testing.assert_array_equal(out[1, 2], 0.0)
-    np.testing.assert_array_equal(out[1, :2], emb.embedding_variable.sparse_read(tf.constant([5, 6], tf.int64)))
+    np.testing.assert_array_equal(
+        out[1, :2], emb.embedding_variable.sparse_read(tf.constant([5, 6], tf.int64))
+    )
     assert sorted(emb.embedding_variable.export()[0].numpy().tolist()) == [4, 5, 6]
 
 
@@ -346,8 +394,12 @@ class ParityModel(keras.Model):
 def test_fit_of_a_subclassed_model(run_eagerly):
     rows, labels = parity_data(512, seed=13)
     model = ParityModel(unique_name("subclassed"))
-    model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.Adagrad(0.3)), loss="binary_crossentropy",
-                  metrics=["accuracy"], run_eagerly=run_eagerly)
+    model.compile(
+        optimizer=sok.OptimizerWrapper(keras.optimizers.Adagrad(0.3)),
+        loss="binary_crossentropy",
+        metrics=["accuracy"],
+        run_eagerly=run_eagerly,
+    )
     history = model.fit(ragged_dataset(rows, labels), epochs=4, verbose=0)
     table = model.features.embedding_variables[0]
     assert int(table.size()) == len({k for r in rows for k in r})

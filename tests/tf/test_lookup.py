@@ -7,13 +7,23 @@ row of key vocab[i]; ids of the EV are vocab[positions], ids of the reference ar
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import (
+    densify_by_key,
+    ev_rows,
+    graph_session,
+    random_ragged,
+    to_ragged,
+    to_sparse,
+    unique_name,
+)
 
 import sparse_operation_kit as sok
-from conftest import densify_by_key, ev_rows, graph_session, random_ragged, to_ragged, to_sparse, unique_name
 
 DIM = 4
 # Keys far apart, negative and beyond 32 bits: the EV is a hash table, not an array.
-VOCAB64 = np.array([0, 7, -3, 2**40 + 5, 123456789012, -(2**35), 42, 99, 5, 1 << 50, 11, -1], np.int64)
+VOCAB64 = np.array(
+    [0, 7, -3, 2**40 + 5, 123456789012, -(2**35), 42, 99, 5, 1 << 50, 11, -1], np.int64
+)
 VOCAB32 = np.array([0, 7, -3, 2**30 + 5, 1234567, -(2**20), 42, 99, 5, 1 << 29, 11, -1], np.int32)
 
 
@@ -54,11 +64,14 @@ def sok_weights(weights, fmt, rows):
     return to_ragged(weights, tf.float32)
 
 
-def make_batch(rng, batch=6, max_len=5, vocab=len(VOCAB64), empty_rows=(1, 5), weighted=True):
+def make_batch(rng, batch=6, max_len=5, vocab=None, empty_rows=(1, 5), weighted=True):
+    vocab = len(VOCAB64) if vocab is None else vocab
     rows = random_ragged(rng, batch, max_len, vocab, empty_rows)
     first = next(b for b in range(batch) if rows[b])
     rows[first] = rows[first] + [rows[first][0]]  # a repeated id inside one sample
-    weights = [[float(w) for w in rng.uniform(0.5, 2.0, len(r))] for r in rows] if weighted else None
+    weights = (
+        [[float(w) for w in rng.uniform(0.5, 2.0, len(r))] for r in rows] if weighted else None
+    )
     return rows, weights
 
 
@@ -89,12 +102,21 @@ def test_static_tables_match_tf(rng, combiner):
     tf_var = tf.Variable(values)
     sok_var = sok.Variable(values, mode="localized:0")
     rows, weights = make_batch(rng)
-    got = sok.lookup_sparse([tf_var, sok_var], [to_sparse(rows, tf.int32), to_ragged(rows, tf.int64)],
-                            sp_weights=[None, to_ragged(weights, tf.float32)], combiners=[combiner] * 2)
-    np.testing.assert_allclose(got[0].numpy(), reference_lookup(values, rows, None, combiner).numpy(),
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(got[1].numpy(), reference_lookup(values, rows, weights, combiner).numpy(),
-                               rtol=1e-5, atol=1e-6)
+    got = sok.lookup_sparse(
+        [tf_var, sok_var],
+        [to_sparse(rows, tf.int32), to_ragged(rows, tf.int64)],
+        sp_weights=[None, to_ragged(weights, tf.float32)],
+        combiners=[combiner] * 2,
+    )
+    np.testing.assert_allclose(
+        got[0].numpy(), reference_lookup(values, rows, None, combiner).numpy(), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        got[1].numpy(),
+        reference_lookup(values, rows, weights, combiner).numpy(),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_single_table_not_in_a_list_returns_a_tensor(rng):
@@ -103,7 +125,9 @@ def test_single_table_not_in_a_list_returns_a_tensor(rng):
     rows, _ = make_batch(rng, weighted=False)
     got = sok.lookup_sparse(ev, sok_ids(rows, VOCAB64, "sparse", tf.int64), combiners="mean")
     assert isinstance(got, tf.Tensor)
-    np.testing.assert_allclose(got.numpy(), reference_lookup(table, rows, None, "mean").numpy(), rtol=1e-5)
+    np.testing.assert_allclose(
+        got.numpy(), reference_lookup(table, rows, None, "mean").numpy(), rtol=1e-5
+    )
 
 
 def test_all_samples_empty():
@@ -122,10 +146,19 @@ def test_evaluation_lookup_inserts_nothing_and_reads_initial_values(rng):
     ev = make_ev()
     table = tf.constant(reference_table(ev, VOCAB64))
     rows, weights = make_batch(rng)
-    got = sok.lookup_sparse([ev], [sok_ids(rows, VOCAB64, "ragged", tf.int64)],
-                            sp_weights=[to_ragged(weights, tf.float32)], combiners=["sqrtn"], training=False)
-    np.testing.assert_allclose(got[0].numpy(), reference_lookup(table, rows, weights, "sqrtn").numpy(),
-                               rtol=1e-5, atol=1e-6)
+    got = sok.lookup_sparse(
+        [ev],
+        [sok_ids(rows, VOCAB64, "ragged", tf.int64)],
+        sp_weights=[to_ragged(weights, tf.float32)],
+        combiners=["sqrtn"],
+        training=False,
+    )
+    np.testing.assert_allclose(
+        got[0].numpy(),
+        reference_lookup(table, rows, weights, "sqrtn").numpy(),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     assert int(ev.size()) == 0
 
 
@@ -157,7 +190,9 @@ def _mixed_setup(rng):
 
 def _mixed_inputs(params, vocabs, dtypes, batches, weights_on, fmts):
     ids, ws = [], []
-    for p, vocab, dt, (rows, weights), on, fmt in zip(params, vocabs, dtypes, batches, weights_on, fmts):
+    for _p, vocab, dt, (rows, weights), on, fmt in zip(
+        params, vocabs, dtypes, batches, weights_on, fmts
+    ):
         keyed = rows if vocab is None else [[vocab[x] for x in r] for r in rows]
         ids.append(to_sparse(keyed, dt) if fmt == "sparse" else to_ragged(keyed, dt))
         ws.append(sok_weights(weights, fmt, rows) if on else None)
@@ -176,7 +211,9 @@ def _check_grads(params, ref_dims, vocabs, grads, ref_grads):
         got = densify_by_key(g, dim)
         keys = range(len(dense_ref)) if vocab is None else [int(k) for k in vocab]
         want = {k: dense_ref[i] for i, k in enumerate(keys) if dense_ref[i].any()}
-        assert set(want) <= set(got) <= set(keys), f"table {p.name}: keys {sorted(got)} vs {sorted(want)}"
+        assert set(want) <= set(got) <= set(keys), (
+            f"table {p.name}: keys {sorted(got)} vs {sorted(want)}"
+        )
         for k, v in got.items():
             np.testing.assert_allclose(v, want.get(k, np.zeros(dim)), rtol=1e-5, atol=1e-6,
                                        err_msg=f"table {p.name}, key {k}")
@@ -230,7 +267,9 @@ def test_mixed_tables_forward_and_gradients_tf1(rng):
         combiners = ["mean", "sqrtn", "sum"]
         batches = [make_batch(rng, empty_rows=e) for e in [(1,), (5,), (0,)]]
         weights_on = [True, True, False]
-        ids, ws = _mixed_inputs(params, vocabs, dtypes, batches, weights_on, ["sparse", "ragged", "sparse"])
+        ids, ws = _mixed_inputs(
+            params, vocabs, dtypes, batches, weights_on, ["sparse", "ragged", "sparse"]
+        )
         outs = sok.lookup_sparse(params, ids, sp_weights=ws, combiners=combiners)
         targets = [tf.constant(rng.normal(size=[6, d]).astype(np.float32)) for d in (4, 2, 3)]
         loss = tf.add_n([tf.reduce_sum(o * t) for o, t in zip(outs, targets)])
@@ -271,8 +310,12 @@ def test_unordered_sparse_ids_forward_and_gradient(rng):
     sp = sok_ids(rows, VOCAB64, "sparse", tf.int64)
     sp_w = sok_weights(weights, "sparse", rows)
     perm = rng.permutation(int(tf.size(sp.values)))
-    shuffled = tf.SparseTensor(tf.gather(sp.indices, perm), tf.gather(sp.values, perm), sp.dense_shape)
-    shuffled_w = tf.SparseTensor(tf.gather(sp_w.indices, perm), tf.gather(sp_w.values, perm), sp_w.dense_shape)
+    shuffled = tf.SparseTensor(
+        tf.gather(sp.indices, perm), tf.gather(sp.values, perm), sp.dense_shape
+    )
+    shuffled_w = tf.SparseTensor(
+        tf.gather(sp_w.indices, perm), tf.gather(sp_w.values, perm), sp_w.dense_shape
+    )
     outs, grads = [], []
     for ids, w in ((sp, sp_w), (shuffled, shuffled_w)):
         with tf.GradientTape() as tape:
@@ -293,9 +336,15 @@ def test_one_table_in_several_features(rng):
     table = tf.Variable(reference_table(ev, VOCAB64))
     (rows_a, w_a), (rows_b, _) = make_batch(rng), make_batch(rng, weighted=False)
     with tf.GradientTape() as tape:
-        a, b = sok.lookup_sparse([ev, ev], [sok_ids(rows_a, VOCAB64, "ragged", tf.int64),
-                                            sok_ids(rows_b, VOCAB64, "sparse", tf.int64)],
-                                 sp_weights=[sok_weights(w_a, "ragged", rows_a), None], combiners=["sum", "mean"])
+        a, b = sok.lookup_sparse(
+            [ev, ev],
+            [
+                sok_ids(rows_a, VOCAB64, "ragged", tf.int64),
+                sok_ids(rows_b, VOCAB64, "sparse", tf.int64),
+            ],
+            sp_weights=[sok_weights(w_a, "ragged", rows_a), None],
+            combiners=["sum", "mean"],
+        )
         loss = tf.reduce_sum(a * a) + tf.reduce_sum(3.0 * b)
     grad = tape.gradient(loss, ev)
     with tf.GradientTape() as tape:

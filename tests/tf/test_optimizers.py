@@ -15,15 +15,17 @@ dense variable (Adam decays all moments; FTRL rewrites all rows from their linea
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import ev_rows, exported, graph_session, sparse_value, to_ragged, unique_name
 
 import sparse_operation_kit as sok
-from conftest import ev_rows, exported, graph_session, sparse_value, to_ragged, unique_name
 
 DIM = 4
 BATCH = 5
 STEPS = 20
-VOCAB = np.array([3, -8, 2**33 + 1, 17, 0, 999999999999, -(2**40), 5, 12, 77, 1 << 45, -1, 64, 31, 6, 2],
-                 np.int64)
+VOCAB = np.array(
+    [3, -8, 2**33 + 1, 17, 0, 999999999999, -(2**40), 5, 12, 77, 1 << 45, -1, 64, 31, 6, 2],
+    np.int64,
+)
 UNIFORM = tf.random_uniform_initializer(-0.5, 0.5, seed=11)
 
 
@@ -63,29 +65,44 @@ V1_OPTIMIZERS = {
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
     "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1, initial_accumulator_value=0.2),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05, beta1=0.8, beta2=0.95, epsilon=1e-3),
-    "ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(0.2, l1_regularization_strength=0.01,
-                                                     l2_regularization_strength=0.02),
-    "ftrl_beta": lambda: tf.compat.v1.train.FtrlOptimizer(0.2, initial_accumulator_value=0.3,
-                                                          l1_regularization_strength=0.01, beta=0.5),
+    "ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(
+        0.2, l1_regularization_strength=0.01, l2_regularization_strength=0.02
+    ),
+    "ftrl_beta": lambda: tf.compat.v1.train.FtrlOptimizer(
+        0.2, initial_accumulator_value=0.3, l1_regularization_strength=0.01, beta=0.5
+    ),
 }
 
 
 def lazy_adam_v1(var, grad, lr, beta1, beta2, epsilon):
     """Lazy Adam on a tf.Variable in plain TF ops: only the rows in `grad` (IndexedSlices, ids may
     repeat and are summed first) and their moments move. Returns the update op."""
-    m = tf.compat.v1.get_variable(var.op.name + "_m", initializer=tf.zeros_like(var.initial_value),
-                                  use_resource=True, trainable=False)
-    v = tf.compat.v1.get_variable(var.op.name + "_v", initializer=tf.zeros_like(var.initial_value),
-                                  use_resource=True, trainable=False)
-    t = tf.compat.v1.get_variable(var.op.name + "_t", initializer=0.0, use_resource=True, trainable=False)
+    m = tf.compat.v1.get_variable(
+        var.op.name + "_m",
+        initializer=tf.zeros_like(var.initial_value),
+        use_resource=True,
+        trainable=False,
+    )
+    v = tf.compat.v1.get_variable(
+        var.op.name + "_v",
+        initializer=tf.zeros_like(var.initial_value),
+        use_resource=True,
+        trainable=False,
+    )
+    t = tf.compat.v1.get_variable(
+        var.op.name + "_t", initializer=0.0, use_resource=True, trainable=False
+    )
     ids, inverse = tf.unique(grad.indices)
     g = tf.math.unsorted_segment_sum(grad.values, inverse, tf.size(ids))
     step = t.read_value() + 1.0
     alpha = lr * tf.sqrt(1.0 - beta2 ** step) / (1.0 - beta1 ** step)
     m_new = beta1 * tf.gather(m, ids) + (1.0 - beta1) * g
     v_new = beta2 * tf.gather(v, ids) + (1.0 - beta2) * g * g
-    updates = [m.scatter_update(tf.IndexedSlices(m_new, ids)), v.scatter_update(tf.IndexedSlices(v_new, ids)),
-               var.scatter_sub(tf.IndexedSlices(alpha * m_new / (tf.sqrt(v_new) + epsilon), ids))]
+    updates = [
+        m.scatter_update(tf.IndexedSlices(m_new, ids)),
+        v.scatter_update(tf.IndexedSlices(v_new, ids)),
+        var.scatter_sub(tf.IndexedSlices(alpha * m_new / (tf.sqrt(v_new) + epsilon), ids)),
+    ]
     with tf.control_dependencies([u.op if hasattr(u, "op") else u for u in updates]):
         return t.assign_add(1.0, read_value=False)
 
@@ -104,8 +121,9 @@ def test_tf1_optimizer_matches_tf(kind, repeated):
         loss = tf.reduce_sum((tf.matmul(emb, w) - y) ** 2)
         train = sok.OptimizerWrapper(V1_OPTIMIZERS[kind]()).minimize(loss)
 
-        ref = tf.compat.v1.get_variable("ref", shape=[len(VOCAB), DIM], initializer=tf.zeros_initializer(),
-                                        use_resource=True)
+        ref = tf.compat.v1.get_variable(
+            "ref", shape=[len(VOCAB), DIM], initializer=tf.zeros_initializer(), use_resource=True
+        )
         ref_w = tf.compat.v1.get_variable("ref_w", initializer=w0, use_resource=True)
         ref_init = tf.compat.v1.placeholder(tf.float32, [len(VOCAB), DIM])
         load_ref = ref.assign(ref_init, read_value=False)
@@ -115,8 +133,10 @@ def test_tf1_optimizer_matches_tf(kind, repeated):
         if kind == "adam":
             opt = V1_OPTIMIZERS[kind]()
             (ref_grad,) = tf.gradients(ref_loss, [ref])
-            ref_train = tf.group(opt.minimize(ref_loss, var_list=[ref_w]),
-                                 lazy_adam_v1(ref, ref_grad, opt._lr, opt._beta1, opt._beta2, opt._epsilon))
+            ref_train = tf.group(
+                opt.minimize(ref_loss, var_list=[ref_w]),
+                lazy_adam_v1(ref, ref_grad, opt._lr, opt._beta1, opt._beta2, opt._epsilon),
+            )
         else:
             ref_train = V1_OPTIMIZERS[kind]().minimize(ref_loss, var_list=[ref, ref_w])
 
@@ -125,8 +145,10 @@ def test_tf1_optimizer_matches_tf(kind, repeated):
         assert sess.run(ev.size()) == 0
         sess.run(load_ref, {ref_init: initial})
         for rows, target in batches:
-            got, want, _, _ = sess.run([loss, ref_loss, train, ref_train],
-                                       {ids: sparse_value(keyed(rows)), positions: sparse_value(rows), y: target})
+            got, want, _, _ = sess.run(
+                [loss, ref_loss, train, ref_train],
+                {ids: sparse_value(keyed(rows)), positions: sparse_value(rows), y: target},
+            )
             np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-5)
         check_tables(exported(ev, sess), sess.run(ref), *sess.run([w, ref_w]), batches)
         # Untouched rows of the (lazy) reference kept their initial values.
@@ -204,13 +226,26 @@ class FtrlReference:
 KERAS_OPTIMIZERS = {
     "sgd": (lambda: tf.keras.optimizers.SGD(0.1), KerasReference),
     # epsilon large enough that sqrt(acc + eps) and sqrt(acc) + eps differ visibly
-    "adagrad": (lambda: tf.keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.2, epsilon=0.05),
-                KerasReference),
-    "adam": (lambda: tf.keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3), LazyAdamReference),
-    "ftrl": (lambda: tf.keras.optimizers.Ftrl(0.2, l1_regularization_strength=0.01,
-                                              l2_regularization_strength=0.02), FtrlReference),
-    "ftrl_beta": (lambda: tf.keras.optimizers.Ftrl(0.2, initial_accumulator_value=0.3, beta=0.5,
-                                                   l1_regularization_strength=0.01), FtrlReference),
+    "adagrad": (
+        lambda: tf.keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.2, epsilon=0.05),
+        KerasReference,
+    ),
+    "adam": (
+        lambda: tf.keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3),
+        LazyAdamReference,
+    ),
+    "ftrl": (
+        lambda: tf.keras.optimizers.Ftrl(
+            0.2, l1_regularization_strength=0.01, l2_regularization_strength=0.02
+        ),
+        FtrlReference,
+    ),
+    "ftrl_beta": (
+        lambda: tf.keras.optimizers.Ftrl(
+            0.2, initial_accumulator_value=0.3, beta=0.5, l1_regularization_strength=0.01
+        ),
+        FtrlReference,
+    ),
 }
 
 
@@ -233,7 +268,9 @@ def test_keras_optimizer_matches_tf(kind, repeated):
         grads = tape.gradient(loss, [ev, w])
         wrapper.apply_gradients(zip(grads, [ev, w]))
         with tf.GradientTape() as tape:
-            ref_emb = tf.nn.embedding_lookup_sparse(ref, to_ragged(rows).to_sparse(), None, combiner="mean")
+            ref_emb = tf.nn.embedding_lookup_sparse(
+                ref, to_ragged(rows).to_sparse(), None, combiner="mean"
+            )
             ref_loss = tf.reduce_sum((tf.matmul(ref_emb, ref_w) - target) ** 2)
         ref_grads = tape.gradient(ref_loss, [ref, ref_w])
         reference.apply(ref_grads[0], ref, ref_grads[1], ref_w)
@@ -252,7 +289,8 @@ def test_keras_wrapper_only_embedding_variables_counts_steps():
             loss = tf.reduce_sum(ev.sparse_read(key))
         wrapper.apply_gradients([(tape.gradient(loss, ev), ev)])
     assert int(wrapper.optimizer.iterations.numpy()) == 3
-    # A constant gradient 1: lazy Adam moves the row by lr every step (bias-corrected m/sqrt(v) = 1).
+    # A constant gradient 1: lazy Adam moves the row by lr every step (bias-corrected
+    # m/sqrt(v) = 1).
     np.testing.assert_allclose(exported(ev)[4], [-0.3, -0.3], rtol=1e-4)
 
 
@@ -268,9 +306,14 @@ def test_sok_sgd(mode):
 
     def step():
         with tf.GradientTape() as tape:
-            a, b = sok.lookup_sparse([ev, table], [tf.ragged.constant([[1, 1], [2]], dtype=tf.int64),
-                                                   tf.ragged.constant([[0], [5, 5]], dtype=tf.int64)],
-                                     combiners=["sum", "sum"])
+            a, b = sok.lookup_sparse(
+                [ev, table],
+                [
+                    tf.ragged.constant([[1, 1], [2]], dtype=tf.int64),
+                    tf.ragged.constant([[0], [5, 5]], dtype=tf.int64),
+                ],
+                combiners=["sum", "sum"],
+            )
             loss = tf.reduce_sum(a) + tf.reduce_sum(b) + tf.reduce_sum(bias * bias)
         grads = tape.gradient(loss, [ev, table, bias])
         opt.apply_gradients(zip(grads, [ev, table, bias]))
@@ -280,7 +323,9 @@ def test_sok_sgd(mode):
     step()
     step()
     table_rows = exported(ev)
-    np.testing.assert_allclose(table_rows[1], [0.5 - 2 * 0.5 * 2] * 3)  # gradient 2 (twice in a sample)
+    np.testing.assert_allclose(
+        table_rows[1], [0.5 - 2 * 0.5 * 2] * 3
+    )  # gradient 2 (twice in a sample)
     np.testing.assert_allclose(table_rows[2], [0.5 - 2 * 0.5] * 3)
     want = np.ones([6, 3], np.float32)
     want[0] -= 2 * 0.5
@@ -292,7 +337,9 @@ def test_sok_sgd(mode):
 @pytest.mark.parametrize("mode", ["eager", "function"])
 def test_keras_learning_rate_schedule_is_followed(mode):
     """The wrapped optimizer's learning rate is read at every step (schedules, assignments)."""
-    schedule = lambda: tf.keras.optimizers.schedules.ExponentialDecay(0.5, decay_steps=1, decay_rate=0.5)  # noqa: E731
+    def schedule():
+        return tf.keras.optimizers.schedules.ExponentialDecay(0.5, decay_steps=1, decay_rate=0.5)
+
     ev = sok.get_embedding_variable(unique_name(), 2, initializer=tf.zeros_initializer())
     w, ref_w = tf.Variable([1.0]), tf.Variable([1.0])
     wrapper = sok.OptimizerWrapper(tf.keras.optimizers.SGD(schedule()))
@@ -325,7 +372,9 @@ def test_keras_adam_inside_tf_function_matches_eager():
     tables = []
     for mode in ("eager", "function"):
         ev = sok.get_embedding_variable("adam_fn", DIM, initializer=UNIFORM)  # same initial rows
-        wrapper = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3))
+        wrapper = sok.OptimizerWrapper(
+            tf.keras.optimizers.Adam(0.05, beta_1=0.8, beta_2=0.95, epsilon=1e-3)
+        )
 
         def step(ids, target, ev=ev, wrapper=wrapper):
             with tf.GradientTape() as tape:

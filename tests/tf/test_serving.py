@@ -1,6 +1,7 @@
 """sok.save_stock_saved_model: a SavedModel with stock TensorFlow ops only, served by stock
 TensorFlow in a process where sparse_operation_kit cannot be imported, with SOK's read-only
 outputs (unseen keys read their initial value, or default_value_no_permission under a filter)."""
+
 import json
 import os
 import subprocess
@@ -10,9 +11,9 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import unique_name
 
 import sparse_operation_kit as sok
-from conftest import unique_name
 
 # Runs in a fresh interpreter: SOK's package is made unimportable, so only stock ops can serve.
 SERVE_WITHOUT_SOK = textwrap.dedent("""
@@ -33,20 +34,28 @@ SERVE_WITHOUT_SOK = textwrap.dedent("""
 
 
 def serve_in_fresh_process(tmp_path, export_dir, inputs):
-    args = {"dir": str(export_dir), "out": str(tmp_path / "served.npz"),
-            "inputs": {k: np.asarray(v).tolist() for k, v in inputs.items()},
-            "dtypes": {k: np.asarray(v).dtype.name for k, v in inputs.items()}}
+    args = {
+        "dir": str(export_dir),
+        "out": str(tmp_path / "served.npz"),
+        "inputs": {k: np.asarray(v).tolist() for k, v in inputs.items()},
+        "dtypes": {k: np.asarray(v).dtype.name for k, v in inputs.items()},
+    }
     (tmp_path / "args.json").write_text(json.dumps(args))
     (tmp_path / "serve.py").write_text(SERVE_WITHOUT_SOK)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, str(tmp_path / "serve.py"), str(tmp_path / "args.json")], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "serve.py"), str(tmp_path / "args.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return dict(np.load(tmp_path / "served.npz"))
 
 
 def saved_op_types(export_dir):
     from tensorflow.core.protobuf import saved_model_pb2
+
     sm = saved_model_pb2.SavedModel()
     sm.ParseFromString((export_dir / "saved_model.pb").read_bytes())
     types = set()
@@ -71,17 +80,30 @@ class Ranker(tf.Module):
 
     def __init__(self):
         super().__init__()
-        self.evs = {k: sok.get_embedding_variable(unique_name(f"serve_{k}"), 4, initializer=init)
-                    for k, init in INITIALIZERS.items()}
-        self.matrix_ev = sok.get_embedding_variable(  # DeepRec's default-value matrix (default_value_dim rows)
-            unique_name("serve_matrix"), 4, ev_option=sok.EmbeddingVariableOption(
-                init_option=sok.InitializerOption(tf.random_uniform_initializer(-1.0, 1.0, seed=6),
-                                                  default_value_dim=7)))
+        self.evs = {
+            k: sok.get_embedding_variable(unique_name(f"serve_{k}"), 4, initializer=init)
+            for k, init in INITIALIZERS.items()
+        }
+        self.matrix_ev = (
+            sok.get_embedding_variable(  # DeepRec's default-value matrix (default_value_dim rows)
+                unique_name("serve_matrix"),
+                4,
+                ev_option=sok.EmbeddingVariableOption(
+                    init_option=sok.InitializerOption(
+                        tf.random_uniform_initializer(-1.0, 1.0, seed=6), default_value_dim=7
+                    )
+                ),
+            )
+        )
         self.filtered = sok.get_embedding_variable(
-            unique_name("serve_filtered"), 4, initializer=INITIALIZERS["uniform"],
+            unique_name("serve_filtered"),
+            4,
+            initializer=INITIALIZERS["uniform"],
             ev_option=sok.EmbeddingVariableOption(
                 filter_option=sok.CounterFilter(filter_freq=2),
-                init_option=sok.InitializerOption(default_value_no_permission=-0.5)))
+                init_option=sok.InitializerOption(default_value_no_permission=-0.5),
+            ),
+        )
         self.static = tf.Variable(np.arange(40, dtype=np.float32).reshape(10, 4) / 40.0)
         self.w = tf.Variable(np.linspace(-1, 1, 8 * 4 * 4, dtype=np.float32).reshape(32, 4))
 
@@ -93,18 +115,31 @@ class Ranker(tf.Module):
         sw = tf.SparseTensor(sp.indices, tf.gather_nd(weights, sp.indices), sp.dense_shape)
         tables = self.tables()
         pooled = sok.lookup_sparse(
-            tables, [sp] * len(tables), sp_weights=[None, sw, None, sw, None, None],
-            combiners=["sum", "mean", "sqrtn", "mean", "sum", "sum"], training=training)
+            tables,
+            [sp] * len(tables),
+            sp_weights=[None, sw, None, sw, None, None],
+            combiners=["sum", "mean", "sqrtn", "mean", "sum", "sum"],
+            training=training,
+        )
         first = ids[:, 0]
         read = self.evs["uniform"].sparse_read(first, training=training)
-        looked = tf.nn.embedding_lookup(self.evs["normal"], first) if training else \
-            self.evs["normal"].sparse_read(first, training=False)
-        static = sok.lookup_sparse(self.static, tf.sparse.from_dense(small_ids), combiners="sum",
-                                   training=training)
+        looked = (
+            tf.nn.embedding_lookup(self.evs["normal"], first)
+            if training
+            else self.evs["normal"].sparse_read(first, training=False)
+        )
+        static = sok.lookup_sparse(
+            self.static, tf.sparse.from_dense(small_ids), combiners="sum", training=training
+        )
         return tf.concat(pooled + [read, looked], axis=1), static
 
-    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int64), tf.TensorSpec([None, 3], tf.float32),
-                                  tf.TensorSpec([None, 2], tf.int64)])
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, 3], tf.int64),
+            tf.TensorSpec([None, 3], tf.float32),
+            tf.TensorSpec([None, 2], tf.int64),
+        ]
+    )
     def serve(self, ids, weights, small_ids):
         feats, static = self.features(ids, weights, small_ids, training=False)
         return {"score": tf.matmul(feats, self.w) + static, "features": feats}
@@ -115,8 +150,12 @@ def test_stock_saved_model_serves_without_sok_like_sok(tmp_path):
     rng = np.random.default_rng(0)
     train_ids = rng.integers(1, 60, [32, 3])
     for _ in range(2):  # inserts keys; the filtered table admits keys seen twice
-        model.features(tf.constant(train_ids), tf.ones([32, 3]), tf.constant(rng.integers(0, 10, [32, 2])),
-                       training=True)
+        model.features(
+            tf.constant(train_ids),
+            tf.ones([32, 3]),
+            tf.constant(rng.integers(0, 10, [32, 2])),
+            training=True,
+        )
     for t in model.tables():  # trained-looking rows: distinct from the initial values
         keys = sok.export(t)[0]
         t.assign(keys, tf.random.stateless_uniform([tf.size(keys), 4], [1, 2]))
@@ -126,7 +165,9 @@ def test_stock_saved_model_serves_without_sok_like_sok(tmp_path):
     small = rng.integers(0, 10, [12, 2])
     sizes = [int(t.size()) for t in model.tables()]
     expected = model.serve(tf.constant(ids), tf.constant(weights), tf.constant(small))
-    assert [int(t.size()) for t in model.tables()] == sizes  # the read-only reference inserted nothing
+    assert [
+        int(t.size()) for t in model.tables()
+    ] == sizes  # the read-only reference inserted nothing
 
     export_dir = tmp_path / "stock"
     frozen = sok.save_stock_saved_model(model.serve, str(export_dir), model.serve.input_signature)
@@ -134,8 +175,12 @@ def test_stock_saved_model_serves_without_sok_like_sok(tmp_path):
     types = saved_op_types(export_dir)
     assert not {t for t in types if t.startswith("Sok")} and "LookupTableFindV2" in types
 
-    served = serve_in_fresh_process(tmp_path, export_dir, {"ids": ids, "weights": weights, "small_ids": small})
-    np.testing.assert_allclose(served["features"], expected["features"].numpy(), rtol=2e-6, atol=2e-6)
+    served = serve_in_fresh_process(
+        tmp_path, export_dir, {"ids": ids, "weights": weights, "small_ids": small}
+    )
+    np.testing.assert_allclose(
+        served["features"], expected["features"].numpy(), rtol=2e-6, atol=2e-6
+    )
     np.testing.assert_allclose(served["score"], expected["score"].numpy(), rtol=1e-5, atol=1e-5)
     # Unseen keys read their initial values (computed in stock ops), the filter's keys not yet
     # admitted read default_value_no_permission.
@@ -146,10 +191,13 @@ def test_stock_saved_model_serves_without_sok_like_sok(tmp_path):
 def test_keras_model_with_ragged_ids_exports_to_stock_ops(tmp_path):
     keras = pytest.importorskip("keras")
     inp = keras.Input(shape=(None,), dtype="int64", ragged=True)
-    emb = sok.SparseEmbedding(8, combiners="mean", initializers=INITIALIZERS["uniform"],
-                              name=unique_name("stock_keras"))
+    emb = sok.SparseEmbedding(
+        8, combiners="mean", initializers=INITIALIZERS["uniform"], name=unique_name("stock_keras")
+    )
     model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(emb(inp)))
-    model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), loss="binary_crossentropy")
+    model.compile(
+        optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(0.05)), loss="binary_crossentropy"
+    )
     rng = np.random.default_rng(1)
     rows = [list(rng.integers(0, 100, rng.integers(1, 4))) for _ in range(256)]
     labels = np.array([r[0] % 2 for r in rows], np.float32)
@@ -166,8 +214,14 @@ def test_keras_model_with_ragged_ids_exports_to_stock_ops(tmp_path):
     spec = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1)
     sok.save_stock_saved_model(model, str(export_dir), [spec])
     assert not {t for t in saved_op_types(export_dir) if t.startswith("Sok")}
-    served = serve_in_fresh_process(tmp_path, export_dir, {
-        "args_0_values": test_ids.flat_values.numpy(), "args_0_row_splits": test_ids.row_splits.numpy()})
+    served = serve_in_fresh_process(
+        tmp_path,
+        export_dir,
+        {
+            "args_0_values": test_ids.flat_values.numpy(),
+            "args_0_row_splits": test_ids.row_splits.numpy(),
+        },
+    )
     np.testing.assert_allclose(served["output_0"], expected, rtol=1e-6, atol=1e-6)
 
 

@@ -4,9 +4,9 @@ unchanged (`from sparse_operation_kit import experiment as sok`)."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import unique_name
 
 import sparse_operation_kit
-from conftest import unique_name
 
 
 def test_static_variable_modes():
@@ -36,12 +36,20 @@ def test_dynamic_variable_attributes_and_initializers():
     np.testing.assert_array_equal(emb.numpy(), np.full([3, 3], 13.0))
     np.testing.assert_array_equal(v.size.numpy(), [3, 3])  # SOK 2.x: v.size is [rows, dimension]
     r = sok.DynamicVariable(dimension=8, name=unique_name("dyn_random"))  # default "random"
-    rows = tf.nn.embedding_lookup(r, [1, 2, 3]).numpy()  # a Python list: int32 ids, cast like SOK 2.x
+    rows = tf.nn.embedding_lookup(
+        r, [1, 2, 3]
+    ).numpy()  # a Python list: int32 ids, cast like SOK 2.x
     assert rows.shape == (3, 8) and np.abs(rows).max() <= 0.05 and len(np.unique(rows)) == 24
-    z = sok.DynamicVariable(dimension=2, initializer=tf.keras.initializers.Constant(0.25), key_type=tf.int32,
-                            mode="localized:0")
+    z = sok.DynamicVariable(
+        dimension=2,
+        initializer=tf.keras.initializers.Constant(0.25),
+        key_type=tf.int32,
+        mode="localized:0",
+    )
     assert z.key_type == tf.int32 and z.target_gpu == 0
-    np.testing.assert_array_equal(z.sparse_read(tf.constant([-4], tf.int32)).numpy(), [[0.25, 0.25]])
+    np.testing.assert_array_equal(
+        z.sparse_read(tf.constant([-4], tf.int32)).numpy(), [[0.25, 0.25]]
+    )
 
 
 def test_sok2_assign_and_export():
@@ -79,8 +87,10 @@ def test_sok2_lookup_sparse_training_loop():
     rng = np.random.default_rng(0)
     static_init = rng.random((rows[2], cols[2])).astype(np.float32)
 
-    sok_vars = [sok.DynamicVariable(dimension=cols[i], initializer=str(initial_vals[i]), var_type="hybrid")
-                for i in range(2)]
+    sok_vars = [
+        sok.DynamicVariable(dimension=cols[i], initializer=str(initial_vals[i]), var_type="hybrid")
+        for i in range(2)
+    ]
     sok_vars.append(sok.Variable(static_init, mode="localized:0"))
     tf_vars = [tf.Variable(tf.constant(initial_vals[i], shape=[rows[i], cols[i]], dtype=tf.float32))
                for i in range(2)]
@@ -116,7 +126,9 @@ def test_sok2_lookup_sparse_training_loop():
         with tf.GradientTape() as tape:
             loss = 0
             for i in range(len(params)):
-                embedding = tf.nn.embedding_lookup_sparse(params[i], indices[i], None, combiner=combiners[i])
+                embedding = tf.nn.embedding_lookup_sparse(
+                    params[i], indices[i], None, combiner=combiners[i]
+                )
                 loss = loss + tf.reduce_sum(embedding * embedding)
         grads = tape.gradient(loss, params)
         optimizer.apply_gradients(zip(grads, params))
@@ -173,7 +185,9 @@ def test_sok2_dynamic_variable_with_embedding_lookup(make_optimizer):
 
     rng = np.random.default_rng(1)
     for _ in range(10):
-        indices_val = tf.convert_to_tensor(rng.choice(vocab_size, batch, replace=False), dtype=tf.int64)
+        indices_val = tf.convert_to_tensor(
+            rng.choice(vocab_size, batch, replace=False), dtype=tf.int64
+        )
         weight_val = tf.convert_to_tensor(rng.random((batch, dim)), dtype=tf.float32)
         sok_loss = sok_step(indices_val, weight_val, sok_var)
         tf_loss = tf_step(indices_val, weight_val, tf_var)

@@ -1,6 +1,13 @@
 """Wheel of sparse_operation_kit: the Python package plus the compiled ops library."""
+import os
+import runpy
+
 from setuptools import setup
 from setuptools.dist import Distribution
+
+# The one version constant, read without importing the package (that would import TensorFlow).
+_HERE = os.path.dirname(os.path.abspath(__file__))
+VERSION = runpy.run_path(os.path.join(_HERE, "sparse_operation_kit", "version.py"))["__version__"]
 
 
 class BinaryDistribution(Distribution):
@@ -12,13 +19,13 @@ class BinaryDistribution(Distribution):
 
 setup(
     name="sparse_operation_kit",
-    version="0.1.0",
+    version=VERSION,
     description="Embedding Variables, fused sparse lookups and sparse optimizers for TensorFlow",
     packages=["sparse_operation_kit"],
     package_data={"sparse_operation_kit": ["_sparse_operation_kit_ops.so"]},
     # TensorFlow is not pinned here (tensorflow and tensorflow-cpu both satisfy it); the package
     # checks at import that it runs on the TensorFlow release it was built against.
-    python_requires=">=3.9",
+    python_requires=">=3.11",
     distclass=BinaryDistribution,
     zip_safe=False,
 )

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "addons/sparse_operation_kit/core/common.h"
 
@@ -23,6 +24,24 @@ enum class InitKind : int32_t {
   kTruncatedNormal = 3,  // N(a, b) redrawn outside 2 stddev (TensorFlow's definition)
   kMatrix = 4,           // rows of `matrix` ([default_value_dim, dim], row-major)
 };
+
+// The kinds by name, in enum order: the ops' "init_kind" attribute spells them so, and
+// sparse_operation_kit/schema.py lists the same names (tests/tf/test_schema.py checks both).
+inline constexpr const char* kInitKindNames[] = {"constant", "uniform", "normal", "truncated_normal",
+                                                 "matrix"};
+inline constexpr int kNumInitKinds = static_cast<int>(sizeof(kInitKindNames) / sizeof(kInitKindNames[0]));
+
+static_assert(kNumInitKinds == static_cast<int>(InitKind::kMatrix) + 1, "one name per InitKind");
+
+inline bool parse_init_kind(const std::string& name, InitKind* out) {
+  for (int k = 0; k < kNumInitKinds; ++k) {
+    if (name == kInitKindNames[k]) {
+      *out = static_cast<InitKind>(k);
+      return true;
+    }
+  }
+  return false;
+}
 
 struct InitializerSpec {
   InitKind kind = InitKind::kConstant;

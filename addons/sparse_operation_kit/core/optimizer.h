@@ -45,20 +45,19 @@ SOK_HD float slot_initial_value(const OptimizerParams& p, int slot) {
 }
 
 // Host-only helpers (names, the slot rule).
-// The optimizer's name as the ops' "optimizer" attribute spells it.
+// The optimizers by name, in enum order: the ops' "optimizer" attribute spells them so, and
+// sparse_operation_kit/schema.py lists the same names (tests/tf/test_schema.py checks both).
+inline constexpr const char* kOptimizerNames[] = {"sgd", "adagrad", "adam", "ftrl"};
+inline constexpr int kNumOptimizers = static_cast<int>(sizeof(kOptimizerNames) / sizeof(kOptimizerNames[0]));
+static_assert(kNumOptimizers == static_cast<int>(OptimizerKind::kFtrl) + 1, "one name per OptimizerKind");
+
 inline const char* optimizer_name(int kind) {
-  switch (static_cast<OptimizerKind>(kind)) {
-    case OptimizerKind::kSGD: return "sgd";
-    case OptimizerKind::kAdagrad: return "adagrad";
-    case OptimizerKind::kAdam: return "adam";
-    case OptimizerKind::kFtrl: return "ftrl";
-  }
-  return "unknown";
+  return kind >= 0 && kind < kNumOptimizers ? kOptimizerNames[kind] : "unknown";
 }
 
 inline bool parse_optimizer(const std::string& name, OptimizerKind* out) {
-  for (int k = 0; k <= static_cast<int>(OptimizerKind::kFtrl); ++k) {
-    if (name == optimizer_name(k)) {
+  for (int k = 0; k < kNumOptimizers; ++k) {
+    if (name == kOptimizerNames[k]) {
       *out = static_cast<OptimizerKind>(k);
       return true;
     }

@@ -38,6 +38,18 @@ inline bool should_evict(const TableConfig& c, int64_t global_step, int64_t vers
 
 inline bool evicts_anything(const TableConfig& c) { return c.steps_to_live > 0 || c.l2_weight_threshold >= 0.f; }
 
+// The fields of a snapshot as the checkpoint/export schema names them, in the order
+// SokEmbeddingVariableExport outputs them and SokEmbeddingVariableImport takes them (after the
+// handle). sparse_operation_kit/schema.py's EXPORT_FIELDS are the same names (test_schema.py).
+enum class SnapshotField : int { kKeys, kValues, kSlots, kFreqs, kVersions, kSlotKind, kSlotInit };
+inline constexpr const char* kSnapshotFieldNames[] = {"keys",     "values",    "slots",    "freqs",
+                                                      "versions", "slot_kind", "slot_init"};
+inline constexpr int kNumSnapshotFields =
+    static_cast<int>(sizeof(kSnapshotFieldNames) / sizeof(kSnapshotFieldNames[0]));
+static_assert(kNumSnapshotFields == static_cast<int>(SnapshotField::kSlotInit) + 1, "one name per field");
+
+inline const char* snapshot_field_name(SnapshotField f) { return kSnapshotFieldNames[static_cast<int>(f)]; }
+
 // Everything a table holds, in insertion order: what export produces and import consumes.
 template <typename K>
 struct TableSnapshot {

@@ -63,14 +63,20 @@ def criteo_keys(world, global_batch, seed=0):
 
 
 def table(worlds=(2, 4, 8), global_batch=8192, dim=16):
-    lines = [f"Criteo-like global batch of {global_batch} (26 tables, dim {dim}, rows spread over ranks), "
-             "bytes per training step over all ranks:",
-             f"{'ranks':>5} {'all-to-all':>12} {'all-gather':>12} {'ratio':>6}"]
+    lines = [
+        f"Criteo-like global batch of {global_batch} (26 tables, dim {dim}, rows spread over "
+        "ranks), "
+        "bytes per training step over all ranks:",
+        f"{'ranks':>5} {'all-to-all':>12} {'all-gather':>12} {'ratio':>6}",
+    ]
     results = {}
     for world in worlds:
         b = exchange_bytes(criteo_keys(world, global_batch), [dim] * 26)
         results[world] = b
-        lines.append(f"{world:>5} {b['alltoall']:>12,} {b['allgather']:>12,} {b['alltoall'] / b['allgather']:>6.2f}")
+        lines.append(
+            f"{world:>5} {b['alltoall']:>12,} {b['allgather']:>12,} "
+            f"{b['alltoall'] / b['allgather']:>6.2f}"
+        )
     return "\n".join(lines), results
 
 

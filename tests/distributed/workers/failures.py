@@ -20,8 +20,8 @@ if mode == "nojoin" and rank == last:
     sys.exit(0)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import sparse_operation_kit as sok  # noqa: E402
 
@@ -37,9 +37,13 @@ try:
     for _ in range(3):
         sok.lookup_sparse([ev], [ids])
         time.sleep(0.5)
-except Exception as e:  # noqa: BLE001
-    print(f"[rank {rank}] lookup_sparse failed after {time.time() - start:.1f} s: {type(e).__name__}: "
-          f"{' '.join(str(e).split())[:500]}", flush=True)
+except Exception as e:  # any failure is reported with its rank
+    print(
+        f"[rank {rank}] lookup_sparse failed after {time.time() - start:.1f} s: "
+        f"{type(e).__name__}: "
+        f"{' '.join(str(e).split())[:500]}",
+        flush=True,
+    )
     sys.exit(2)
 print(f"[rank {rank}] lookup_sparse did not fail", flush=True)
 sys.exit(0)

@@ -17,14 +17,38 @@ plain-TensorFlow reference that holds the whole tables and the whole global batc
 import sys
 import time
 
+import mp_checkpoint
 import numpy as np
 import tensorflow as tf
-
-import mp_checkpoint
-from mp_common import (GLOBAL_BATCH, check_ev_grad, check_ev_rows, check_static_rows, close, dense_init, done,
-                       epsilon, global_batch, ids_value, initial_rows, labels, log, loss_fn, main_guard,
-                       make_keras_optimizer, make_sok_table, make_v1_optimizer, num_slots, rank_slice,
-                       reference_combine, reference_ev_update, setup, shard_rows, slot_initial, specs, to_sparse)
+from mp_common import (
+    GLOBAL_BATCH,
+    check_ev_grad,
+    check_ev_rows,
+    check_static_rows,
+    close,
+    dense_init,
+    done,
+    epsilon,
+    global_batch,
+    ids_value,
+    initial_rows,
+    labels,
+    log,
+    loss_fn,
+    main_guard,
+    make_keras_optimizer,
+    make_sok_table,
+    make_v1_optimizer,
+    num_slots,
+    rank_slice,
+    reference_combine,
+    reference_ev_update,
+    setup,
+    shard_rows,
+    slot_initial,
+    specs,
+    to_sparse,
+)
 
 import sparse_operation_kit as sok
 
@@ -74,13 +98,29 @@ class Case:
 
     def check_step(self, step, embs, rembs, grads, rgrads, w_grad, rw_grad):
         for i, s in enumerate(self.specs):
-            close(f"{self.mode}/{self.kind} step {step}: forward of '{s.name}'", embs[i], rembs[i][self.sl])
-        close(f"{self.mode}/{self.kind} step {step}: dense gradient (hvd.allreduce Sum)", w_grad, rw_grad)
+            close(
+                f"{self.mode}/{self.kind} step {step}: forward of '{s.name}'",
+                embs[i],
+                rembs[i][self.sl],
+            )
+        close(
+            f"{self.mode}/{self.kind} step {step}: dense gradient (hvd.allreduce Sum)",
+            w_grad,
+            rw_grad,
+        )
         for i, s in enumerate(self.specs):
             what = f"{self.mode}/{self.kind} step {step}: gradient of '{s.name}'"
             if s.kind == "ev":
-                check_ev_grad(what, s, grads[i].indices, grads[i].values, rgrads[i].indices, rgrads[i].values,
-                              self.rank, self.world)
+                check_ev_grad(
+                    what,
+                    s,
+                    grads[i].indices,
+                    grads[i].values,
+                    rgrads[i].indices,
+                    rgrads[i].values,
+                    self.rank,
+                    self.world,
+                )
             else:
                 rows = shard_rows(s, self.rank, self.world)
                 got = dense_grad(grads[i], len(rows), s.dim)
@@ -90,8 +130,17 @@ class Case:
         for i, s in enumerate(self.specs):
             what = f"{self.mode}/{self.kind} after {STEPS} steps: rows of '{s.name}'"
             if s.kind == "ev":
-                check_ev_rows(what, s, exported[i], ref_tables[i], ref_slots[i], self.kind, touched[i],
-                              self.rank, self.world)
+                check_ev_rows(
+                    what,
+                    s,
+                    exported[i],
+                    ref_tables[i],
+                    ref_slots[i],
+                    self.kind,
+                    touched[i],
+                    self.rank,
+                    self.world,
+                )
             else:
                 check_static_rows(what, s, shards[i], ref_tables[i], self.rank, self.world)
         close(f"{self.mode}/{self.kind} after {STEPS} steps: dense weights", w, rw)
@@ -104,12 +153,21 @@ def run_tf2(kind, hvd, rank, world):
     c = Case(kind, "tf2", rank, world)
     tables = [make_sok_table(s) for s in c.specs]
     ref_tables = [tf.Variable(initial_rows(s, t)) for s, t in zip(c.specs, tables)]
-    ref_slots = {i: [tf.Variable(tf.fill([s.rows, s.dim], slot_initial(kind) if k == 0 else 0.0))
-                     for k in range(num_slots(kind))] for i, s in enumerate(c.specs) if s.kind == "ev"}
+    ref_slots = {
+        i: [
+            tf.Variable(tf.fill([s.rows, s.dim], slot_initial(kind) if k == 0 else 0.0))
+            for k in range(num_slots(kind))
+        ]
+        for i, s in enumerate(c.specs)
+        if s.kind == "ev"
+    }
     w = tf.Variable(dense_init(c.total_dim), name="tf2_dense")
     rw = tf.Variable(dense_init(c.total_dim))
     emb_vars, dense_vars = sok.filter_variables(tables + [w])
-    assert [v.name for v in emb_vars] == [t.name for t in tables] and dense_vars == [w], (emb_vars, dense_vars)
+    assert [v.name for v in emb_vars] == [t.name for t in tables] and dense_vars == [w], (
+        emb_vars,
+        dense_vars,
+    )
     opt = sok.OptimizerWrapper(make_keras_optimizer(kind))
     ref_opt = make_keras_optimizer(kind)  # static tables and the dense layer, as plain tf.Variables
     ref_dense = [ref_tables[i] for i, s in enumerate(c.specs) if s.kind != "ev"] + [rw]
@@ -129,19 +187,42 @@ def run_tf2(kind, hvd, rank, world):
             rembs = c.ref_forward(ref_tables, global_ids)
             rloss = loss_fn(rembs, rw, y)
         rgrads = rtape.gradient(rloss, ref_tables + [rw])
-        c.check_step(step, [e.numpy() for e in embs], [e.numpy() for e in rembs], grads[:-1], rgrads[:-1],
-                     w_grad.numpy(), rgrads[-1].numpy())
+        c.check_step(
+            step,
+            [e.numpy() for e in embs],
+            [e.numpy() for e in rembs],
+            grads[:-1],
+            rgrads[:-1],
+            w_grad.numpy(),
+            rgrads[-1].numpy(),
+        )
         opt.apply_gradients(zip(grads[:-1] + [w_grad], emb_vars + dense_vars))
         for i, s in enumerate(c.specs):
             if s.kind == "ev":
                 reference_ev_update(kind, ref_tables[i], ref_slots[i], rgrads[i], step + 1, c.eps)
-        ref_opt.apply_gradients(zip([rgrads[i] for i, s in enumerate(c.specs) if s.kind != "ev"] + [rgrads[-1]],
-                                    ref_dense))
-    exported = [[x.numpy() for x in t.export()[:3]] if s.kind == "ev" else None for s, t in zip(c.specs, tables)]
+        ref_opt.apply_gradients(
+            zip(
+                [rgrads[i] for i, s in enumerate(c.specs) if s.kind != "ev"] + [rgrads[-1]],
+                ref_dense,
+            )
+        )
+    exported = [
+        [x.numpy() for x in t.export()[:3]] if s.kind == "ev" else None
+        for s, t in zip(c.specs, tables)
+    ]
     shards = [t.numpy() if s.kind != "ev" else None for s, t in zip(c.specs, tables)]
-    c.check_final(exported, shards, [t.numpy() for t in ref_tables],
-                  {i: [x.numpy() for x in v] for i, v in ref_slots.items()}, touched, w.numpy(), rw.numpy())
-    done(f"tf2 {kind}: forward, gradients and {STEPS} steps equal the reference (groups {c.groups})")
+    c.check_final(
+        exported,
+        shards,
+        [t.numpy() for t in ref_tables],
+        {i: [x.numpy() for x in v] for i, v in ref_slots.items()},
+        touched,
+        w.numpy(),
+        rw.numpy(),
+    )
+    done(
+        f"tf2 {kind}: forward, gradients and {STEPS} steps equal the reference (groups {c.groups})"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,8 +236,14 @@ def run_tf1(kind, hvd, rank, world):
         ref_tables = [tf.Variable(tf.zeros([s.rows, s.dim])) for s in c.specs]
         ref_init_ph = [tf.compat.v1.placeholder(tf.float32, [s.rows, s.dim]) for s in c.specs]
         ref_init = [r.assign(p) for r, p in zip(ref_tables, ref_init_ph)]
-        ref_slots = {i: [tf.Variable(tf.fill([s.rows, s.dim], slot_initial(kind) if k == 0 else 0.0))
-                         for k in range(num_slots(kind))] for i, s in enumerate(c.specs) if s.kind == "ev"}
+        ref_slots = {
+            i: [
+                tf.Variable(tf.fill([s.rows, s.dim], slot_initial(kind) if k == 0 else 0.0))
+                for k in range(num_slots(kind))
+            ]
+            for i, s in enumerate(c.specs)
+            if s.kind == "ev"
+        }
         w = tf.Variable(dense_init(c.total_dim), name="tf1_dense")
         rw = tf.Variable(dense_init(c.total_dim))
         local_ph = [tf.compat.v1.sparse_placeholder(s.key_dtype) for s in c.specs]
@@ -180,12 +267,20 @@ def run_tf1(kind, hvd, rank, world):
         ref_ops = []
         for i, s in enumerate(c.specs):
             if s.kind == "ev":
-                ref_ops += reference_ev_update(kind, ref_tables[i], ref_slots[i], rgrads[i], t_ph, c.eps)
+                ref_ops += reference_ev_update(
+                    kind, ref_tables[i], ref_slots[i], rgrads[i], t_ph, c.eps
+                )
         ref_opt = make_v1_optimizer(kind)
-        ref_ops.append(ref_opt.apply_gradients(
-            [(rgrads[i], ref_tables[i]) for i, s in enumerate(c.specs) if s.kind != "ev"] + [(rgrads[-1], rw)]))
+        ref_ops.append(
+            ref_opt.apply_gradients(
+                [(rgrads[i], ref_tables[i]) for i, s in enumerate(c.specs) if s.kind != "ev"]
+                + [(rgrads[-1], rw)]
+            )
+        )
         ref_train = tf.group(*ref_ops)
-        exports = [t.export()[:3] if s.kind == "ev" else t.read_value() for s, t in zip(c.specs, tables)]
+        exports = [
+            t.export()[:3] if s.kind == "ev" else t.read_value() for s, t in zip(c.specs, tables)
+        ]
 
         sess.run(tf.compat.v1.global_variables_initializer())
         init_rows = [initial_rows(s, t, sess) for s, t in zip(c.specs, tables)]
@@ -198,15 +293,36 @@ def run_tf1(kind, hvd, rank, world):
                 feed[local_ph[i]] = ids_value(s, batch[s.name][c.sl])
                 feed[global_ph[i]] = ids_value(s, batch[s.name], keyed=False)
                 touched[i][[p for sample in batch[s.name] for p in sample]] = True
-            got = sess.run(dict(embs=embs, grads=grads[:-1], w_grad=w_grad, rembs=rembs, rgrads=rgrads,
-                                train=train, ref_train=ref_train), feed)
-            c.check_step(step, got["embs"], got["rembs"], got["grads"], got["rgrads"][:-1], got["w_grad"],
-                         got["rgrads"][-1])
+            got = sess.run(
+                dict(
+                    embs=embs,
+                    grads=grads[:-1],
+                    w_grad=w_grad,
+                    rembs=rembs,
+                    rgrads=rgrads,
+                    train=train,
+                    ref_train=ref_train,
+                ),
+                feed,
+            )
+            c.check_step(
+                step,
+                got["embs"],
+                got["rembs"],
+                got["grads"],
+                got["rgrads"][:-1],
+                got["w_grad"],
+                got["rgrads"][-1],
+            )
         final = sess.run(dict(exports=exports, ref=ref_tables, slots=ref_slots, w=w, rw=rw))
         exported = [final["exports"][i] if s.kind == "ev" else None for i, s in enumerate(c.specs)]
         shards = [final["exports"][i] if s.kind != "ev" else None for i, s in enumerate(c.specs)]
-        c.check_final(exported, shards, final["ref"], final["slots"], touched, final["w"], final["rw"])
-    done(f"tf1 {kind}: forward, gradients and {STEPS} steps equal the reference (groups {c.groups})")
+        c.check_final(
+            exported, shards, final["ref"], final["slots"], touched, final["w"], final["rw"]
+        )
+    done(
+        f"tf1 {kind}: forward, gradients and {STEPS} steps equal the reference (groups {c.groups})"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +330,7 @@ def run_tf1(kind, hvd, rank, world):
 # ---------------------------------------------------------------------------------------------
 def run_sok2x(hvd, rank, world):
     import keras
+
     from sparse_operation_kit import experiment as sok2  # SOK 2.x's import path
 
     sok2.init()  # again, as SOK 2.x scripts do after hvd.init()
@@ -221,8 +338,9 @@ def run_sok2x(hvd, rank, world):
     init = np.random.default_rng(3).uniform(-1, 1, [rows, dim]).astype(np.float32)
     v_dist = sok2.Variable(init, dtype=tf.float32, mode="distributed", name="sok2_dist")
     v_loc = sok2.Variable(init, dtype=tf.float32, mode="localized:0", name="sok2_loc")
-    dyn = sok2.DynamicVariable(dimension=dim, var_type="hybrid", initializer="random", name="sok2_dyn",
-                               mode="distributed")
+    dyn = sok2.DynamicVariable(
+        dimension=dim, var_type="hybrid", initializer="random", name="sok2_dyn", mode="distributed"
+    )
     dense = tf.Variable(tf.ones([3 * dim, 1]), name="sok2_dense")
 
     # Local shard of a distributed table: global row k is local row k // N on rank k mod N.
@@ -265,8 +383,11 @@ def run_sok2x(hvd, rank, world):
     def ragged(a):
         return tf.RaggedTensor.from_tensor(tf.constant(a))
     with tf.GradientTape() as tape:
-        embs = sok2.lookup_sparse(params, [ragged(ids[sl]), ragged(ids[sl]), ragged(dyn_keys[dids[sl]])],
-                                  combiners=["sum", "mean", "sum"])
+        embs = sok2.lookup_sparse(
+            params,
+            [ragged(ids[sl]), ragged(ids[sl]), ragged(dyn_keys[dids[sl]])],
+            combiners=["sum", "mean", "sum"],
+        )
         loss = loss_fn(embs, dense, y[sl])
     grads = tape.gradient(loss, sok_vars + other)
     grads = grads[:len(sok_vars)] + [hvd.allreduce(g, op=hvd.Sum) for g in grads[len(sok_vars):]]
@@ -280,12 +401,21 @@ def run_sok2x(hvd, rank, world):
     keras.optimizers.SGD(learning_rate=0.1).apply_gradients(zip(rgrads, ref + [rdense]))
     for i, e in enumerate(embs):
         close(f"sok2x: lookup_sparse output {i}", e.numpy(), rembs[i].numpy()[sl])
-    close("sok2x: distributed shard after one step", tf.nn.embedding_lookup(v_dist, owned // world).numpy(),
-          ref[0].numpy()[owned])
-    close("sok2x: localized shard after one step", v_loc.numpy(), ref[1].numpy() if rank == 0 else init[:0])
+    close(
+        "sok2x: distributed shard after one step",
+        tf.nn.embedding_lookup(v_dist, owned // world).numpy(),
+        ref[0].numpy()[owned],
+    )
+    close(
+        "sok2x: localized shard after one step",
+        v_loc.numpy(),
+        ref[1].numpy() if rank == 0 else init[:0],
+    )
     keys, values = sok2.export(dyn)
     pos = {int(k): i for i, k in enumerate(dyn_keys)}
-    want_keys = sorted(int(dyn_keys[p]) for p in set(dids.reshape(-1)) if int(dyn_keys[p]) % world == rank)
+    want_keys = sorted(
+        int(dyn_keys[p]) for p in set(dids.reshape(-1)) if int(dyn_keys[p]) % world == rank
+    )
     assert sorted(int(k) for k in keys.numpy()) == want_keys, (keys.numpy(), want_keys)
     close("sok2x: DynamicVariable rows after one step", values.numpy(),
           ref[2].numpy()[[pos[int(k)] for k in keys.numpy()]])
@@ -294,11 +424,19 @@ def run_sok2x(hvd, rank, world):
     # Evaluation (training=False) reads unseen keys' initial rows and inserts nothing on the owners.
     unseen = tf.constant([[1000 + rank, 2000, 1000 + rank]], tf.int64)  # 2000: on every rank
     out = sok2.lookup_sparse([dyn], [tf.RaggedTensor.from_tensor(unseen)], training=False)[0]
-    close("sok2x: evaluation lookup of unseen keys", out.numpy(),
-          dyn.sparse_read(unseen, training=False).numpy().sum(axis=1))
-    assert sorted(int(k) for k in sok2.export(dyn)[0].numpy()) == want_keys, "evaluation inserted keys"
-    done("sok2x: SOK 2.x-style code (Variable/DynamicVariable modes, filter_variables, lookup_sparse, "
-         "all2all_dense_embedding, local shard via tf.nn.embedding_lookup) runs unchanged")
+    close(
+        "sok2x: evaluation lookup of unseen keys",
+        out.numpy(),
+        dyn.sparse_read(unseen, training=False).numpy().sum(axis=1),
+    )
+    assert sorted(int(k) for k in sok2.export(dyn)[0].numpy()) == want_keys, (
+        "evaluation inserted keys"
+    )
+    done(
+        "sok2x: SOK 2.x-style code (Variable/DynamicVariable modes, filter_variables, "
+        "lookup_sparse, "
+        "all2all_dense_embedding, local shard via tf.nn.embedding_lookup) runs unchanged"
+    )
 
 
 def shard_rows_of(mode, rows, rank, world):
@@ -310,7 +448,9 @@ def shard_rows_of(mode, rows, rank, world):
 def ids_value_dense(a):
     a = np.asarray(a)
     indices = np.array([[b, j] for b in range(a.shape[0]) for j in range(a.shape[1])], np.int64)
-    return tf.compat.v1.SparseTensorValue(indices, a.reshape(-1).astype(np.int64), np.array(a.shape, np.int64))
+    return tf.compat.v1.SparseTensorValue(
+        indices, a.reshape(-1).astype(np.int64), np.array(a.shape, np.int64)
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,7 +463,7 @@ def expect_error(what, fn, exc, *needles):
         text = str(e)
         missing = [n for n in needles if n not in text]
         if missing:
-            raise AssertionError(f"{what}: the error lacks {missing}: {text}")
+            raise AssertionError(f"{what}: the error lacks {missing}: {text}") from e
         log(f"{what}: raised {type(e).__name__}: {text.splitlines()[0][:300]}")
         return text
     raise AssertionError(f"{what}: no error was raised")
@@ -346,14 +486,27 @@ def run_errors(hvd, rank, world):
         "ranks passed different tables")
     st = sok.Variable(np.zeros([5, 2], np.float32), mode="distributed", name="err_static")
     bad = tf.ragged.constant([[1, 7 if rank == 0 else 2]], dtype=tf.int64)
-    expect_error("an out-of-range id on rank 0 only", lambda: sok.lookup_sparse([st], [bad]), mismatch,
-                 "outside the rows of a static table", "'err_static' [0, 5)")
+    expect_error(
+        "an out-of-range id on rank 0 only",
+        lambda: sok.lookup_sparse([st], [bad]),
+        mismatch,
+        "outside the rows of a static table",
+        "'err_static' [0, 5)",
+    )
     d = ev("err_d", 4)
     d.target_gpu = world
-    expect_error("target_gpu == world size", lambda: sok.lookup_sparse([d], [ids]), ValueError,
-                 f"target_gpu={world}, but there are {world} ranks")
-    expect_error("sok.Variable localized beyond the world", lambda: sok.Variable(
-        np.zeros([3, 2], np.float32), mode=f"localized:{world}"), ValueError, f"there are {world} ranks")
+    expect_error(
+        "target_gpu == world size",
+        lambda: sok.lookup_sparse([d], [ids]),
+        ValueError,
+        f"target_gpu={world}, but there are {world} ranks",
+    )
+    expect_error(
+        "sok.Variable localized beyond the world",
+        lambda: sok.Variable(np.zeros([3, 2], np.float32), mode=f"localized:{world}"),
+        ValueError,
+        f"there are {world} ranks",
+    )
     # Nobody was left inside a collective: a normal call still works on every rank.
     out = sok.lookup_sparse([a, b], [ids, ids])
     close("errors: a lookup after the errors", out[0].numpy(), np.array([[2.0] * 4, [1.0] * 4]))
@@ -365,10 +518,17 @@ def run_errors(hvd, rank, world):
         g_ids = tf.ragged.constant([[1, 2]], dtype=tf.int64)
         out = sok.lookup_sparse([g_a, g_b] if rank == 0 else [g_b, g_a], [g_ids, g_ids])
         sess.run(tf.compat.v1.global_variables_initializer())
-        expect_error("TF1: tables in another order on rank 0", lambda: sess.run(out), mismatch,
-                     "ranks passed different tables")
-    done("errors: mismatched tables/dims/ids give the same clear error on every rank; target_gpu >= world "
-         "raises; no rank hangs")
+        expect_error(
+            "TF1: tables in another order on rank 0",
+            lambda: sess.run(out),
+            mismatch,
+            "ranks passed different tables",
+        )
+    done(
+        "errors: mismatched tables/dims/ids give the same clear error on every rank; target_gpu "
+        ">= world "
+        "raises; no rank hangs"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,9 +536,12 @@ def run_errors(hvd, rank, world):
 # ---------------------------------------------------------------------------------------------
 def run_bytes(hvd, rank, world, per_rank=64, dim=16):
     import exchange_bytes
+
     from sparse_operation_kit.context import context
 
-    keys = exchange_bytes.criteo_keys(world, per_rank * world)  # every rank's keys, computed locally
+    keys = exchange_bytes.criteo_keys(
+        world, per_rank * world
+    )  # every rank's keys, computed locally
     tables = [sok.get_embedding_variable(f"bytes_C{f + 1}", dim) for f in range(len(keys[rank]))]
     sent = []
 
@@ -402,14 +565,19 @@ def run_bytes(hvd, rank, world, per_rank=64, dim=16):
         tape.gradient(loss, tables)
     finally:
         context.hvd = hvd
-    assert len(sent) == 2, f"one lookup_sparse call of {len(tables)} tables made {len(sent)} all-to-alls"
+    assert len(sent) == 2, (
+        f"one lookup_sparse call of {len(tables)} tables made {len(sent)} all-to-alls"
+    )
     measured = hvd.allreduce(tf.constant(sent, tf.int64), op=hvd.Sum).numpy()
     model = exchange_bytes.exchange_bytes(keys, [dim] * len(tables))
     assert measured[0] == model["requests"] + model["headers"], (measured, model)
     assert measured[1] == model["rows"], (measured, model)
-    done(f"bytes: {len(tables)} tables, {per_rank} samples per rank: keys {measured[0]:,} B + rows {measured[1]:,} B "
-         f"forward (as modelled), step total with gradients {model['alltoall']:,} B vs all-gather "
-         f"{model['allgather']:,} B")
+    done(
+        f"bytes: {len(tables)} tables, {per_rank} samples per rank: keys {measured[0]:,} B + rows "
+        f"{measured[1]:,} B "
+        f"forward (as modelled), step total with gradients {model['alltoall']:,} B vs all-gather "
+        f"{model['allgather']:,} B"
+    )
 
 
 def main():

@@ -16,10 +16,26 @@ import time
 
 import numpy as np
 import tensorflow as tf
-
-from mp_common import (GLOBAL_BATCH, Spec, check_ev_rows, check_static_rows, close, done, epsilon, global_batch,
-                       ids_value, initial_rows, main_guard, make_keras_optimizer, make_sok_table, rank_slice,
-                       reference_combine, reference_ev_update, setup, to_sparse)
+from mp_common import (
+    GLOBAL_BATCH,
+    Spec,
+    check_ev_rows,
+    check_static_rows,
+    close,
+    done,
+    epsilon,
+    global_batch,
+    ids_value,
+    initial_rows,
+    main_guard,
+    make_keras_optimizer,
+    make_sok_table,
+    rank_slice,
+    reference_combine,
+    reference_ev_update,
+    setup,
+    to_sparse,
+)
 
 import sparse_operation_kit as sok
 
@@ -31,7 +47,9 @@ def ck_specs():
     """The same names and placements on every world size (target 1 exists for 2 and 3 ranks; one
     process holds every table whole)."""
     return [
-        Spec("ck_ev_spread", "ev", 4, [0, 1, 2, 3, 5, 8, 13, -3, -7, 2**40 + 3], tf.int64, "sum", -1),
+        Spec(
+            "ck_ev_spread", "ev", 4, [0, 1, 2, 3, 5, 8, 13, -3, -7, 2**40 + 3], tf.int64, "sum", -1
+        ),
         Spec("ck_ev_local", "ev", 3, [0, 4, 9, 16, 25, -1, 100003], tf.int32, "mean", 1),
         Spec("ck_st_spread", "static", 4, np.arange(11), tf.int64, "sqrtn", -1),
         Spec("ck_st_local", "static", 2, np.arange(7), tf.int32, "sum", 1),
@@ -40,11 +58,15 @@ def ck_specs():
 
 def _loss(embs):
     h = tf.concat(embs, 1)
-    coef = tf.constant(np.linspace(-1, 1, int(h.shape[1]) * GLOBAL_BATCH).reshape(GLOBAL_BATCH, -1), tf.float32)
+    coef = tf.constant(
+        np.linspace(-1, 1, int(h.shape[1]) * GLOBAL_BATCH).reshape(GLOBAL_BATCH, -1), tf.float32
+    )
     return h, coef
 
 
-def _steps(seed, first, count, specs, tables, refs, ref_slots, touched, opt, ref_opt, rank, world, what):
+def _steps(
+    seed, first, count, specs, tables, refs, ref_slots, touched, opt, ref_opt, rank, world, what
+):
     """`count` Adagrad steps (eager) of SOK tables vs the reference; checks forward every step."""
     sl = rank_slice(rank, world)
     static = [i for i, s in enumerate(specs) if s.kind != "ev"]
@@ -53,19 +75,28 @@ def _steps(seed, first, count, specs, tables, refs, ref_slots, touched, opt, ref
         for i, s in enumerate(specs):
             touched[i][[p for sample in batch[s.name] for p in sample]] = True
         with tf.GradientTape() as tape:
-            embs = sok.lookup_sparse(tables, [to_sparse(ids_value(s, batch[s.name][sl])) for s in specs],
-                                     combiners=[s.combiner for s in specs])
+            embs = sok.lookup_sparse(
+                tables,
+                [to_sparse(ids_value(s, batch[s.name][sl])) for s in specs],
+                combiners=[s.combiner for s in specs],
+            )
             h, coef = _loss(embs)
             loss = tf.reduce_sum(h * coef[sl]) + 0.5 * tf.reduce_sum(h * h)
         grads = tape.gradient(loss, tables)
         with tf.GradientTape() as tape:
-            rembs = [reference_combine(r, to_sparse(ids_value(s, batch[s.name], keyed=False)), GLOBAL_BATCH,
-                                       s.combiner) for r, s in zip(refs, specs)]
+            rembs = [
+                reference_combine(
+                    r, to_sparse(ids_value(s, batch[s.name], keyed=False)), GLOBAL_BATCH, s.combiner
+                )
+                for r, s in zip(refs, specs)
+            ]
             h, coef = _loss(rembs)
             rloss = tf.reduce_sum(h * coef) + 0.5 * tf.reduce_sum(h * h)
         rgrads = tape.gradient(rloss, refs)
         for i, s in enumerate(specs):
-            close(f"{what} step {step}: forward of '{s.name}'", embs[i].numpy(), rembs[i].numpy()[sl])
+            close(
+                f"{what} step {step}: forward of '{s.name}'", embs[i].numpy(), rembs[i].numpy()[sl]
+            )
         opt.apply_gradients(zip(grads, tables))
         for i, s in enumerate(specs):
             if s.kind == "ev":
@@ -77,8 +108,17 @@ def _steps(seed, first, count, specs, tables, refs, ref_slots, touched, opt, ref
 def _check_rows(what, specs, tables, ref_values, ref_acc, touched, rank, world):
     for i, (s, t) in enumerate(zip(specs, tables)):
         if s.kind == "ev":
-            check_ev_rows(f"{what}: '{s.name}'", s, [x.numpy() for x in t.export()[:3]], ref_values[i],
-                          [ref_acc[i]], KIND, touched[i], rank, world)
+            check_ev_rows(
+                f"{what}: '{s.name}'",
+                s,
+                [x.numpy() for x in t.export()[:3]],
+                ref_values[i],
+                [ref_acc[i]],
+                KIND,
+                touched[i],
+                rank,
+                world,
+            )
         else:
             check_static_rows(f"{what}: '{s.name}'", s, t.numpy(), ref_values[i], rank, world)
 
@@ -87,14 +127,33 @@ def train_and_dump(path, hvd, rank, world, steps=4):
     specs = ck_specs()
     tables = [make_sok_table(s) for s in specs]
     refs = [tf.Variable(initial_rows(s, t)) for s, t in zip(specs, tables)]
-    ref_slots = {i: [tf.Variable(tf.fill([s.rows, s.dim], 0.1))] for i, s in enumerate(specs) if s.kind == "ev"}
+    ref_slots = {
+        i: [tf.Variable(tf.fill([s.rows, s.dim], 0.1))]
+        for i, s in enumerate(specs)
+        if s.kind == "ev"
+    }
     touched = [np.zeros(s.rows, bool) for s in specs]
     opt = sok.OptimizerWrapper(make_keras_optimizer(KIND))
-    _steps(21, 0, steps, specs, tables, refs, ref_slots, touched, opt, make_keras_optimizer(KIND), rank, world,
-           f"checkpoint ({world} ranks) training")
+    _steps(
+        21,
+        0,
+        steps,
+        specs,
+        tables,
+        refs,
+        ref_slots,
+        touched,
+        opt,
+        make_keras_optimizer(KIND),
+        rank,
+        world,
+        f"checkpoint ({world} ranks) training",
+    )
     ref_values = [r.numpy() for r in refs]
     ref_acc = {i: v[0].numpy() for i, v in ref_slots.items()}
-    _check_rows(f"before sok.dump ({world} ranks)", specs, tables, ref_values, ref_acc, touched, rank, world)
+    _check_rows(
+        f"before sok.dump ({world} ranks)", specs, tables, ref_values, ref_acc, touched, rank, world
+    )
     sok.dump(path, tables)
     if rank == 0:
         arrays = {}
@@ -130,10 +189,31 @@ def load_and_continue(path, hvd, rank, world, steps=3):
     ref_slots = {j: [tf.Variable(ref_acc[i])] for j, i in enumerate(ev_idx)}
     ev_touched = [touched[i] for i in ev_idx]
     opt = sok.OptimizerWrapper(make_keras_optimizer(KIND))
-    _steps(21, done_steps, steps, ev_specs, [tables[i] for i in ev_idx], refs, ref_slots, ev_touched, opt, None,
-           rank, world, what + ", then Adagrad")
-    _check_rows(what + f", then {steps} Adagrad steps", ev_specs, [tables[i] for i in ev_idx],
-                [r.numpy() for r in refs], {j: v[0].numpy() for j, v in ref_slots.items()}, ev_touched, rank, world)
+    _steps(
+        21,
+        done_steps,
+        steps,
+        ev_specs,
+        [tables[i] for i in ev_idx],
+        refs,
+        ref_slots,
+        ev_touched,
+        opt,
+        None,
+        rank,
+        world,
+        what + ", then Adagrad",
+    )
+    _check_rows(
+        what + f", then {steps} Adagrad steps",
+        ev_specs,
+        [tables[i] for i in ev_idx],
+        [r.numpy() for r in refs],
+        {j: v[0].numpy() for j, v in ref_slots.items()},
+        ev_touched,
+        rank,
+        world,
+    )
     done(f"checkpoint: {what}: rows, slots and {steps} further Adagrad steps equal the reference")
 
 
@@ -150,9 +230,13 @@ def leave_early(rank, world):
         for _ in range(20):
             sok.lookup_sparse([ev], [ids])
             time.sleep(0.5)
-    except Exception as e:  # noqa: BLE001
-        print(f"[rank {rank}] lookup_sparse failed after {time.time() - start:.1f} s: {type(e).__name__}: "
-              f"{' '.join(str(e).split())[:500]}", flush=True)
+    except Exception as e:  # any failure is reported with its rank
+        print(
+            f"[rank {rank}] lookup_sparse failed after {time.time() - start:.1f} s: "
+            f"{type(e).__name__}: "
+            f"{' '.join(str(e).split())[:500]}",
+            flush=True,
+        )
         os._exit(2)
     raise AssertionError(f"rank {rank}: lookup_sparse kept working after rank {world - 1} left")
 

@@ -37,9 +37,16 @@ def log(msg):
 def close(what, got, want, rtol=RTOL, atol=ATOL):
     got, want = np.asarray(got), np.asarray(want)
     if got.shape != want.shape:
-        raise AssertionError(f"rank {sok.rank()}: {what}: shape {got.shape} != reference {want.shape}")
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol,
-                               err_msg=f"rank {sok.rank()}: {what} differs from the single-process reference")
+        raise AssertionError(
+            f"rank {sok.rank()}: {what}: shape {got.shape} != reference {want.shape}"
+        )
+    np.testing.assert_allclose(
+        got,
+        want,
+        rtol=rtol,
+        atol=atol,
+        err_msg=f"rank {sok.rank()}: {what} differs from the single-process reference",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,7 +54,13 @@ def close(what, got, want, rtol=RTOL, atol=ATOL):
 # ---------------------------------------------------------------------------------------------
 class Spec:
     def __init__(self, name, kind, dim, vocab, key_dtype, combiner, target):
-        self.name, self.kind, self.dim, self.key_dtype, self.combiner = name, kind, dim, key_dtype, combiner
+        self.name, self.kind, self.dim, self.key_dtype, self.combiner = (
+            name,
+            kind,
+            dim,
+            key_dtype,
+            combiner,
+        )
         self.vocab = np.asarray(vocab)  # EV: its keys; static: its row ids 0..rows-1
         self.target = target  # -1 spread over all ranks, k on rank k
 
@@ -60,10 +73,20 @@ def specs(world, prefix=""):
     """Keys far apart, negative and beyond 32 bits; odd row counts; one table per placement kind."""
     last = world - 1
     return [
-        Spec(prefix + "ev_spread", "ev", 4, [0, 1, 2, 3, 5, 8, 13, -3, -7, 2**40 + 3], tf.int64, "sum", -1),
+        Spec(
+            prefix + "ev_spread",
+            "ev",
+            4,
+            [0, 1, 2, 3, 5, 8, 13, -3, -7, 2**40 + 3],
+            tf.int64,
+            "sum",
+            -1,
+        ),
         Spec(prefix + "ev_local", "ev", 3, [0, 4, 9, 16, 25, -1, 100003], tf.int32, "mean", last),
         Spec(prefix + "st_spread", "static", 4, np.arange(11), tf.int64, "sqrtn", -1),
-        Spec(prefix + "st_local", "static", 2, np.arange(7), tf.int32, "sum", 1 if world > 1 else 0),
+        Spec(
+            prefix + "st_local", "static", 2, np.arange(7), tf.int32, "sum", 1 if world > 1 else 0
+        ),
     ]
 
 
@@ -74,8 +97,12 @@ def static_init(spec):
 
 def make_sok_table(spec):
     if spec.kind == "ev":
-        ev = sok.get_embedding_variable(spec.name, spec.dim, key_dtype=spec.key_dtype,
-                                        initializer=tf.random_uniform_initializer(-1.0, 1.0, seed=11))
+        ev = sok.get_embedding_variable(
+            spec.name,
+            spec.dim,
+            key_dtype=spec.key_dtype,
+            initializer=tf.random_uniform_initializer(-1.0, 1.0, seed=11),
+        )
         ev.target_gpu = spec.target
         return ev
     mode = "distributed" if spec.target < 0 else f"localized:{spec.target}"
@@ -146,12 +173,17 @@ def ids_value(spec, samples, keyed=True):
     vals = [spec.vocab[p] if keyed else p for s in samples for p in s]
     width = max([len(s) for s in samples] + [1])
     dtype = spec.key_dtype.as_numpy_dtype if keyed else np.int64
-    return tf.compat.v1.SparseTensorValue(np.array(indices, np.int64).reshape(-1, 2), np.array(vals, dtype),
-                                          np.array([len(samples), width], np.int64))
+    return tf.compat.v1.SparseTensorValue(
+        np.array(indices, np.int64).reshape(-1, 2),
+        np.array(vals, dtype),
+        np.array([len(samples), width], np.int64),
+    )
 
 
 def to_sparse(value):
-    return tf.SparseTensor(tf.constant(value.indices), tf.constant(value.values), tf.constant(value.dense_shape))
+    return tf.SparseTensor(
+        tf.constant(value.indices), tf.constant(value.values), tf.constant(value.dense_shape)
+    )
 
 
 def reference_combine(table, sp_positions, batch, combiner):
@@ -268,14 +300,17 @@ def dense_by_key(indices, values, dim):
 
 
 def check_ev_grad(what, spec, grad_indices, grad_values, ref_indices, ref_values, rank, world):
-    """The owner's gradient (summed per key over the ranks' contributions) equals the reference's."""
+    """The owner's gradient (summed per key over the ranks' contributions) equals the
+    reference's."""
     got = dense_by_key(grad_indices, grad_values, spec.dim)
     ref = dense_by_key(ref_indices, ref_values, spec.dim)  # by vocab position
     want = {int(spec.vocab[p]): g for p, g in ref.items()
             if int(owner(spec, [spec.vocab[p]], world)[0]) == rank}
     if set(got) != set(want):
-        raise AssertionError(f"rank {rank}: {what}: gradient keys {sorted(got)} != owned looked-up keys "
-                             f"{sorted(want)}")
+        raise AssertionError(
+            f"rank {rank}: {what}: gradient keys {sorted(got)} != owned looked-up keys "
+            f"{sorted(want)}"
+        )
     for k in want:
         close(f"{what} key {k}", got[k], want[k])
 
@@ -287,8 +322,10 @@ def check_ev_rows(what, spec, exported, ref_table, ref_slots, kind, touched, ran
     want_keys = sorted(int(spec.vocab[p]) for p in np.flatnonzero(touched)
                        if int(owner(spec, [spec.vocab[p]], world)[0]) == rank)
     if sorted(int(k) for k in keys) != want_keys:
-        raise AssertionError(f"rank {rank}: {what}: holds keys {sorted(int(k) for k in keys)}, expected the "
-                             f"owned looked-up keys {want_keys}")
+        raise AssertionError(
+            f"rank {rank}: {what}: holds keys {sorted(int(k) for k in keys)}, expected the "
+            f"owned looked-up keys {want_keys}"
+        )
     idx = [pos[int(k)] for k in keys]
     close(f"{what} values", values, ref_table[idx])
     ns = num_slots(kind)

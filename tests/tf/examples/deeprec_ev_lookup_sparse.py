@@ -3,8 +3,6 @@
 # tf.get_embedding_variable -> sok.get_embedding_variable, the optimizer wrapped in
 # sok.OptimizerWrapper, and the Horovod lines removed. It is TF1 code: run it in graph mode
 # (as DeepRec does), e.g. after tf.compat.v1.disable_eager_execution().
-import time
-import numpy as np
 import tensorflow.compat.v1 as tf
 
 from sparse_operation_kit import experiment as sok

@@ -2,34 +2,73 @@
 TensorFlow (`import sparse_operation_kit as sok`)."""
 import tensorflow as tf
 
-from sparse_operation_kit import lookup as _lookup_module  # registers gradients
-from sparse_operation_kit.context import init, num_ranks, rank
-from sparse_operation_kit.embedding_variable import (
-    CBFFilter, CounterFilter, EmbeddingVariable, EmbeddingVariableOption, EvictOption, GlobalStepEvict,
-    InitializerOption, L2WeightEvict, StorageOption, get_embedding_variable)
-from sparse_operation_kit.lookup import lookup_sparse
-from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
-from sparse_operation_kit.group_embedding import group_embedding_lookup_sparse
+from sparse_operation_kit import feature_column, layers
 from sparse_operation_kit import meta_graph as _meta_graph  # noqa: F401  registers EV meta graph protos
-from sparse_operation_kit import feature_column
-from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variables
-from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
-from sparse_operation_kit.distributed import all2all_dense_embedding
-from sparse_operation_kit.dump import dump, load
+from sparse_operation_kit.context import init, num_ranks, rank
 from sparse_operation_kit.devices import gpu_kernels_built, kernel_run_counts
-from sparse_operation_kit import layers
+from sparse_operation_kit.dump import dump, load
+from sparse_operation_kit.embedding_variable import (
+    CBFFilter,
+    CounterFilter,
+    EmbeddingVariable,
+    EmbeddingVariableOption,
+    EvictOption,
+    GlobalStepEvict,
+    InitializerOption,
+    L2WeightEvict,
+    StorageOption,
+    get_embedding_variable,
+)
+from sparse_operation_kit.group_embedding import group_embedding_lookup_sparse
 from sparse_operation_kit.layers import Embedding, SparseEmbedding
+from sparse_operation_kit.lookup import (
+    all2all_dense_embedding,
+    lookup_sparse,
+)  # also registers gradients
+from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variables
+from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
 from sparse_operation_kit.serving import save_stock_saved_model
+from sparse_operation_kit.tables import StaticTable
+from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
+from sparse_operation_kit.version import __version__
 
 tf_version = tf.__version__
-__version__ = "0.1.0"
 
 __all__ = [
-    "init", "rank", "num_ranks", "get_embedding_variable", "EmbeddingVariable", "EmbeddingVariableOption",
-    "InitializerOption", "CounterFilter", "GlobalStepEvict", "L2WeightEvict", "StorageOption",
-    "lookup_sparse", "OptimizerWrapper", "SGD", "filter_variables", "Variable", "DynamicVariable",
-    "export", "assign", "tf_version", "all2all_dense_embedding", "dump", "load",
-    "layers", "Embedding", "SparseEmbedding", "kernel_run_counts", "gpu_kernels_built", "save_stock_saved_model",
-    "CBFFilter", "EvictOption", "PartitionedEmbeddingVariable", "group_embedding_lookup_sparse",
+    "init",
+    "rank",
+    "num_ranks",
+    "get_embedding_variable",
+    "EmbeddingVariable",
+    "EmbeddingVariableOption",
+    "InitializerOption",
+    "CounterFilter",
+    "CBFFilter",
+    "EvictOption",
+    "GlobalStepEvict",
+    "L2WeightEvict",
+    "StorageOption",
+    "PartitionedEmbeddingVariable",
+    "lookup_sparse",
+    "group_embedding_lookup_sparse",
     "feature_column",
+    "OptimizerWrapper",
+    "SGD",
+    "filter_variables",
+    "Variable",
+    "DynamicVariable",
+    "StaticTable",
+    "export",
+    "assign",
+    "tf_version",
+    "all2all_dense_embedding",
+    "dump",
+    "load",
+    "layers",
+    "Embedding",
+    "SparseEmbedding",
+    "save_stock_saved_model",
+    "kernel_run_counts",
+    "gpu_kernels_built",
+    "__version__",
 ]

@@ -23,8 +23,10 @@ def _check_tf_version():
     except ImportError:  # a source checkout (tools/dev_build.sh)
         return
     if BUILT_FOR_TF.split(".")[:2] != tf.__version__.split(".")[:2]:
-        raise ImportError(f"sparse_operation_kit was built for TensorFlow {BUILT_FOR_TF} but runs on "
-                          f"{tf.__version__}: rebuild the wheel against this TensorFlow")
+        raise ImportError(
+            f"sparse_operation_kit was built for TensorFlow {BUILT_FOR_TF} but runs on "
+            f"{tf.__version__}: rebuild the wheel against this TensorFlow"
+        )
 
 
 _check_tf_version()

@@ -4,20 +4,74 @@ If a TensorFlow release moves one of these, this is the only file to change.
 """
 import tensorflow as tf
 from tensorflow.python.eager import tape as _tape  # no public "variable was read" hook
+from tensorflow.python.framework import kernels as _kernels  # no public list of registered kernels
 from tensorflow.python.framework import ops as _framework_ops
-from tensorflow.python.saved_model import save_context as _save_context  # no public "exporting" flag
+from tensorflow.python.ops import resource_variable_ops as _resource_variable_ops
+from tensorflow.python.saved_model import (
+    save_context as _save_context,
+)  # no public "exporting" flag
 from tensorflow.python.training.saving import saveable_object as _saveable_object
 from tensorflow.python.util import dispatch as _dispatch  # no public "dispatch on this class" hook
 
+from sparse_operation_kit.schema import Optimizer
+
 TF_VERSION = tf.__version__
 
-SaveableObject = _saveable_object.SaveableObject
-SaveSpec = _saveable_object.SaveSpec
 # A checkpoint-trackable base for optimizer wrappers: tf.Module would also do, but its `name` and
 # `variables` attributes would shadow those of the wrapped optimizer.
 AutoTrackable = tf.__internal__.tracking.AutoTrackable
 # A checkpointable object that tracks no attributes (a partitioned table saves its parts itself).
 Trackable = tf.__internal__.tracking.Trackable
+
+# tf.Variable's concrete class: tf.Variable itself cannot be subclassed into a working variable,
+# so sok.Variable's StaticTable (and tf_keras's gradient carriers) subclass this one.
+ResourceVariable = _resource_variable_ops.ResourceVariable
+
+
+class TableResource(tf.saved_model.experimental.TrackableResource):
+    """A TrackableResource that reads like a resource variable and checkpoints named tensors.
+
+    Subclasses implement public hooks; this class maps them onto TensorFlow's private protocols:
+      checkpoint_tensors() -> {field: tensor}: what tf.train.Checkpoint, SavedModel and
+        tf.compat.v1.train.Saver ("<name>/<field>") store;
+      restore_checkpoint_tensors({field: tensor}) -> the restoring op;
+      name: the key of the table in Saver checkpoints.
+    """
+
+    @property
+    def _should_act_as_resource_variable(self):
+        # Having this attribute makes tf.gradients / GradientTape / embedding_lookup treat the
+        # table as a resource variable (they differentiate with respect to `.handle`). A
+        # SavedModel export must see the resource it is: as a "variable" it would be written
+        # as a dense one.
+        if in_saved_model_export():
+            raise AttributeError("_should_act_as_resource_variable")
+        return True
+
+    def _serialize_to_tensors(self):
+        return self.checkpoint_tensors()
+
+    def _restore_from_tensors(self, restored_tensors):
+        return self.restore_checkpoint_tensors(restored_tensors)
+
+    def _gather_saveables_for_checkpoint(self):
+        # tf.compat.v1.train.Saver names tensors by variable ("<name>/keys", ...); the key
+        # "VARIABLE_VALUE" makes a Saver({"key": var}) use "key/keys", as for variables.
+        return {"VARIABLE_VALUE": lambda name=self.name: _NamedTensorsSaveable(self, name)}
+
+
+class _NamedTensorsSaveable(_saveable_object.SaveableObject):
+    def __init__(self, table, name):
+        self._table = table
+        tensors = table.checkpoint_tensors()
+        specs = [_saveable_object.SaveSpec(t, "", f"{name}/{f}") for f, t in tensors.items()]
+        self._fields = list(tensors)
+        super().__init__(table, specs, name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        return self._table.restore_checkpoint_tensors(
+            dict(zip(self._fields, restored_tensors, strict=True))
+        )
 
 
 def variable_accessed(variable):
@@ -44,18 +98,18 @@ def v1_optimizer_hyperparameters(opt):
     """Hyperparameters of a tf.compat.v1.train optimizer (kept in private attributes)."""
     name = type(opt).__name__
     if name == "GradientDescentOptimizer":
-        return "sgd", {"learning_rate": opt._learning_rate}
+        return Optimizer.SGD, {"learning_rate": opt._learning_rate}
     if name == "AdagradOptimizer":
-        return "adagrad", {"learning_rate": opt._learning_rate,
+        return Optimizer.ADAGRAD, {"learning_rate": opt._learning_rate,
                            "initial_accumulator": opt._initial_accumulator_value, "epsilon": 0.0}
     if name == "AdamOptimizer":
-        return "adam", {"learning_rate": opt._lr, "beta1": opt._beta1, "beta2": opt._beta2,
+        return Optimizer.ADAM, {"learning_rate": opt._lr, "beta1": opt._beta1, "beta2": opt._beta2,
                         "epsilon": opt._epsilon}
     if name == "FtrlOptimizer":
         if opt._l2_shrinkage_regularization_strength:
             raise ValueError("sok.OptimizerWrapper: FTRL's l2_shrinkage_regularization_strength is "
                              "not supported for SOK variables")
-        return "ftrl", {"learning_rate": opt._learning_rate,
+        return Optimizer.FTRL, {"learning_rate": opt._learning_rate,
                         "initial_accumulator": opt._initial_accumulator_value,
                         "lr_power": opt._learning_rate_power,
                         "l1": opt._l1_regularization_strength,
@@ -65,8 +119,7 @@ def v1_optimizer_hyperparameters(opt):
 
 def registered_kernel_devices(op_type):
     """Device types with a registered kernel for `op_type` (no public API lists them)."""
-    from tensorflow.python.framework import kernels
-    return {k.device_type for k in kernels.get_registered_kernels_for_op(op_type).kernel}
+    return {k.device_type for k in _kernels.get_registered_kernels_for_op(op_type).kernel}
 
 
 def python_function_of(fn):

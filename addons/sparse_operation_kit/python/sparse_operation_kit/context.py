@@ -31,9 +31,9 @@ def init(use_horovod=None):
             try:
                 hvd_module.size()
                 hvd = hvd_module
-            except ValueError:
+            except ValueError as e:
                 if use_horovod:
-                    raise RuntimeError("sok.init(use_horovod=True): call hvd.init() first")
+                    raise RuntimeError("sok.init(use_horovod=True): call hvd.init() first") from e
         except ImportError:
             if use_horovod:
                 raise

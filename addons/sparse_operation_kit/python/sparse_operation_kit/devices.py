@@ -1,5 +1,5 @@
-"""Where SOK's kernels run: a placement check for users and tests ("did my lookup run on the GPU?")."""
-from typing import Dict
+"""Where SOK's kernels run: a placement check for users and tests
+("did my lookup run on the GPU?")."""
 
 import tensorflow as tf
 
@@ -7,7 +7,7 @@ from sparse_operation_kit import compat
 from sparse_operation_kit._ops import ops
 
 
-def kernel_run_counts(by_op: bool = False) -> Dict:
+def kernel_run_counts(by_op: bool = False) -> dict:
     """How many SOK kernels ran on each device type in this process so far: {"CPU": n, "GPU": m},
     or with by_op=True {op type: {"CPU": n, "GPU": m}}.
 

@@ -1,8 +1,7 @@
 """Model parallelism under Horovod: tables are sharded over ranks, inputs are data-parallel.
 
-Placement (NVIDIA SOK 2.x's convention): a table with target_gpu = -1 keeps key k on rank
-k mod N (row k // N of a static table's local shard); target_gpu = k keeps the whole table on
-rank k. One lookup_sparse call makes exactly two all-to-alls, whatever the number of tables:
+Placement follows tables.py (target_gpu -1: key k on rank k mod N; k: the whole table on rank k).
+One lookup_sparse call makes exactly two all-to-alls, whatever the number of tables:
 
   1. each rank sends every owner only the distinct keys that owner holds ([key, table, count]),
      behind one header row per destination ([table-list signature, n, bad-id flag]) that lets
@@ -17,43 +16,35 @@ import zlib
 
 import tensorflow as tf
 
-from sparse_operation_kit import exchange
+from sparse_operation_kit import tables
 from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
-
-
-def target_of(param):
-    return int(getattr(param, "target_gpu", -1))
-
-
-def global_rows(param):
-    """Rows of a static table over all ranks."""
-    rows = getattr(param, "sok_global_rows", None)
-    return rows if rows is not None else param.shape[0]
+from sparse_operation_kit.local_rows import local_rows
+from sparse_operation_kit.tables import dim_of as _dim
+from sparse_operation_kit.tables import global_rows, target_of
 
 
 def _local_keys(param, keys, world):
-    """Owner-side row index of a key: EVs keep the key; a spread static table row k // N."""
+    """Owner-side row of a key: an Embedding Variable keeps the key, a static shard its row."""
     if isinstance(param, EmbeddingVariable):
         return tf.cast(keys, param.key_dtype)
-    if target_of(param) < 0:
-        return tf.math.floordiv(keys, tf.constant(world, keys.dtype))
-    return keys
-
-
-def _dim(param):
-    return param.embedding_dim if isinstance(param, EmbeddingVariable) else int(param.shape[-1])
+    return tables.local_row(keys, target_of(param), world)
 
 
 def _describe(params, names):
-    return ", ".join(f"'{nm}' ({'ev' if isinstance(p, EmbeddingVariable) else 'static'}, dim {_dim(p)}, "
-                     f"target_gpu {target_of(p)})" for p, nm in zip(params, names))
+    return ", ".join(
+        f"'{nm}' ({'ev' if isinstance(p, EmbeddingVariable) else 'static'}, dim {_dim(p)}, "
+        f"target_gpu {target_of(p)})"
+        for p, nm in zip(params, names)
+    )
 
 
 def _signature(params, names):
     """The same on every rank exactly when the ranks pass the same tables in the same order."""
-    parts = [f"{nm}:{'ev' if isinstance(p, EmbeddingVariable) else 'static'}:{_dim(p)}:{target_of(p)}"
-             for p, nm in zip(params, names)]
+    parts = [
+        f"{nm}:{'ev' if isinstance(p, EmbeddingVariable) else 'static'}:{_dim(p)}:{target_of(p)}"
+        for p, nm in zip(params, names)
+    ]
     return zlib.crc32("|".join(parts).encode()) & 0x7FFFFFFF
 
 
@@ -61,8 +52,12 @@ def _bad_static_ids(params, all_keys, table_ids):
     """1 + index of a static table given an id outside [0, global rows) on this rank, else 0."""
     if all(isinstance(p, EmbeddingVariable) for p in params):
         return tf.constant(0, tf.int64)
-    rows = tf.gather(tf.constant([-1 if isinstance(p, EmbeddingVariable) else global_rows(p) for p in params],
-                                 tf.int64), table_ids)
+    rows = tf.gather(
+        tf.constant(
+            [-1 if isinstance(p, EmbeddingVariable) else global_rows(p) for p in params], tf.int64
+        ),
+        table_ids,
+    )
     bad = tf.logical_and(rows >= 0, tf.logical_or(all_keys < 0, all_keys >= rows))
     return tf.reduce_max(tf.concat([[0], tf.where(bad, table_ids + 1, 0)], 0))
 
@@ -78,17 +73,33 @@ def _checks(received_headers, params, names, sig):
     sigs, _, bad = tf.unstack(received_headers, num=3, axis=1)
     same = tf.debugging.Assert(
         tf.reduce_all(tf.equal(sigs, tf.constant(sig, tf.int64))),
-        [f"lookup_sparse: the ranks passed different tables to this lookup_sparse call. Rank {rank} passed "
-         f"[{_describe(params, names)}] (signature {sig}); every rank must pass the same tables (names, "
-         f"dimensions, target_gpu) in the same order. Table-list signatures of ranks 0..{world - 1}:", sigs],
-        summarize=world)
-    bounds = ", ".join(f"{i + 1}: '{nm}' [0, {global_rows(p)})" for i, (p, nm) in enumerate(zip(params, names))
-                       if not isinstance(p, EmbeddingVariable))
+        [
+            "lookup_sparse: the ranks passed different tables to this lookup_sparse call. Rank "
+            f"{rank} passed "
+            f"[{_describe(params, names)}] (signature {sig}); every rank must pass the same "
+            "tables (names, "
+            "dimensions, target_gpu) in the same order. Table-list signatures of ranks "
+            f"0..{world - 1}:",
+            sigs,
+        ],
+        summarize=world,
+    )
+    bounds = ", ".join(
+        f"{i + 1}: '{nm}' [0, {global_rows(p)})"
+        for i, (p, nm) in enumerate(zip(params, names))
+        if not isinstance(p, EmbeddingVariable)
+    )
     valid = tf.debugging.Assert(
         tf.reduce_all(tf.equal(bad, 0)),
-        [f"lookup_sparse: an id outside the rows of a static table (tables of this call: {bounds}). "
-         f"Per rank 0..{world - 1}, the table number it passed an out-of-range id for (0: none):", bad],
-        summarize=world)
+        [
+            "lookup_sparse: an id outside the rows of a static table (tables of this call: "
+            f"{bounds}). "
+            f"Per rank 0..{world - 1}, the table number it passed an out-of-range id for (0: "
+            "none):",
+            bad,
+        ],
+        summarize=world,
+    )
     return [same, valid]
 
 
@@ -120,14 +131,11 @@ def fetch_rows(params, keys, counts, training, names):
     tables): eager execution pays per op.
     """
     hvd = context.hvd
-    rank, world = context.rank, context.world_size
+    world = context.world_size
     n = len(params)
     dims = []
     for p, nm in zip(params, names):
-        t = target_of(p)
-        if t >= world or t < -1:
-            raise ValueError(f"table '{nm}': target_gpu={t}, but there are {world} ranks (valid: -1 to spread "
-                             f"the rows over all ranks, or 0..{world - 1})")
+        tables.check_target(target_of(p), world, "lookup_sparse", nm)
         dims.append(_dim(p))
     sig = _signature(params, names)
     with tf.name_scope("sok_exchange"):
@@ -138,7 +146,7 @@ def fetch_rows(params, keys, counts, training, names):
         all_counts = tf.concat([tf.cast(c, tf.int64) for c in counts], 0)
         table_ids = _segment_ids(sizes, tf.size(all_keys, out_type=tf.int64))
         key_target = tf.gather(tf.constant([target_of(p) for p in params], tf.int64), table_ids)
-        owners = tf.where(key_target < 0, tf.math.floormod(all_keys, tf.constant(world, tf.int64)), key_target)
+        owners = tables.owner(all_keys, key_target, world)
 
         # 1. keys to their owners: [key, table, count] rows grouped by owner rank, each group
         # behind a header row [table-list signature, n, bad-id flag].
@@ -149,7 +157,9 @@ def fetch_rows(params, keys, counts, training, names):
         dest = tf.concat([tf.range(world, dtype=tf.int64), owners], 0)
         order = tf.argsort(dest, stable=True)
         request = tf.gather(rows_out, order)
-        received, received_splits = hvd.alltoall(request, splits=tf.cast(_count(dest, world), tf.int32))
+        received, received_splits = hvd.alltoall(
+            request, splits=tf.cast(_count(dest, world), tf.int32)
+        )
 
         # Every rank checks the headers of all ranks before anything depends on the keys.
         received_splits = tf.cast(received_splits, tf.int64)
@@ -164,85 +174,43 @@ def fetch_rows(params, keys, counts, training, names):
         table_sizes = _count(r_tables, n + 1)
         local_keys = tf.split(tf.gather(r_keys, by_table), table_sizes, num=n + 1)[:n]
         local_counts = tf.split(tf.gather(r_counts, by_table), table_sizes, num=n + 1)[:n]
-        local_keys = [_local_keys(p, k, world) for p, k in zip(params, local_keys)]
+        local_keys = [_local_keys(p, k, world) for p, k in zip(params, local_keys, strict=True)]
         # A key asked for by several ranks arrives once per rank. Static shards read each row once
         # so that their gradient (the wrapped optimizer's input) holds each row once, summed over
         # the ranks, as one process's would (Keras 3's Adagrad, e.g., squares the values of a
-        # tf.IndexedSlices before it sums duplicates). Embedding Variables sum duplicates themselves.
+        # tf.IndexedSlices before it sums duplicates). Embedding Variables sum duplicates
+        # themselves.
         repeat = [None] * n
         for i, p in enumerate(params):
             if not isinstance(p, EmbeddingVariable):
                 local_keys[i], repeat[i] = tf.unique(local_keys[i], out_idx=tf.int64)
-        rows = exchange.local_rows(params, local_keys, local_counts, training, names)
+        rows = local_rows(params, local_keys, local_counts, training, names)
         rows = [r if repeat[i] is None else tf.gather(r, repeat[i]) for i, r in enumerate(rows)]
         grouped = tf.concat([tf.reshape(r, [-1]) for r in rows], 0)
         r_dims = tf.gather(dim_of, r_tables)
         grouped_offsets = tf.cumsum(tf.gather(r_dims, by_table), exclusive=True)
-        flat_rows = tf.gather(grouped, _spans(tf.gather(grouped_offsets, tf.math.invert_permutation(by_table)),
-                                              r_dims))
+        flat_rows = tf.gather(
+            grouped,
+            _spans(tf.gather(grouped_offsets, tf.math.invert_permutation(by_table)), r_dims),
+        )
         float_ends = tf.concat([[0], tf.cumsum(r_dims)], 0)  # floats before each received row
-        float_splits = tf.gather(float_ends, starts + received_splits) - tf.gather(float_ends, starts)
+        float_splits = tf.gather(float_ends, starts + received_splits) - tf.gather(
+            float_ends, starts
+        )
         back, _ = hvd.alltoall(flat_rows, splits=tf.cast(float_splits, tf.int32))
 
         # 3. back on the requester, `back` holds the rows in the order the keys were sent: put
         # them back in table order (each table's distinct keys in their order), split by table.
-        sent_offsets = tf.cumsum(tf.gather(dim_of, tf.gather(tf.concat([tf.fill([world], tf.constant(n, tf.int64)),
-                                                                         table_ids], 0), order)), exclusive=True)
+        sent_offsets = tf.cumsum(
+            tf.gather(
+                dim_of,
+                tf.gather(
+                    tf.concat([tf.fill([world], tf.constant(n, tf.int64)), table_ids], 0), order
+                ),
+            ),
+            exclusive=True,
+        )
         mine = tf.gather(sent_offsets, tf.math.invert_permutation(order))[world:]
         flat = tf.gather(back, _spans(mine, tf.gather(dim_of, table_ids)))
         parts = tf.split(flat, sizes * tf.constant(dims, tf.int64), num=n)
     return [tf.reshape(part, [-1, d]) for part, d in zip(parts, dims)]
-
-
-def static_variable(args, kwargs, target):
-    """sok.Variable under Horovod: this rank's shard of a static table.
-
-    The initial value is the whole table (identical on every rank); target -1 keeps rows
-    r, r+N, r+2N, ... on rank r, target k keeps every row on rank k and none elsewhere.
-    """
-    args = list(args)
-    init = args.pop(0) if args else kwargs.pop("initial_value")
-    shape = kwargs.pop("shape", None)  # the whole table's: the shard's own shape differs
-    rank, world = context.rank, context.world_size
-    if target >= world or target < -1:
-        raise ValueError(f"sok.Variable: mode 'localized:{target}' names rank {target}, but there are "
-                         f"{world} ranks (valid: 'distributed' or 'localized:0'..'localized:{world - 1}')")
-    if callable(init):
-        try:
-            value = init()
-        except TypeError:
-            if shape is None:
-                raise
-            value = init(shape=shape, dtype=kwargs.get("dtype") or tf.float32)
-    else:
-        value = init
-    value = tf.convert_to_tensor(value, dtype=kwargs.get("dtype"))
-    if shape is not None and not tf.TensorShape(shape).is_compatible_with(value.shape):
-        raise ValueError(f"sok.Variable: shape {shape} but the initial value has shape {value.shape}")
-    rows = int(value.shape[0])
-    if target < 0:
-        local = value[rank::world]
-    elif target == rank:
-        local = value
-    else:
-        local = value[:0]
-    var = tf.Variable(local, *args, **kwargs)
-    var.target_gpu = target
-    var.sok_global_rows = rows
-    var.sok_mode = "distributed" if target < 0 else f"localized:{target}"
-    return var
-
-
-def all2all_dense_embedding(param, indices):
-    """NVIDIA SOK 2.x's all2all_dense_embedding: rows of `indices` (any shape) from a table
-    sharded over ranks, differentiable, returned in the shape of `indices` + [dim]."""
-    from sparse_operation_kit._ops import ops
-    indices = tf.convert_to_tensor(indices)
-    flat = tf.reshape(indices, [-1])
-    unique, inverse, counts = ops.sok_unique_keys([flat], N=1)
-    name = getattr(param, "name", None) or "table"
-    name = name[:-2] if name.endswith(":0") else name
-    rows = exchange.fetch_rows([param], [unique[0]], [counts[0]], True, [name])[0]
-    out = tf.gather(rows, inverse[0])
-    dim = tf.shape(rows)[1:]
-    return tf.reshape(out, tf.concat([tf.shape(indices), dim], 0))

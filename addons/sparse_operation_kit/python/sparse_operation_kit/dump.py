@@ -8,30 +8,26 @@ world size, so a dump from N ranks loads onto M ranks (and into one process).
 import glob
 import os
 import re
+from collections.abc import Iterable
 
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import validation
+from sparse_operation_kit import schema, tables, validation
 from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 
 
 def _dir_name(var):
-    name = getattr(var, "name", "table")
-    name = name[:-2] if name.endswith(":0") else name
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", tables.table_name(var))
 
 
 def _owned(keys, target, name):
+    """Which of `keys` this rank holds under the current world size."""
     world, rank = context.world_size, context.rank
-    if world == 1:  # one process holds every table whole, whatever its target_gpu
-        return np.ones(keys.shape, bool)
-    if target >= world:
-        raise ValueError(f"sok.load: '{name}' has target_gpu={target}, but there are {world} ranks")
-    if target < 0:
-        return np.mod(keys, world) == rank
-    return np.full(keys.shape, target == rank)
+    if world > 1:
+        tables.check_target(target, world, "sok.load", name)
+    return tables.owner(keys, target, world) == rank
 
 
 _SHARD = re.compile(r"rank(\d+)-of-(\d+)\.npz$")
@@ -54,8 +50,10 @@ def _shard_files(path, var):
     world, files = next(iter(found.items()))
     missing = sorted(set(range(world)) - set(files))
     if missing:
-        raise FileNotFoundError(f"sok.load: the dump of '{name}' under {path} was written by {world} ranks "
-                                f"but the files of ranks {missing} are missing")
+        raise FileNotFoundError(
+            f"sok.load: the dump of '{name}' under {path} was written by {world} ranks "
+            f"but the files of ranks {missing} are missing"
+        )
     return [files[r] for r in range(world)]
 
 
@@ -67,12 +65,17 @@ def _read_shard(f, name):
     try:
         with np.load(f) as data:
             shard = {k: data[k] for k in data.files}
-    except Exception as e:  # noqa: BLE001  zipfile.BadZipFile, EOFError, ValueError, OSError, ...
-        raise ValueError(f"sok.load: cannot read the shard {f} of '{name}': {type(e).__name__}: {e} "
-                         "(the file is truncated or corrupt)") from e
+    except Exception as e:  # zipfile.BadZipFile, EOFError, ValueError, OSError, ...
+        raise ValueError(
+            f"sok.load: cannot read the shard {f} of '{name}': {type(e).__name__}: {e} "
+            "(the file is truncated or corrupt)"
+        ) from e
     missing = [k for k in _REQUIRED if k not in shard]
     if missing:
-        raise ValueError(f"sok.load: the shard {f} of '{name}' lacks {missing} (not a sok.dump shard, or corrupt)")
+        raise ValueError(
+            f"sok.load: the shard {f} of '{name}' lacks {missing} (not a sok.dump shard, or "
+            "corrupt)"
+        )
     return shard
 
 
@@ -81,15 +84,26 @@ def _ev_slots(shards, dim, name):
     an update have no slots (their rows get the slots' initial values)."""
     kinds = {int(s["slot_kind"]) for s in shards if s["slots"].ndim == 3 and s["slots"].shape[1]}
     if len(kinds) > 1:
-        raise ValueError(f"sok.load: the shards of '{name}' hold slots of different optimizers {sorted(kinds)}")
-    slot_kind = kinds.pop() if kinds else -1
-    slot_init = next((s["slot_init"] for s in shards if s["slot_init"].size and int(s["slot_kind"]) == slot_kind),
-                     np.zeros([0], np.float32)).astype(np.float32)
+        names = sorted(schema.optimizer_of_slot_kind(k) for k in kinds)
+        raise ValueError(
+            f"sok.load: the shards of '{name}' hold slots of different optimizers {names}"
+        )
+    slot_kind = kinds.pop() if kinds else schema.NO_SLOTS
+    slot_init = next(
+        (
+            s["slot_init"]
+            for s in shards
+            if s["slot_init"].size and int(s["slot_kind"]) == slot_kind
+        ),
+        np.zeros([0], np.float32),
+    ).astype(np.float32)
     num_slots = slot_init.size if slot_kind >= 0 else 0
     parts = []
     for s in shards:
         rows, raw = s["keys"].shape[0], s["slots"]
-        slots = raw if raw.ndim == 3 and raw.shape[0] == rows else np.zeros([rows, 0, dim], np.float32)
+        slots = (
+            raw if raw.ndim == 3 and raw.shape[0] == rows else np.zeros([rows, 0, dim], np.float32)
+        )
         if slots.shape[1] != num_slots:
             slots = np.broadcast_to(slot_init[None, :, None], (rows, num_slots, dim))
         parts.append(slots.astype(np.float32))
@@ -98,15 +112,19 @@ def _ev_slots(shards, dim, name):
 
 def _require_eager(what, variables):
     if not tf.executing_eagerly():
-        raise RuntimeError(f"sok.{what} runs eagerly (TF2); in TF1 graphs use tf.compat.v1.train.Saver")
+        raise RuntimeError(
+            f"sok.{what} runs eagerly (TF2); in TF1 graphs use tf.compat.v1.train.Saver"
+        )
     names = [_dir_name(v) for v in variables]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise ValueError(f"sok.{what}: several variables are named {twice}; each variable is stored under "
-                         "its name, so give them distinct names (name=...)")
+        raise ValueError(
+            f"sok.{what}: several variables are named {twice}; each variable is stored under "
+            "its name, so give them distinct names (name=...)"
+        )
 
 
-def dump(path, variables, optimizer=None):
+def dump(path: str, variables: Iterable, optimizer=None) -> None:
     """Writes this rank's shard of each variable under `path` (EV slots are always included)."""
     variables = list(variables)
     _require_eager("dump", variables)
@@ -120,15 +138,16 @@ def dump(path, variables, optimizer=None):
                 m = _SHARD.search(os.path.basename(f))
                 if m and int(m.group(2)) != world:
                     os.remove(f)
-        target = int(getattr(var, "target_gpu", -1))
+        target = tables.target_of(var)
         if isinstance(var, EmbeddingVariable):
-            keys, values, slots, freqs, versions, slot_kind, slot_init = [t.numpy() for t in var.export()]
-            arrays = dict(keys=keys.astype(np.int64), values=values, slots=slots, freqs=freqs,
-                          versions=versions, slot_kind=slot_kind, slot_init=slot_init)
+            arrays = {f: t.numpy() for f, t in var.snapshot().items()}
+            arrays["keys"] = arrays["keys"].astype(np.int64)
+            values = arrays["values"]
         else:
             values = var.numpy()
-            local = np.arange(values.shape[0], dtype=np.int64)
-            keys = local * world + rank if (target < 0 and world > 1) else local
+            keys = tables.global_key(
+                np.arange(values.shape[0], dtype=np.int64), target, world, rank
+            )
             if world > 1 and target >= 0 and target != rank:
                 keys = keys[:0]
             arrays = dict(keys=keys, values=values)
@@ -142,7 +161,7 @@ def _barrier(name):
         context.hvd.allreduce(tf.constant(0), name=name)
 
 
-def load(path, variables, optimizer=None):
+def load(path: str, variables: Iterable, optimizer=None) -> None:
     """Reads every shard of each variable and keeps the keys this rank owns now."""
     variables = list(variables)
     _require_eager("load", variables)
@@ -156,24 +175,32 @@ def load(path, variables, optimizer=None):
                                  f"dimension {int(s['dim'])}")
         keys = np.concatenate([s["keys"] for s in shards])
         values = np.concatenate([s["values"].reshape(-1, dim) for s in shards])
-        target = int(getattr(var, "target_gpu", -1))
+        target = tables.target_of(var)
         mine = _owned(keys, target, _dir_name(var))
         if isinstance(var, EmbeddingVariable):
             # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
-            validation.check_key_dtype_fits(keys[mine], var.key_dtype, _dir_name(var), f"sok.load from {path}")
+            validation.check_key_dtype_fits(
+                keys[mine], var.key_dtype, _dir_name(var), f"sok.load from {path}"
+            )
             slots, slot_kind, slot_init = _ev_slots(shards, dim, _dir_name(var))
-            var._restore_from_tensors({
-                "keys": tf.constant(keys[mine]), "values": tf.constant(values[mine]),
-                "slots": tf.constant(slots[mine]),
-                "freqs": tf.constant(np.concatenate([s["freqs"] for s in shards])[mine]),
-                "versions": tf.constant(np.concatenate([s["versions"] for s in shards])[mine]),
-                "slot_kind": tf.constant(slot_kind, tf.int32), "slot_init": tf.constant(slot_init, tf.float32)})
+            var.import_snapshot(
+                {
+                    "keys": tf.constant(keys[mine]),
+                    "values": tf.constant(values[mine]),
+                    "slots": tf.constant(slots[mine]),
+                    "freqs": tf.constant(np.concatenate([s["freqs"] for s in shards])[mine]),
+                    "versions": tf.constant(np.concatenate([s["versions"] for s in shards])[mine]),
+                    "slot_kind": tf.constant(slot_kind, tf.int32),
+                    "slot_init": tf.constant(slot_init, tf.float32),
+                }
+            )
         else:
-            world = context.world_size
-            local = keys[mine] // world if (target < 0 and world > 1) else keys[mine]
+            local = tables.local_row(keys[mine], target, context.world_size)
             current = var.numpy()
             if local.size and local.max() >= current.shape[0]:
-                raise ValueError(f"sok.load: '{_dir_name(var)}' holds row {int(local.max())} but the local "
-                                 f"shard has {current.shape[0]} rows")
+                raise ValueError(
+                    f"sok.load: '{_dir_name(var)}' holds row {int(local.max())} but the local "
+                    f"shard has {current.shape[0]} rows"
+                )
             current[local] = values[mine]
             var.assign(current)

@@ -10,8 +10,9 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import compat, initializers, serving
+from sparse_operation_kit import compat, initializers, serving, validation
 from sparse_operation_kit._ops import ops
+from sparse_operation_kit.schema import EXPORT_FIELDS, InitKind
 
 SOK_VARIABLES = "sok_embedding_variables"
 _uid = itertools.count()
@@ -22,7 +23,9 @@ _uid = itertools.count()
 # ---------------------------------------------------------------------------------------------
 def _integral(value, what, minimum=None):
     """`value` as an int; refuses non-integral values (4.7), bools and values below `minimum`."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, numbers.Real)):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+        value, (numbers.Integral, numbers.Real)
+    ):
         raise TypeError(f"{what} must be an integer, got {value!r}")
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
         if not float(value).is_integer():
@@ -41,7 +44,9 @@ class InitializerOption:
         if default_value_dim is None:
             raise ValueError(f"default_value_dim must be >= 0, got {default_value_dim}")
         self.initializer = initializer
-        self.default_value_dim = _integral(default_value_dim, "InitializerOption: default_value_dim", 0)
+        self.default_value_dim = _integral(
+            default_value_dim, "InitializerOption: default_value_dim", 0
+        )
         self.default_value_no_permission = float(default_value_no_permission)
 
 
@@ -99,12 +104,18 @@ class L2WeightEvict(EvictOption):
     default -1 means "no eviction" and is accepted as exactly that)."""
 
     def __init__(self, l2_weight_threshold=-1.0):
-        if isinstance(l2_weight_threshold, (bool, np.bool_)) or not isinstance(l2_weight_threshold, numbers.Real):
-            raise TypeError(f"L2WeightEvict: l2_weight_threshold must be a number, got {l2_weight_threshold!r}")
+        if isinstance(l2_weight_threshold, (bool, np.bool_)) or not isinstance(
+            l2_weight_threshold, numbers.Real
+        ):
+            raise TypeError(
+                f"L2WeightEvict: l2_weight_threshold must be a number, got {l2_weight_threshold!r}"
+            )
         value = float(l2_weight_threshold)
         if not np.isfinite(value) or (value < 0 and value != -1.0):
-            raise ValueError(f"L2WeightEvict: l2_weight_threshold must be >= 0 (or -1 for no eviction), got "
-                             f"{l2_weight_threshold}")
+            raise ValueError(
+                f"L2WeightEvict: l2_weight_threshold must be >= 0 (or -1 for no eviction), got "
+                f"{l2_weight_threshold}"
+            )
         self.l2_weight_threshold = value
 
 
@@ -112,17 +123,28 @@ class StorageOption:
     """Accepted for DeepRec compatibility: every table lives in the process's memory here."""
 
     def __init__(self, storage_type=None, storage_path=None, storage_size=None, **kwargs):
-        self.storage_type, self.storage_path, self.storage_size = storage_type, storage_path, storage_size
+        self.storage_type, self.storage_path, self.storage_size = (
+            storage_type,
+            storage_path,
+            storage_size,
+        )
 
 
 class EmbeddingVariableOption:
     def __init__(self, ht_type=None, ht_partition_num=None, evict_option=None, ckpt=None,
                  filter_option=None, storage_option=None, init_option=None):
         if filter_option is not None and not isinstance(filter_option, CounterFilter):
-            raise TypeError(f"filter_option must be sok.CounterFilter or sok.CBFFilter, got {type(filter_option).__name__}")
-        if evict_option is not None and not isinstance(evict_option, (GlobalStepEvict, L2WeightEvict)):
-            raise TypeError("evict_option must be sok.GlobalStepEvict or sok.L2WeightEvict, got "
-                            f"{type(evict_option).__name__}")
+            raise TypeError(
+                "filter_option must be sok.CounterFilter or sok.CBFFilter, got "
+                f"{type(filter_option).__name__}"
+            )
+        if evict_option is not None and not isinstance(
+            evict_option, (GlobalStepEvict, L2WeightEvict)
+        ):
+            raise TypeError(
+                "evict_option must be sok.GlobalStepEvict or sok.L2WeightEvict, got "
+                f"{type(evict_option).__name__}"
+            )
         self.filter_option = filter_option
         self.evict_option = evict_option
         self.storage_option = storage_option
@@ -133,7 +155,7 @@ class EmbeddingVariableOption:
 # ---------------------------------------------------------------------------------------------
 # The variable
 # ---------------------------------------------------------------------------------------------
-class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
+class EmbeddingVariable(compat.TableResource):
     """A [?, embedding_dim] table keyed by int32/int64 ids; rows appear on first training lookup.
 
     Names: as with tf.Variable in eager execution, two eager tables may share a name; they are two
@@ -148,36 +170,43 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     keyed by id. Train it through `sok.OptimizerWrapper(opt)` or `sok.SGD`.
     """
 
-    @property
-    def _should_act_as_resource_variable(self):
-        # Having this attribute makes tf.gradients / GradientTape / embedding_lookup treat the
-        # table as a resource variable (they differentiate with respect to `.handle`). A
-        # SavedModel export must see the resource it is: as a "variable" it would be written
-        # as a dense one.
-        if compat.in_saved_model_export():
-            raise AttributeError("_should_act_as_resource_variable")
-        return True
-
     def __init__(self, name, embedding_dim, key_dtype=tf.int64, value_dtype=tf.float32,
                  initializer=None, trainable=True, ev_option=None, steps_to_live=None,
                  collections=None, default_value_dim=None):
         key_dtype = tf.as_dtype(key_dtype)
         if key_dtype not in (tf.int32, tf.int64):
-            raise TypeError(f"Embedding Variable '{name}': key_dtype must be int32 or int64, got {key_dtype.name}")
+            raise TypeError(
+                f"Embedding Variable '{name}': key_dtype must be int32 or int64, got "
+                f"{key_dtype.name}"
+            )
         if tf.as_dtype(value_dtype) != tf.float32:
-            raise TypeError(f"Embedding Variable '{name}': value_dtype must be float32, got "
-                            f"{tf.as_dtype(value_dtype).name}")
-        if isinstance(embedding_dim, (bool, np.bool_)) or not isinstance(embedding_dim, (numbers.Real, np.ndarray)) \
-                or (isinstance(embedding_dim, np.ndarray) and embedding_dim.ndim != 0):
-            raise TypeError(f"Embedding Variable '{name}': embedding_dim must be a positive integer, got "
-                            f"{embedding_dim!r}")
+            raise TypeError(
+                f"Embedding Variable '{name}': value_dtype must be float32, got "
+                f"{tf.as_dtype(value_dtype).name}"
+            )
+        if (
+            isinstance(embedding_dim, (bool, np.bool_))
+            or not isinstance(embedding_dim, (numbers.Real, np.ndarray))
+            or (isinstance(embedding_dim, np.ndarray) and embedding_dim.ndim != 0)
+        ):
+            raise TypeError(
+                f"Embedding Variable '{name}': embedding_dim must be a positive integer, got "
+                f"{embedding_dim!r}"
+            )
         if float(embedding_dim) != int(embedding_dim):
-            raise ValueError(f"Embedding Variable '{name}': embedding_dim must be an integer, got {embedding_dim!r}")
+            raise ValueError(
+                f"Embedding Variable '{name}': embedding_dim must be an integer, got "
+                f"{embedding_dim!r}"
+            )
         embedding_dim = int(embedding_dim)
         if embedding_dim <= 0:
-            raise ValueError(f"Embedding Variable '{name}': embedding_dim must be positive, got {embedding_dim}")
+            raise ValueError(
+                f"Embedding Variable '{name}': embedding_dim must be positive, got {embedding_dim}"
+            )
         if steps_to_live is not None:
-            steps_to_live = _integral(steps_to_live, f"Embedding Variable '{name}': steps_to_live", 0)
+            steps_to_live = _integral(
+                steps_to_live, f"Embedding Variable '{name}': steps_to_live", 0
+            )
         ev_option = ev_option or EmbeddingVariableOption()
         init_option = ev_option.init_option or InitializerOption(
             initializer, 4096 if default_value_dim is None else default_value_dim)
@@ -189,8 +218,10 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         self._trainable = trainable
         self.target_gpu = -1
         self._default_value_dim = init_option.default_value_dim
-        spec = initializers.resolve(init_option.initializer, name, embedding_dim, self._default_value_dim)
-        if spec.kind == initializers.MATRIX and self._default_value_dim == 0:
+        spec = initializers.resolve(
+            init_option.initializer, name, embedding_dim, self._default_value_dim
+        )
+        if spec.kind == InitKind.MATRIX and self._default_value_dim == 0:
             self._default_value_dim = int(spec.matrix.shape[0])
         self._init_spec = spec
         self._initializer_arg = init_option.initializer  # for Keras configs (sok.layers)
@@ -221,17 +252,19 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     def _create_resource(self):
         shared_name = self._shared_name
         if shared_name is None:  # graph mode: unique within the graph
-            shared_name = tf.compat.v1.get_default_graph().unique_name(self._name, mark_as_used=False)
+            shared_name = tf.compat.v1.get_default_graph().unique_name(
+                self._name, mark_as_used=False
+            )
             self._shared_name = shared_name
         return ops.sok_embedding_variable_handle(key_dtype=self._key_dtype, shared_name=shared_name,
                                                  name=self._name)
 
     def _initialize(self):
         spec = self._init_spec
-        matrix = spec.matrix if spec.kind == initializers.MATRIX else tf.zeros([0, self._dim])
+        matrix = spec.matrix if spec.kind == InitKind.MATRIX else tf.zeros([0, self._dim])
         return ops.sok_embedding_variable_initialize(
             self.resource_handle, matrix, key_dtype=self._key_dtype, table_name=self._name,
-            dim=self._dim, init_kind=spec.kind, init_a=spec.a, init_b=spec.b, seed=spec.seed,
+            dim=self._dim, init_kind=spec.kind.value, init_a=spec.a, init_b=spec.b, seed=spec.seed,
             default_value_dim=self._default_value_dim, filter_freq=self._filter_freq,
             default_value_no_permission=self._no_permission, steps_to_live=self._steps_to_live,
             l2_weight_threshold=self._l2_threshold)
@@ -291,34 +324,47 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         return self._init_op
 
     def is_initialized(self, name=None):
-        return ops.sok_embedding_variable_is_initialized(self.resource_handle, key_dtype=self._key_dtype,
-                                                         name=name)
+        return ops.sok_embedding_variable_is_initialized(
+            self.resource_handle, key_dtype=self._key_dtype, name=name
+        )
 
     def size(self, name=None):
         """Number of keys in the table."""
-        return ops.sok_embedding_variable_size(self.resource_handle, key_dtype=self._key_dtype, name=name)
+        return ops.sok_embedding_variable_size(
+            self.resource_handle, key_dtype=self._key_dtype, name=name
+        )
 
     def _check_keys(self, keys):
         keys = tf.convert_to_tensor(keys)
         if keys.dtype != self._key_dtype:
-            raise TypeError(f"Embedding Variable '{self._name}' has key dtype {self._key_dtype.name}, "
-                            f"but ids of dtype {keys.dtype.name} were given")
+            raise TypeError(
+                f"Embedding Variable '{self._name}' has key dtype {self._key_dtype.name}, "
+                f"but ids of dtype {keys.dtype.name} were given"
+            )
         return keys
 
     def sparse_read(self, indices, name=None, training=True):
-        """Rows of `indices` (any shape) -> [*indices.shape, dim]. Training reads insert new keys."""
+        """Rows of `indices` (any shape) -> [*indices.shape, dim]; training reads insert keys."""
         indices = self._check_keys(indices)
         if serving.active():  # save_stock_saved_model is tracing: a stock lookup on the frozen table
             return serving.active().table(self).lookup(indices)
         flat = tf.reshape(indices, [-1])
         compat.variable_accessed(self)
-        rows = ops.sok_embedding_variable_gather([self.resource_handle], [flat], [tf.zeros([0], tf.int64)],
-                                                 dims=[self._dim], training=training, name=name)[0]
+        rows = ops.sok_embedding_variable_gather(
+            [self.resource_handle],
+            [flat],
+            [tf.zeros([0], tf.int64)],
+            dims=[self._dim],
+            training=training,
+            name=name,
+        )[0]
         return tf.reshape(rows, tf.concat([tf.shape(indices), [self._dim]], 0))
 
     def read_value(self):
-        raise TypeError(f"Embedding Variable '{self._name}' has no dense value; use sparse_read(ids) "
-                        "or sok.export(var)")
+        raise TypeError(
+            f"Embedding Variable '{self._name}' has no dense value; use sparse_read(ids) "
+            "or sok.export(var)"
+        )
 
     def export(self):
         """(keys, values, slots, freqs, versions, slot_kind, slot_init) of every row."""
@@ -327,9 +373,13 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
     def assign(self, keys, values):
         keys = self._check_keys(keys)
         values = tf.convert_to_tensor(values, tf.float32)
-        if values.shape.rank is not None and (values.shape.rank == 0 or values.shape[-1] not in (None, self._dim)):
-            raise ValueError(f"Embedding Variable '{self._name}' has dimension {self._dim}, but the values have "
-                             f"shape {values.shape}")
+        if values.shape.rank is not None and (
+            values.shape.rank == 0 or values.shape[-1] not in (None, self._dim)
+        ):
+            raise ValueError(
+                f"Embedding Variable '{self._name}' has dimension {self._dim}, but the values have "
+                f"shape {values.shape}"
+            )
         # key_dtype is inferred from the keys' dtype (no explicit argument).
         return ops.sok_embedding_variable_assign(self.resource_handle, tf.reshape(keys, [-1]),
                                                  tf.reshape(values, [-1, self._dim]))
@@ -341,39 +391,42 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         steps_to_live steps before it. Call it before saving to leave stale rows out of the
         checkpoint (DeepRec does this inside its save).
         """
-        return ops.sok_embedding_variable_shrink(self.resource_handle, tf.cast(global_step, tf.int64),
-                                                 key_dtype=self._key_dtype)
+        return ops.sok_embedding_variable_shrink(
+            self.resource_handle, tf.cast(global_step, tf.int64), key_dtype=self._key_dtype
+        )
 
     # --- checkpoints --------------------------------------------------------------------------
     # A checkpoint holds every row with its optimizer slots, frequency and last-update step, so a
     # restored table trains on exactly as the saved one would have. Saving never evicts: with
     # GlobalStepEvict / L2WeightEvict options call `var.shrink(global_step)` (run its op in TF1)
     # before saving to drop stale rows, as DeepRec does when it saves.
-    _CKPT_FIELDS = ("keys", "values", "slots", "freqs", "versions", "slot_kind", "slot_init")
+    def snapshot(self):
+        """{field: tensor} of every row, fields as schema.EXPORT_FIELDS names them."""
+        return dict(zip(EXPORT_FIELDS, self.export(), strict=True))
 
-    def _serialize_to_tensors(self):
-        deps = []
-        if compat.in_saved_model_export():
-            # A loaded SavedModel calls this (to learn the tensors' dtypes) before it initializes
-            # its resources: the traced function creates the table if it is missing.
-            deps = [self._initialize()]
-        with tf.control_dependencies(deps):
-            return dict(zip(self._CKPT_FIELDS, self.export()))
-
-    def _restore_from_tensors(self, restored_tensors):
-        t = [restored_tensors[f] for f in self._CKPT_FIELDS]
-        from sparse_operation_kit import validation
-        key_check = validation.check_key_dtype_fits(t[0], self._key_dtype, self._name,
-                                                    f"cannot restore Embedding Variable '{self._name}'")
+    def import_snapshot(self, tensors):
+        """Replaces the table's rows with `tensors` ({field: tensor}, as `snapshot()` gives them);
+        creates the table first if it does not exist yet. Returns the op (graphs)."""
+        t = [tensors[f] for f in EXPORT_FIELDS]
+        key_check = validation.check_key_dtype_fits(
+            t[0], self._key_dtype, self._name, f"cannot restore Embedding Variable '{self._name}'"
+        )
         if not tf.executing_eagerly() or tf.inside_function():
-            deps = [tf.debugging.assert_equal(
-                tf.shape(t[1])[1], self._dim,
-                message=f"cannot restore Embedding Variable '{self._name}': the checkpoint's dimension "
-                        f"differs from the variable's ({self._dim})")]
+            deps = [
+                tf.debugging.assert_equal(
+                    tf.shape(t[1])[1],
+                    self._dim,
+                    message=f"cannot restore Embedding Variable '{self._name}': the checkpoint's "
+                            "dimension "
+                    f"differs from the variable's ({self._dim})",
+                )
+            ]
         else:
             if t[1].shape[1] != self._dim:
-                raise ValueError(f"cannot restore Embedding Variable '{self._name}': the checkpoint has "
-                                 f"dimension {t[1].shape[1]}, the variable {self._dim}")
+                raise ValueError(
+                    f"cannot restore Embedding Variable '{self._name}': the checkpoint has "
+                    f"dimension {t[1].shape[1]}, the variable {self._dim}"
+                )
             deps = []
         if key_check is not None:
             deps.append(key_check)
@@ -381,13 +434,22 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         # first if it does not exist yet; an existing one keeps its content until the import.
         deps.append(self._initialize())
         with tf.control_dependencies(deps):
-            return ops.sok_embedding_variable_import(self.resource_handle, tf.cast(t[0], self._key_dtype),
-                                                     *t[1:])
+            return ops.sok_embedding_variable_import(
+                self.resource_handle, tf.cast(t[0], self._key_dtype), *t[1:]
+            )
 
-    def _gather_saveables_for_checkpoint(self):
-        # tf.compat.v1.train.Saver names tensors by variable ("<name>/keys", ...); the key
-        # "VARIABLE_VALUE" makes a Saver({"key": var}) use "key/keys", as for variables.
-        return {"VARIABLE_VALUE": lambda name=self._name: _EmbeddingVariableSaveable(self, name)}
+    # compat.TableResource's hooks (checkpoints, SavedModel, Saver).
+    def checkpoint_tensors(self):
+        deps = []
+        if compat.in_saved_model_export():
+            # A loaded SavedModel calls this (to learn the tensors' dtypes) before it initializes
+            # its resources: the traced function creates the table if it is missing.
+            deps = [self._initialize()]
+        with tf.control_dependencies(deps):
+            return self.snapshot()
+
+    def restore_checkpoint_tensors(self, tensors):
+        return self.import_snapshot(tensors)
 
     # --- meta graphs (tf.compat.v1.train.export_meta_graph / import_meta_graph) -----------------
     def to_proto(self, export_scope=None):
@@ -420,19 +482,11 @@ class EmbeddingVariable(tf.saved_model.experimental.TrackableResource):
         return self
 
     def __repr__(self):
-        return (f"<sok.EmbeddingVariable '{self._name}' dim={self._dim} key_dtype={self._key_dtype.name} "
-                f"target_gpu={self.target_gpu}>")
-
-
-class _EmbeddingVariableSaveable(compat.SaveableObject):
-    def __init__(self, var, name):
-        self._var = var
-        tensors = var.export()
-        specs = [compat.SaveSpec(t, "", f"{name}/{f}") for f, t in zip(var._CKPT_FIELDS, tensors)]
-        super().__init__(var, specs, name)
-
-    def restore(self, restored_tensors, restored_shapes):
-        return self._var._restore_from_tensors(dict(zip(self._var._CKPT_FIELDS, restored_tensors)))
+        return (
+            f"<sok.EmbeddingVariable '{self._name}' dim={self._dim} "
+            f"key_dtype={self._key_dtype.name} "
+            f"target_gpu={self.target_gpu}>"
+        )
 
 
 def is_embedding_variable(v):
@@ -479,11 +533,23 @@ def get_embedding_variable(name, embedding_dim, key_dtype=tf.int64, value_dtype=
             if isinstance(v, EmbeddingVariable) and v.name == full_name:
                 if scope.reuse:
                     if v.embedding_dim != int(embedding_dim):
-                        raise ValueError(f"Embedding Variable '{full_name}' has dimension {v.embedding_dim}, "
-                                         f"not {embedding_dim}")
+                        raise ValueError(
+                            f"Embedding Variable '{full_name}' has dimension {v.embedding_dim}, "
+                            f"not {embedding_dim}"
+                        )
                     return v
-                raise ValueError(f"Embedding Variable '{full_name}' already exists; use a variable_scope "
-                                 "with reuse=True (or tf.AUTO_REUSE) to share it")
-    return EmbeddingVariable(full_name, embedding_dim, key_dtype=key_dtype, value_dtype=value_dtype,
-                             initializer=initializer, trainable=trainable, ev_option=ev_option,
-                             steps_to_live=steps_to_live, collections=collections)
+                raise ValueError(
+                    f"Embedding Variable '{full_name}' already exists; use a variable_scope "
+                    "with reuse=True (or tf.AUTO_REUSE) to share it"
+                )
+    return EmbeddingVariable(
+        full_name,
+        embedding_dim,
+        key_dtype=key_dtype,
+        value_dtype=value_dtype,
+        initializer=initializer,
+        trainable=trainable,
+        ev_option=ev_option,
+        steps_to_live=steps_to_live,
+        collections=collections,
+    )

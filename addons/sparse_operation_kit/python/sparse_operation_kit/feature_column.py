@@ -13,6 +13,7 @@ scope: "<scope>/<key>_embedding/embedding_weights" (shared columns:
 String ids become int64 keys with tf.strings.to_hash_bucket_fast(ids, 2**63 - 1) (a fingerprint
 of the string); dense id tensors drop "" (strings) and -1 (integers) as missing, as TF does.
 """
+
 import collections
 
 import tensorflow as tf
@@ -20,12 +21,15 @@ import tensorflow as tf
 from sparse_operation_kit.embedding_variable import EmbeddingVariableOption, get_embedding_variable
 from sparse_operation_kit.lookup import lookup_sparse
 
-_STRING_BUCKETS = 2 ** 63 - 1
+_STRING_BUCKETS = 2**63 - 1
 _COMBINERS = ("mean", "sum", "sqrtn")
 
 
-class EmbeddingCategoricalColumn(collections.namedtuple(
-        "EmbeddingCategoricalColumn", ["key", "dtype", "partition_num", "ev_option", "is_sequence"])):
+class EmbeddingCategoricalColumn(
+    collections.namedtuple(
+        "EmbeddingCategoricalColumn", ["key", "dtype", "partition_num", "ev_option", "is_sequence"]
+    )
+):
     """Ids of feature `key` for an Embedding Variable (no vocabulary, no hash buckets)."""
 
     @property
@@ -35,13 +39,18 @@ class EmbeddingCategoricalColumn(collections.namedtuple(
     def ids(self, features):
         """The feature as an int64 SparseTensor [batch, max_len] of keys."""
         if self.key not in features:
-            raise ValueError(f"feature column '{self.key}': no feature '{self.key}' in the features "
-                             f"(have: {sorted(features)})")
+            raise ValueError(
+                f"feature column '{self.key}': no feature '{self.key}' in the features "
+                f"(have: {sorted(features)})"
+            )
         return _keys(_as_sparse(features[self.key], self.dtype, self.key), self.dtype, self.key)
 
 
-class WeightedEmbeddingCategoricalColumn(collections.namedtuple(
-        "WeightedEmbeddingCategoricalColumn", ["categorical_column", "weight_feature_key", "dtype"])):
+class WeightedEmbeddingCategoricalColumn(
+    collections.namedtuple(
+        "WeightedEmbeddingCategoricalColumn", ["categorical_column", "weight_feature_key", "dtype"]
+    )
+):
     """Ids of a categorical column, each weighted by the same position of `weight_feature_key`."""
 
     @property
@@ -61,7 +70,9 @@ class WeightedEmbeddingCategoricalColumn(collections.namedtuple(
 
     def weights(self, features):
         if self.weight_feature_key not in features:
-            raise ValueError(f"feature column '{self.name}': no weight feature '{self.weight_feature_key}'")
+            raise ValueError(
+                f"feature column '{self.name}': no weight feature '{self.weight_feature_key}'"
+            )
         w = _as_sparse(features[self.weight_feature_key], self.dtype, self.weight_feature_key)
         return tf.SparseTensor(w.indices, tf.cast(w.values, tf.float32), w.dense_shape)
 
@@ -79,12 +90,18 @@ def _as_sparse(x, dtype, key):
         indices = tf.where(tf.not_equal(x, missing))
         sp = tf.SparseTensor(indices, tf.gather_nd(x, indices), tf.shape(x, out_type=tf.int64))
     if sp.shape.rank is not None and sp.shape.rank != 2:
-        raise ValueError(f"feature '{key}' must have rank 2 ([batch, ids]), got rank {sp.shape.rank}")
+        raise ValueError(
+            f"feature '{key}' must have rank 2 ([batch, ids]), got rank {sp.shape.rank}"
+        )
     if dtype == tf.string and sp.dtype != tf.string:
-        raise TypeError(f"feature '{key}': the column has dtype string, the feature {sp.dtype.name}")
+        raise TypeError(
+            f"feature '{key}': the column has dtype string, the feature {sp.dtype.name}"
+        )
     if dtype != tf.string and not (sp.dtype.is_integer or sp.dtype.is_floating):
-        raise TypeError(f"feature '{key}': the column has dtype {tf.as_dtype(dtype).name}, the feature "
-                        f"{sp.dtype.name}")
+        raise TypeError(
+            f"feature '{key}': the column has dtype {tf.as_dtype(dtype).name}, the feature "
+            f"{sp.dtype.name}"
+        )
     return sp
 
 
@@ -103,30 +120,55 @@ def categorical_column_with_embedding(key, dtype=tf.string, partition_num=None, 
     integers) for an Embedding Variable with `ev_option`, of `partition_num` parts if given."""
     dtype = tf.as_dtype(dtype)
     if not (dtype == tf.string or dtype.is_integer):
-        raise TypeError(f"categorical_column_with_embedding '{key}': dtype must be string or an integer type, "
-                        f"got {dtype.name}")
+        raise TypeError(
+            f"categorical_column_with_embedding '{key}': dtype must be string or an integer type, "
+            f"got {dtype.name}"
+        )
     if partition_num is not None and (not isinstance(partition_num, int) or partition_num < 1):
-        raise ValueError(f"categorical_column_with_embedding '{key}': partition_num must be a positive integer, "
-                         f"got {partition_num!r}")
-    return EmbeddingCategoricalColumn(key, dtype, partition_num, ev_option or EmbeddingVariableOption(), False)
+        raise ValueError(
+            f"categorical_column_with_embedding '{key}': partition_num must be a positive integer, "
+            f"got {partition_num!r}"
+        )
+    return EmbeddingCategoricalColumn(
+        key, dtype, partition_num, ev_option or EmbeddingVariableOption(), False
+    )
 
 
-def sequence_categorical_column_with_embedding(key, dtype=tf.string, partition_num=None, ev_option=None):
+def sequence_categorical_column_with_embedding(
+    key, dtype=tf.string, partition_num=None, ev_option=None
+):
     """The sequence variant (for sequence_input_layer): every id keeps its position."""
-    return categorical_column_with_embedding(key, dtype, partition_num, ev_option)._replace(is_sequence=True)
+    return categorical_column_with_embedding(key, dtype, partition_num, ev_option)._replace(
+        is_sequence=True
+    )
 
 
 def weighted_categorical_column(categorical_column, weight_feature_key, dtype=tf.float32):
     """tf.feature_column.weighted_categorical_column for an Embedding Variable column."""
     if not isinstance(categorical_column, EmbeddingCategoricalColumn):
-        raise TypeError("weighted_categorical_column: categorical_column must come from "
-                        "sok.feature_column.categorical_column_with_embedding")
-    return WeightedEmbeddingCategoricalColumn(categorical_column, weight_feature_key, tf.as_dtype(dtype))
+        raise TypeError(
+            "weighted_categorical_column: categorical_column must come from "
+            "sok.feature_column.categorical_column_with_embedding"
+        )
+    return WeightedEmbeddingCategoricalColumn(
+        categorical_column, weight_feature_key, tf.as_dtype(dtype)
+    )
 
 
-class EmbeddingColumn(collections.namedtuple("EmbeddingColumn", [
-        "categorical_column", "dimension", "combiner", "initializer", "max_norm", "trainable",
-        "shared_name"])):
+class EmbeddingColumn(
+    collections.namedtuple(
+        "EmbeddingColumn",
+        [
+            "categorical_column",
+            "dimension",
+            "combiner",
+            "initializer",
+            "max_norm",
+            "trainable",
+            "shared_name",
+        ],
+    )
+):
     """A [batch, dimension] dense column from an Embedding Variable column."""
 
     @property
@@ -147,49 +189,85 @@ class EmbeddingColumn(collections.namedtuple("EmbeddingColumn", [
         if cat.partition_num:
             partitioner = tf.compat.v1.fixed_size_partitioner(cat.partition_num)
         with tf.compat.v1.variable_scope(self.variable_scope_name, reuse=tf.compat.v1.AUTO_REUSE):
-            return get_embedding_variable("embedding_weights", self.dimension, key_dtype=tf.int64,
-                                          initializer=self.initializer, trainable=self.trainable,
-                                          partitioner=partitioner, ev_option=cat.ev_option)
+            return get_embedding_variable(
+                "embedding_weights",
+                self.dimension,
+                key_dtype=tf.int64,
+                initializer=self.initializer,
+                trainable=self.trainable,
+                partitioner=partitioner,
+                ev_option=cat.ev_option,
+            )
 
 
 def _check_embedding_args(what, dimension, combiner):
     if isinstance(dimension, bool) or not isinstance(dimension, int) or dimension < 1:
         raise ValueError(f"{what}: dimension must be a positive integer, got {dimension!r}")
     if combiner not in _COMBINERS:
-        raise ValueError(f"{what}: combiner must be one of {', '.join(_COMBINERS)}, got {combiner!r}")
+        raise ValueError(
+            f"{what}: combiner must be one of {', '.join(_COMBINERS)}, got {combiner!r}"
+        )
 
 
 def _check_unsupported(what, ckpt_to_load_from, tensor_name_in_ckpt, max_norm):
     if ckpt_to_load_from is not None or tensor_name_in_ckpt is not None:
-        raise ValueError(f"{what}: ckpt_to_load_from / tensor_name_in_ckpt are not supported; restore the "
-                         "table with tf.compat.v1.train.Saver")
+        raise ValueError(
+            f"{what}: ckpt_to_load_from / tensor_name_in_ckpt are not supported; restore the "
+            "table with tf.compat.v1.train.Saver"
+        )
     if max_norm is not None:
         raise ValueError(f"{what}: max_norm is not supported for Embedding Variable columns")
 
 
 def _check_categorical(what, column):
     if not isinstance(column, (EmbeddingCategoricalColumn, WeightedEmbeddingCategoricalColumn)):
-        raise TypeError(f"{what}: the categorical column must come from "
-                        f"sok.feature_column.categorical_column_with_embedding, got {type(column).__name__}")
+        raise TypeError(
+            f"{what}: the categorical column must come from "
+            f"sok.feature_column.categorical_column_with_embedding, got {type(column).__name__}"
+        )
 
 
-def embedding_column(categorical_column, dimension, combiner="mean", initializer=None,
-                     ckpt_to_load_from=None, tensor_name_in_ckpt=None, max_norm=None, trainable=True,
-                     use_safe_embedding_lookup=True):
+def embedding_column(
+    categorical_column,
+    dimension,
+    combiner="mean",
+    initializer=None,
+    ckpt_to_load_from=None,
+    tensor_name_in_ckpt=None,
+    max_norm=None,
+    trainable=True,
+    use_safe_embedding_lookup=True,
+):
     """tf.feature_column.embedding_column over an Embedding Variable column. initializer: the
     table's (default truncated normal with stddev 1/sqrt(dimension), as TF's). Empty samples get
     zeros, as with use_safe_embedding_lookup."""
-    _check_categorical(f"embedding_column '{getattr(categorical_column, 'name', '?')}'", categorical_column)
+    _check_categorical(
+        f"embedding_column '{getattr(categorical_column, 'name', '?')}'", categorical_column
+    )
     _check_embedding_args(f"embedding_column '{categorical_column.name}'", dimension, combiner)
-    _check_unsupported(f"embedding_column '{categorical_column.name}'", ckpt_to_load_from, tensor_name_in_ckpt,
-                       max_norm)
-    return EmbeddingColumn(categorical_column, dimension, combiner, initializer, max_norm, trainable, None)
+    _check_unsupported(
+        f"embedding_column '{categorical_column.name}'",
+        ckpt_to_load_from,
+        tensor_name_in_ckpt,
+        max_norm,
+    )
+    return EmbeddingColumn(
+        categorical_column, dimension, combiner, initializer, max_norm, trainable, None
+    )
 
 
-def shared_embedding_columns(categorical_columns, dimension, combiner="mean", initializer=None,
-                             shared_embedding_collection_name=None, ckpt_to_load_from=None,
-                             tensor_name_in_ckpt=None, max_norm=None, trainable=True,
-                             use_safe_embedding_lookup=True):
+def shared_embedding_columns(
+    categorical_columns,
+    dimension,
+    combiner="mean",
+    initializer=None,
+    shared_embedding_collection_name=None,
+    ckpt_to_load_from=None,
+    tensor_name_in_ckpt=None,
+    max_norm=None,
+    trainable=True,
+    use_safe_embedding_lookup=True,
+):
     """Embedding columns of several categorical columns sharing one Embedding Variable (its
     options are those of the first column)."""
     categorical_columns = list(categorical_columns)
@@ -199,16 +277,24 @@ def shared_embedding_columns(categorical_columns, dimension, combiner="mean", in
         _check_categorical("shared_embedding_columns", c)
     _check_embedding_args("shared_embedding_columns", dimension, combiner)
     _check_unsupported("shared_embedding_columns", ckpt_to_load_from, tensor_name_in_ckpt, max_norm)
-    name = shared_embedding_collection_name or "_".join(sorted(c.name for c in categorical_columns)) + \
-        "_shared_embedding"
+    name = (
+        shared_embedding_collection_name
+        or "_".join(sorted(c.name for c in categorical_columns)) + "_shared_embedding"
+    )
     first = categorical_columns[0]
-    first = first.categorical_column if isinstance(first, WeightedEmbeddingCategoricalColumn) else first
+    first = (
+        first.categorical_column if isinstance(first, WeightedEmbeddingCategoricalColumn) else first
+    )
     columns = []
     for c in categorical_columns:
         base = c.categorical_column if isinstance(c, WeightedEmbeddingCategoricalColumn) else c
         if base.is_sequence != first.is_sequence:
-            raise ValueError("shared_embedding_columns: sequence and non-sequence columns cannot share a table")
-        columns.append(EmbeddingColumn(c, dimension, combiner, initializer, max_norm, trainable, name))
+            raise ValueError(
+                "shared_embedding_columns: sequence and non-sequence columns cannot share a table"
+            )
+        columns.append(
+            EmbeddingColumn(c, dimension, combiner, initializer, max_norm, trainable, name)
+        )
     return columns
 
 
@@ -224,11 +310,16 @@ def _lookup_columns(features, columns, training):
     tables, ids, weights, combiners = [], [], [], []
     for c in columns:
         if c.categorical_column.is_sequence:
-            raise ValueError(f"feature column '{c.name}' is a sequence column: use sequence_input_layer")
+            raise ValueError(
+                f"feature column '{c.name}' is a sequence column: use sequence_input_layer"
+            )
         tables.append(c.table())
         ids.append(c.categorical_column.ids(features))
-        weights.append(c.categorical_column.weights(features)
-                       if isinstance(c.categorical_column, WeightedEmbeddingCategoricalColumn) else None)
+        weights.append(
+            c.categorical_column.weights(features)
+            if isinstance(c.categorical_column, WeightedEmbeddingCategoricalColumn)
+            else None
+        )
         combiners.append(c.combiner)
     if not tables:
         return {}
@@ -238,13 +329,21 @@ def _lookup_columns(features, columns, training):
 
 def _check_graph_mode(what):
     if tf.executing_eagerly():
-        raise RuntimeError(f"sok.feature_column.{what} builds TF1 graphs, as DeepRec's feature columns do (the "
-                           "tables live in the graph's collections); in TF2 code use sok.lookup_sparse with "
-                           "sok.get_embedding_variable, or the Keras layers in sok.layers")
+        raise RuntimeError(
+            f"sok.feature_column.{what} builds TF1 graphs, as DeepRec's feature columns do (the "
+            "tables live in the graph's collections); in TF2 code use sok.lookup_sparse with "
+            "sok.get_embedding_variable, or the Keras layers in sok.layers"
+        )
 
 
-def input_layer(features, feature_columns, weight_collections=None, trainable=True, cols_to_vars=None,
-                training=True):
+def input_layer(
+    features,
+    feature_columns,
+    weight_collections=None,
+    trainable=True,
+    cols_to_vars=None,
+    training=True,
+):
     """tf.compat.v1.feature_column.input_layer taking SOK embedding columns (and stock dense columns):
     [batch, sum of the columns' dimensions], the columns in name order. training=False reads the
     tables without inserting new ids (evaluation and serving)."""
@@ -264,8 +363,11 @@ def input_layer(features, feature_columns, weight_collections=None, trainable=Tr
                     table = c.table()
                     cols_to_vars[c] = list(table) if hasattr(table, "parts") else [table]
             else:
-                outputs.append(tf.compat.v1.feature_column.input_layer(
-                    features, [c], weight_collections=weight_collections, trainable=trainable))
+                outputs.append(
+                    tf.compat.v1.feature_column.input_layer(
+                        features, [c], weight_collections=weight_collections, trainable=trainable
+                    )
+                )
         return tf.concat(outputs, axis=1)
 
 
@@ -282,8 +384,10 @@ def sequence_input_layer(features, feature_columns, training=True):
     with tf.compat.v1.variable_scope(None, default_name="sequence_input_layer"):
         for c in feature_columns:
             if not _is_sok_column(c) or not c.categorical_column.is_sequence:
-                raise TypeError(f"sequence_input_layer: column '{c.name}' must be an embedding column of a "
-                                "sequence_categorical_column_with_embedding")
+                raise TypeError(
+                    f"sequence_input_layer: column '{c.name}' must be an embedding column of a "
+                    "sequence_categorical_column_with_embedding"
+                )
             ids = c.categorical_column.ids(features)
             rows = c.table().sparse_read(ids.values, training=training)
             if isinstance(c.categorical_column, WeightedEmbeddingCategoricalColumn):
@@ -291,13 +395,17 @@ def sequence_input_layer(features, feature_columns, training=True):
             shape = tf.stack([ids.dense_shape[0], ids.dense_shape[1], c.dimension])
             outputs.append(tf.scatter_nd(ids.indices, rows, shape))
             # A sample's length: one past its last id's position.
-            last = tf.math.unsorted_segment_max(ids.indices[:, 1] + 1, ids.indices[:, 0],
-                                                tf.cast(ids.dense_shape[0], tf.int64))
+            last = tf.math.unsorted_segment_max(
+                ids.indices[:, 1] + 1, ids.indices[:, 0], tf.cast(ids.dense_shape[0], tf.int64)
+            )
             lengths.append(tf.maximum(last, 0))
         length = lengths[0]
         if len(lengths) > 1:
-            check = tf.debugging.assert_equal(tf.stack(lengths), tf.tile(length[None], [len(lengths), 1]),
-                                              message="sequence_input_layer: columns differ in sequence length")
+            check = tf.debugging.assert_equal(
+                tf.stack(lengths),
+                tf.tile(length[None], [len(lengths), 1]),
+                message="sequence_input_layer: columns differ in sequence length",
+            )
             with tf.control_dependencies([check]):
                 length = tf.identity(length)
         return tf.concat(outputs, axis=2), length

@@ -1,5 +1,6 @@
 """DeepRec's `tf.nn.group_embedding_lookup_sparse`: many pooled lookups in one fused call, mapped
 onto sok.lookup_sparse (same arguments, same order as DeepRec's)."""
+
 import sys
 
 import tensorflow as tf
@@ -26,13 +27,30 @@ def _sequence_rows(param, ids, weights):
     rows = tf.nn.embedding_lookup(param, ids.values)
     if weights is not None:
         rows = rows * tf.expand_dims(weights.values, -1)
-    shape = tf.concat([ids.dense_shape[:2], [param.embedding_dim if hasattr(param, "embedding_dim")
-                                             else tf.shape(param, out_type=tf.int64)[1]]], 0)
+    shape = tf.concat(
+        [
+            ids.dense_shape[:2],
+            [
+                param.embedding_dim
+                if hasattr(param, "embedding_dim")
+                else tf.shape(param, out_type=tf.int64)[1]
+            ],
+        ],
+        0,
+    )
     return tf.scatter_nd(ids.indices[:, :2], rows, shape)
 
 
-def group_embedding_lookup_sparse(params, sp_ids, combiners, sp_weights=None, partition_strategy="mod",
-                                  is_sequence=False, params_num_per_group=sys.maxsize, name=None):
+def group_embedding_lookup_sparse(
+    params,
+    sp_ids,
+    combiners,
+    sp_weights=None,
+    partition_strategy="mod",
+    is_sequence=False,
+    params_num_per_group=sys.maxsize,
+    name=None,
+):
     """Pooled embeddings of every (table, ids) pair, as DeepRec's group_embedding_lookup_sparse.
 
     params: tables (Embedding Variables, partitioned ones, tf.Variable); sp_ids: a SparseTensor or
@@ -50,15 +68,23 @@ def group_embedding_lookup_sparse(params, sp_ids, combiners, sp_weights=None, pa
     combiners = ["mean"] * len(params) if combiners is None else _as_list(combiners)
     for c in combiners:
         if c not in _COMBINERS:
-            raise ValueError(f"group_embedding_lookup_sparse: combiners must be 'mean' or 'sum' (or 'sqrtn'), got {c!r}")
+            raise ValueError(
+                f"group_embedding_lookup_sparse: combiners must be 'mean' or 'sum' (or 'sqrtn'), got {c!r}"
+            )
     if len(combiners) != len(sp_ids) or len(combiners) != len(params):
-        raise ValueError(f"group_embedding_lookup_sparse: {len(params)} params, {len(sp_ids)} sp_ids and "
-                         f"{len(combiners)} combiners: give one of each per table")
+        raise ValueError(
+            f"group_embedding_lookup_sparse: {len(params)} params, {len(sp_ids)} sp_ids and "
+            f"{len(combiners)} combiners: give one of each per table"
+        )
     weights = _as_list(sp_weights)
     if weights is not None and len(weights) != len(params):
-        raise ValueError(f"group_embedding_lookup_sparse: {len(params)} params but {len(weights)} sp_weights")
+        raise ValueError(
+            f"group_embedding_lookup_sparse: {len(params)} params but {len(weights)} sp_weights"
+        )
     if partition_strategy != "mod":
-        raise ValueError(f"group_embedding_lookup_sparse: partition_strategy must be 'mod', got {partition_strategy!r}")
+        raise ValueError(
+            f"group_embedding_lookup_sparse: partition_strategy must be 'mod', got {partition_strategy!r}"
+        )
     with tf.name_scope(name or "group_embedding_lookup_sparse"):
         if is_sequence:
             weights = weights or [None] * len(params)

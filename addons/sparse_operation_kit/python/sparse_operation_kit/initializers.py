@@ -5,17 +5,26 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-CONSTANT, UNIFORM, NORMAL, TRUNCATED_NORMAL, MATRIX = 0, 1, 2, 3, 4
+from sparse_operation_kit.schema import InitKind
+
+CONSTANT, UNIFORM, NORMAL = InitKind.CONSTANT, InitKind.UNIFORM, InitKind.NORMAL
+TRUNCATED_NORMAL, MATRIX = InitKind.TRUNCATED_NORMAL, InitKind.MATRIX
 
 
 class InitSpec:
     """kind, a, b, seed as core/initializer.h reads them; matrix only for MATRIX."""
 
-    def __init__(self, kind, a=0.0, b=0.0, seed=0, matrix=None):
-        self.kind, self.a, self.b, self.seed, self.matrix = kind, float(a), float(b), int(seed), matrix
+    def __init__(self, kind: InitKind, a=0.0, b=0.0, seed=0, matrix=None):
+        self.kind, self.a, self.b, self.seed, self.matrix = (
+            kind,
+            float(a),
+            float(b),
+            int(seed),
+            matrix,
+        )
 
     def __repr__(self):
-        return f"InitSpec(kind={self.kind}, a={self.a}, b={self.b}, seed={self.seed})"
+        return f"InitSpec(kind={self.kind.value}, a={self.a}, b={self.b}, seed={self.seed})"
 
 
 def name_seed(name):
@@ -87,5 +96,7 @@ def resolve(initializer, name, dim, default_value_dim):
         return InitSpec(TRUNCATED_NORMAL, cfg.get("mean", 0.0), cfg.get("stddev", 0.05), seed)
     if callable(initializer):
         rows = default_value_dim if default_value_dim > 0 else 4096
-        return InitSpec(MATRIX, seed=seed, matrix=_default_value_matrix(initializer, cfg, seed, rows, dim))
+        return InitSpec(
+            MATRIX, seed=seed, matrix=_default_value_matrix(initializer, cfg, seed, rows, dim)
+        )
     raise TypeError(f"table '{name}': unsupported initializer {initializer!r}")

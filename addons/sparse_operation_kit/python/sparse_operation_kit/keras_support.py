@@ -36,10 +36,13 @@ def keras_module():
 
 
 def _refusal(carrier):
-    return (f"layer '{carrier._sok_layer}': its SOK table '{carrier._sok_table.name}' is a hash table that a plain "
-            "Keras optimizer cannot update (it tried to update the table's gradient carrier "
-            f"'{carrier._sok_carrier_name}'); compile with the optimizer wrapped: "
-            "model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(...)), ...)")
+    return (
+        f"layer '{carrier._sok_layer}': its SOK table '{carrier._sok_table.name}' is a hash table "
+        "that a plain "
+        "Keras optimizer cannot update (it tried to update the table's gradient carrier "
+        f"'{carrier._sok_carrier_name}'); compile with the optimizer wrapped: "
+        "model.compile(optimizer=sok.OptimizerWrapper(keras.optimizers.Adam(...)), ...)"
+    )
 
 
 def _is_zero_constant(value):
@@ -48,7 +51,7 @@ def _is_zero_constant(value):
         return False
     try:
         return not np.any(np.asarray(v))
-    except Exception:  # noqa: BLE001
+    except Exception:  # whatever the value is, it is not a zero constant
         return False
 
 
@@ -80,8 +83,9 @@ def _carrier_class():
             import keras
 
             class Keras3Carrier(_CarrierMixin, keras.Variable):
-                # Keras 3 optimizers update raw tf.Variables (`v.value`), past any override here; but
-                # first they give each variable marked `overwrite_with_gradient` its gradient through
+                # Keras 3 optimizers update raw tf.Variables (`v.value`), past any override
+                # here; but first they give each variable marked `overwrite_with_gradient` its
+                # gradient through
                 # `v.assign(gradient)`, which this class refuses with the error that names the fix.
                 @property
                 def overwrite_with_gradient(self):
@@ -93,10 +97,8 @@ def _carrier_class():
 
             _carrier_classes[key] = Keras3Carrier
         else:
-            # tf_keras tracks tf.Variables; a subclass needs TensorFlow's concrete resource variable.
-            from tensorflow.python.ops.resource_variable_ops import ResourceVariable
-
-            class TfKerasCarrier(_CarrierMixin, ResourceVariable):
+            # tf_keras tracks tf.Variables; a subclass needs the concrete resource variable.
+            class TfKerasCarrier(_CarrierMixin, compat.ResourceVariable):
                 pass
 
             _carrier_classes[key] = TfKerasCarrier
@@ -109,7 +111,9 @@ def make_carrier(layer_name, index, table):
     name = f"sok_gradient_carrier_{index}"
     dim = int(table.shape[-1])
     if keras_is_v3():
-        carrier = cls(initializer="zeros", shape=(1, dim), dtype="float32", trainable=True, name=name)
+        carrier = cls(
+            initializer="zeros", shape=(1, dim), dtype="float32", trainable=True, name=name
+        )
     else:
         carrier = cls(tf.zeros([1, dim]), trainable=True, name=name)
     carrier._sok_table = table
@@ -191,10 +195,13 @@ def split_gradients(grads_and_vars):
                 continue
             if not isinstance(table, EmbeddingVariable):
                 name = getattr(table, "name", "?")
-                raise TypeError(f"layer '{v._sok_layer}': its static table '{name}' (a tf.Variable, not a Keras "
-                                "variable) cannot be trained by Keras 3's fit; use a sok.DynamicVariable / "
-                                "sok.EmbeddingVariable for it, or keras.layers.Embedding, or train it in a "
-                                "custom loop (tape + sok.OptimizerWrapper with the table in the variable list)")
+                raise TypeError(
+                    f"layer '{v._sok_layer}': its static table '{name}' (a tf.Variable, not a "
+                    "Keras "
+                    "variable) cannot be trained by Keras 3's fit; use a sok.DynamicVariable / "
+                    "sok.EmbeddingVariable for it, or keras.layers.Embedding, or train it in a "
+                    "custom loop (tape + sok.OptimizerWrapper with the table in the variable list)"
+                )
             sparse.append((g, table))
         else:
             dense.append((g, v))
@@ -221,9 +228,13 @@ def keras_optimizer_kind(optimizer):
     return None
 
 
-def wrapper_class(kind):
+def wrapper_class(kind, make_updater):
+    """The Keras optimizer class of sok.OptimizerWrapper for `kind` ("keras3" or "tf_keras");
+    `make_updater(keras_optimizer)` gives the fused sparse update (optimizers.make_updater, passed
+    in: optimizers.py builds on this module)."""
     if kind not in _wrapper_classes:
-        _wrapper_classes[kind] = _make_keras3_wrapper() if kind == "keras3" else _make_tf_keras_wrapper()
+        make = _make_keras3_wrapper if kind == "keras3" else _make_tf_keras_wrapper
+        _wrapper_classes[kind] = make(make_updater)
     return _wrapper_classes[kind]
 
 
@@ -240,10 +251,8 @@ def _sparse_then_dense(updater, opt, sparse, dense, apply_dense):
             step.assign_add(1)
 
 
-def _make_keras3_wrapper():
+def _make_keras3_wrapper(make_updater):
     import keras
-
-    from sparse_operation_kit.optimizers import make_updater
 
     @keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
     class KerasOptimizerWrapper(keras.optimizers.Optimizer):
@@ -329,10 +338,8 @@ def _make_keras3_wrapper():
     return KerasOptimizerWrapper
 
 
-def _make_tf_keras_wrapper():
+def _make_tf_keras_wrapper(make_updater):
     import tf_keras
-
-    from sparse_operation_kit.optimizers import make_updater
 
     @tf_keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
     class TfKerasOptimizerWrapper(tf_keras.optimizers.Optimizer):
@@ -383,7 +390,9 @@ def _make_tf_keras_wrapper():
             _, dense = split_gradients([(None, v) for v in var_list])
             self._opt.build([v for _, v in dense])
 
-        def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
+        def apply_gradients(
+            self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs
+        ):
             sparse, dense = split_gradients(grads_and_vars)
             _sparse_then_dense(self._sok_updater, self._opt, sparse, dense,
                                lambda pairs: self._opt.apply_gradients(pairs))

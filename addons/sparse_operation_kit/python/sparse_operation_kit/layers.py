@@ -32,21 +32,30 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit import keras_support, validation
-from sparse_operation_kit.embedding_variable import (CounterFilter, EmbeddingVariable, EmbeddingVariableOption,
-                                                     GlobalStepEvict, InitializerOption, L2WeightEvict,
-                                                     is_embedding_variable)
+from sparse_operation_kit.embedding_variable import (
+    CounterFilter,
+    EmbeddingVariable,
+    EmbeddingVariableOption,
+    GlobalStepEvict,
+    InitializerOption,
+    L2WeightEvict,
+    is_embedding_variable,
+)
 from sparse_operation_kit.lookup import COMBINERS, lookup_sparse
+from sparse_operation_kit.schema import EXPORT_FIELDS
+from sparse_operation_kit.tables import StaticTable, table_name
 
 _register = keras_support.keras_module().saving.register_keras_serializable
 
 
 def embedding_variables(obj):
-    """Every SOK Embedding Variable reachable from a layer, model or tf.Module (checkpoint order)."""
+    """Every SOK Embedding Variable reachable from a layer, model or tf.Module (in checkpoint
+    order)."""
     return [t for t in tf.train.TrackableView(obj).descendants() if is_embedding_variable(t)]
 
 
 def _training_flag(training, layer_name):
-    """Keras's `training` (None, a bool or a constant tensor) as the Python bool the lookup needs."""
+    """Keras's `training` (None, a bool or a constant tensor) as the bool the lookup needs."""
     return bool(validation.check_training_flag(training, f"layer '{layer_name}'"))
 
 
@@ -72,14 +81,19 @@ def _id_lists(ids, dtype, table="table", padding_id=None):
             ids = tf.RaggedTensor.from_tensor(ids)
         else:
             if ids.shape.rank is not None and ids.shape.rank != 2:
-                raise ValueError(f"table '{table}': dense ids with padding_id must be [batch, n], got shape "
-                                 f"{ids.shape}")
+                raise ValueError(
+                    f"table '{table}': dense ids with padding_id must be [batch, n], got shape "
+                    f"{ids.shape}"
+                )
             ids = tf.ragged.boolean_mask(ids, tf.not_equal(ids, tf.cast(padding_id, ids.dtype)))
     if dtype is None and not ids.dtype.is_integer:
         dtype = tf.int64
         if ids.dtype.is_floating:  # Keras traces models with float placeholders
-            ids = ids.with_values(tf.cast(ids.values, tf.int64)) if isinstance(ids, tf.SparseTensor) else \
-                ids.with_flat_values(tf.cast(ids.flat_values, tf.int64))
+            ids = (
+                ids.with_values(tf.cast(ids.values, tf.int64))
+                if isinstance(ids, tf.SparseTensor)
+                else ids.with_flat_values(tf.cast(ids.flat_values, tf.int64))
+            )
     return _cast_ids(ids, dtype, table)
 
 
@@ -87,12 +101,16 @@ def _padding_id(value, layer_name):
     if value is None:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"layer '{layer_name}': padding_id must be an integer id or None, got {value!r}")
+        raise TypeError(
+            f"layer '{layer_name}': padding_id must be an integer id or None, got {value!r}"
+        )
     return int(value)
 
 
 def _new_table(name, dim, initializer, key_dtype, ev_option):
-    return EmbeddingVariable(name, dim, key_dtype=key_dtype, initializer=initializer, ev_option=ev_option)
+    return EmbeddingVariable(
+        name, dim, key_dtype=key_dtype, initializer=initializer, ev_option=ev_option
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,8 +124,10 @@ def _initializer_config(init, table):
     get_config = getattr(init, "get_config", None)
     if get_config is not None:
         return {"class_name": type(init).__name__, "config": get_config()}
-    raise ValueError(f"table '{table}': its initializer {init!r} cannot be saved in a Keras config; use a "
-                     "Keras/TensorFlow initializer, a number or 'random'/'zeros'/'ones'")
+    raise ValueError(
+        f"table '{table}': its initializer {init!r} cannot be saved in a Keras config; use a "
+        "Keras/TensorFlow initializer, a number or 'random'/'zeros'/'ones'"
+    )
 
 
 def _initializer_from_config(config):
@@ -127,37 +147,46 @@ def table_config(t):
                 "default_value_no_permission": float(t._no_permission),
                 "filter_freq": int(t._filter_freq), "steps_to_live": int(t._steps_to_live),
                 "l2_weight_threshold": float(t._l2_threshold)}
-    name = getattr(t, "name", "static")
-    return {"kind": "static", "name": name[:-2] if name.endswith(":0") else name,
-            "shape": [int(d) for d in t.shape], "dtype": tf.as_dtype(t.dtype).name}
+    return {"kind": "static", "name": table_name(t), "shape": [int(d) for d in t.shape],
+            "dtype": tf.as_dtype(t.dtype).name}
 
 
 def table_from_config(c):
     if c["kind"] == "static":
-        var = tf.Variable(tf.zeros(c["shape"], c["dtype"]), name=c["name"])
-        var.target_gpu = -1
-        return var
+        return StaticTable(initial_value=tf.zeros(c["shape"], c["dtype"]), name=c["name"])
     evict = None
     if c["steps_to_live"] > 0:
         evict = GlobalStepEvict(c["steps_to_live"])
     elif c["l2_weight_threshold"] >= 0:
         evict = L2WeightEvict(c["l2_weight_threshold"])
     option = EmbeddingVariableOption(
-        filter_option=CounterFilter(c["filter_freq"]) if c["filter_freq"] else None, evict_option=evict,
-        init_option=InitializerOption(_initializer_from_config(c["initializer"]), c["default_value_dim"],
-                                      c["default_value_no_permission"]))
-    return EmbeddingVariable(c["name"], c["embedding_dim"], key_dtype=c["key_dtype"], trainable=c["trainable"],
-                             ev_option=option)
+        filter_option=CounterFilter(c["filter_freq"]) if c["filter_freq"] else None,
+        evict_option=evict,
+        init_option=InitializerOption(
+            _initializer_from_config(c["initializer"]),
+            c["default_value_dim"],
+            c["default_value_no_permission"],
+        ),
+    )
+    return EmbeddingVariable(
+        c["name"],
+        c["embedding_dim"],
+        key_dtype=c["key_dtype"],
+        trainable=c["trainable"],
+        ev_option=option,
+    )
 
 
-_FIELDS = EmbeddingVariable._CKPT_FIELDS
+_FIELDS = EXPORT_FIELDS
 
 
 class _TablesLayer(tf.keras.layers.Layer):
     """Owns the tables: new Embedding Variables, or existing SOK variables handed in."""
 
     def _set_tables(self, tables):
-        self.supports_jit = False  # SOK's ops have no XLA kernels (Keras 3 would compile fit's step)
+        self.supports_jit = (
+            False  # SOK's ops have no XLA kernels (Keras 3 would compile fit's step)
+        )
         self._tables = tuple(tables)
         carriers = []
         for i, table in enumerate(self._tables):
@@ -194,7 +223,7 @@ class _TablesLayer(tf.keras.layers.Layer):
             store[f"{i}"] = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
         for i, t in enumerate(self._tables):
             if is_embedding_variable(t):
-                for field, value in zip(_FIELDS, t.export()):
+                for field, value in t.snapshot().items():
                     store[f"sok_table_{i}_{field}"] = value.numpy()
             elif not any(t is v for v in self._keras_variables()):
                 store[f"sok_table_{i}_values"] = np.asarray(t.numpy())
@@ -204,8 +233,11 @@ class _TablesLayer(tf.keras.layers.Layer):
         keys = set(store.keys())
         expected = len([k for k in keys if not k.startswith("sok_table_")])
         if expected != len(own):
-            raise ValueError(f"layer '{self.name}': the weights file holds {expected} Keras variables, the layer "
-                             f"has {len(own)}")
+            raise ValueError(
+                f"layer '{self.name}': the weights file holds {expected} Keras variables, the "
+                "layer "
+                f"has {len(own)}"
+            )
         for i, v in enumerate(own):
             if keras_support.is_carrier(v):
                 continue  # always zero
@@ -214,9 +246,13 @@ class _TablesLayer(tf.keras.layers.Layer):
             if is_embedding_variable(t):
                 missing = [f for f in _FIELDS if f"sok_table_{i}_{f}" not in keys]
                 if missing:
-                    raise ValueError(f"layer '{self.name}': the weights file has no rows of table '{t.name}' "
-                                     f"(missing {missing})")
-                t._restore_from_tensors({f: tf.constant(np.asarray(store[f"sok_table_{i}_{f}"])) for f in _FIELDS})
+                    raise ValueError(
+                        f"layer '{self.name}': the weights file has no rows of table '{t.name}' "
+                        f"(missing {missing})"
+                    )
+                t.import_snapshot(
+                    {f: tf.constant(np.asarray(store[f"sok_table_{i}_{f}"])) for f in _FIELDS}
+                )
             elif f"sok_table_{i}_values" in keys:
                 t.assign(np.asarray(store[f"sok_table_{i}_values"]))
 
@@ -232,7 +268,8 @@ class _TablesLayer(tf.keras.layers.Layer):
 
 @_register(package="sok")
 class Embedding(_TablesLayer):
-    """One Embedding Variable as a Keras layer (like keras.layers.Embedding, with no vocabulary size).
+    """One Embedding Variable as a Keras layer (like keras.layers.Embedding, with no vocabulary
+    size).
 
     call(ids, training=None):
       - ids a dense tensor of any shape -> [*ids.shape, dim];
@@ -262,8 +299,10 @@ class Embedding(_TablesLayer):
             embedding_variable = _new_table(f"{self.name}/embeddings", embedding_dim, initializer,
                                             key_dtype, ev_option)
         elif not is_embedding_variable(embedding_variable):
-            raise TypeError(f"layer '{self.name}': embedding_variable must be a sok.EmbeddingVariable, got "
-                            f"{type(embedding_variable).__name__}")
+            raise TypeError(
+                f"layer '{self.name}': embedding_variable must be a sok.EmbeddingVariable, got "
+                f"{type(embedding_variable).__name__}"
+            )
         self.combiner = combiner
         self._set_tables([embedding_variable])
 
@@ -286,8 +325,10 @@ class Embedding(_TablesLayer):
         if self.combiner is not None:
             ids = _id_lists(ids, table.key_dtype, table.name, self.padding_id)
             ids = validation.check_lookup_inputs([table], [ids], None, [table.name])[0][0]
-            return self._lookup(lambda: [lookup_sparse(table, ids, combiners=self.combiner, training=training)],
-                                training)[0]
+            return self._lookup(
+                lambda: [lookup_sparse(table, ids, combiners=self.combiner, training=training)],
+                training,
+            )[0]
         if isinstance(ids, tf.SparseTensor):
             raise TypeError(f"layer '{self.name}': SparseTensor ids need a combiner")
         if isinstance(ids, tf.RaggedTensor):
@@ -296,8 +337,16 @@ class Embedding(_TablesLayer):
         if self.padding_id is not None:
             positions = tf.where(tf.not_equal(ids, tf.cast(self.padding_id, ids.dtype)))
             shape = tf.concat([tf.shape(ids, out_type=tf.int64), [self.embedding_dim]], 0)
-            return self._lookup(lambda: [tf.scatter_nd(
-                positions, table.sparse_read(tf.gather_nd(ids, positions), training=training), shape)], training)[0]
+            return self._lookup(
+                lambda: [
+                    tf.scatter_nd(
+                        positions,
+                        table.sparse_read(tf.gather_nd(ids, positions), training=training),
+                        shape,
+                    )
+                ],
+                training,
+            )[0]
         return self._lookup(lambda: [table.sparse_read(ids, training=training)], training)[0]
 
     def compute_output_shape(self, input_shape):
@@ -366,14 +415,24 @@ class SparseEmbedding(_TablesLayer):
         if len(ids) != n:
             raise ValueError(f"layer '{self.name}': {n} tables but {len(ids)} id tensors")
         names = [getattr(t, "name", f"table_{i}") for i, t in enumerate(self._tables)]
-        ids = [_id_lists(x, self._key_dtype(i), names[i], self.padding_id) for i, x in enumerate(ids)]
+        ids = [
+            _id_lists(x, self._key_dtype(i), names[i], self.padding_id) for i, x in enumerate(ids)
+        ]
         weights = None if weights is None else _as_list(weights)
         if weights is not None and len(weights) != n:
             raise ValueError(f"layer '{self.name}': {n} tables but {len(weights)} weight tensors")
         ids, weights = validation.check_lookup_inputs(list(self._tables), ids, weights, names)
-        outs = self._lookup(lambda: lookup_sparse(list(self._tables), ids, sp_weights=weights,
-                                                  combiners=self.combiners, training=training, name=self.name),
-                            training)
+        outs = self._lookup(
+            lambda: lookup_sparse(
+                list(self._tables),
+                ids,
+                sp_weights=weights,
+                combiners=self.combiners,
+                training=training,
+                name=self.name,
+            ),
+            training,
+        )
         return outs[0] if single else list(outs)
 
     def compute_output_shape(self, input_shape):
@@ -383,6 +442,10 @@ class SparseEmbedding(_TablesLayer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(embedding_dims=[int(t.shape[-1]) for t in self._tables], combiners=list(self.combiners),
-                      tables=self._tables_config(), padding_id=self.padding_id)
+        config.update(
+            embedding_dims=[int(t.shape[-1]) for t in self._tables],
+            combiners=list(self.combiners),
+            tables=self._tables_config(),
+            padding_id=self.padding_id,
+        )
         return config

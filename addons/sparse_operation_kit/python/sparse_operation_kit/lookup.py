@@ -9,13 +9,15 @@ Gradients flow back the same way: per-sample gradient -> per-distinct-key gradie
 (exchange) -> tf.IndexedSlices keyed by id on the owning table.
 """
 import contextlib
-from typing import List, Union
+from collections.abc import Sequence
+from typing import Union
 
 import tensorflow as tf
 
-from sparse_operation_kit import compat, partitioned, serving, validation
+from sparse_operation_kit import compat, exchange, partitioned, serving, uniqueness, validation
 from sparse_operation_kit._ops import ops
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.tables import table_name
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -41,9 +43,15 @@ def _pooled_combine_grad(op, *grads):
     else:  # eager tape: next to the incoming gradient
         where = tf.device(next((g.device for g in grads if g is not None), None))
     with where:
-        row_grads = ops.sok_pooled_combine_grad(list(grads), list(inverse), list(segments), list(weights),
-                                                num_rows, combiners=op.get_attr("combiners"),
-                                                table_names=op.get_attr("table_names"))
+        row_grads = ops.sok_pooled_combine_grad(
+            list(grads),
+            list(inverse),
+            list(segments),
+            list(weights),
+            num_rows,
+            combiners=op.get_attr("combiners"),
+            table_names=op.get_attr("table_names"),
+        )
     return list(row_grads) + [None] * (3 * n) + [None]
 
 
@@ -63,14 +71,17 @@ tf.no_gradient("SokEmbeddingVariableSparseApply")
 # tf.nn.embedding_lookup(ev, ids) converts params that are no tf.Variable to a tensor, which an
 # Embedding Variable has not: dispatch on the EV to its sparse_read (gradient: IndexedSlices by id).
 compat.register_dispatchable_type(EmbeddingVariable)
-_EV_PARAMS = {"params": Union[EmbeddingVariable, List[EmbeddingVariable]]}
+# dispatch_for_api reads typing annotations (typing.Union, not "X | Y").
+_EV_PARAMS = {"params": Union[EmbeddingVariable, list[EmbeddingVariable]]}  # noqa: UP007
 
 
 def _embedding_lookup_ev(params, ids, max_norm):
     if isinstance(params, (list, tuple)):
         if len(params) != 1:
-            raise ValueError(f"tf.nn.embedding_lookup: a list of {len(params)} Embedding Variables is not "
-                             "supported; an Embedding Variable is one unpartitioned table")
+            raise ValueError(
+                f"tf.nn.embedding_lookup: a list of {len(params)} Embedding Variables is not "
+                "supported; an Embedding Variable is one unpartitioned table"
+            )
         params = params[0]
     if isinstance(ids, tf.RaggedTensor):
         return tf.ragged.map_flat_values(lambda k: _embedding_lookup_ev(params, k, max_norm), ids)
@@ -94,11 +105,6 @@ def _embedding_lookup_v1(params, ids, partition_strategy="mod", name=None, valid
         return _embedding_lookup_ev(params, ids, max_norm)
 
 
-def table_name(param):
-    name = getattr(param, "name", None) or "table"
-    return name[:-2] if name.endswith(":0") else name
-
-
 def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
@@ -111,8 +117,10 @@ def _flatten_ids(ids, name):
         if ids.ragged_rank != 1:
             ids = ids.merge_dims(1, -1)
         return ids.values, ids.value_rowids(), ids.nrows(out_type=tf.int64)
-    raise TypeError(f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor or tf.RaggedTensor, "
-                    f"got {type(ids).__name__}")
+    raise TypeError(
+        f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor or tf.RaggedTensor, "
+        f"got {type(ids).__name__}"
+    )
 
 
 def _flatten_weights(weights, name, num_ids):
@@ -126,7 +134,9 @@ def _flatten_weights(weights, name, num_ids):
         raise TypeError(f"lookup_sparse: weights of table '{name}' must be a tf.SparseTensor or "
                         f"tf.RaggedTensor like its ids, got {type(weights).__name__}")
     if values.dtype != tf.float32:
-        raise TypeError(f"lookup_sparse: weights of table '{name}' must be float32, got {values.dtype.name}")
+        raise TypeError(
+            f"lookup_sparse: weights of table '{name}' must be float32, got {values.dtype.name}"
+        )
     return values
 
 
@@ -136,7 +146,8 @@ def _key_dtype(param):
     return None  # static tables take int32 or int64 ids
 
 
-def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True, name=None):
+def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str] | None = None,
+                  training: bool = True, name: str | None = None) -> tf.Tensor | list[tf.Tensor]:
     """Pooled embeddings of many tables in one call.
 
     params: a table or a list of tables (sok.EmbeddingVariable / DynamicVariable, a partitioned
@@ -170,11 +181,15 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True
         for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
             k, s, b = _flatten_ids(ids, nm)
             if k.dtype not in (tf.int32, tf.int64):
-                raise TypeError(f"lookup_sparse: ids of table '{nm}' must be int32 or int64, got {k.dtype.name}")
+                raise TypeError(
+                    f"lookup_sparse: ids of table '{nm}' must be int32 or int64, got {k.dtype.name}"
+                )
             want = _key_dtype(p)
             if want is not None and k.dtype != want:
-                raise TypeError(f"lookup_sparse: table '{nm}' has key dtype {want.name}, but its ids are "
-                                f"{k.dtype.name}")
+                raise TypeError(
+                    f"lookup_sparse: table '{nm}' has key dtype {want.name}, but its ids are "
+                    f"{k.dtype.name}"
+                )
             keys.append(k)
             segments.append(tf.cast(s, tf.int64))
             batches.append(tf.cast(b, tf.int64))
@@ -185,9 +200,25 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, training=True
         tables = partitioned.flat_tables(params)
         with _on_device_of(tables):
             unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
-        rows = partitioned.fetch_rows(params, list(unique), list(counts), training=training, names=names)
+        uniqueness.declare_distinct(unique)
+        rows = partitioned.fetch_rows(
+            params, list(unique), list(counts), training=training, names=names
+        )
         batch_sizes = tf.stack(batches)
         with _on_device_of(tables):
             outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, batch_sizes,
                                           combiners=combiners, table_names=names)
     return outs[0] if single else list(outs)
+
+
+def all2all_dense_embedding(param, indices) -> tf.Tensor:
+    """NVIDIA SOK 2.x's all2all_dense_embedding: rows of `indices` (any shape) from a table
+    sharded over ranks, differentiable, returned in the shape of `indices` + [dim]."""
+    indices = tf.convert_to_tensor(indices)
+    flat = tf.reshape(indices, [-1])
+    unique, inverse, counts = ops.sok_unique_keys([flat], N=1)
+    uniqueness.declare_distinct(unique)
+    rows = exchange.fetch_rows([param], [unique[0]], [counts[0]], True, [table_name(param)])[0]
+    out = tf.gather(rows, inverse[0])
+    dim = tf.shape(rows)[1:]
+    return tf.reshape(out, tf.concat([tf.shape(indices), dim], 0))

@@ -2,19 +2,21 @@
 their co-located slots; everything else goes to the wrapped TensorFlow/Keras optimizer."""
 import tensorflow as tf
 
-from sparse_operation_kit import compat
+from sparse_operation_kit import compat, keras_support, uniqueness
 from sparse_operation_kit._ops import ops
-from sparse_operation_kit.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.keras_support import split_gradients
+from sparse_operation_kit.schema import Optimizer
+from sparse_operation_kit.tables import is_sok_table
 
-SUPPORTED = ("sgd", "adagrad", "adam", "ftrl")
+SUPPORTED = tuple(o.value for o in Optimizer)
 
 
 def is_sok_variable(v):
-    """Embedding Variables and sok.Variable tables (which carry a target_gpu placement)."""
-    return isinstance(v, EmbeddingVariable) or hasattr(v, "target_gpu")
+    """Embedding Variables and sok.Variable tables (StaticTable)."""
+    return is_sok_table(v)
 
 
-def filter_variables(variables):
+def filter_variables(variables) -> tuple[list, list]:
     """Splits variables into (SOK variables, other variables): under Horovod only the others are
     data-parallel and need their gradients averaged with hvd.allreduce."""
     sok_vars, other = [], []
@@ -26,27 +28,47 @@ def filter_variables(variables):
 def _keras_hyperparameters(opt):
     cfg = opt.get_config()
     name = type(opt).__name__.lower()
-    lr = lambda: opt.learning_rate  # noqa: E731  read at every step: schedules and later assignments
+
+    def lr():  # read at every step: schedules and later assignments
+        return opt.learning_rate
+
     if name == "sgd":
         if cfg.get("momentum", 0.0):
-            raise ValueError("sok.OptimizerWrapper: SGD with momentum is not supported for SOK variables")
-        return "sgd", {"learning_rate": lr}
+            raise ValueError(
+                "sok.OptimizerWrapper: SGD with momentum is not supported for SOK variables"
+            )
+        return Optimizer.SGD, {"learning_rate": lr}
     if name == "adagrad":
-        return "adagrad", {"learning_rate": lr, "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
-                           "epsilon": cfg.get("epsilon", 1e-7)}
+        return Optimizer.ADAGRAD, {
+            "learning_rate": lr,
+            "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
+            "epsilon": cfg.get("epsilon", 1e-7),
+        }
     if name in ("adam", "lazyadam"):
         if cfg.get("amsgrad"):
-            raise ValueError("sok.OptimizerWrapper: Adam with amsgrad is not supported for SOK variables")
-        return "adam", {"learning_rate": lr, "beta1": cfg.get("beta_1", 0.9), "beta2": cfg.get("beta_2", 0.999),
-                        "epsilon": cfg.get("epsilon", 1e-7)}
+            raise ValueError(
+                "sok.OptimizerWrapper: Adam with amsgrad is not supported for SOK variables"
+            )
+        return Optimizer.ADAM, {
+            "learning_rate": lr,
+            "beta1": cfg.get("beta_1", 0.9),
+            "beta2": cfg.get("beta_2", 0.999),
+            "epsilon": cfg.get("epsilon", 1e-7),
+        }
     if name == "ftrl":
         if cfg.get("l2_shrinkage_regularization_strength"):
-            raise ValueError("sok.OptimizerWrapper: FTRL's l2_shrinkage_regularization_strength is not "
-                             "supported for SOK variables")
-        return "ftrl", {"learning_rate": lr, "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
-                        "lr_power": cfg.get("learning_rate_power", -0.5),
-                        "l1": cfg.get("l1_regularization_strength", 0.0),
-                        "l2": cfg.get("l2_regularization_strength", 0.0), "beta": cfg.get("beta", 0.0)}
+            raise ValueError(
+                "sok.OptimizerWrapper: FTRL's l2_shrinkage_regularization_strength is not "
+                "supported for SOK variables"
+            )
+        return Optimizer.FTRL, {
+            "learning_rate": lr,
+            "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
+            "lr_power": cfg.get("learning_rate_power", -0.5),
+            "l1": cfg.get("l1_regularization_strength", 0.0),
+            "l2": cfg.get("l2_regularization_strength", 0.0),
+            "beta": cfg.get("beta", 0.0),
+        }
     return None, None
 
 
@@ -57,22 +79,14 @@ def _value(x):
     return tf.cast(tf.convert_to_tensor(x), tf.float32)
 
 
-def _distinct_by_construction(indices):
-    """True when `indices` is an output of SokUniqueKeys (graph tensors only), as lookup_sparse's
-    gradients are: the update may then skip its dedup."""
-    try:
-        op = indices.op
-    except AttributeError:  # eager tensor
-        return False
-    return op is not None and op.type == "SokUniqueKeys"
-
-
 class _SparseUpdater:
     """The fused update for Embedding Variables, shared by OptimizerWrapper and sok.SGD."""
 
     def __init__(self, kind, hyper, on_step_created=None):
         if kind not in SUPPORTED:
-            raise ValueError(f"unsupported optimizer '{kind}' for SOK variables (supported: {SUPPORTED})")
+            raise ValueError(
+                f"unsupported optimizer '{kind}' for SOK variables (supported: {SUPPORTED})"
+            )
         self.kind = kind
         self.hyper = dict(hyper)
         self._step = None
@@ -81,7 +95,9 @@ class _SparseUpdater:
     def _step_var(self):
         if self._step is None:
             with tf.init_scope():
-                self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="sok_optimizer_step")
+                self._step = tf.Variable(
+                    0, dtype=tf.int64, trainable=False, name="sok_optimizer_step"
+                )
                 if self._on_step_created is not None:
                     # Before the first read: a pending tf.train.Checkpoint restore lands now.
                     self._on_step_created(self._step)
@@ -98,11 +114,19 @@ class _SparseUpdater:
         keys, grads = [], []
         for g, v in pairs:
             if not isinstance(g, tf.IndexedSlices):
-                raise TypeError(f"the gradient of Embedding Variable '{v.name}' must be tf.IndexedSlices, got "
-                                f"{type(g).__name__}")
-            if g.values.shape.rank is not None and g.values.shape[-1] not in (None, v.embedding_dim):
-                raise ValueError(f"the gradient of Embedding Variable '{v.name}' has shape {g.values.shape}, but "
-                                 f"the variable has dimension {v.embedding_dim}")
+                raise TypeError(
+                    f"the gradient of Embedding Variable '{v.name}' must be tf.IndexedSlices, got "
+                    f"{type(g).__name__}"
+                )
+            if g.values.shape.rank is not None and g.values.shape[-1] not in (
+                None,
+                v.embedding_dim,
+            ):
+                raise ValueError(
+                    f"the gradient of Embedding Variable '{v.name}' has shape {g.values.shape}, "
+                    "but "
+                    f"the variable has dimension {v.embedding_dim}"
+                )
             keys.append(tf.cast(g.indices, v.key_dtype))
             grads.append(tf.reshape(tf.cast(g.values, tf.float32), [-1, v.embedding_dim]))
         h = self.hyper
@@ -111,30 +135,46 @@ class _SparseUpdater:
         if h.get("beta", 0.0):  # FTRL (Keras and TF1) folds beta into l2 (an attribute of the op)
             lr_now = tf.get_static_value(lr)
             if lr_now is None:
-                raise ValueError("FTRL with beta > 0 on SOK variables needs a learning rate known when the "
-                                 "update is built (eager execution, or a constant learning rate in a graph)")
+                raise ValueError(
+                    "FTRL with beta > 0 on SOK variables needs a learning rate known when the "
+                    "update is built (eager execution, or a constant learning rate in a graph)"
+                )
             l2 = l2 + float(h["beta"]) / (2.0 * float(lr_now))
         own_step = step is None
         step_var = self._step_var() if own_step else None
         step_value = tf.cast(step_var.read_value() if own_step else step, tf.int64)
         update = ops.sok_embedding_variable_sparse_apply(
-            [v.handle for _, v in pairs], keys, grads, lr, step_value, optimizer=self.kind,
-            beta1=float(h.get("beta1", 0.9)), beta2=float(h.get("beta2", 0.999)),
-            epsilon=float(h.get("epsilon", 0.0)), initial_accumulator=float(h.get("initial_accumulator", 0.1)),
-            l1=float(h.get("l1", 0.0)), l2=l2, lr_power=float(h.get("lr_power", -0.5)),
-            keys_unique=all(_distinct_by_construction(g.indices) for g, _ in pairs))
+            [v.handle for _, v in pairs],
+            keys,
+            grads,
+            lr,
+            step_value,
+            optimizer=self.kind,
+            beta1=float(h.get("beta1", 0.9)),
+            beta2=float(h.get("beta2", 0.999)),
+            epsilon=float(h.get("epsilon", 0.0)),
+            initial_accumulator=float(h.get("initial_accumulator", 0.1)),
+            l1=float(h.get("l1", 0.0)),
+            l2=l2,
+            lr_power=float(h.get("lr_power", -0.5)),
+            keys_unique=all(uniqueness.is_distinct(g.indices) for g, _ in pairs),
+        )
         if not own_step:
             return update
         with tf.control_dependencies([update]):
-            return step_var.assign_add(1).op if not tf.executing_eagerly() else step_var.assign_add(1)
+            return (
+                step_var.assign_add(1).op if not tf.executing_eagerly() else step_var.assign_add(1)
+            )
 
 
 def make_updater(optimizer):
     """The fused sparse update matching a Keras optimizer (ValueError if it has none)."""
     kind, hyper = _keras_hyperparameters(optimizer)
     if kind is None:
-        raise ValueError(f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
-                         f"variables (supported: {', '.join(SUPPORTED)})")
+        raise ValueError(
+            f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
+            f"variables (supported: {', '.join(SUPPORTED)})"
+        )
     return _SparseUpdater(kind, hyper)
 
 
@@ -163,10 +203,9 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
 
     def __new__(cls, optimizer=None, *args, **kwargs):
         if cls is OptimizerWrapper:
-            from sparse_operation_kit import keras_support
             kind = keras_support.keras_optimizer_kind(optimizer)
             if kind is not None:
-                return keras_support.wrapper_class(kind)(optimizer)
+                return keras_support.wrapper_class(kind, make_updater)(optimizer)
         return super().__new__(cls)
 
     def __init__(self, optimizer):
@@ -177,8 +216,10 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
             if hasattr(optimizer, "get_config"):
                 kind, hyper = _keras_hyperparameters(optimizer)
             if kind is None:
-                raise ValueError(f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
-                                 f"variables (supported: {', '.join(SUPPORTED)})")
+                raise ValueError(
+                    f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
+                    f"variables (supported: {', '.join(SUPPORTED)})"
+                )
         self._updater = _SparseUpdater(kind, hyper, on_step_created=self._track_step)
 
     def _track_step(self, step):
@@ -199,14 +240,17 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
         """TF1: [(gradient, variable)] for SOK variables and the rest alike."""
         if var_list is None:
             var_list = tf.compat.v1.trainable_variables()
-            var_list += tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES)
+            var_list += tf.compat.v1.get_collection(
+                tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES
+            )
         var_list = list(dict.fromkeys(var_list))
         grads = tf.gradients(loss, var_list)
         return list(zip(grads, var_list))
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
-        from sparse_operation_kit.keras_support import split_gradients
-        sparse, dense = split_gradients(grads_and_vars)  # gradient carriers of SOK layers -> their tables
+        sparse, dense = split_gradients(
+            grads_and_vars
+        )  # gradient carriers of SOK layers -> their tables
         step = None
         if not self._is_v1 and hasattr(self._opt, "iterations"):
             step = self._opt.iterations  # Keras: share the wrapped optimizer's step counter
@@ -217,7 +261,9 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
         with tf.control_dependencies([update] if step is not None else []):
             if dense:
                 if self._is_v1:
-                    ops_.append(self._opt.apply_gradients(dense, global_step=global_step, name=name))
+                    ops_.append(
+                        self._opt.apply_gradients(dense, global_step=global_step, name=name)
+                    )
                     global_step = None
                 else:
                     ops_.append(self._opt.apply_gradients(dense))
@@ -225,7 +271,8 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
                 ops_.append(self._opt.iterations.assign_add(1))
         if global_step is not None:
             with tf.control_dependencies([o for o in ops_ if o is not None]):
-                # read_value=False: an op (a read-back variable would be dropped by the group below).
+                # read_value=False: an op (a read-back variable would be dropped by the group
+                # below).
                 ops_.append(global_step.assign_add(1, read_value=False))
         if tf.executing_eagerly():
             return None
@@ -247,7 +294,9 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
                 loss_value = loss
             grads = tape.gradient(loss_value, var_list)
             return self.apply_gradients(zip(grads, var_list), global_step=global_step)
-        return self.apply_gradients(self.compute_gradients(loss, var_list), global_step=global_step, name=name)
+        return self.apply_gradients(
+            self.compute_gradients(loss, var_list), global_step=global_step, name=name
+        )
 
 
 def _register_train_op(parts, train_op):
@@ -263,23 +312,28 @@ class SGD(compat.AutoTrackable):
 
     def __init__(self, lr=0.01, learning_rate=None):
         self._lr = learning_rate if learning_rate is not None else lr
-        self._updater = _SparseUpdater("sgd", {"learning_rate": self._lr}, on_step_created=self._track_step)
+        self._updater = _SparseUpdater(
+            Optimizer.SGD, {"learning_rate": self._lr}, on_step_created=self._track_step
+        )
 
     def _track_step(self, step):
-        self.sok_optimizer_step = step  # a checkpoint dependency (Embedding Variables' update steps)
+        self.sok_optimizer_step = (
+            step  # a checkpoint dependency (Embedding Variables' update steps)
+        )
 
     @property
     def learning_rate(self):
         return self._lr
 
     def apply_gradients(self, grads_and_vars, **kwargs):
-        from sparse_operation_kit.keras_support import split_gradients
         sparse, dense = split_gradients([(g, v) for g, v in grads_and_vars if g is not None])
         ops_ = [self._updater.apply(sparse)]
         lr = _value(self._lr)
         for g, v in dense:
             if isinstance(g, tf.IndexedSlices):
-                ops_.append(v.scatter_sub(tf.IndexedSlices(g.values * lr, g.indices, g.dense_shape)))
+                ops_.append(
+                    v.scatter_sub(tf.IndexedSlices(g.values * lr, g.indices, g.dense_shape))
+                )
             else:
                 ops_.append(v.assign_sub(g * lr))
         if tf.executing_eagerly():

@@ -13,6 +13,7 @@ One table to every consumer:
   layout of an unpartitioned table of that name), so a checkpoint restores into any number of
   parts, or into an unpartitioned table, and back.
 """
+
 import tensorflow as tf
 
 from sparse_operation_kit import compat, exchange
@@ -22,7 +23,7 @@ from sparse_operation_kit.embedding_variable import SOK_VARIABLES, EmbeddingVari
 PARTITIONED_VARIABLES = "sok_partitioned_embedding_variables"
 DEEPREC_KEY_BUCKETS = 1000
 # An Embedding Variable has no fixed row count: partitioners see this many rows.
-_PARTITIONER_ROWS = 2 ** 31 - 1
+_PARTITIONER_ROWS = 2**31 - 1
 
 
 class PartitionedEmbeddingVariable(compat.Trackable):
@@ -35,7 +36,9 @@ class PartitionedEmbeddingVariable(compat.Trackable):
         dims = {p.embedding_dim for p in parts}
         key_dtypes = {p.key_dtype for p in parts}
         if len(dims) != 1 or len(key_dtypes) != 1:
-            raise ValueError(f"Partitioned Embedding Variable '{name}': parts differ in dimension or key dtype")
+            raise ValueError(
+                f"Partitioned Embedding Variable '{name}': parts differ in dimension or key dtype"
+            )
         self._name = name
         self._parts = list(parts)
 
@@ -57,8 +60,13 @@ class PartitionedEmbeddingVariable(compat.Trackable):
         """Part of each key: (k mod 1000) mod n, as int32."""
         keys = tf.convert_to_tensor(keys)
         n = len(self._parts)
-        return tf.cast(tf.math.floormod(tf.math.floormod(keys, tf.cast(DEEPREC_KEY_BUCKETS, keys.dtype)),
-                                        tf.cast(n, keys.dtype)), tf.int32)
+        return tf.cast(
+            tf.math.floormod(
+                tf.math.floormod(keys, tf.cast(DEEPREC_KEY_BUCKETS, keys.dtype)),
+                tf.cast(n, keys.dtype),
+            ),
+            tf.int32,
+        )
 
     # --- variable-like surface ------------------------------------------------------------------
     @property
@@ -115,8 +123,10 @@ class PartitionedEmbeddingVariable(compat.Trackable):
         return tf.stack([self.size(), tf.constant(self.embedding_dim, tf.int64)])
 
     def read_value(self):
-        raise TypeError(f"Embedding Variable '{self._name}' has no dense value; use sparse_read(ids) "
-                        "or sok.export(var)")
+        raise TypeError(
+            f"Embedding Variable '{self._name}' has no dense value; use sparse_read(ids) "
+            "or sok.export(var)"
+        )
 
     def _split(self, keys):
         """(keys of each part, their positions in `keys`) for flat `keys`."""
@@ -133,8 +143,12 @@ class PartitionedEmbeddingVariable(compat.Trackable):
             for p in self._parts:
                 compat.variable_accessed(p)
             rows = ops.sok_embedding_variable_gather(
-                [p.handle for p in self._parts], keys, [tf.zeros([0], tf.int64)] * len(self._parts),
-                dims=[self.embedding_dim] * len(self._parts), training=training)
+                [p.handle for p in self._parts],
+                keys,
+                [tf.zeros([0], tf.int64)] * len(self._parts),
+                dims=[self.embedding_dim] * len(self._parts),
+                training=training,
+            )
             flat = tf.dynamic_stitch(positions, list(rows))
             return tf.reshape(flat, tf.concat([tf.shape(indices), [self.embedding_dim]], 0))
 
@@ -144,8 +158,16 @@ class PartitionedEmbeddingVariable(compat.Trackable):
         keys = tf.reshape(keys, [-1])
         part = self.partition_index(keys)
         n = len(self._parts)
-        return tf.group(*[p.assign(k, v) for p, k, v in zip(
-            self._parts, tf.dynamic_partition(keys, part, n), tf.dynamic_partition(values, part, n))])
+        return tf.group(
+            *[
+                p.assign(k, v)
+                for p, k, v in zip(
+                    self._parts,
+                    tf.dynamic_partition(keys, part, n),
+                    tf.dynamic_partition(values, part, n),
+                )
+            ]
+        )
 
     def shrink(self, global_step):
         """Applies the eviction options to every part; returns how many keys were removed."""
@@ -157,23 +179,48 @@ class PartitionedEmbeddingVariable(compat.Trackable):
         kinds = tf.stack([f[5] for f in fields])
         num_slots = tf.stack([tf.shape(f[6])[0] for f in fields])
         widest = tf.argmax(num_slots, output_type=tf.int32)
-        slot_init = tf.gather(tf.stack([tf.pad(f[6], [[0, tf.reduce_max(num_slots) - tf.shape(f[6])[0]]])
-                                        for f in fields]), widest)
+        slot_init = tf.gather(
+            tf.stack(
+                [tf.pad(f[6], [[0, tf.reduce_max(num_slots) - tf.shape(f[6])[0]]]) for f in fields]
+            ),
+            widest,
+        )
         # A part no optimizer has updated yet has no slots: its rows get the slots' initial values,
         # which is what the optimizer would give them on their first update.
-        slots = [tf.concat([f[2], tf.broadcast_to(
-            tf.reshape(slot_init[num_slots[i]:], [1, -1, 1]),
-            [tf.shape(f[2])[0], tf.reduce_max(num_slots) - num_slots[i], self.embedding_dim])], axis=1)
-            for i, f in enumerate(fields)]
+        slots = [
+            tf.concat(
+                [
+                    f[2],
+                    tf.broadcast_to(
+                        tf.reshape(slot_init[num_slots[i] :], [1, -1, 1]),
+                        [
+                            tf.shape(f[2])[0],
+                            tf.reduce_max(num_slots) - num_slots[i],
+                            self.embedding_dim,
+                        ],
+                    ),
+                ],
+                axis=1,
+            )
+            for i, f in enumerate(fields)
+        ]
         used = tf.boolean_mask(kinds, kinds >= 0)
         kind = tf.reduce_max(tf.concat([kinds, [-1]], 0))
         check = tf.debugging.assert_equal(
-            used, tf.fill(tf.shape(used), kind),
-            message=f"Embedding Variable '{self._name}': its parts were trained by different optimizers")
+            used,
+            tf.fill(tf.shape(used), kind),
+            message=f"Embedding Variable '{self._name}': its parts were trained by different optimizers",
+        )
         with tf.control_dependencies([check]):
-            return (tf.concat([f[0] for f in fields], 0), tf.concat([f[1] for f in fields], 0),
-                    tf.concat(slots, 0), tf.concat([f[3] for f in fields], 0),
-                    tf.concat([f[4] for f in fields], 0), tf.identity(kind), slot_init)
+            return (
+                tf.concat([f[0] for f in fields], 0),
+                tf.concat([f[1] for f in fields], 0),
+                tf.concat(slots, 0),
+                tf.concat([f[3] for f in fields], 0),
+                tf.concat([f[4] for f in fields], 0),
+                tf.identity(kind),
+                slot_init,
+            )
 
     # --- checkpoints: one table, whatever the number of parts -----------------------------------
     _CKPT_FIELDS = EmbeddingVariable._CKPT_FIELDS
@@ -200,14 +247,18 @@ class PartitionedEmbeddingVariable(compat.Trackable):
         return None  # see EmbeddingVariable.to_proto
 
     def __repr__(self):
-        return (f"<sok.PartitionedEmbeddingVariable '{self._name}' parts={len(self._parts)} "
-                f"dim={self.embedding_dim} key_dtype={self.key_dtype.name}>")
+        return (
+            f"<sok.PartitionedEmbeddingVariable '{self._name}' parts={len(self._parts)} "
+            f"dim={self.embedding_dim} key_dtype={self.key_dtype.name}>"
+        )
 
 
 class _PartitionedSaveable(compat.SaveableObject):
     def __init__(self, var, name):
         self._var = var
-        specs = [compat.SaveSpec(t, "", f"{name}/{f}") for f, t in zip(var._CKPT_FIELDS, var.export())]
+        specs = [
+            compat.SaveSpec(t, "", f"{name}/{f}") for f, t in zip(var._CKPT_FIELDS, var.export())
+        ]
         super().__init__(var, specs, name)
 
     def restore(self, restored_tensors, restored_shapes):
@@ -224,8 +275,10 @@ def num_partitions(partitioner, name, embedding_dim):
     parts = partitioner(shape=shape, dtype=tf.float32)
     parts = [int(x) for x in parts]
     if len(parts) != 2 or parts[1] != 1 or parts[0] < 1:
-        raise ValueError(f"Embedding Variable '{name}': the partitioner must split axis 0 only into >= 1 "
-                         f"parts, it gave {parts}")
+        raise ValueError(
+            f"Embedding Variable '{name}': the partitioner must split axis 0 only into >= 1 "
+            f"parts, it gave {parts}"
+        )
     return parts[0]
 
 
@@ -234,15 +287,19 @@ def create(full_name, embedding_dim, partitioner, make_part, trainable, collecti
     one part."""
     n = num_partitions(partitioner, full_name, embedding_dim)
     if tf.executing_eagerly():
-        return PartitionedEmbeddingVariable(full_name, [make_part(f"{full_name}/part_{i}", None)
-                                                        for i in range(n)])
-    part_collections = [tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES] if trainable else [SOK_VARIABLES]
+        return PartitionedEmbeddingVariable(
+            full_name, [make_part(f"{full_name}/part_{i}", None) for i in range(n)]
+        )
+    part_collections = (
+        [tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES] if trainable else [SOK_VARIABLES]
+    )
     parts = [make_part(f"{full_name}/part_{i}", part_collections) for i in range(n)]
     var = PartitionedEmbeddingVariable(full_name, parts)
     default = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
     graph = tf.compat.v1.get_default_graph()
     for c in set(list(collections or default) + [PARTITIONED_VARIABLES]) - {
-            tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES}:
+        tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES
+    }:
         graph.add_to_collection(c, var)
     return var
 
@@ -288,7 +345,7 @@ def fetch_rows(params, keys, counts, training, names):
             at += 1
         else:
             n, positions = step
-            out.append(tf.dynamic_stitch(positions, list(rows[at:at + n])))
+            out.append(tf.dynamic_stitch(positions, list(rows[at : at + n])))
             at += n
     return out
 
@@ -314,7 +371,8 @@ def _embedding_lookup_v2(params, ids, max_norm=None, name=None):
 
 
 @tf.experimental.dispatch_for_api(tf.compat.v1.nn.embedding_lookup, _PARAMS)
-def _embedding_lookup_v1(params, ids, partition_strategy="mod", name=None, validate_indices=True,
-                         max_norm=None):
+def _embedding_lookup_v1(
+    params, ids, partition_strategy="mod", name=None, validate_indices=True, max_norm=None
+):
     with tf.name_scope(name or "embedding_lookup"):
         return _lookup(params, ids, max_norm)

@@ -7,10 +7,11 @@ lookup reads (their initial value, computed by the same counter hash as core/ini
 stock ops; or `default_value_no_permission` under a counter filter). Pooled lookups become stock
 gathers and segment sums. Stock TensorFlow then loads and serves the model with SOK not installed.
 """
+
 import contextlib
 import inspect
 import threading
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -37,7 +38,11 @@ def _mix64(x):
 
 def _uniform01(seed, row, col, draw):
     """[0, 1) from 24 bits of the counter hash of (seed, row, col, draw), all uint64."""
-    h = _mix64(tf.bitwise.bitwise_xor(seed, _mix64(tf.bitwise.bitwise_xor(row, _mix64(col * _u64(_FNV_PRIME) + draw)))))
+    h = _mix64(
+        tf.bitwise.bitwise_xor(
+            seed, _mix64(tf.bitwise.bitwise_xor(row, _mix64(col * _u64(_FNV_PRIME) + draw)))
+        )
+    )
     return tf.cast(tf.bitwise.right_shift(h, _u64(40)), tf.float32) * (1.0 / 16777216.0)
 
 
@@ -57,25 +62,35 @@ class FrozenTable(tf.Module):
         self.dim = int(table.embedding_dim)
         keys, values, _, freqs, _, _, _ = (t.numpy() for t in table.export())
         self.filter_freq = int(table._filter_freq)
-        if self.filter_freq > 0:  # keys not admitted yet read default_value_no_permission, as in SOK
+        if (
+            self.filter_freq > 0
+        ):  # keys not admitted yet read default_value_no_permission, as in SOK
             keep = freqs >= self.filter_freq
             keys, values = keys[keep], values[keep]
         self.key_dtype = table.key_dtype
         self.no_permission = float(table._no_permission)
-        self.rows = tf.Variable(np.concatenate([values.astype(np.float32), np.zeros([1, self.dim], np.float32)]),
-                                trainable=False, name="rows")  # the last row: a placeholder for misses
+        self.rows = tf.Variable(
+            np.concatenate([values.astype(np.float32), np.zeros([1, self.dim], np.float32)]),
+            trainable=False,
+            name="rows",
+        )  # the last row: a placeholder for misses
         self.index = None  # an empty table: every key is a miss (a StaticHashTable cannot be empty)
         if len(keys):
             self.index = tf.lookup.StaticHashTable(
-                tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.int64),
-                                                    tf.range(len(keys), dtype=tf.int64)), default_value=-1)
+                tf.lookup.KeyValueTensorInitializer(
+                    tf.constant(keys, tf.int64), tf.range(len(keys), dtype=tf.int64)
+                ),
+                default_value=-1,
+            )
         spec = table._init_spec
         self.init_kind, self.init_a, self.init_b = spec.kind, spec.a, spec.b
         self.init_seed = np.uint64(spec.seed & 0xFFFFFFFFFFFFFFFF)
         self.default_value_dim = int(table._default_value_dim)
         self.matrix = None
         if spec.kind == initializers.MATRIX:
-            self.matrix = tf.Variable(np.asarray(spec.matrix, np.float32), trainable=False, name="default_rows")
+            self.matrix = tf.Variable(
+                np.asarray(spec.matrix, np.float32), trainable=False, name="default_rows"
+            )
 
     def _initial_rows(self, keys):
         """[n, dim] initial values of `keys` (int64), as core/initializer.h computes them."""
@@ -106,26 +121,39 @@ class FrozenTable(tf.Module):
     def _truncated_normal(seed, row, col):
         # Redraw outside 2 stddev, at most 64 draws, then 0 (core/initializer.h).
         def body(draw, z, done):
-            cand = _standard_normal(seed, row, col, tf.fill(tf.shape(row), tf.cast(draw, tf.uint64)))
+            cand = _standard_normal(
+                seed, row, col, tf.fill(tf.shape(row), tf.cast(draw, tf.uint64))
+            )
             ok = tf.logical_and(cand > -2.0, cand < 2.0)
             take = tf.logical_and(ok, tf.logical_not(done))
             return draw + 1, tf.where(take, cand, z), tf.logical_or(done, ok)
 
         zeros = tf.zeros(tf.shape(row), tf.float32)
-        _, z, _ = tf.while_loop(lambda d, z, done: tf.logical_and(d < 64, tf.logical_not(tf.reduce_all(done))),
-                                body, (tf.constant(0, tf.int64), zeros, tf.zeros(tf.shape(row), tf.bool)))
+        _, z, _ = tf.while_loop(
+            lambda d, z, done: tf.logical_and(d < 64, tf.logical_not(tf.reduce_all(done))),
+            body,
+            (tf.constant(0, tf.int64), zeros, tf.zeros(tf.shape(row), tf.bool)),
+        )
         return z
 
     def lookup(self, keys):
         """Rows of `keys` (any shape) -> [*keys.shape, dim], read-only."""
         keys = tf.convert_to_tensor(keys)
         if keys.dtype != self.key_dtype:
-            raise TypeError(f"table '{self.table_name}' has key dtype {self.key_dtype.name}, but ids of dtype "
-                            f"{keys.dtype.name} were given")
+            raise TypeError(
+                f"table '{self.table_name}' has key dtype {self.key_dtype.name}, but ids of dtype "
+                f"{keys.dtype.name} were given"
+            )
         flat = tf.cast(tf.reshape(keys, [-1]), tf.int64)
-        pos = self.index.lookup(flat) if self.index is not None else tf.fill(tf.shape(flat), tf.constant(-1, tf.int64))
+        pos = (
+            self.index.lookup(flat)
+            if self.index is not None
+            else tf.fill(tf.shape(flat), tf.constant(-1, tf.int64))
+        )
         found = pos >= 0
-        rows = tf.gather(self.rows, tf.where(found, pos, tf.shape(self.rows, out_type=tf.int64)[0] - 1))
+        rows = tf.gather(
+            self.rows, tf.where(found, pos, tf.shape(self.rows, out_type=tf.int64)[0] - 1)
+        )
         if self.filter_freq > 0:
             missing = tf.fill(tf.shape(rows), tf.constant(self.no_permission, tf.float32))
         else:
@@ -167,8 +195,10 @@ def active():
 @contextlib.contextmanager
 def _freezing(root, freezer=None):
     if context.num_ranks() > 1:
-        raise ValueError("save_stock_saved_model: tables are sharded over ranks; load them into one process "
-                         "(sok.load) and export there")
+        raise ValueError(
+            "save_stock_saved_model: tables are sharded over ranks; load them into one process "
+            "(sok.load) and export there"
+        )
     _state.freezer = freezer or _Freezer(root)
     try:
         yield _state.freezer
@@ -189,13 +219,20 @@ def pooled_lookup(params, keys, segments, batches, weights, combiners):
         if combiner == "mean":
             total = tf.math.divide_no_nan(total, tf.math.unsorted_segment_sum(w, s, b)[:, None])
         elif combiner == "sqrtn":
-            total = tf.math.divide_no_nan(total, tf.sqrt(tf.math.unsorted_segment_sum(w * w, s, b))[:, None])
+            total = tf.math.divide_no_nan(
+                total, tf.sqrt(tf.math.unsorted_segment_sum(w * w, s, b))[:, None]
+            )
         outs.append(total)
     return outs
 
 
-def save_stock_saved_model(fn: Callable, export_dir: str, input_signature: Sequence[tf.TensorSpec],
-                           signature_name: str = "serving_default", output_names: Optional[Sequence[str]] = None):
+def save_stock_saved_model(
+    fn: Callable,
+    export_dir: str,
+    input_signature: Sequence[tf.TensorSpec],
+    signature_name: str = "serving_default",
+    output_names: Sequence[str] | None = None,
+):
     """Writes a SavedModel at `export_dir` serving `fn(*inputs)` with stock TensorFlow ops only.
 
     `fn` runs read-only (nothing is inserted): call SOK lookups in it with training=False, or pass a
@@ -204,8 +241,13 @@ def save_stock_saved_model(fn: Callable, export_dir: str, input_signature: Seque
     """
     root = tf.Module()
     root.sok_frozen_tables = []
-    call = compat.python_function_of(fn)  # a tf.function traced before (with SOK ops) is traced afresh
-    if hasattr(fn, "layers") and hasattr(fn, "call"):  # a Keras model: inference mode, one input or a list
+    call = compat.python_function_of(
+        fn
+    )  # a tf.function traced before (with SOK ops) is traced afresh
+    if hasattr(fn, "layers") and hasattr(
+        fn, "call"
+    ):  # a Keras model: inference mode, one input or a list
+
         def call(*args):
             return fn(args[0] if len(args) == 1 else list(args), training=False)
 
@@ -213,13 +255,26 @@ def save_stock_saved_model(fn: Callable, export_dir: str, input_signature: Seque
         serve = tf.function(call, input_signature=list(input_signature))
         concrete = serve.get_concrete_function()
         # The serving signature (plain tensors in) wraps it; traced here too, on the frozen tables.
-        signature = _flat_signature(serve, list(input_signature), _arg_names(fn, len(input_signature)),
-                                    concrete.structured_outputs, output_names)
-    sok_ops = sorted({op.type for g in (concrete.graph, signature.graph) for op in g.get_operations()
-                      if op.type.startswith("Sok")})
+        signature = _flat_signature(
+            serve,
+            list(input_signature),
+            _arg_names(fn, len(input_signature)),
+            concrete.structured_outputs,
+            output_names,
+        )
+    sok_ops = sorted(
+        {
+            op.type
+            for g in (concrete.graph, signature.graph)
+            for op in g.get_operations()
+            if op.type.startswith("Sok")
+        }
+    )
     if sok_ops:
-        raise ValueError(f"save_stock_saved_model: the traced function still runs SOK ops ({', '.join(sok_ops)}); "
-                         "only lookups (lookup_sparse, sparse_read, tf.nn.embedding_lookup) can be frozen")
+        raise ValueError(
+            f"save_stock_saved_model: the traced function still runs SOK ops ({', '.join(sok_ops)}); "
+            "only lookups (lookup_sparse, sparse_read, tf.nn.embedding_lookup) can be frozen"
+        )
     root.serve = serve  # Python callers pass the composite inputs (ragged, sparse) as they are
     root.captured_variables = list(concrete.graph.variables)  # the model's dense weights, tracked
     with _freezing(root, freezer):  # saving traces the functions again
@@ -233,7 +288,11 @@ def _arg_names(fn, n):
         params = inspect.signature(getattr(fn, "python_function", fn)).parameters.values()
     except (TypeError, ValueError):
         return [f"args_{i}" for i in range(n)]
-    names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"]
+    names = [
+        p.name
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
+    ]
     return names if len(names) == n else [f"args_{i}" for i in range(n)]
 
 
@@ -246,14 +305,20 @@ def _flat_signature(serve, input_signature, arg_names, outputs, output_names):
         name = getattr(spec, "name", None) or arg_names[i]
         if isinstance(spec, tf.RaggedTensorSpec):
             if spec.ragged_rank != 1:
-                raise ValueError(f"save_stock_saved_model: input '{name}' must be ragged_rank 1 for serving")
-            specs += [tf.TensorSpec([None], spec.dtype, name=f"{name}_values"),
-                      tf.TensorSpec([None], spec.row_splits_dtype, name=f"{name}_row_splits")]
+                raise ValueError(
+                    f"save_stock_saved_model: input '{name}' must be ragged_rank 1 for serving"
+                )
+            specs += [
+                tf.TensorSpec([None], spec.dtype, name=f"{name}_values"),
+                tf.TensorSpec([None], spec.row_splits_dtype, name=f"{name}_row_splits"),
+            ]
             builders.append((2, lambda v, s: tf.RaggedTensor.from_row_splits(v, s)))
         elif isinstance(spec, tf.SparseTensorSpec):
-            specs += [tf.TensorSpec([None, spec.shape.rank], tf.int64, name=f"{name}_indices"),
-                      tf.TensorSpec([None], spec.dtype, name=f"{name}_values"),
-                      tf.TensorSpec([spec.shape.rank], tf.int64, name=f"{name}_dense_shape")]
+            specs += [
+                tf.TensorSpec([None, spec.shape.rank], tf.int64, name=f"{name}_indices"),
+                tf.TensorSpec([None], spec.dtype, name=f"{name}_values"),
+                tf.TensorSpec([spec.shape.rank], tf.int64, name=f"{name}_dense_shape"),
+            ]
             builders.append((3, lambda i, v, d: tf.SparseTensor(i, v, d)))
         else:
             specs.append(tf.TensorSpec(spec.shape, spec.dtype, name=name))
@@ -264,14 +329,18 @@ def _flat_signature(serve, input_signature, arg_names, outputs, output_names):
     elif isinstance(outputs, dict):
         names = None
     else:
-        names = ["output_0"] if len(flat_out) == 1 else [f"output_{i}" for i in range(len(flat_out))]
+        names = (
+            ["output_0"] if len(flat_out) == 1 else [f"output_{i}" for i in range(len(flat_out))]
+        )
     if names is not None and len(names) != len(flat_out):
-        raise ValueError(f"save_stock_saved_model: {len(flat_out)} outputs but {len(names)} output_names")
+        raise ValueError(
+            f"save_stock_saved_model: {len(flat_out)} outputs but {len(names)} output_names"
+        )
 
     def flat_serve(*flat):
         args, pos = [], 0
         for count, build in builders:
-            args.append(build(*flat[pos:pos + count]))
+            args.append(build(*flat[pos : pos + count]))
             pos += count
         out = serve(*args)
         return out if names is None else dict(zip(names, tf.nest.flatten(out)))

@@ -24,11 +24,15 @@ def check_training_flag(training, where):
         return bool(training)
     if isinstance(training, (tf.Tensor, tf.Variable)):
         if training.dtype != tf.bool:
-            raise TypeError(f"{where}: `training` must be a bool, got a {training.dtype.name} tensor")
+            raise TypeError(
+                f"{where}: `training` must be a bool, got a {training.dtype.name} tensor"
+            )
         value = tf.get_static_value(training)
         if value is None:
-            raise ValueError(f"{where}: `training` must be a Python bool or a constant, because training and "
-                             "inference lookups are different ops")
+            raise ValueError(
+                f"{where}: `training` must be a Python bool or a constant, because training and "
+                "inference lookups are different ops"
+            )
         return bool(value)
     raise TypeError(f"{where}: `training` must be True, False or None, got {training!r} "
                     f"({type(training).__name__})")
@@ -48,9 +52,11 @@ def cast_keys(ids, key_dtype, table):
     # (floats: Keras traces models with float placeholders, e.g. for tf.saved_model.save)
     key_dtype = tf.as_dtype(key_dtype)
     if key_dtype == tf.int32 and values.dtype in (tf.int64, tf.uint32, tf.uint64):
-        message = (f"table '{table}' has key dtype int32, but an id given as {values.dtype.name} does not "
-                   "fit in int32 (it would be truncated onto another id); create the table with "
-                   "key_dtype=tf.int64")
+        message = (
+            f"table '{table}' has key dtype int32, but an id given as {values.dtype.name} does not "
+            "fit in int32 (it would be truncated onto another id); create the table with "
+            "key_dtype=tf.int64"
+        )
         if _is_eager(values):
             v = values.numpy()
             if v.size and (v.min() < _INT32_MIN or v.max() > _INT32_MAX):
@@ -58,8 +64,14 @@ def cast_keys(ids, key_dtype, table):
                 raise ValueError(f"{message} (id {int(bad)})")
             checks = []
         else:
-            checks = [tf.debugging.assert_less_equal(values, tf.cast(_INT32_MAX, values.dtype), message=message),
-                      tf.debugging.assert_greater_equal(values, tf.cast(_INT32_MIN, values.dtype), message=message)]
+            checks = [
+                tf.debugging.assert_less_equal(
+                    values, tf.cast(_INT32_MAX, values.dtype), message=message
+                ),
+                tf.debugging.assert_greater_equal(
+                    values, tf.cast(_INT32_MIN, values.dtype), message=message
+                ),
+            ]
         with tf.control_dependencies(checks):
             cast = tf.cast(values, key_dtype)
     else:
@@ -82,15 +94,20 @@ def check_key_dtype_fits(keys, key_dtype, table, where):
             return
         if not _is_eager(keys):
             return tf.debugging.assert_less_equal(
-                tf.reduce_max(tf.abs(tf.concat([tf.cast(keys, tf.int64), [0]], 0))), tf.constant(_INT32_MAX, tf.int64),
-                message=f"{where}: table '{table}' has key dtype int32, but the saved keys do not fit in int32")
+                tf.reduce_max(tf.abs(tf.concat([tf.cast(keys, tf.int64), [0]], 0))),
+                tf.constant(_INT32_MAX, tf.int64),
+                message=f"{where}: table '{table}' has key dtype int32, but the saved keys do not "
+                        "fit in int32",
+            )
         keys = keys.numpy()
     keys = np.asarray(keys)
     if keys.size and (keys.min() < _INT32_MIN or keys.max() > _INT32_MAX):
         bad = keys[(keys < _INT32_MIN) | (keys > _INT32_MAX)].reshape(-1)[0]
-        raise ValueError(f"{where}: table '{table}' has key dtype int32, but the saved keys include {int(bad)}, "
-                         "which does not fit in int32 (it would be truncated onto another key); load into a "
-                         "table with key_dtype=tf.int64")
+        raise ValueError(
+            f"{where}: table '{table}' has key dtype int32, but the saved keys include {int(bad)}, "
+            "which does not fit in int32 (it would be truncated onto another key); load into a "
+            "table with key_dtype=tf.int64"
+        )
     return None
 
 
@@ -102,7 +119,9 @@ def _positions(x):
         x = x.merge_dims(1, -1)
     rows = tf.cast(x.value_rowids(), tf.int64)
     starts = tf.gather(x.row_splits, rows)
-    cols = tf.range(tf.shape(x.values, out_type=tf.int64)[0], dtype=tf.int64) - tf.cast(starts, tf.int64)
+    cols = tf.range(tf.shape(x.values, out_type=tf.int64)[0], dtype=tf.int64) - tf.cast(
+        starts, tf.int64
+    )
     return tf.stack([rows, cols], 1)
 
 
@@ -117,8 +136,10 @@ def check_lookup_inputs(params, sp_ids, sp_weights, names):
       (weights are applied by position: different indices would weight the wrong id).
     """
     if not params:
-        raise ValueError("lookup_sparse: no tables given (params is empty); pass one or more tables and one id "
-                         "tensor per table")
+        raise ValueError(
+            "lookup_sparse: no tables given (params is empty); pass one or more tables and one id "
+            "tensor per table"
+        )
     sp_weights = [None] * len(params) if sp_weights is None else list(sp_weights)
     # Graph-mode checks: (condition, message) of every table, asserted once per call (one host
     # round trip for the whole lookup, not one per check). Eager inputs are checked at once.
@@ -138,9 +159,13 @@ def check_lookup_inputs(params, sp_ids, sp_weights, names):
     check = tf.debugging.Assert(tf.reduce_all(oks), [failed], summarize=3)
     out_ids = []
     with tf.control_dependencies([check]):
-        for ids in sp_ids:  # the ids' values wait for the check: nothing is inserted before it passed
+        for (
+            ids
+        ) in sp_ids:  # the ids' values wait for the check: nothing is inserted before it passed
             if isinstance(ids, tf.SparseTensor):
-                ids = tf.SparseTensor(tf.identity(ids.indices), tf.identity(ids.values), ids.dense_shape)
+                ids = tf.SparseTensor(
+                    tf.identity(ids.indices), tf.identity(ids.values), ids.dense_shape
+                )
             elif isinstance(ids, tf.RaggedTensor):
                 ids = ids.with_flat_values(tf.identity(ids.flat_values))
             out_ids.append(ids)
@@ -155,16 +180,22 @@ def _within_dense_shape(sp, what):
         if idx.size:
             bad = np.nonzero(((idx < 0) | (idx >= dense[None, :])).any(axis=1))[0]
             if bad.size:
-                raise ValueError(f"{message}: index {idx[bad[0]].tolist()} for dense_shape {dense.tolist()}")
+                raise ValueError(
+                    f"{message}: index {idx[bad[0]].tolist()} for dense_shape {dense.tolist()}"
+                )
         return []
-    ok = tf.reduce_all(tf.logical_and(indices >= 0, indices < tf.cast(shape[None, :], indices.dtype)))
+    ok = tf.reduce_all(
+        tf.logical_and(indices >= 0, indices < tf.cast(shape[None, :], indices.dtype))
+    )
     return [(ok, message)]
 
 
 def _same_positions(ids, weights, name):
     a, b = _positions(ids), _positions(weights)
-    message = (f"lookup_sparse: weights of table '{name}' are at other positions (indices) than its ids; "
-               "weights are applied to the id at the same position")
+    message = (
+        f"lookup_sparse: weights of table '{name}' are at other positions (indices) than its ids; "
+        "weights are applied to the id at the same position"
+    )
     if _is_eager(a, b):
         a, b = a.numpy(), b.numpy()
         if a.shape == b.shape and not np.array_equal(a, b):

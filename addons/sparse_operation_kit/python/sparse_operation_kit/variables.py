@@ -1,36 +1,24 @@
 """NVIDIA SOK 2.x's variables: sok.Variable (static table) and sok.DynamicVariable (hash table)."""
+from __future__ import annotations
+
 import tensorflow as tf
 
-from sparse_operation_kit.embedding_variable import EmbeddingVariable, InitializerOption, EmbeddingVariableOption
+from sparse_operation_kit.embedding_variable import (
+    EmbeddingVariable,
+    EmbeddingVariableOption,
+    InitializerOption,
+)
+from sparse_operation_kit.tables import StaticTable, parse_mode, static_table
 
 
-def parse_mode(mode):
-    """mode=None | "distributed" -> target_gpu -1 (rows over all ranks); "localized:k" -> k."""
-    if mode is None or mode == "distributed":
-        return -1
-    if isinstance(mode, str) and mode.startswith("localized:"):
-        try:
-            return int(mode.split(":", 1)[1])
-        except ValueError:
-            pass
-    raise ValueError(f"unknown mode {mode!r}: expected None, 'distributed' or 'localized:<rank>'")
+def Variable(*args, mode: str | None = None, **kwargs) -> StaticTable:  # SOK 2.x's API name
+    """A static (dense) embedding table taking tf.Variable's arguments: a sok.StaticTable, which is
+    a tf.Variable holding the whole table (one process) or this rank's shard (Horovod).
 
-
-def Variable(*args, mode=None, **kwargs):
-    """A static (dense) embedding table taking tf.Variable's arguments.
-
-    In one process it is a plain tf.Variable holding the whole table; `target_gpu` records its
-    placement (-1 for mode "distributed", k for "localized:k") for multi-rank runs.
+    mode: None or "distributed" (target_gpu -1: key k on rank k mod N), or "localized:k" (the
+    whole table on rank k).
     """
-    target = parse_mode(mode)
-    from sparse_operation_kit.context import context
-    if context.world_size > 1:
-        from sparse_operation_kit import distributed
-        return distributed.static_variable(args, kwargs, target)
-    var = tf.Variable(*args, **kwargs)
-    var.target_gpu = target
-    var.sok_mode = mode
-    return var
+    return static_table(args, kwargs, mode)
 
 
 class DynamicVariable(EmbeddingVariable):
@@ -41,18 +29,37 @@ class DynamicVariable(EmbeddingVariable):
     storage kind ("hbm", "hybrid", ...) and is accepted: rows live in this process's memory here.
     """
 
-    def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None,
-                 trainable=True, key_type=None, dtype=None, mode=None, **kwargs):
+    def __init__(
+        self,
+        dimension: int,
+        initializer=None,
+        var_type: str | None = None,
+        name: str | None = None,
+        constraint=None,
+        trainable: bool = True,
+        key_type=None,
+        dtype=None,
+        mode: str | None = None,
+        **kwargs,
+    ):
         if name is None:
             name = "DynamicVariable"
             if not tf.executing_eagerly():
                 name = tf.compat.v1.get_default_graph().unique_name(name, mark_as_used=False)
         self.var_type = var_type
         self.mode = mode
-        super().__init__(name, dimension, key_dtype=key_type or tf.int64, value_dtype=dtype or tf.float32,
-                         trainable=trainable,
-                         ev_option=EmbeddingVariableOption(init_option=InitializerOption(
-                             initializer if initializer is not None else "random", default_value_dim=0)))
+        super().__init__(
+            name,
+            dimension,
+            key_dtype=key_type or tf.int64,
+            value_dtype=dtype or tf.float32,
+            trainable=trainable,
+            ev_option=EmbeddingVariableOption(
+                init_option=InitializerOption(
+                    initializer if initializer is not None else "random", default_value_dim=0
+                )
+            ),
+        )
         self.target_gpu = parse_mode(mode)
 
     @property
@@ -65,7 +72,8 @@ class DynamicVariable(EmbeddingVariable):
         return tf.stack([super().size(), tf.constant(self.embedding_dim, tf.int64)])
 
     def sparse_read(self, indices, name=None, training=True):
-        # SOK 2.x casts int32 ids (e.g. a Python list given to tf.nn.embedding_lookup) to int64 keys.
+        # SOK 2.x casts int32 ids (e.g. a Python list given to tf.nn.embedding_lookup) to int64
+        # keys.
         indices = tf.convert_to_tensor(indices)
         if indices.dtype == tf.int32 and self.key_dtype == tf.int64:
             indices = tf.cast(indices, tf.int64)
@@ -76,7 +84,7 @@ class DynamicVariable(EmbeddingVariable):
         return self.key_dtype
 
 
-def export(var):
+def export(var) -> tuple[tf.Tensor, tf.Tensor]:
     """(keys, values) of every row of a SOK variable (a dense table: its ids and rows)."""
     from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
     if isinstance(var, (EmbeddingVariable, PartitionedEmbeddingVariable)):
@@ -86,7 +94,7 @@ def export(var):
     return tf.range(tf.shape(value, out_type=tf.int64)[0]), value
 
 
-def assign(var, indices, values):
+def assign(var, indices, values) -> tf.Operation | tf.Tensor | tf.Variable | None:
     """Writes rows: var[indices[i]] = values[i] (inserting keys of dynamic tables)."""
     from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
     if isinstance(var, (EmbeddingVariable, PartitionedEmbeddingVariable)):

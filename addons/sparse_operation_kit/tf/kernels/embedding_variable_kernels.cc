@@ -239,6 +239,10 @@ class ShrinkOp : public SokOpKernel<Device> {
   }
 };
 
+// The output / input index of a snapshot field (Import's inputs follow its handle).
+constexpr int Out(sok::SnapshotField f) { return static_cast<int>(f); }
+constexpr int In(sok::SnapshotField f) { return 1 + static_cast<int>(f); }
+
 // Host output `index` holding a copy of v.
 template <typename T>
 Status HostOutput(OpKernelContext* ctx, int index, const std::vector<T>& v, const TensorShape& shape) {
@@ -260,14 +264,14 @@ class ExportOp : public SokOpKernel<Device> {
     sok::TableSnapshot<K> s;
     OP_REQUIRES_OK(ctx, ToTf(res->table()->export_rows(OnDevice<Device>::Exec(ctx), &s), res->table()->name()));
     const int64_t n = static_cast<int64_t>(s.keys.size());
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, 0, s.keys, TensorShape({n})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, 1, s.values, TensorShape({n, s.dim})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, 2, s.slots, TensorShape({n, s.num_slots, s.dim})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, 3, s.freqs, TensorShape({n})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, 4, s.versions, TensorShape({n})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, 5, std::vector<int32_t>{s.slot_kind}, TensorShape({})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kKeys), s.keys, TensorShape({n})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kValues), s.values, TensorShape({n, s.dim})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlots), s.slots, TensorShape({n, s.num_slots, s.dim})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kFreqs), s.freqs, TensorShape({n})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kVersions), s.versions, TensorShape({n})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotKind), std::vector<int32_t>{s.slot_kind}, TensorShape({})));
     OP_REQUIRES_OK(ctx,
-                   HostOutput(ctx, 6, s.slot_init, TensorShape({static_cast<int64_t>(s.slot_init.size())})));
+                   HostOutput(ctx, Out(sok::SnapshotField::kSlotInit), s.slot_init, TensorShape({static_cast<int64_t>(s.slot_init.size())})));
   }
 };
 
@@ -281,8 +285,8 @@ class ImportOp : public SokOpKernel<Device> {
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, HandleFromInput(ctx, 0), &res));
     sok::Table<K>* table = res->table();
-    const Tensor& values = ctx->input(2);  // all HostMemory
-    const Tensor& slots = ctx->input(3);
+    const Tensor& values = ctx->input(In(sok::SnapshotField::kValues));  // all HostMemory
+    const Tensor& slots = ctx->input(In(sok::SnapshotField::kSlots));
     OP_REQUIRES(ctx, values.dims() == 2 && slots.dims() == 3,
                 errors::InvalidArgument("cannot restore '", table->name(),
                                         "': values must be [n, dim] and slots [n, num_slots, dim], got ",
@@ -298,13 +302,13 @@ class ImportOp : public SokOpKernel<Device> {
       auto f = t.flat<T>();
       v->assign(f.data(), f.data() + f.size());
     };
-    copy(ctx->input(1), &s.keys);
+    copy(ctx->input(In(sok::SnapshotField::kKeys)), &s.keys);
     copy(values, &s.values);
     copy(slots, &s.slots);
-    copy(ctx->input(4), &s.freqs);
-    copy(ctx->input(5), &s.versions);
-    s.slot_kind = ctx->input(6).scalar<int32_t>()();
-    copy(ctx->input(7), &s.slot_init);
+    copy(ctx->input(In(sok::SnapshotField::kFreqs)), &s.freqs);
+    copy(ctx->input(In(sok::SnapshotField::kVersions)), &s.versions);
+    s.slot_kind = ctx->input(In(sok::SnapshotField::kSlotKind)).scalar<int32_t>()();
+    copy(ctx->input(In(sok::SnapshotField::kSlotInit)), &s.slot_init);
     OP_REQUIRES_OK(ctx, ToTf(table->import_rows(OnDevice<Device>::Exec(ctx), s), table->name()));
   }
 };
@@ -330,11 +334,41 @@ class KernelRunCountsOp : public OpKernel {
   }
 };
 
+// The C++ name tables that cross into Python (see SokSchema in tf/ops).
+class SchemaOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    Output(ctx, 0, sok::kInitKindNames);
+    Output(ctx, 1, sok::kOptimizerNames);
+    Output(ctx, 2, sok::kSnapshotFieldNames);
+  }
+
+ private:
+  template <size_t N>
+  void Output(OpKernelContext* ctx, int index, const char* const (&names)[N]) {
+    Tensor* t;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(index, TensorShape({static_cast<int64_t>(N)}), &t));
+    for (size_t i = 0; i < N; ++i) t->flat<tstring>()(i) = names[i];
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("SokSchema").Device(DEVICE_CPU), SchemaOp);
+#if GOOGLE_CUDA  // every op has a GPU kernel (tests/gpu/compile_check.sh); the names stay on the host
+REGISTER_KERNEL_BUILDER(Name("SokSchema")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("init_kinds")
+                            .HostMemory("optimizers")
+                            .HostMemory("export_fields"),
+                        SchemaOp);
+#endif
+
 // The handle lives in host memory on both devices; so do the scalars and the checkpoint tensors.
-#define SOK_SNAPSHOT_IN_HOST_MEMORY                                                               \
-  .HostMemory("keys").HostMemory("values").HostMemory("slots").HostMemory("freqs").HostMemory("versions") \
-      .HostMemory("slot_kind")                                                                    \
-      .HostMemory("slot_init")
+static_assert(sok::kNumSnapshotFields == 7, "SOK_SNAPSHOT_IN_HOST_MEMORY names every snapshot field");
+#define SOK_SNAPSHOT_IN_HOST_MEMORY                                                                      \
+  .HostMemory(sok::kSnapshotFieldNames[0]).HostMemory(sok::kSnapshotFieldNames[1])                      \
+      .HostMemory(sok::kSnapshotFieldNames[2]).HostMemory(sok::kSnapshotFieldNames[3])                  \
+      .HostMemory(sok::kSnapshotFieldNames[4]).HostMemory(sok::kSnapshotFieldNames[5])                  \
+      .HostMemory(sok::kSnapshotFieldNames[6])
 #define SOK_REGISTER_EV_KERNELS(DEV, DEV_T, K)                                                          \
   REGISTER_KERNEL_BUILDER(                                                                               \
       Name("SokEmbeddingVariableHandle").Device(DEV).HostMemory("handle").TypeConstraint<K>("key_dtype"), \

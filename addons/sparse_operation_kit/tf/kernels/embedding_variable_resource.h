@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "addons/sparse_operation_kit/core/lookup.h"
 #include "addons/sparse_operation_kit/core/table.h"
 #include "addons/sparse_operation_kit/tf/kernels/device.h"
@@ -46,15 +47,15 @@ Status LookupTable(OpKernelContext* ctx, const ResourceHandle& handle,
 
 // The attributes of SokEmbeddingVariableInitialize as a TableConfig.
 inline Status ParseTableConfig(OpKernelConstruction* c, sok::TableConfig* config) {
-  int kind;
+  std::string kind;
   int64_t seed;
   TF_RETURN_IF_ERROR(c->GetAttr("table_name", &config->name));
   TF_RETURN_IF_ERROR(c->GetAttr("dim", &config->dim));
   TF_RETURN_IF_ERROR(c->GetAttr("init_kind", &kind));
-  if (kind < 0 || kind > 4) {
-    return errors::InvalidArgument("unknown initializer kind ", kind, " for '", config->name, "'");
+  if (!sok::parse_init_kind(kind, &config->init.kind)) {
+    return errors::InvalidArgument("unknown initializer kind '", kind, "' for '", config->name, "' (expected ",
+                                   absl::StrJoin(sok::kInitKindNames, ", "), ")");
   }
-  config->init.kind = static_cast<sok::InitKind>(kind);
   TF_RETURN_IF_ERROR(c->GetAttr("init_a", &config->init.a));
   TF_RETURN_IF_ERROR(c->GetAttr("init_b", &config->init.b));
   TF_RETURN_IF_ERROR(c->GetAttr("seed", &seed));
@@ -88,7 +89,10 @@ inline Status ParseCombiners(OpKernelConstruction* c, int n, std::vector<sok::Co
 inline Status ParseOptimizerParams(OpKernelConstruction* c, sok::OptimizerParams* p, bool* keys_unique) {
   std::string opt;
   TF_RETURN_IF_ERROR(c->GetAttr("optimizer", &opt));
-  if (!sok::parse_optimizer(opt, &p->kind)) return errors::InvalidArgument("unknown optimizer '", opt, "'");
+  if (!sok::parse_optimizer(opt, &p->kind)) {
+    return errors::InvalidArgument("unknown optimizer '", opt, "' (expected ", absl::StrJoin(sok::kOptimizerNames, ", "),
+                                   ")");
+  }
   TF_RETURN_IF_ERROR(c->GetAttr("beta1", &p->beta1));
   TF_RETURN_IF_ERROR(c->GetAttr("beta2", &p->beta2));
   TF_RETURN_IF_ERROR(c->GetAttr("epsilon", &p->epsilon));

@@ -1,4 +1,7 @@
 // Op registrations of the Embedding Variable (a hash-table-backed, growing embedding table).
+#include <string>
+
+#include "addons/sparse_operation_kit/core/table_config.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -8,6 +11,11 @@ namespace sok_ops {
 
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
+
+// "name: type" of a snapshot field, named by the one field list (core/table_config.h).
+std::string Field(sok::SnapshotField f, const char* type) {
+  return std::string(sok::snapshot_field_name(f)) + ": " + type;
+}
 
 REGISTER_OP("SokEmbeddingVariableHandle")
     .Output("handle: resource")
@@ -20,11 +28,11 @@ REGISTER_OP("SokEmbeddingVariableHandle")
 
 REGISTER_OP("SokEmbeddingVariableInitialize")
     .Input("handle: resource")
-    .Input("init_matrix: float")  // [default_value_dim, dim] for init_kind=4, else empty
+    .Input("init_matrix: float")  // [default_value_dim, dim] for init_kind "matrix", else empty
     .Attr("key_dtype: {int32, int64}")
     .Attr("table_name: string")
     .Attr("dim: int >= 1")
-    .Attr("init_kind: int")
+    .Attr("init_kind: string")  // a name of sok::kInitKindNames (core/initializer.h)
     .Attr("init_a: float = 0.0")
     .Attr("init_b: float = 0.0")
     .Attr("seed: int = 0")
@@ -96,7 +104,7 @@ REGISTER_OP("SokEmbeddingVariableSparseApply")
     .Input("global_step: int64")  // 0-based count of steps taken before this one
     .Attr("N: int >= 1")
     .Attr("Tkeys: list({int32, int64})")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'ftrl'}")
+    .Attr("optimizer: string")  // a name of sok::kOptimizerNames (core/optimizer.h)
     .Attr("beta1: float = 0.9")
     .Attr("beta2: float = 0.999")
     .Attr("epsilon: float = 0.0")
@@ -120,13 +128,13 @@ REGISTER_OP("SokEmbeddingVariableShrink")
 
 REGISTER_OP("SokEmbeddingVariableExport")
     .Input("handle: resource")
-    .Output("keys: key_dtype")
-    .Output("values: float")     // [n, dim]
-    .Output("slots: float")      // [n, num_slots, dim]
-    .Output("freqs: int64")
-    .Output("versions: int64")
-    .Output("slot_kind: int32")  // optimizer owning the slots, -1 none
-    .Output("slot_init: float")  // [num_slots]
+    .Output(Field(sok::SnapshotField::kKeys, "key_dtype"))
+    .Output(Field(sok::SnapshotField::kValues, "float"))     // [n, dim]
+    .Output(Field(sok::SnapshotField::kSlots, "float"))      // [n, num_slots, dim]
+    .Output(Field(sok::SnapshotField::kFreqs, "int64"))
+    .Output(Field(sok::SnapshotField::kVersions, "int64"))
+    .Output(Field(sok::SnapshotField::kSlotKind, "int32"))   // OptimizerKind owning the slots, -1 none
+    .Output(Field(sok::SnapshotField::kSlotInit, "float"))   // [num_slots]
     .Attr("key_dtype: {int32, int64}")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
@@ -142,13 +150,13 @@ REGISTER_OP("SokEmbeddingVariableExport")
 
 REGISTER_OP("SokEmbeddingVariableImport")
     .Input("handle: resource")
-    .Input("keys: key_dtype")
-    .Input("values: float")
-    .Input("slots: float")
-    .Input("freqs: int64")
-    .Input("versions: int64")
-    .Input("slot_kind: int32")
-    .Input("slot_init: float")
+    .Input(Field(sok::SnapshotField::kKeys, "key_dtype"))
+    .Input(Field(sok::SnapshotField::kValues, "float"))
+    .Input(Field(sok::SnapshotField::kSlots, "float"))
+    .Input(Field(sok::SnapshotField::kFreqs, "int64"))
+    .Input(Field(sok::SnapshotField::kVersions, "int64"))
+    .Input(Field(sok::SnapshotField::kSlotKind, "int32"))
+    .Input(Field(sok::SnapshotField::kSlotInit, "float"))
     .Attr("key_dtype: {int32, int64}")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
@@ -161,6 +169,17 @@ REGISTER_OP("SokKernelRunCounts")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
       c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, 2));
+      return OkStatus();
+    });
+
+// The names that cross into Python, as this build spells them (schema.py must agree; see
+// tests/tf/test_schema.py): initializer kinds, optimizers and snapshot fields, each in enum order.
+REGISTER_OP("SokSchema")
+    .Output("init_kinds: string")
+    .Output("optimizers: string")
+    .Output("export_fields: string")
+    .SetShapeFn([](InferenceContext* c) {
+      for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
       return OkStatus();
     });
 
