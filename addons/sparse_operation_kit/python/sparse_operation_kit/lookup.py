@@ -151,7 +151,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
     """Pooled embeddings of many tables in one call.
 
     params: a table or a list of tables (sok.EmbeddingVariable / DynamicVariable, a partitioned
-      Embedding Variable, sok.Variable, tf.Variable). sp_ids: a tf.SparseTensor / tf.RaggedTensor of ids per table ([batch, None]).
+      Embedding Variable, sok.Variable, tf.Variable). sp_ids: a tf.SparseTensor / tf.RaggedTensor
+      of ids per table ([batch, None]).
     sp_weights: None, or per table None or weights shaped like the ids. combiners: "sum", "mean"
     or "sqrtn" per table (default "sum"). training: True inserts unseen keys into Embedding
     Variables (and counts frequencies); False reads them without inserting.
