@@ -196,6 +196,28 @@ def test_rank_that_leaves_early_is_an_error_not_a_hang(run_three_to_two):
     )
 
 
+def test_ranks_that_diverge_end_with_an_error_within_the_timeout():
+    """One rank skips a lookup_sparse call and goes on to another collective: with the collective
+    timeout (sok.init(), here 8 s) every rank fails with an error, rank 0's naming the call and
+    its table; no rank hangs (the job's own timeout would fail the test)."""
+    env_timeout = 8
+    os.environ["SOK_COLLECTIVE_TIMEOUT_SECONDS"] = str(env_timeout)
+    try:
+        rc, out, secs = horovodrun(2, "failures.py", "diverge", timeout=240)
+    finally:
+        del os.environ["SOK_COLLECTIVE_TIMEOUT_SECONDS"]
+    assert rc != 0, _tail(out)
+    assert "[rank 0] collective timeout 8 s" in out, _tail(out)
+    m0 = re.search(r"\[rank 0\] failed after ([0-9.]+) s: RuntimeError: lookup_sparse 'features_call1' "
+                   r"over tables \['diverging_table'\] on rank 0: its exchange did not complete on every "
+                   r"rank within 8 s", out)
+    assert m0, _tail(out)
+    m1 = re.search(r"\[rank 1\] failed after ([0-9.]+) s: .*Horovod has been shut down", out)
+    assert m1, _tail(out)
+    # Bounded: the timeout plus one stall check and start-up, not the job's 240 s.
+    assert float(m0.group(1)) < 60 and float(m1.group(1)) < 60, (m0.group(0), m1.group(0))
+
+
 def test_rank_that_never_joins_times_out():
     """The last rank never calls hvd.init(): the others' hvd.init() ends with Horovod's rendezvous
     timeout (HOROVOD_GLOO_TIMEOUT_SECONDS) and the job fails instead of hanging."""

@@ -6,6 +6,10 @@
                                 after a checkpoint load, to save a launch)
     python failures.py nojoin   the last rank never calls hvd.init(); the others' hvd.init() must
                                 end with Horovod's rendezvous timeout (HOROVOD_GLOO_TIMEOUT_SECONDS)
+    python failures.py diverge  sok.init() initialises Horovod with SOK_COLLECTIVE_TIMEOUT_SECONDS;
+                                the last rank skips the second lookup_sparse call and goes on to
+                                an allreduce: every rank must fail with an error within the
+                                timeout (rank 0's names the lookup call and its table)
 """
 import os
 import sys
@@ -26,6 +30,24 @@ import tensorflow as tf  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 
 start = time.time()
+if mode == "diverge":
+    sok.init()  # initialises Horovod, with the collective timeout
+    assert hvd.is_initialized()
+    print(f"[rank {rank}] collective timeout {sok.context.context.collective_timeout_s:g} s", flush=True)
+    ev = sok.get_embedding_variable("diverging_table", 4)
+    ids = tf.ragged.constant([[1, 2, 3]], dtype=tf.int64)
+    try:
+        for call in range(3):
+            if rank == last and call == 1:
+                continue  # the skipped call
+            sok.lookup_sparse([ev], [ids], name=f"features_call{call}")
+        hvd.allreduce(tf.constant(1.0), name="after_the_lookups")
+    except Exception as e:  # noqa: BLE001
+        print(f"[rank {rank}] failed after {time.time() - start:.1f} s: {type(e).__name__}: "
+              f"{' '.join(str(e).split())[:600]}", flush=True)
+        sys.exit(2)
+    print(f"[rank {rank}] did not fail", flush=True)
+    sys.exit(0)
 hvd.init()
 sok.init()
 if mode == "exit" and rank == last:

@@ -1,10 +1,19 @@
 """Process-wide state: which communication engine is in use, and this process's rank."""
+import logging
+import os
+
+# Collectives that wait longer than this end every rank with an error (ranks that diverged: a
+# skipped or different collective, a dead or stalled rank), instead of hanging the job.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+_STALL_SHUTDOWN = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"
+_STALL_CHECK = "HOROVOD_STALL_CHECK_TIME_SECONDS"
 
 
 class _Context:
     def __init__(self):
         self.initialized = False
         self.hvd = None  # horovod.tensorflow when running under horovodrun
+        self.collective_timeout_s = None  # None: Horovod waits forever (it was set up without one)
 
     @property
     def rank(self):
@@ -18,28 +27,60 @@ class _Context:
 context = _Context()
 
 
-def init(use_horovod=None):
-    """Initialises SOK. Uses Horovod when it is initialised (call hvd.init() first).
+def init(use_horovod=None, collective_timeout_s=None):
+    """Initialises SOK, and Horovod under horovodrun if the program has not (NVIDIA SOK 2.x's
+    sok.init() does the same); with Horovod already initialised (hvd.init() first) it uses it.
 
+    collective_timeout_s (default: $SOK_COLLECTIVE_TIMEOUT_SECONDS or 300): when ranks diverge, a
+    collective that waits this long shuts Horovod down and every rank's pending call fails with an
+    error instead of hanging. Horovod reads it at hvd.init(): if the program initialised Horovod
+    itself, set HOROVOD_STALL_SHUTDOWN_TIME_SECONDS in the environment instead.
     In one process without Horovod it is a no-op apart from bookkeeping, so scripts written for
     several workers also run alone.
     """
+    timeout = collective_timeout_s
+    if timeout is None:
+        timeout = float(os.environ.get("SOK_COLLECTIVE_TIMEOUT_SECONDS", DEFAULT_COLLECTIVE_TIMEOUT_S))
+    if not timeout > 0:
+        raise ValueError(f"sok.init: collective_timeout_s must be > 0 seconds, got {timeout}")
     hvd = None
     if use_horovod is not False:
         try:
             import horovod.tensorflow as hvd_module
-            try:
-                hvd_module.size()
-                hvd = hvd_module
-            except ValueError as e:
-                if use_horovod:
-                    raise RuntimeError("sok.init(use_horovod=True): call hvd.init() first") from e
         except ImportError:
             if use_horovod:
                 raise
+            hvd_module = None
+        if hvd_module is not None:
+            if not hvd_module.is_initialized() and (use_horovod or "HOROVOD_RANK" in os.environ):
+                _set_stall_timeout(timeout)
+                hvd_module.init()
+            if hvd_module.is_initialized():
+                hvd = hvd_module
+            elif use_horovod:
+                raise RuntimeError("sok.init(use_horovod=True): Horovod is not initialised and this "
+                                   "process was not started by horovodrun")
     context.hvd = hvd
+    context.collective_timeout_s = _configured_timeout() if hvd is not None else None
+    if hvd is not None and context.collective_timeout_s is None:
+        logging.getLogger("sparse_operation_kit").warning(
+            "Horovod was initialised before sok.init() without %s: collectives wait forever when "
+            "ranks diverge. Set it (e.g. %s=300) in the environment, or let sok.init() initialise "
+            "Horovod.", _STALL_SHUTDOWN, _STALL_SHUTDOWN)
     context.initialized = True
     return context
+
+
+def _set_stall_timeout(timeout):
+    """Horovod's stall inspector shuts Horovod down after `timeout` s of a collective that not
+    every rank joined; the user's own settings win."""
+    os.environ.setdefault(_STALL_SHUTDOWN, str(int(max(1, round(timeout)))))
+    os.environ.setdefault(_STALL_CHECK, str(int(max(1, min(60, round(timeout / 2))))))
+
+
+def _configured_timeout():
+    value = float(os.environ.get(_STALL_SHUTDOWN, "0") or 0)
+    return value if value > 0 else None
 
 
 def rank():

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from sparse_operation_kit import compat, exchange, partitioned, serving, uniqueness, validation
 from sparse_operation_kit._ops import ops
+from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 from sparse_operation_kit.tables import table_name
 
@@ -146,6 +147,20 @@ def _key_dtype(param):
     return None  # static tables take int32 or int64 ids
 
 
+def _diverged(error, call_name, names):
+    """The error of an exchange that Horovod shut down (ranks diverged), naming the call."""
+    if "Horovod has been shut down" not in str(error):
+        return error
+    waited = context.collective_timeout_s
+    return RuntimeError(
+        f"lookup_sparse '{call_name or 'sok_lookup_sparse'}' over tables {names} on rank "
+        f"{context.rank}: its exchange did not complete on every rank"
+        + (f" within {waited:g} s" if waited else "")
+        + ": Horovod has been shut down. The ranks diverged: one skipped this call or made a different "
+        "collective, or died or stalled (Horovod's log names the missing ranks)."
+    )
+
+
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str] | None = None,
                   training: bool = True, name: str | None = None) -> tf.Tensor | list[tf.Tensor]:
     """Pooled embeddings of many tables in one call.
@@ -202,9 +217,15 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
         with _on_device_of(tables):
             unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
         uniqueness.declare_distinct(unique)
-        rows = partitioned.fetch_rows(
-            params, list(unique), list(counts), training=training, names=names
-        )
+        try:
+            rows = partitioned.fetch_rows(
+                params, list(unique), list(counts), training=training, names=names
+            )
+        except tf.errors.OpError as e:  # eager: name the call whose exchange never completed
+            diverged = _diverged(e, name, names)
+            if diverged is e:
+                raise
+            raise diverged from e
         batch_sizes = tf.stack(batches)
         with _on_device_of(tables):
             outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, batch_sizes,
