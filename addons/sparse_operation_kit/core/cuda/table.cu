@@ -240,9 +240,9 @@ Status GpuEmbeddingTable<K>::find(const K* keys, int64_t n, float* out, cudaStre
   m.note_stream(stream);
   const bool v4 = m.cfg.dim % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
   const int grid = grid_for(n * kTile, kBlock);
-  const bool many = tuning().find_min_blocks != 1;  // default: 64 warps per SM (measured faster)
-  if (v4 && many) k_find<K, true, 8><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
-  else if (v4) k_find<K, true, 1><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
+  // With V4 rows, registers capped for 64 warps per SM: more lookups in flight (measured faster
+  // on H200, benchmarks/gpu/RESULTS.md).
+  if (v4) k_find<K, true, 8><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
   else k_find<K, false, 1><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out);
   SOK_LAUNCH_CHECK();
   return Status::OK();

@@ -206,17 +206,13 @@ Status GpuEmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const flo
   const float alpha = p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f;
   const bool v4 = dim % 4 == 0 && reinterpret_cast<uintptr_t>(ugrads) % 16 == 0;
   const int grid = grid_for(n * kTile, kBlock);
-  int nc = 0;
-  if (v4) {
-    nc = tuning().apply_chunks;
-    if (nc != 1 && nc != 2 && nc != 4) nc = dim <= 32 ? 1 : 2;  // measured best on H200
-  }
+  // Column chunks in flight per lane, measured best on H200 (benchmarks/gpu/RESULTS.md).
+  const int nc = v4 ? (dim <= 32 ? 1 : 2) : 0;
 #define SOK_APPLY(NC)                                                                                \
   k_apply<K, NC><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), ukeys, n, un, ugrads, p, alpha, \
                                               global_step, m.d_counters, m.d_fail)
   if (nc == 1) SOK_APPLY(1);
   else if (nc == 2) SOK_APPLY(2);
-  else if (nc == 4) SOK_APPLY(4);
   else SOK_APPLY(0);
 #undef SOK_APPLY
   SOK_LAUNCH_CHECK();
