@@ -220,7 +220,6 @@ class GpuTable final : public Table<K> {
   Status import_rows(const ExecContext& e, const TableSnapshot<K>& snapshot) override {
     return t_->import_rows(snapshot, s(e));
   }
-  GpuEmbeddingTable<K>* gpu_table() { return t_.get(); }
 
  private:
   static cudaStream_t s(const ExecContext& e) { return static_cast<cudaStream_t>(e.stream); }
