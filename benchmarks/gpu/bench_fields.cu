@@ -36,7 +36,7 @@
 
 #include "addons/sparse_operation_kit/core/common.h"
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "harness/gpu/cuda_util.h"
 
 using namespace sok;       // NOLINT
 using namespace sok::gpu;  // NOLINT

@@ -21,11 +21,12 @@
 
 #include "addons/sparse_operation_kit/core/common.h"
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
-#include "addons/sparse_operation_kit/core/cuda/gpu_internal.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "harness/gpu/cuda_util.h"
+#include "harness/gpu/dense_lookup.h"
 
 using namespace sok;       // NOLINT
 using namespace sok::gpu;  // NOLINT
+using namespace sok::harness;  // NOLINT
 
 namespace {
 
@@ -151,15 +152,6 @@ void bench_static(const std::string& dir) {
         SOK_OK(static_pooled_forward<int64_t>(table.get(), rows, dim, ids[k % sets].get(), sg, nullptr, n, batch,
                                               Combiner::kSum, out.get(), err.get(), g_s));
       };
-      // Both kernel variants, the default (tuning 0) last; the figure below is the default's.
-      for (int v : {1, 2, 3}) {
-        sok::gpu::detail::tuning().pooled_variant = v;
-        const double vms = time_ms(run, 5, 30, 10);
-        const double vb = n * 8.0 + n * dim * 4.0 + batch * dim * 4.0;
-        std::printf("  static pooled variant %d dist=%s dim=%lld: %.4f ms = %.1f%% of copy\n", v, pl ? "powerlaw" : "uniform",
-                    (long long)dim, vms, 100.0 * vb / (vms * 1e-3) / 1e9 / g_copy_gbs);
-      }
-      sok::gpu::detail::tuning().pooled_variant = 0;
       // Per call, 10 calls back to back per timed repetition (a training step launches its kernels
       // back to back too; a lone call also pays ~5-10 us of launch and drain).
       const double ms = time_ms(run, 5, 30, 10);
@@ -221,7 +213,7 @@ void bench_static(const std::string& dir) {
     std::printf("STATIC_POOLED dist=uniform dim=128 layout=segment_ids: %.4f ms, %.0f GB/s = %.1f%% of copy "
                 "(bytes include the segment ids)\n", ms, bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / g_copy_gbs);
   }
-  Status st = check_lookup_error(err.get(), "static", g_s);
+  Status st = check_lookup_errors(err.get(), {"static"}, g_s);
   std::printf("STATIC_POOLED error record after all runs: %s\n", st.ok() ? "none" : st.message().c_str());
 }
 
@@ -285,11 +277,6 @@ void bench_table() {
     }
     k_keys<<<grid, 256, 0, g_s>>>(miss.get(), per_call, static_cast<uint64_t>(1) << 62);
     CUDA_OK(cudaGetLastError());
-    sok::gpu::detail::tuning().find_min_blocks = 1;
-    const double find1_ms = time_ms([&](int k) { SOK_OK(t->find(hits[k % sets].get(), per_call, out.get(), g_s)); }, 5, 15, 8);
-    sok::gpu::detail::tuning().find_min_blocks = 0;
-    std::printf("  find variant without the register cap lf=%.2f: %.4f ms = %.2f G keys/s\n", lf, find1_ms,
-                per_call / (find1_ms * 1e-3) / 1e9);
     const double find_ms = time_ms([&](int k) { SOK_OK(t->find(hits[k % sets].get(), per_call, out.get(), g_s)); }, 5, 15, 8);
     const double foi_ms = time_ms([&](int k) {
       SOK_OK(t->find_or_insert(hits[k % sets].get(), per_call, out.get(), nullptr, g_s));
@@ -438,14 +425,6 @@ void bench_train(const std::string& dir) {
       const double upd = time_ms([&](int) {
         SOK_OK(t->apply_gradients(uniq.get(), n, grad_u.get(), p, step++, g_s, true, num.get()));
       }, 3, 20);
-      for (int nc : {1, 2, 4}) {
-        sok::gpu::detail::tuning().apply_chunks = nc;
-        const double t_nc = time_ms([&](int) {
-          SOK_OK(t->apply_gradients(uniq.get(), n, grad_u.get(), p, step++, g_s, true, num.get()));
-        }, 3, 20);
-        std::printf("  adagrad apply_chunks=%d dim=%lld dist=%s: %.4f ms\n", nc, (long long)dim, pl ? "powerlaw" : "uniform", t_nc);
-      }
-      sok::gpu::detail::tuning().apply_chunks = 0;
       const int64_t u = num.download(1)[0];
       std::printf("TRAIN dim=%lld dist=%s step_ms=%.4f [unique %lld of %lld ids; table %lld keys; dedup %.3f, "
                   "find_or_insert %.3f, pooled fwd %.3f, pooled bwd %.3f, adagrad %.3f ms]\n",

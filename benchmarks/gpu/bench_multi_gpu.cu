@@ -1,4 +1,4 @@
-// Weak scaling of the model-parallel lookup (tests/gpu/mp_pipeline.h): a fixed batch of
+// Weak scaling of the model-parallel lookup (harness/gpu/model_parallel.h): a fixed batch of
 // 16,384 x 64 ids per GPU, a 10M-key hash table sharded by floor_mod(key, world), one training step
 // = dedup, bucketize, all-to-all keys, owner find_or_insert, all-to-all rows, pooled forward,
 // pooled backward, all-to-all gradients, owner Adagrad. Times (host clock around a synchronised
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/gpu/mp_pipeline.h"
+#include "harness/gpu/model_parallel.h"
 
 namespace {
 

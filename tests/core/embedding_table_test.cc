@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/core/check.h"
+#include "harness/check.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
 #include <random>
 #include <vector>
 
-#include "tests/core/check.h"
+#include "harness/check.h"
 
 TEST(unique_keeps_first_appearance_order) {
   const int64_t keys[] = {5, -3, 5, 7, -3, 5};

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdarg>
 #include <cstdio>
 #include <functional>
 #include <limits>
@@ -21,75 +20,28 @@
 #include "addons/sparse_operation_kit/core/embedding_table.h"
 #include "addons/sparse_operation_kit/core/initializer.h"
 #include "addons/sparse_operation_kit/core/lookup.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "harness/check.h"
+#include "harness/gpu/cuda_util.h"
+#include "harness/gpu/dense_lookup.h"
+#include "harness/gpu/key_routing.h"
 
 using namespace sok;       // NOLINT
 using namespace sok::gpu;  // NOLINT
+using namespace sok::harness;  // NOLINT
 
 namespace {
 
 std::mt19937_64 g_rng;
-int g_passed = 0, g_failed = 0;
-std::string g_current;
-int g_msgs = 0;
 
-bool fail(const char* fmt, ...) {
-  if (g_msgs++ < 8) {
-    std::va_list ap;
-    va_start(ap, fmt);
-    std::fprintf(stdout, "    [%s] ", g_current.c_str());
-    std::vfprintf(stdout, fmt, ap);
-    std::fprintf(stdout, "\n");
-    va_end(ap);
-  }
-  return false;
-}
-
-std::string g_filter;  // argv[2]: run only the tests whose name contains it
-
-void run(const std::string& name, const std::function<bool()>& fn) {
-  if (!g_filter.empty() && name.find(g_filter) == std::string::npos) return;
-  g_current = name;
-  g_msgs = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  const bool ok = fn();
-  CUDA_OK(cudaDeviceSynchronize());
-  CUDA_OK(cudaGetLastError());
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s %-72s %8.1f ms\n", ok ? "PASS" : "FAIL", name.c_str(), ms);
-  std::fflush(stdout);
-  (ok ? g_passed : g_failed)++;
-}
-
-bool expect_close(const char* what, const std::vector<float>& got, const std::vector<float>& want,
-                  double rtol, double atol) {
-  if (got.size() != want.size())
-    return fail("%s: size %zu vs %zu", what, got.size(), want.size());
-  bool ok = true;
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!close_enough(got[i], want[i], rtol, atol)) {
-      if (bad++ < 3) fail("%s[%zu]: got %.9g want %.9g", what, i, got[i], want[i]);
-      ok = false;
-    }
-  }
-  if (!ok) fail("%s: %zu of %zu differ", what, bad, got.size());
-  return ok;
-}
-
-template <typename T>
-bool expect_eq(const char* what, const std::vector<T>& got, const std::vector<T>& want) {
-  if (got.size() != want.size())
-    return fail("%s: size %zu vs %zu", what, got.size(), want.size());
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!(got[i] == want[i])) {
-      if (bad++ < 3)
-        fail("%s[%zu]: got %lld want %lld", what, i, static_cast<long long>(got[i]), static_cast<long long>(want[i]));
-    }
-  }
-  if (bad) return fail("%s: %zu of %zu differ", what, bad, got.size());
-  return true;
+// One case of the shared harness (harness/check.h); every CUDA error it left is fatal.
+template <typename Body>
+void run(const std::string& name, Body&& body) {
+  sok_test::run_case(name, [&] {
+    const bool ok = body();
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaGetLastError());
+    return ok;
+  });
 }
 
 template <typename K>
@@ -187,15 +139,15 @@ bool expect_same_table(const TableSnapshot<K>& got, const TableSnapshot<K>& want
                        bool freqs = true, bool versions = true) {
   bool ok = true;
   if (got.dim != want.dim || got.num_slots != want.num_slots || got.slot_kind != want.slot_kind)
-    ok = fail("layout differs: dim %lld/%lld slots %d/%d kind %d/%d", (long long)got.dim, (long long)want.dim,
+    ok = FAIL("layout differs: dim %lld/%lld slots %d/%d kind %d/%d", (long long)got.dim, (long long)want.dim,
               got.num_slots, want.num_slots, got.slot_kind, want.slot_kind);
   const SortedSnap<K> a = sorted(got), b = sorted(want);
-  ok &= expect_eq("keys", a.keys, b.keys);
+  ok &= sok_test::expect_eq("keys", a.keys, b.keys);
   if (!ok) return false;
-  ok &= expect_close("values", a.values, b.values, rtol, atol);
-  ok &= expect_close("slots", a.slots, b.slots, rtol, atol);
-  if (freqs) ok &= expect_eq("freqs", a.freqs, b.freqs);
-  if (versions) ok &= expect_eq("versions", a.versions, b.versions);
+  ok &= sok_test::expect_near("values", a.values, b.values, rtol, atol);
+  ok &= sok_test::expect_near("slots", a.slots, b.slots, rtol, atol);
+  if (freqs) ok &= sok_test::expect_eq("freqs", a.freqs, b.freqs);
+  if (versions) ok &= sok_test::expect_eq("versions", a.versions, b.versions);
   return ok;
 }
 
@@ -253,10 +205,10 @@ bool test_unique(size_t n, size_t pool_n) {
   SOK_OK(unique_keys<K>(dk.get(), n, du.get(), dinv.get(), dcnt.get(), dnum.get(), nullptr));
   const int64_t u = dnum.download(1)[0];
   bool ok = true;
-  if (u != static_cast<int64_t>(cu.size())) return fail("num_unique %lld want %zu", (long long)u, cu.size());
-  ok &= expect_eq("unique", du.download(u), cu);
-  ok &= expect_eq("inverse", dinv.download(n), cinv);
-  ok &= expect_eq("counts", dcnt.download(u), ccnt);
+  if (u != static_cast<int64_t>(cu.size())) return FAIL("num_unique %lld want %zu", (long long)u, cu.size());
+  ok &= sok_test::expect_eq("unique", du.download(u), cu);
+  ok &= sok_test::expect_eq("inverse", dinv.download(n), cinv);
+  ok &= sok_test::expect_eq("counts", dcnt.download(u), ccnt);
   return ok;
 }
 
@@ -271,8 +223,8 @@ bool test_bucketize(int world, size_t n, size_t valid) {
   dorder.poison();
   dcnt.poison();
   SOK_OK(bucketize_by_owner<K>(dk.get(), n, valid == n ? nullptr : dn.get(), world, dorder.get(), dcnt.get(), nullptr));
-  bool ok = expect_eq("order", dorder.download(valid), corder);
-  ok &= expect_eq("counts", dcnt.download(world), ccnt);
+  bool ok = sok_test::expect_eq("order", dorder.download(valid), corder);
+  ok &= sok_test::expect_eq("counts", dcnt.download(world), ccnt);
   return ok;
 }
 
@@ -344,13 +296,13 @@ bool test_pooled(int64_t dim, Combiner comb, bool weighted, int layout, bool hot
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
   SOK_OK(pooled_forward(drows.get(), dim, c.num_rows, dinv.get(), s, weighted ? dw.get() : nullptr, c.n, c.batch,
                         comb, dout.get(), nullptr, derr.get()));
-  Status st = check_lookup_error(derr.get(), "pooled", nullptr);
-  if (!st.ok()) return fail("unexpected error: %s", st.message().c_str());
+  Status st = check_lookup_errors(derr.get(), {"pooled"}, nullptr);
+  if (!st.ok()) return FAIL("unexpected error: %s", st.message().c_str());
   SOK_OK(pooled_backward(dgo.get(), dim, dinv.get(), s, weighted ? dw.get() : nullptr, c.n, c.batch, comb,
                          c.num_rows, nullptr, dgrad.get(), nullptr));
   if (!hot) {
-    bool ok = expect_close("forward", dout.download(), cout, 1e-5, 1e-5);
-    ok &= expect_close("backward", dgrad.download(), cgrad, 1e-5, 1e-5);
+    bool ok = sok_test::expect_near("forward", dout.download(), cout, 1e-5, 1e-5);
+    ok &= sok_test::expect_near("backward", dgrad.download(), cgrad, 1e-5, 1e-5);
     return ok;
   }
   // Long float sums (~70K terms on the hot row) round differently in the CPU's sequential order
@@ -384,10 +336,10 @@ bool test_pooled(int64_t dim, Combiner comb, bool weighted, int layout, bool hot
   size_t bad = 0;
   for (size_t k = 0; k < fo.size(); ++k)
     if (!(std::fabs(fo[k] - fref[k]) <= 1e-6 * fabs_[k] + 1e-6) && bad++ < 3)
-      fail("forward[%zu]: got %.9g want %.9g (sum|terms| %.3g)", k, fo[k], fref[k], fabs_[k]);
+      FAIL("forward[%zu]: got %.9g want %.9g (sum|terms| %.3g)", k, fo[k], fref[k], fabs_[k]);
   for (size_t k = 0; k < bo.size(); ++k)
     if (!(std::fabs(bo[k] - bref[k]) <= 1e-6 * babs[k] + 1e-6) && bad++ < 3)
-      fail("backward[%zu]: got %.9g want %.9g (sum|terms| %.3g, CPU core %.9g)", k, bo[k], bref[k], babs[k], cgrad[k]);
+      FAIL("backward[%zu]: got %.9g want %.9g (sum|terms| %.3g, CPU core %.9g)", k, bo[k], bref[k], babs[k], cgrad[k]);
   return bad == 0;
 }
 
@@ -405,10 +357,10 @@ bool test_bad_indices() {
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
   SOK_OK(pooled_forward(drows.get(), 8, c.num_rows, dinv.get(), s, nullptr, c.n, c.batch, Combiner::kSum,
                         dout.get(), nullptr, derr.get()));
-  Status st = check_lookup_error(derr.get(), "lookup of table 'x'", nullptr);
+  Status st = check_lookup_errors(derr.get(), {"lookup of table 'x'"}, nullptr);
   const std::string want_id = "id 105 at position " + std::to_string(bad_pos);
   if (st.ok() || st.message().find(want_id) == std::string::npos)
-    ok = fail("bad inverse: got '%s'", st.message().c_str());
+    ok = FAIL("bad inverse: got '%s'", st.message().c_str());
   // Bad segment id.
   std::vector<int64_t> seg = c.seg;
   seg[3] = c.batch;
@@ -418,9 +370,9 @@ bool test_bad_indices() {
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
   SOK_OK(pooled_forward(drows.get(), 8, c.num_rows, dinv.get(), s, nullptr, c.n, c.batch, Combiner::kSum,
                         dout.get(), nullptr, derr.get()));
-  st = check_lookup_error(derr.get(), "lookup", nullptr);
+  st = check_lookup_errors(derr.get(), {"lookup"}, nullptr);
   if (st.ok() || st.message().find("id 3 belongs to sample 64") == std::string::npos)
-    ok = fail("bad segment: got '%s'", st.message().c_str());
+    ok = FAIL("bad segment: got '%s'", st.message().c_str());
   // Dense gather: ids -1 at 5 and num_rows at 9 (the first position is reported), rows zeroed.
   const int64_t rows = 1000, dim = 12;
   std::vector<float> table = randn(rows * dim, 1.f);
@@ -433,14 +385,14 @@ bool test_bad_indices() {
   dg.poison();
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
   SOK_OK(gather_static<int64_t>(dt.get(), rows, dim, di.get(), 50, dg.get(), derr.get(), nullptr));
-  st = check_lookup_error(derr.get(), "dense", nullptr);
+  st = check_lookup_errors(derr.get(), {"dense"}, nullptr);
   if (st.ok() || st.message().find("id -1 at position 5") == std::string::npos)
-    ok = fail("gather_static: got '%s'", st.message().c_str());
+    ok = FAIL("gather_static: got '%s'", st.message().c_str());
   std::vector<float> want(50 * dim, 0.f);
   for (int i = 0; i < 50; ++i)
     if (ids[i] >= 0 && ids[i] < rows)
       std::copy(table.begin() + ids[i] * dim, table.begin() + (ids[i] + 1) * dim, want.begin() + i * dim);
-  ok &= expect_close("gather_static rows", dg.download(), want, 0, 0);
+  ok &= sok_test::expect_near("gather_static rows", dg.download(), want, 0, 0);
   // Fused dense pooled lookup with a bad id.
   std::vector<int64_t> splits = {0, 10, 20, 30, 40, 50};
   DevBuf<int64_t> ds = to_device(splits);
@@ -450,9 +402,9 @@ bool test_bad_indices() {
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
   SOK_OK(static_pooled_forward<int64_t>(dt.get(), rows, dim, di.get(), s2, nullptr, 50, 5, Combiner::kSum,
                                         dpo.get(), derr.get(), nullptr));
-  st = check_lookup_error(derr.get(), "dense", nullptr);
+  st = check_lookup_errors(derr.get(), {"dense"}, nullptr);
   if (st.ok() || st.message().find("position 5") == std::string::npos)
-    ok = fail("static_pooled_forward: got '%s'", st.message().c_str());
+    ok = FAIL("static_pooled_forward: got '%s'", st.message().c_str());
   // Bad row splits.
   splits[2] = 5;  // decreasing
   ds.upload(splits);
@@ -462,9 +414,9 @@ bool test_bad_indices() {
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
   SOK_OK(static_pooled_forward<int64_t>(dt.get(), rows, dim, di.get(), s2, nullptr, 50, 5, Combiner::kSum,
                                         dpo.get(), derr.get(), nullptr));
-  st = check_lookup_error(derr.get(), "dense", nullptr);
+  st = check_lookup_errors(derr.get(), {"dense"}, nullptr);
   if (st.ok() || st.message().find("row_splits[2] = 5") == std::string::npos)
-    ok = fail("row splits: got '%s'", st.message().c_str());
+    ok = FAIL("row splits: got '%s'", st.message().c_str());
   return ok;
 }
 
@@ -490,13 +442,13 @@ bool test_static(int64_t dim, Combiner comb, bool weighted, bool ragged) {
   SOK_OK(static_pooled_forward<I>(dt.get(), rows, dim, di.get(), s, weighted ? dw.get() : nullptr, c.n, c.batch,
                                   comb, dout.get(), derr.get(), nullptr));
   SOK_OK(gather_static<I>(dt.get(), rows, dim, di.get(), c.n, dg.get(), derr.get(), nullptr));
-  Status st = check_lookup_error(derr.get(), "static", nullptr);
-  if (!st.ok()) return fail("unexpected: %s", st.message().c_str());
+  Status st = check_lookup_errors(derr.get(), {"static"}, nullptr);
+  if (!st.ok()) return FAIL("unexpected: %s", st.message().c_str());
   std::vector<float> want(c.n * dim);
   for (int64_t i = 0; i < c.n; ++i)
     std::copy(c.rows.begin() + ids[i] * dim, c.rows.begin() + (ids[i] + 1) * dim, want.begin() + i * dim);
-  bool ok = expect_close("pooled", dout.download(), cout, 1e-5, 1e-5);
-  ok &= expect_close("gather", dg.download(), want, 0, 0);
+  bool ok = sok_test::expect_near("pooled", dout.download(), cout, 1e-5, 1e-5);
+  ok &= sok_test::expect_near("gather", dg.download(), want, 0, 0);
   return ok;
 }
 
@@ -521,7 +473,7 @@ bool test_find_or_insert(InitKind kind, int64_t dim) {
     DevBuf<float> dout(n * dim);
     dout.poison();
     SOK_OK(gpu->find_or_insert(dk.get(), n, dout.get(), nullptr, nullptr));
-    ok &= expect_close("find_or_insert", dout.download(), want, rtol, atol);
+    ok &= sok_test::expect_near("find_or_insert", dout.download(), want, rtol, atol);
     // Read-only find of present and absent keys: same values, nothing inserted.
     const std::vector<K> probe = draw(key_pool<K>(3000), 3000);
     std::vector<float> fw(probe.size() * dim);
@@ -530,10 +482,10 @@ bool test_find_or_insert(InitKind kind, int64_t dim) {
     DevBuf<float> dfo(probe.size() * dim);
     dfo.poison();
     SOK_OK(gpu->find(dp.get(), probe.size(), dfo.get(), nullptr));
-    ok &= expect_close("find", dfo.download(), fw, rtol, atol);
+    ok &= sok_test::expect_near("find", dfo.download(), fw, rtol, atol);
     int64_t gs = 0;
     SOK_OK(gpu->size(&gs, nullptr));
-    if (gs != cpu.size()) ok = fail("size %lld want %lld", (long long)gs, (long long)cpu.size());
+    if (gs != cpu.size()) ok = FAIL("size %lld want %lld", (long long)gs, (long long)cpu.size());
   }
   ok &= expect_same_table(gpu_export(*gpu), cpu.export_rows(), rtol, atol);
   return ok;
@@ -561,7 +513,7 @@ bool test_counter_filter() {
     DevBuf<float> dout(n * 16);
     dout.poison();
     SOK_OK(gpu->find_or_insert(dk.get(), n, dout.get(), dc.get(), nullptr));
-    ok &= expect_close("filtered find_or_insert", dout.download(), want, 0, 0);
+    ok &= sok_test::expect_near("filtered find_or_insert", dout.download(), want, 0, 0);
     const std::vector<K> probe = draw(pool, 1000);
     std::vector<float> fw(probe.size() * 16);
     cpu.find(probe.data(), probe.size(), fw.data());
@@ -569,7 +521,7 @@ bool test_counter_filter() {
     DevBuf<float> dfo(probe.size() * 16);
     dfo.poison();
     SOK_OK(gpu->find(dp.get(), probe.size(), dfo.get(), nullptr));
-    ok &= expect_close("filtered find", dfo.download(), fw, 0, 0);
+    ok &= sok_test::expect_near("filtered find", dfo.download(), fw, 0, 0);
     // Updates skip the keys not admitted yet.
     OptimizerParams p;
     p.kind = OptimizerKind::kAdagrad;
@@ -602,14 +554,14 @@ bool test_duplicate_inserts() {
   for (size_t i = 0; i < keys.size(); ++i)
     for (int c = 0; c < 8; ++c)
       if (out[i * 8 + c] != initial_value(cfg.init, keys[i], c, 8) && bad++ < 3)
-        ok = fail("row %zu col %d: %g", i, c, out[i * 8 + c]);
+        ok = FAIL("row %zu col %d: %g", i, c, out[i * 8 + c]);
   TableSnapshot<K> s = gpu_export(*gpu);
-  if (s.keys.size() != 1000) ok = fail("%zu rows for 1000 keys", s.keys.size());
+  if (s.keys.size() != 1000) ok = FAIL("%zu rows for 1000 keys", s.keys.size());
   std::set<K> ks(s.keys.begin(), s.keys.end());
-  if (ks.size() != s.keys.size()) ok = fail("duplicate keys in the table");
+  if (ks.size() != s.keys.size()) ok = FAIL("duplicate keys in the table");
   for (size_t i = 0; i < s.freqs.size(); ++i)
     if (s.freqs[i] != 1000) {
-      ok = fail("key %lld freq %lld", (long long)s.keys[i], (long long)s.freqs[i]);
+      ok = FAIL("key %lld freq %lld", (long long)s.keys[i], (long long)s.freqs[i]);
       break;
     }
   return ok;
@@ -646,22 +598,22 @@ bool test_two_streams() {
   CUDA_OK(cudaStreamSynchronize(s2));
   bool ok = true;
   TableSnapshot<K> s = gpu_export(*gpu);
-  if (s.keys.size() != want.size()) ok = fail("%zu rows, want %zu", s.keys.size(), want.size());
+  if (s.keys.size() != want.size()) ok = FAIL("%zu rows, want %zu", s.keys.size(), want.size());
   size_t bad = 0;
   for (size_t i = 0; i < s.keys.size(); ++i) {
     auto it = want.find(s.keys[i]);
     if (it == want.end() || it->second != s.freqs[i]) {
-      if (bad++ < 3) ok = fail("key %lld freq %lld", (long long)s.keys[i], (long long)s.freqs[i]);
+      if (bad++ < 3) ok = FAIL("key %lld freq %lld", (long long)s.keys[i], (long long)s.freqs[i]);
     }
     for (int c = 0; c < 16; ++c)
       if (s.values[i * 16 + c] != initial_value(cfg.init, s.keys[i], c, 16)) {
-        if (bad++ < 3) ok = fail("key %lld value differs", (long long)s.keys[i]);
+        if (bad++ < 3) ok = FAIL("key %lld value differs", (long long)s.keys[i]);
       }
   }
   const std::vector<float> va = oa.download();
   for (int64_t i = 0; i < n; i += 97)
     if (va[i * 16 + 3] != initial_value(cfg.init, a[i], 3, 16)) {
-      ok = fail("stream 1 output %lld", (long long)i);
+      ok = FAIL("stream 1 output %lld", (long long)i);
       break;
     }
   CUDA_OK(cudaStreamDestroy(s1));
@@ -689,24 +641,24 @@ bool test_growth() {
     const std::vector<float> out = dout.download();
     for (int64_t i = 0; i < batch; i += 1013)
       if (out[i * 8] != initial_value(cfg.init, keys[i], 0, 8)) {
-        ok = fail("round %d output %lld", r, (long long)i);
+        ok = FAIL("round %d output %lld", r, (long long)i);
         break;
       }
   }
   int64_t sz = 0;
   SOK_OK(gpu->size(&sz, nullptr));
-  if (sz != static_cast<int64_t>(count.size())) ok = fail("size %lld want %zu", (long long)sz, count.size());
-  if (gpu->capacity() <= cap0) ok = fail("capacity did not grow");
+  if (sz != static_cast<int64_t>(count.size())) ok = FAIL("size %lld want %zu", (long long)sz, count.size());
+  if (gpu->capacity() <= cap0) ok = FAIL("capacity did not grow");
   TableSnapshot<int64_t> s = gpu_export(*gpu);
   std::unordered_set<int64_t> seen;
   for (size_t i = 0; i < s.keys.size(); ++i) {
     if (!seen.insert(s.keys[i]).second) {
-      ok = fail("duplicate key %lld", (long long)s.keys[i]);
+      ok = FAIL("duplicate key %lld", (long long)s.keys[i]);
       break;
     }
     auto it = count.find(s.keys[i]);
     if (it == count.end() || it->second != s.freqs[i]) {
-      ok = fail("key %lld freq %lld", (long long)s.keys[i], (long long)s.freqs[i]);
+      ok = FAIL("key %lld freq %lld", (long long)s.keys[i], (long long)s.freqs[i]);
       break;
     }
   }
@@ -721,7 +673,7 @@ bool test_growth() {
   for (size_t i = 0; i < all.size(); ++i)
     for (int c = 0; c < 8; ++c)
       if (f[i * 8 + c] != initial_value(cfg.init, all[i], c, 8)) {
-        return fail("find after growth: key %lld", (long long)all[i]);
+        return FAIL("find after growth: key %lld", (long long)all[i]);
       }
   std::printf("    growth: capacity %lld -> %lld slots, %lld keys\n", (long long)cap0, (long long)gpu->capacity(),
               (long long)sz);
@@ -750,10 +702,10 @@ bool test_erase_assign() {
   DevBuf<K> de = to_device(er);
   int64_t ge = -1;
   SOK_OK(gpu->erase(de.get(), er.size(), nullptr, &ge));
-  if (ge != ce) ok = fail("erased %lld want %lld", (long long)ge, (long long)ce);
+  if (ge != ce) ok = FAIL("erased %lld want %lld", (long long)ge, (long long)ce);
   int64_t gs = 0;
   SOK_OK(gpu->size(&gs, nullptr));
-  if (gs != cpu.size()) ok = fail("size %lld want %lld", (long long)gs, (long long)cpu.size());
+  if (gs != cpu.size()) ok = FAIL("size %lld want %lld", (long long)gs, (long long)cpu.size());
   // find of everything: erased keys read their initial value again.
   std::vector<K> probe(pool.begin(), pool.begin() + 60000);
   std::vector<float> fw(probe.size() * 12);
@@ -762,7 +714,7 @@ bool test_erase_assign() {
   DevBuf<float> dfo(probe.size() * 12);
   dfo.poison();
   SOK_OK(gpu->find(dp.get(), probe.size(), dfo.get(), nullptr));
-  ok &= expect_close("find after erase", dfo.download(), fw, 0, 0);
+  ok &= sok_test::expect_near("find after erase", dfo.download(), fw, 0, 0);
   // Re-insert some erased keys and overwrite some live ones.
   std::vector<K> again(pool.begin() + 20000, pool.begin() + 40000);
   std::vector<float> out(again.size() * 12);
@@ -771,7 +723,7 @@ bool test_erase_assign() {
   DevBuf<float> dgo(again.size() * 12);
   dgo.poison();
   SOK_OK(gpu->find_or_insert(dg.get(), again.size(), dgo.get(), nullptr, nullptr));
-  ok &= expect_close("find_or_insert after erase", dgo.download(), out, 0, 0);
+  ok &= sok_test::expect_near("find_or_insert after erase", dgo.download(), out, 0, 0);
   std::vector<K> ow(pool.begin() + 1000, pool.begin() + 3000);
   const std::vector<float> ov = randn(ow.size() * 12, 1.f);
   cpu.insert_or_assign(ow.data(), ow.size(), ov.data());
@@ -828,22 +780,22 @@ bool test_export_import() {
   dup.keys[1] = dup.keys[0];
   auto g4 = make_gpu<K>(cfg);
   Status st = g4->import_rows(dup, nullptr);
-  if (st.ok() || st.message().find("appears twice") == std::string::npos) ok = fail("duplicate import: '%s'", st.message().c_str());
+  if (st.ok() || st.message().find("appears twice") == std::string::npos) ok = FAIL("duplicate import: '%s'", st.message().c_str());
   TableSnapshot<K> wrong = gs;
   wrong.dim = 8;
   st = g4->import_rows(wrong, nullptr);
-  if (st.ok() || st.message().find("dimension") == std::string::npos) ok = fail("dim mismatch: '%s'", st.message().c_str());
+  if (st.ok() || st.message().find("dimension") == std::string::npos) ok = FAIL("dim mismatch: '%s'", st.message().c_str());
   OptimizerParams q;
   q.kind = OptimizerKind::kAdagrad;
   st = gpu->apply_gradients(dk.get(), keys.size(), dg.get(), q, 5, nullptr);
-  if (st.ok() || st.message().find("already carries") == std::string::npos) ok = fail("optimizer mismatch: '%s'", st.message().c_str());
+  if (st.ok() || st.message().find("already carries") == std::string::npos) ok = FAIL("optimizer mismatch: '%s'", st.message().c_str());
   // Empty snapshot.
   TableSnapshot<K> empty;
   empty.dim = 16;
   st = g4->import_rows(empty, nullptr);
   int64_t sz = -1;
   SOK_OK(g4->size(&sz, nullptr));
-  if (!st.ok() || sz != 0) ok = fail("empty import: '%s' size %lld", st.message().c_str(), (long long)sz);
+  if (!st.ok() || sz != 0) ok = FAIL("empty import: '%s' size %lld", st.message().c_str(), (long long)sz);
   return ok;
 }
 
@@ -881,7 +833,7 @@ bool test_optimizer(OptimizerKind kind, int64_t dim, bool unique_ids) {
       DevBuf<float> dout(keys.size() * dim);
       dout.poison();
       SOK_OK(gpu->find_or_insert(dk.get(), keys.size(), dout.get(), nullptr, nullptr));
-      if (!expect_close("lookup during training", dout.download(), want, 1e-5,
+      if (!sok_test::expect_near("lookup during training", dout.download(), want, 1e-5,
                         kind == OptimizerKind::kFtrl ? 1e-5 : 1e-6))
         return false;
     }
@@ -936,8 +888,8 @@ bool test_pipeline(Combiner comb) {
     SOK_OK(pooled_forward(drows.get(), dim, n, dinv.get(), sg, dw.get(), n, batch, comb, dout.get(), nullptr));
     SOK_OK(pooled_backward(dgo.get(), dim, dinv.get(), sg, dw.get(), n, batch, comb, n, dnum.get(), dgrad.get(), nullptr));
     SOK_OK(gpu->apply_gradients(du.get(), n, dgrad.get(), p, s, nullptr, true, dnum.get()));
-    ok &= expect_close("forward", dout.download(), cout, 1e-5, 1e-5);
-    ok &= expect_close("row grads", dgrad.download(u * dim), cgrad, 1e-5, 1e-5);
+    ok &= sok_test::expect_near("forward", dout.download(), cout, 1e-5, 1e-5);
+    ok &= sok_test::expect_near("row grads", dgrad.download(u * dim), cgrad, 1e-5, 1e-5);
   }
   ok &= expect_same_table(gpu_export(*gpu), cpu.export_rows(), 1e-5, 1e-6);
   return ok;
@@ -949,7 +901,7 @@ int main(int argc, char** argv) {
   // Usage: test_gpu_core [seed (0: from the clock)] [name filter]
   uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 0;
   if (seed == 0) seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  if (argc > 2) g_filter = argv[2];
+  if (argc > 2) sok_test::state().filter = argv[2];
   g_rng.seed(seed);
   int dev = 0;
   cudaDeviceProp prop;
@@ -1015,6 +967,5 @@ int main(int argc, char** argv) {
     run(std::string("training step pipeline vs CPU int64 ") + cname(c), [c] { return test_pipeline<int64_t>(c); });
     run(std::string("training step pipeline vs CPU int32 ") + cname(c), [c] { return test_pipeline<int32_t>(c); });
   }
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return sok_test::summary();
 }

@@ -13,29 +13,14 @@
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/common.h"
-#include "tests/gpu/mp_pipeline.h"
+#include "harness/check.h"
+#include "harness/gpu/model_parallel.h"
 
 namespace {
 
-int g_passed = 0, g_failed = 0;
-
+// The checks below run as one sequence: each result is reported as a case of the shared harness.
 void report(bool ok, const std::string& name) {
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", name.c_str());
-  std::fflush(stdout);
-  (ok ? g_passed : g_failed)++;
-}
-
-bool compare(const char* what, const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol) {
-  size_t bad = 0;
-  if (got.size() != want.size()) {
-    std::printf("    %s: size %zu vs %zu\n", what, got.size(), want.size());
-    return false;
-  }
-  for (size_t i = 0; i < got.size(); ++i)
-    if (!close_enough(got[i], want[i], rtol, atol) && bad++ < 3)
-      std::printf("    %s[%zu]: got %.9g want %.9g\n", what, i, got[i], want[i]);
-  if (bad) std::printf("    %s: %zu of %zu differ\n", what, bad, got.size());
-  return bad == 0;
+  sok_test::run_case(name, [ok] { return ok; });
 }
 
 }  // namespace
@@ -129,7 +114,7 @@ int main(int argc, char** argv) {
       CUDA_OK(cudaSetDevice(r));
       const std::vector<float> got = mpar.rank(r).out.download(batch * dim);
       std::vector<float> w(want.begin() + r * batch * dim, want.begin() + (r + 1) * batch * dim);
-      ok &= compare("forward", got, w, 1e-5, 1e-6);
+      ok &= sok_test::expect_near("forward", got, w, 1e-5, 1e-6);
     }
     CUDA_OK(cudaSetDevice(0));
     all_fwd &= ok;
@@ -180,8 +165,7 @@ int main(int argc, char** argv) {
     ws.insert(ws.end(), want.slots.begin() + w * dim, want.slots.begin() + (w + 1) * dim);
   }
   tab_ok = tab_ok && meta_bad == 0;
-  tab_ok = tab_ok && compare("values", gv, wv, 1e-5, 1e-6) && compare("adagrad slots", gs, ws, 1e-5, 1e-6);
+  tab_ok = tab_ok && sok_test::expect_near("values", gv, wv, 1e-5, 1e-6) && sok_test::expect_near("adagrad slots", gs, ws, 1e-5, 1e-6);
   report(tab_ok, "after 6 Adagrad steps the sharded table == the 1-GPU table (" + std::to_string(wi.size()) + " keys)");
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return sok_test::summary();
 }

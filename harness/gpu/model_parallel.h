@@ -1,5 +1,6 @@
 // Model-parallel embedding lookup over several GPUs driven by one process (one NCCL communicator
-// per GPU, ncclCommInitAll), built from the core's GPU entry points:
+// per GPU, ncclCommInitAll), built from the core's GPU entry points and key_routing.h. Checked by
+// tests/gpu/test_multi_gpu.cu, timed by benchmarks/gpu/bench_multi_gpu.cu:
 //   forward:  unique_keys -> bucketize_by_owner (owner = floor_mod(key, world)) -> all-to-all of
 //             keys and counts -> owner find_or_insert -> all-to-all of rows back -> scatter to
 //             unique order -> pooled_forward
@@ -21,7 +22,8 @@
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "harness/gpu/cuda_util.h"
+#include "harness/gpu/key_routing.h"
 
 #define NCCL_OK(expr)                                                                          \
   do {                                                                                         \
@@ -216,10 +218,10 @@ class ModelParallel {
       pool(k);
       return;
     }
-    SOK_OK(sok::gpu::bucketize_by_owner<int64_t>(k.uniq.get(), k.n, k.num.get(), world_, k.order.get(),
+    SOK_OK(sok::harness::bucketize_by_owner<int64_t>(k.uniq.get(), k.n, k.num.get(), world_, k.order.get(),
                                                  k.owner_counts.get(), k.s));
-    SOK_OK(sok::gpu::gather<int64_t>(k.uniq.get(), k.order.get(), k.n, k.num.get(), k.send_keys.get(), k.s));
-    SOK_OK(sok::gpu::gather<int64_t>(k.counts.get(), k.order.get(), k.n, k.num.get(), k.send_cnts.get(), k.s));
+    SOK_OK(sok::harness::gather<int64_t>(k.uniq.get(), k.order.get(), k.n, k.num.get(), k.send_keys.get(), k.s));
+    SOK_OK(sok::harness::gather<int64_t>(k.counts.get(), k.order.get(), k.n, k.num.get(), k.send_cnts.get(), k.s));
     // Every rank learns every rank's per-owner counts: the sizes of the ragged all-to-alls.
     NCCL_OK(ncclAllGather(k.owner_counts.get(), k.all_counts.get(), world_, ncclInt64, k.comm, k.s));
     CUDA_OK(cudaMemcpyAsync(k.h_all, k.all_counts.get(), sizeof(int64_t) * world_ * world_,
@@ -240,7 +242,7 @@ class ModelParallel {
     SOK_OK(k.table->find_or_insert(k.recv_keys.get(), k.recv_total, k.recv_rows.get(), k.recv_cnts.get(), k.s));
     // Rows go back the opposite way.
     exchange(k, k.recv_rows.get(), k.send_rows.get(), dim_, ncclFloat32, true);
-    SOK_OK(sok::gpu::scatter_rows(k.send_rows.get(), dim_, k.order.get(), k.n, k.num.get(), k.rows_u.get(), k.s));
+    SOK_OK(sok::harness::scatter_rows(k.send_rows.get(), dim_, k.order.get(), k.n, k.num.get(), k.rows_u.get(), k.s));
     pool(k);
   }
 
@@ -255,7 +257,7 @@ class ModelParallel {
       SOK_OK(k.table->apply_gradients(k.uniq.get(), k.n, k.grad_u.get(), p, step, k.s, true, k.num.get()));
       return;
     }
-    SOK_OK(sok::gpu::gather_rows(k.grad_u.get(), dim_, k.order.get(), k.n, k.num.get(), k.grad_send.get(), k.s));
+    SOK_OK(sok::harness::gather_rows(k.grad_u.get(), dim_, k.order.get(), k.n, k.num.get(), k.grad_send.get(), k.s));
     exchange(k, k.grad_send.get(), k.grad_recv.get(), dim_, ncclFloat32, false);
     // The owner sums the ranks' gradients of one key (apply_gradients dedups), then updates.
     SOK_OK(k.table->apply_gradients(k.recv_keys.get(), k.recv_total, k.grad_recv.get(), p, step, k.s));

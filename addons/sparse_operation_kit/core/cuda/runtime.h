@@ -1,8 +1,10 @@
-// Internal helpers of the CUDA core (not part of the public API).
+// Internal host helpers of the CUDA core (not part of the public API): CUDA error macros, launch
+// sizes, scoped temporaries and the workspace carver.
 #pragma once
 
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -29,6 +31,9 @@ namespace detail {
     if (!sok_s_.ok()) return sok_s_;   \
   } while (0)
 
+// Threads per block of the one-thread-per-item kernels.
+constexpr int kBlock = 256;
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 inline int grid_for(int64_t threads, int block) {
@@ -38,11 +43,11 @@ inline int grid_for(int64_t threads, int block) {
   return static_cast<int>(g);
 }
 
-// Device-side count: min(n, *d_n) when d_n is given.
-__device__ __forceinline__ int64_t effective_n(int64_t n, const int64_t* d_n) {
-  if (d_n == nullptr) return n;
-  const int64_t m = *d_n;
-  return m < n ? m : n;
+// Bits to represent values in [0, max_value] (the key width of a radix sort).
+inline int bits_for(uint64_t max_value) {
+  int b = 1;
+  while (b < 64 && (max_value >> b) != 0) ++b;
+  return b;
 }
 
 // Scoped temporary from a DeviceAllocator, freed on the same stream.
@@ -76,28 +81,40 @@ class Temp {
   cudaStream_t s_ = nullptr;
 };
 
-// Loads that bypass L1 (coherent at L2), for data other blocks may be writing.
-__device__ __forceinline__ uint32_t ld_acquire_u32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ int64_t ld_relaxed_i64(const int64_t* p) {
-  int64_t v;
-  asm volatile("ld.relaxed.gpu.global.s64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
+// Cuts typed sub-buffers, each starting on a 256-byte boundary, out of one workspace. Without a
+// base it only adds up the size, so one function can both size and carve a workspace (see
+// carve_temp).
+class Workspace {
+ public:
+  static constexpr size_t kAlign = 256;
+  explicit Workspace(void* base = nullptr) : base_(static_cast<char*>(base)) {}
+  // `count` objects of T.
+  template <typename T>
+  T* take(size_t count) {
+    return static_cast<T*>(take_bytes(count * sizeof(T)));
+  }
+  void* take_bytes(size_t bytes) {
+    char* p = base_ == nullptr ? nullptr : base_ + used_;
+    used_ += (bytes + kAlign - 1) & ~(kAlign - 1);
+    return p;
+  }
+  size_t bytes() const { return used_; }
 
-// Records an error; the lowest (position, kind) wins. finalize_error() fills position/value/kind.
-__device__ __forceinline__ void report_error(GpuLookupError* err, int64_t position, int64_t kind) {
-  if (err == nullptr) return;
-  atomicMin(reinterpret_cast<unsigned long long*>(&err->packed),
-            (static_cast<unsigned long long>(position) << 3) | static_cast<unsigned long long>(kind));
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+// Allocates `tmp` just large enough for what carve(Workspace&) takes, then calls carve again on
+// the allocation, so it can assign its pointers.
+template <typename Carve>
+Status carve_temp(DeviceAllocator* alloc, cudaStream_t stream, Temp* tmp, Carve&& carve) {
+  Workspace sizing;
+  carve(sizing);
+  SOK_RETURN_IF_ERROR(tmp->alloc(alloc, sizing.bytes(), stream));
+  Workspace ws(tmp->as<void>());
+  carve(ws);
+  return Status::OK();
 }
 
 }  // namespace detail

@@ -1,4 +1,5 @@
-// Small helpers shared by the GPU tests and benchmarks (host side).
+// Host-side helpers of the programs that drive the CUDA core (tests/gpu, benchmarks/gpu): fatal
+// checks of CUDA calls and Statuses, device buffers, and the median of timings.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -78,11 +79,6 @@ DevBuf<T> to_device(const std::vector<T>& v) {
   DevBuf<T> b(v.size());
   b.upload(v);
   return b;
-}
-
-inline bool close_enough(float got, float want, double rtol, double atol) {
-  if (std::isnan(got) || std::isnan(want)) return false;
-  return std::fabs(static_cast<double>(got) - want) <= atol + rtol * std::fabs(static_cast<double>(want));
 }
 
 inline double median(std::vector<double> v) {

@@ -1,4 +1,5 @@
-// Internal entry points shared by the CUDA sources (not part of the public API).
+// Internal: the deterministic sum of rows by group, shared by the pooled backward and the
+// table's duplicate-key summing before an optimizer step.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,17 +22,6 @@ Status sum_rows_by_group(const float* src, int64_t dim, const int32_t* group, co
                          int64_t num_src_rows, const float* weights, const float* scale, int64_t n, int64_t num_groups,
                          const int64_t* d_num_groups, float* out, cudaStream_t stream,
                          DeviceAllocator* alloc);
-
-// Kernel variants for benchmarks and tuning (0 = automatic choice). Not thread-safe; set before
-// launching. Defaults are the measured best (benchmarks/gpu/RESULTS.md).
-struct Tuning {
-  int pooled_variant = 0;  // pooled forward: 1 = per-group id loads (4 rows in flight per lane),
-                           // 2 = warp-wide id prefetch, 3 = as 1 with 8 rows in flight;
-                           // 0 = 3 for rows of <= 16 lanes (dim <= 64 floats), else 1
-  int apply_chunks = 0;    // optimizer kernel: column chunks in flight per lane (1, 2, 4)
-  int find_min_blocks = 0; // find kernel: 0/8 = registers capped for 64 warps per SM, 1 = uncapped
-};
-Tuning& tuning();
 
 }  // namespace detail
 }  // namespace gpu
