@@ -133,12 +133,12 @@ bool expect_eq(const char* what, const std::vector<T>& got, const std::vector<T>
 
 }  // namespace sok_test
 
-#define TEST(name)                                                \
-  static void name();                                             \
-  static sok_test::Register register_##name(#name, name);         \
+#define TEST(name)                                        \
+  static void name();                                     \
+  static sok_test::Register register_##name(#name, name); \
   static void name()
 
 #define FAIL(...) sok_test::fail_at(__FILE__, __LINE__, __VA_ARGS__)
 #define CHECK(cond) ((cond) ? true : FAIL("CHECK failed: %s", #cond))
-#define CHECK_NEAR(a, b, tol)                                                                   \
+#define CHECK_NEAR(a, b, tol) \
   CHECK(std::fabs(static_cast<double>(a) - static_cast<double>(b)) <= (tol))

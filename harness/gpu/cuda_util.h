@@ -15,24 +15,24 @@
 
 #include "addons/sparse_operation_kit/core/status.h"
 
-#define CUDA_OK(expr)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (expr);                                                                  \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "FATAL CUDA error %s (%s) at %s:%d: %s\n", cudaGetErrorName(e_),   \
-                   cudaGetErrorString(e_), __FILE__, __LINE__, #expr);                        \
-      std::exit(2);                                                                           \
-    }                                                                                         \
+#define CUDA_OK(expr)                                                                       \
+  do {                                                                                      \
+    cudaError_t e_ = (expr);                                                                \
+    if (e_ != cudaSuccess) {                                                                \
+      std::fprintf(stderr, "FATAL CUDA error %s (%s) at %s:%d: %s\n", cudaGetErrorName(e_), \
+                   cudaGetErrorString(e_), __FILE__, __LINE__, #expr);                      \
+      std::exit(2);                                                                         \
+    }                                                                                       \
   } while (0)
 
-#define SOK_OK(expr)                                                                          \
-  do {                                                                                        \
-    ::sok::Status s_ = (expr);                                                                \
-    if (!s_.ok()) {                                                                           \
-      std::fprintf(stderr, "FATAL status at %s:%d: %s -> %s\n", __FILE__, __LINE__, #expr,     \
-                   s_.message().c_str());                                                     \
-      std::exit(3);                                                                           \
-    }                                                                                         \
+#define SOK_OK(expr)                                                                       \
+  do {                                                                                     \
+    ::sok::Status s_ = (expr);                                                             \
+    if (!s_.ok()) {                                                                        \
+      std::fprintf(stderr, "FATAL status at %s:%d: %s -> %s\n", __FILE__, __LINE__, #expr, \
+                   s_.message().c_str());                                                  \
+      std::exit(3);                                                                        \
+    }                                                                                      \
   } while (0)
 
 template <typename T>
@@ -65,7 +65,9 @@ class DevBuf {
     return v;
   }
   std::vector<T> download() const { return download(n_); }
-  void poison() { CUDA_OK(cudaMemset(p_, 0xff, std::max<size_t>(n_, 1) * sizeof(T))); }  // NaN for float
+  void poison() {
+    CUDA_OK(cudaMemset(p_, 0xff, std::max<size_t>(n_, 1) * sizeof(T)));
+  }  // NaN for float
   T* get() const { return p_; }
   size_t size() const { return n_; }
 

@@ -18,7 +18,8 @@ Status static_pooled_forward(const float* table, int64_t num_rows, int64_t dim, 
                              Segments seg, const float* weights, int64_t n, int64_t batch,
                              Combiner combiner, float* out, GpuLookupError* d_err,
                              cudaStream_t stream, DeviceAllocator* alloc) {
-  if (d_err == nullptr) return Status::Invalid("static_pooled_forward: an error record is required");
+  if (d_err == nullptr)
+    return Status::Invalid("static_pooled_forward: an error record is required");
   CsrHolder h;
   SOK_RETURN_IF_ERROR(build_csr(seg, n, batch, d_err, stream, alloc, &h));
   RowSrc<I> src{table, num_rows, ids, dim, d_err};
@@ -57,22 +58,24 @@ Status gather_static(const float* table, int64_t num_rows, int64_t dim, const I*
                      float* out, GpuLookupError* d_err, cudaStream_t stream) {
   if (d_err == nullptr) return Status::Invalid("gather_static: an error record is required");
   if (n <= 0 || dim <= 0) return Status::OK();
-  k_gather_static<I><<<grid_for(n * 8, kBlock), kBlock, 0, stream>>>(table, num_rows, dim, ids, n,
-                                                                     out, d_err);
+  k_gather_static<I>
+      <<<grid_for(n * 8, kBlock), kBlock, 0, stream>>>(table, num_rows, dim, ids, n, out, d_err);
   SOK_LAUNCH_CHECK();
   return finalize_error<I>(d_err, ids, nullptr, nullptr, stream);
 }
 
-template Status gather_static<int32_t>(const float*, int64_t, int64_t, const int32_t*, int64_t, float*,
-                                       GpuLookupError*, cudaStream_t);
-template Status gather_static<int64_t>(const float*, int64_t, int64_t, const int64_t*, int64_t, float*,
-                                       GpuLookupError*, cudaStream_t);
-template Status static_pooled_forward<int32_t>(const float*, int64_t, int64_t, const int32_t*, Segments,
-                                               const float*, int64_t, int64_t, Combiner, float*,
-                                               GpuLookupError*, cudaStream_t, DeviceAllocator*);
-template Status static_pooled_forward<int64_t>(const float*, int64_t, int64_t, const int64_t*, Segments,
-                                               const float*, int64_t, int64_t, Combiner, float*,
-                                               GpuLookupError*, cudaStream_t, DeviceAllocator*);
+template Status gather_static<int32_t>(const float*, int64_t, int64_t, const int32_t*, int64_t,
+                                       float*, GpuLookupError*, cudaStream_t);
+template Status gather_static<int64_t>(const float*, int64_t, int64_t, const int64_t*, int64_t,
+                                       float*, GpuLookupError*, cudaStream_t);
+template Status static_pooled_forward<int32_t>(const float*, int64_t, int64_t, const int32_t*,
+                                               Segments, const float*, int64_t, int64_t, Combiner,
+                                               float*, GpuLookupError*, cudaStream_t,
+                                               DeviceAllocator*);
+template Status static_pooled_forward<int64_t>(const float*, int64_t, int64_t, const int64_t*,
+                                               Segments, const float*, int64_t, int64_t, Combiner,
+                                               float*, GpuLookupError*, cudaStream_t,
+                                               DeviceAllocator*);
 
 }  // namespace harness
 }  // namespace sok

@@ -18,7 +18,8 @@ namespace {
 // Owner ranks; counts per rank aggregated per block in shared memory (world <= 256) so the few
 // rank counters see one atomic per block.
 template <typename K>
-__global__ void __launch_bounds__(256) k_owner(const K* keys, int64_t n, const int64_t* d_n, int world,
+__global__ void
+__launch_bounds__(256) k_owner(const K* keys, int64_t n, const int64_t* d_n, int world,
                                                uint32_t* owner, int64_t* idx, int64_t* counts) {
   __shared__ unsigned s_cnt[256];
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;

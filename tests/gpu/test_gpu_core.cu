@@ -25,8 +25,8 @@
 #include "harness/gpu/dense_lookup.h"
 #include "harness/gpu/key_routing.h"
 
-using namespace sok;       // NOLINT
-using namespace sok::gpu;  // NOLINT
+using namespace sok;           // NOLINT
+using namespace sok::gpu;      // NOLINT
 using namespace sok::harness;  // NOLINT
 
 namespace {
@@ -48,12 +48,14 @@ template <typename K>
 std::vector<K> key_pool(size_t n) {
   std::unordered_set<K> seen;
   std::vector<K> keys;
-  const K extremes[] = {std::numeric_limits<K>::min(), std::numeric_limits<K>::max(), K(-1), K(0), K(1),
-                        K(std::numeric_limits<K>::min() + 1), K(std::numeric_limits<K>::max() - 1), K(-7)};
+  const K extremes[] = {
+      std::numeric_limits<K>::min(),        std::numeric_limits<K>::max(),        K(-1), K(0), K(1),
+      K(std::numeric_limits<K>::min() + 1), K(std::numeric_limits<K>::max() - 1), K(-7)};
   for (K k : extremes)
     if (seen.insert(k).second) keys.push_back(k);
   // A third of the keys from a small range around 0 (negatives included), wide enough for n.
-  const int64_t half = static_cast<int64_t>(std::min<uint64_t>(4 * n + 1000, std::numeric_limits<K>::max() / 2));
+  const int64_t half =
+      static_cast<int64_t>(std::min<uint64_t>(4 * n + 1000, std::numeric_limits<K>::max() / 2));
   std::uniform_int_distribution<int64_t> small(-half, half);
   while (keys.size() < n) {
     K k = (keys.size() % 3 == 0) ? static_cast<K>(small(g_rng)) : static_cast<K>(g_rng());
@@ -77,7 +79,8 @@ std::vector<float> randn(size_t n, float scale) {
   return v;
 }
 
-TableConfig make_cfg(int64_t dim, InitKind kind, int64_t filter = 0, int64_t dvd = 0, int64_t cap = 1024) {
+TableConfig make_cfg(int64_t dim, InitKind kind, int64_t filter = 0, int64_t dvd = 0,
+                     int64_t cap = 1024) {
   TableConfig c;
   c.name = "t";
   c.dim = dim;
@@ -86,9 +89,15 @@ TableConfig make_cfg(int64_t dim, InitKind kind, int64_t filter = 0, int64_t dvd
   c.init.default_value_dim = dvd;
   switch (kind) {
     case InitKind::kConstant: c.init.a = 0.125f; break;
-    case InitKind::kUniform: c.init.a = -0.05f; c.init.b = 0.05f; break;
+    case InitKind::kUniform:
+      c.init.a = -0.05f;
+      c.init.b = 0.05f;
+      break;
     case InitKind::kNormal:
-    case InitKind::kTruncatedNormal: c.init.a = 0.01f; c.init.b = 0.05f; break;
+    case InitKind::kTruncatedNormal:
+      c.init.a = 0.01f;
+      c.init.b = 0.05f;
+      break;
     case InitKind::kMatrix:
       c.init.default_value_dim = dvd > 0 ? dvd : 97;
       c.init_matrix = randn(c.init.default_value_dim * dim, 0.1f);
@@ -135,12 +144,12 @@ SortedSnap<K> sorted(const TableSnapshot<K>& s) {
 }
 
 template <typename K>
-bool expect_same_table(const TableSnapshot<K>& got, const TableSnapshot<K>& want, double rtol, double atol,
-                       bool freqs = true, bool versions = true) {
+bool expect_same_table(const TableSnapshot<K>& got, const TableSnapshot<K>& want, double rtol,
+                       double atol, bool freqs = true, bool versions = true) {
   bool ok = true;
   if (got.dim != want.dim || got.num_slots != want.num_slots || got.slot_kind != want.slot_kind)
-    ok = FAIL("layout differs: dim %lld/%lld slots %d/%d kind %d/%d", (long long)got.dim, (long long)want.dim,
-              got.num_slots, want.num_slots, got.slot_kind, want.slot_kind);
+    ok = FAIL("layout differs: dim %lld/%lld slots %d/%d kind %d/%d", (long long)got.dim,
+              (long long)want.dim, got.num_slots, want.num_slots, got.slot_kind, want.slot_kind);
   const SortedSnap<K> a = sorted(got), b = sorted(want);
   ok &= sok_test::expect_eq("keys", a.keys, b.keys);
   if (!ok) return false;
@@ -205,7 +214,8 @@ bool test_unique(size_t n, size_t pool_n) {
   SOK_OK(unique_keys<K>(dk.get(), n, du.get(), dinv.get(), dcnt.get(), dnum.get(), nullptr));
   const int64_t u = dnum.download(1)[0];
   bool ok = true;
-  if (u != static_cast<int64_t>(cu.size())) return FAIL("num_unique %lld want %zu", (long long)u, cu.size());
+  if (u != static_cast<int64_t>(cu.size()))
+    return FAIL("num_unique %lld want %zu", (long long)u, cu.size());
   ok &= sok_test::expect_eq("unique", du.download(u), cu);
   ok &= sok_test::expect_eq("inverse", dinv.download(n), cinv);
   ok &= sok_test::expect_eq("counts", dcnt.download(u), ccnt);
@@ -222,7 +232,8 @@ bool test_bucketize(int world, size_t n, size_t valid) {
   dn.upload({static_cast<int64_t>(valid)});
   dorder.poison();
   dcnt.poison();
-  SOK_OK(bucketize_by_owner<K>(dk.get(), n, valid == n ? nullptr : dn.get(), world, dorder.get(), dcnt.get(), nullptr));
+  SOK_OK(bucketize_by_owner<K>(dk.get(), n, valid == n ? nullptr : dn.get(), world, dorder.get(),
+                               dcnt.get(), nullptr));
   bool ok = sok_test::expect_eq("order", dorder.download(valid), corder);
   ok &= sok_test::expect_eq("counts", dcnt.download(world), ccnt);
   return ok;
@@ -280,11 +291,13 @@ bool test_pooled(int64_t dim, Combiner comb, bool weighted, int layout, bool hot
   }
   const float* wts = weighted ? c.weights.data() : nullptr;
   std::vector<float> cout(c.batch * dim), cgrad(c.num_rows * dim);
-  pooled_forward(c.rows.data(), dim, c.inverse.data(), c.seg.data(), wts, c.n, c.batch, comb, cout.data());
+  pooled_forward(c.rows.data(), dim, c.inverse.data(), c.seg.data(), wts, c.n, c.batch, comb,
+                 cout.data());
   const std::vector<float> gout = randn(c.batch * dim, 1.f);
-  pooled_backward(gout.data(), dim, c.inverse.data(), c.seg.data(), wts, c.n, c.batch, comb, c.num_rows, cgrad.data());
-  DevBuf<float> drows = to_device(c.rows), dw = to_device(c.weights), dout(c.batch * dim), dgo = to_device(gout),
-                dgrad(c.num_rows * dim);
+  pooled_backward(gout.data(), dim, c.inverse.data(), c.seg.data(), wts, c.n, c.batch, comb,
+                  c.num_rows, cgrad.data());
+  DevBuf<float> drows = to_device(c.rows), dw = to_device(c.weights), dout(c.batch * dim),
+                dgo = to_device(gout), dgrad(c.num_rows * dim);
   DevBuf<int32_t> dinv = to_device(c.inverse);
   DevBuf<int64_t> dseg = to_device(c.seg), dsplits = to_device(c.splits);
   DevBuf<GpuLookupError> derr(1);
@@ -294,12 +307,12 @@ bool test_pooled(int64_t dim, Combiner comb, bool weighted, int layout, bool hot
   dout.poison();
   dgrad.poison();
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
-  SOK_OK(pooled_forward(drows.get(), dim, c.num_rows, dinv.get(), s, weighted ? dw.get() : nullptr, c.n, c.batch,
-                        comb, dout.get(), nullptr, derr.get()));
+  SOK_OK(pooled_forward(drows.get(), dim, c.num_rows, dinv.get(), s, weighted ? dw.get() : nullptr,
+                        c.n, c.batch, comb, dout.get(), nullptr, derr.get()));
   Status st = check_lookup_errors(derr.get(), {"pooled"}, nullptr);
   if (!st.ok()) return FAIL("unexpected error: %s", st.message().c_str());
-  SOK_OK(pooled_backward(dgo.get(), dim, dinv.get(), s, weighted ? dw.get() : nullptr, c.n, c.batch, comb,
-                         c.num_rows, nullptr, dgrad.get(), nullptr));
+  SOK_OK(pooled_backward(dgo.get(), dim, dinv.get(), s, weighted ? dw.get() : nullptr, c.n, c.batch,
+                         comb, c.num_rows, nullptr, dgrad.get(), nullptr));
   if (!hot) {
     bool ok = sok_test::expect_near("forward", dout.download(), cout, 1e-5, 1e-5);
     ok &= sok_test::expect_near("backward", dgrad.download(), cgrad, 1e-5, 1e-5);
@@ -339,7 +352,8 @@ bool test_pooled(int64_t dim, Combiner comb, bool weighted, int layout, bool hot
       FAIL("forward[%zu]: got %.9g want %.9g (sum|terms| %.3g)", k, fo[k], fref[k], fabs_[k]);
   for (size_t k = 0; k < bo.size(); ++k)
     if (!(std::fabs(bo[k] - bref[k]) <= 1e-6 * babs[k] + 1e-6) && bad++ < 3)
-      FAIL("backward[%zu]: got %.9g want %.9g (sum|terms| %.3g, CPU core %.9g)", k, bo[k], bref[k], babs[k], cgrad[k]);
+      FAIL("backward[%zu]: got %.9g want %.9g (sum|terms| %.3g, CPU core %.9g)", k, bo[k], bref[k],
+           babs[k], cgrad[k]);
   return bad == 0;
 }
 
@@ -355,8 +369,8 @@ bool test_bad_indices() {
   Segments s;
   s.segment_ids = dseg.get();
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
-  SOK_OK(pooled_forward(drows.get(), 8, c.num_rows, dinv.get(), s, nullptr, c.n, c.batch, Combiner::kSum,
-                        dout.get(), nullptr, derr.get()));
+  SOK_OK(pooled_forward(drows.get(), 8, c.num_rows, dinv.get(), s, nullptr, c.n, c.batch,
+                        Combiner::kSum, dout.get(), nullptr, derr.get()));
   Status st = check_lookup_errors(derr.get(), {"lookup of table 'x'"}, nullptr);
   const std::string want_id = "id 105 at position " + std::to_string(bad_pos);
   if (st.ok() || st.message().find(want_id) == std::string::npos)
@@ -368,8 +382,8 @@ bool test_bad_indices() {
   dseg.upload(seg);
   dinv.upload(c.inverse);
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
-  SOK_OK(pooled_forward(drows.get(), 8, c.num_rows, dinv.get(), s, nullptr, c.n, c.batch, Combiner::kSum,
-                        dout.get(), nullptr, derr.get()));
+  SOK_OK(pooled_forward(drows.get(), 8, c.num_rows, dinv.get(), s, nullptr, c.n, c.batch,
+                        Combiner::kSum, dout.get(), nullptr, derr.get()));
   st = check_lookup_errors(derr.get(), {"lookup"}, nullptr);
   if (st.ok() || st.message().find("id 3 belongs to sample 64") == std::string::npos)
     ok = FAIL("bad segment: got '%s'", st.message().c_str());
@@ -391,7 +405,8 @@ bool test_bad_indices() {
   std::vector<float> want(50 * dim, 0.f);
   for (int i = 0; i < 50; ++i)
     if (ids[i] >= 0 && ids[i] < rows)
-      std::copy(table.begin() + ids[i] * dim, table.begin() + (ids[i] + 1) * dim, want.begin() + i * dim);
+      std::copy(table.begin() + ids[i] * dim, table.begin() + (ids[i] + 1) * dim,
+                want.begin() + i * dim);
   ok &= sok_test::expect_near("gather_static rows", dg.download(), want, 0, 0);
   // Fused dense pooled lookup with a bad id.
   std::vector<int64_t> splits = {0, 10, 20, 30, 40, 50};
@@ -400,8 +415,8 @@ bool test_bad_indices() {
   Segments s2;
   s2.row_splits = ds.get();
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
-  SOK_OK(static_pooled_forward<int64_t>(dt.get(), rows, dim, di.get(), s2, nullptr, 50, 5, Combiner::kSum,
-                                        dpo.get(), derr.get(), nullptr));
+  SOK_OK(static_pooled_forward<int64_t>(dt.get(), rows, dim, di.get(), s2, nullptr, 50, 5,
+                                        Combiner::kSum, dpo.get(), derr.get(), nullptr));
   st = check_lookup_errors(derr.get(), {"dense"}, nullptr);
   if (st.ok() || st.message().find("position 5") == std::string::npos)
     ok = FAIL("static_pooled_forward: got '%s'", st.message().c_str());
@@ -412,8 +427,8 @@ bool test_bad_indices() {
   ids[9] = 2;
   di.upload(ids);
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
-  SOK_OK(static_pooled_forward<int64_t>(dt.get(), rows, dim, di.get(), s2, nullptr, 50, 5, Combiner::kSum,
-                                        dpo.get(), derr.get(), nullptr));
+  SOK_OK(static_pooled_forward<int64_t>(dt.get(), rows, dim, di.get(), s2, nullptr, 50, 5,
+                                        Combiner::kSum, dpo.get(), derr.get(), nullptr));
   st = check_lookup_errors(derr.get(), {"dense"}, nullptr);
   if (st.ok() || st.message().find("row_splits[2] = 5") == std::string::npos)
     ok = FAIL("row splits: got '%s'", st.message().c_str());
@@ -428,8 +443,10 @@ bool test_static(int64_t dim, Combiner comb, bool weighted, bool ragged) {
   for (int64_t i = 0; i < c.n; ++i) ids[i] = static_cast<I>(c.inverse[i]);
   std::vector<float> cout(c.batch * dim);
   const float* wts = weighted ? c.weights.data() : nullptr;
-  pooled_forward(c.rows.data(), dim, c.inverse.data(), c.seg.data(), wts, c.n, c.batch, comb, cout.data());
-  DevBuf<float> dt = to_device(c.rows), dw = to_device(c.weights), dout(c.batch * dim), dg(c.n * dim);
+  pooled_forward(c.rows.data(), dim, c.inverse.data(), c.seg.data(), wts, c.n, c.batch, comb,
+                 cout.data());
+  DevBuf<float> dt = to_device(c.rows), dw = to_device(c.weights), dout(c.batch * dim),
+                dg(c.n * dim);
   DevBuf<I> di = to_device(ids);
   DevBuf<int64_t> dseg = to_device(c.seg), dsp = to_device(c.splits);
   DevBuf<GpuLookupError> derr(1);
@@ -439,14 +456,15 @@ bool test_static(int64_t dim, Combiner comb, bool weighted, bool ragged) {
   dout.poison();
   dg.poison();
   SOK_OK(reset_lookup_error(derr.get(), nullptr));
-  SOK_OK(static_pooled_forward<I>(dt.get(), rows, dim, di.get(), s, weighted ? dw.get() : nullptr, c.n, c.batch,
-                                  comb, dout.get(), derr.get(), nullptr));
+  SOK_OK(static_pooled_forward<I>(dt.get(), rows, dim, di.get(), s, weighted ? dw.get() : nullptr,
+                                  c.n, c.batch, comb, dout.get(), derr.get(), nullptr));
   SOK_OK(gather_static<I>(dt.get(), rows, dim, di.get(), c.n, dg.get(), derr.get(), nullptr));
   Status st = check_lookup_errors(derr.get(), {"static"}, nullptr);
   if (!st.ok()) return FAIL("unexpected: %s", st.message().c_str());
   std::vector<float> want(c.n * dim);
   for (int64_t i = 0; i < c.n; ++i)
-    std::copy(c.rows.begin() + ids[i] * dim, c.rows.begin() + (ids[i] + 1) * dim, want.begin() + i * dim);
+    std::copy(c.rows.begin() + ids[i] * dim, c.rows.begin() + (ids[i] + 1) * dim,
+              want.begin() + i * dim);
   bool ok = sok_test::expect_near("pooled", dout.download(), cout, 1e-5, 1e-5);
   ok &= sok_test::expect_near("gather", dg.download(), want, 0, 0);
   return ok;
@@ -529,7 +547,8 @@ bool test_counter_filter() {
     const std::vector<float> g = randn(n * 16, 1.f);
     SOK_OK(cpu.apply_gradients(keys.data(), n, g.data(), p, round + 1));
     DevBuf<float> dg = to_device(g);
-    SOK_OK(gpu->apply_gradients(dk.get(), n, dg.get(), p, round + 1, nullptr, /*keys_unique=*/true));
+    SOK_OK(
+        gpu->apply_gradients(dk.get(), n, dg.get(), p, round + 1, nullptr, /*keys_unique=*/true));
   }
   ok &= expect_same_table(gpu_export(*gpu), cpu.export_rows(), 1e-6, 1e-7);
   return ok;
@@ -647,7 +666,8 @@ bool test_growth() {
   }
   int64_t sz = 0;
   SOK_OK(gpu->size(&sz, nullptr));
-  if (sz != static_cast<int64_t>(count.size())) ok = FAIL("size %lld want %zu", (long long)sz, count.size());
+  if (sz != static_cast<int64_t>(count.size()))
+    ok = FAIL("size %lld want %zu", (long long)sz, count.size());
   if (gpu->capacity() <= cap0) ok = FAIL("capacity did not grow");
   TableSnapshot<int64_t> s = gpu_export(*gpu);
   std::unordered_set<int64_t> seen;
@@ -675,8 +695,8 @@ bool test_growth() {
       if (f[i * 8 + c] != initial_value(cfg.init, all[i], c, 8)) {
         return FAIL("find after growth: key %lld", (long long)all[i]);
       }
-  std::printf("    growth: capacity %lld -> %lld slots, %lld keys\n", (long long)cap0, (long long)gpu->capacity(),
-              (long long)sz);
+  std::printf("    growth: capacity %lld -> %lld slots, %lld keys\n", (long long)cap0,
+              (long long)gpu->capacity(), (long long)sz);
   return ok;
 }
 
@@ -780,22 +800,26 @@ bool test_export_import() {
   dup.keys[1] = dup.keys[0];
   auto g4 = make_gpu<K>(cfg);
   Status st = g4->import_rows(dup, nullptr);
-  if (st.ok() || st.message().find("appears twice") == std::string::npos) ok = FAIL("duplicate import: '%s'", st.message().c_str());
+  if (st.ok() || st.message().find("appears twice") == std::string::npos)
+    ok = FAIL("duplicate import: '%s'", st.message().c_str());
   TableSnapshot<K> wrong = gs;
   wrong.dim = 8;
   st = g4->import_rows(wrong, nullptr);
-  if (st.ok() || st.message().find("dimension") == std::string::npos) ok = FAIL("dim mismatch: '%s'", st.message().c_str());
+  if (st.ok() || st.message().find("dimension") == std::string::npos)
+    ok = FAIL("dim mismatch: '%s'", st.message().c_str());
   OptimizerParams q;
   q.kind = OptimizerKind::kAdagrad;
   st = gpu->apply_gradients(dk.get(), keys.size(), dg.get(), q, 5, nullptr);
-  if (st.ok() || st.message().find("already carries") == std::string::npos) ok = FAIL("optimizer mismatch: '%s'", st.message().c_str());
+  if (st.ok() || st.message().find("already carries") == std::string::npos)
+    ok = FAIL("optimizer mismatch: '%s'", st.message().c_str());
   // Empty snapshot.
   TableSnapshot<K> empty;
   empty.dim = 16;
   st = g4->import_rows(empty, nullptr);
   int64_t sz = -1;
   SOK_OK(g4->size(&sz, nullptr));
-  if (!st.ok() || sz != 0) ok = FAIL("empty import: '%s' size %lld", st.message().c_str(), (long long)sz);
+  if (!st.ok() || sz != 0)
+    ok = FAIL("empty import: '%s' size %lld", st.message().c_str(), (long long)sz);
   return ok;
 }
 
@@ -834,7 +858,7 @@ bool test_optimizer(OptimizerKind kind, int64_t dim, bool unique_ids) {
       dout.poison();
       SOK_OK(gpu->find_or_insert(dk.get(), keys.size(), dout.get(), nullptr, nullptr));
       if (!sok_test::expect_near("lookup during training", dout.download(), want, 1e-5,
-                        kind == OptimizerKind::kFtrl ? 1e-5 : 1e-6))
+                                 kind == OptimizerKind::kFtrl ? 1e-5 : 1e-6))
         return false;
     }
   }
@@ -869,15 +893,18 @@ bool test_pipeline(Combiner comb) {
     const int64_t u = cu.size();
     std::vector<float> crows(u * dim), cout(batch * dim), cgrad(u * dim);
     cpu.find_or_insert(cu.data(), u, crows.data(), ccnt.data());
-    pooled_forward(crows.data(), dim, cinv.data(), c.seg.data(), c.weights.data(), n, batch, comb, cout.data());
+    pooled_forward(crows.data(), dim, cinv.data(), c.seg.data(), c.weights.data(), n, batch, comb,
+                   cout.data());
     const std::vector<float> gout = randn(batch * dim, 1.f);
-    pooled_backward(gout.data(), dim, cinv.data(), c.seg.data(), c.weights.data(), n, batch, comb, u, cgrad.data());
+    pooled_backward(gout.data(), dim, cinv.data(), c.seg.data(), c.weights.data(), n, batch, comb,
+                    u, cgrad.data());
     SOK_OK(cpu.apply_gradients(cu.data(), u, cgrad.data(), p, s));
     // GPU.
     DevBuf<K> dids = to_device(ids), du(n);
     DevBuf<int32_t> dinv(n);
     DevBuf<int64_t> dcnt(n), dnum(1), dsp = to_device(c.splits);
-    DevBuf<float> drows(n * dim), dout(batch * dim), dgo = to_device(gout), dgrad(n * dim), dw = to_device(c.weights);
+    DevBuf<float> drows(n * dim), dout(batch * dim), dgo = to_device(gout), dgrad(n * dim),
+                                                     dw = to_device(c.weights);
     drows.poison();
     dout.poison();
     dgrad.poison();
@@ -885,8 +912,10 @@ bool test_pipeline(Combiner comb) {
     sg.row_splits = dsp.get();
     SOK_OK(unique_keys<K>(dids.get(), n, du.get(), dinv.get(), dcnt.get(), dnum.get(), nullptr));
     SOK_OK(gpu->find_or_insert(du.get(), n, drows.get(), dcnt.get(), nullptr, dnum.get()));
-    SOK_OK(pooled_forward(drows.get(), dim, n, dinv.get(), sg, dw.get(), n, batch, comb, dout.get(), nullptr));
-    SOK_OK(pooled_backward(dgo.get(), dim, dinv.get(), sg, dw.get(), n, batch, comb, n, dnum.get(), dgrad.get(), nullptr));
+    SOK_OK(pooled_forward(drows.get(), dim, n, dinv.get(), sg, dw.get(), n, batch, comb, dout.get(),
+                          nullptr));
+    SOK_OK(pooled_backward(dgo.get(), dim, dinv.get(), sg, dw.get(), n, batch, comb, n, dnum.get(),
+                           dgrad.get(), nullptr));
     SOK_OK(gpu->apply_gradients(du.get(), n, dgrad.get(), p, s, nullptr, true, dnum.get()));
     ok &= sok_test::expect_near("forward", dout.download(), cout, 1e-5, 1e-5);
     ok &= sok_test::expect_near("row grads", dgrad.download(u * dim), cgrad, 1e-5, 1e-5);
@@ -900,22 +929,27 @@ bool test_pipeline(Combiner comb) {
 int main(int argc, char** argv) {
   // Usage: test_gpu_core [seed (0: from the clock)] [name filter]
   uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 0;
-  if (seed == 0) seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  if (seed == 0)
+    seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   if (argc > 2) sok_test::state().filter = argv[2];
   g_rng.seed(seed);
   int dev = 0;
   cudaDeviceProp prop;
   CUDA_OK(cudaGetDevice(&dev));
   CUDA_OK(cudaGetDeviceProperties(&prop, dev));
-  std::printf("test_gpu_core: seed %llu, device %s (sm_%d%d, %d SMs)\n", static_cast<unsigned long long>(seed),
-              prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+  std::printf("test_gpu_core: seed %llu, device %s (sm_%d%d, %d SMs)\n",
+              static_cast<unsigned long long>(seed), prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount);
 
-  run("unique_keys int32 (1M ids, 100K distinct, extremes)", [] { return test_unique<int32_t>(1 << 20, 100000); });
-  run("unique_keys int64 (1M ids, 100K distinct, extremes)", [] { return test_unique<int64_t>(1 << 20, 100000); });
+  run("unique_keys int32 (1M ids, 100K distinct, extremes)",
+      [] { return test_unique<int32_t>(1 << 20, 100000); });
+  run("unique_keys int64 (1M ids, 100K distinct, extremes)",
+      [] { return test_unique<int64_t>(1 << 20, 100000); });
   run("unique_keys int64 (all distinct)", [] { return test_unique<int64_t>(300000, 300000); });
   run("unique_keys int64 (one key)", [] { return test_unique<int64_t>(1000, 1); });
   for (int w : {1, 2, 3, 4, 8}) {
-    run("bucketize_by_owner int64 world " + std::to_string(w), [w] { return test_bucketize<int64_t>(w, 100000, 100000); });
+    run("bucketize_by_owner int64 world " + std::to_string(w),
+        [w] { return test_bucketize<int64_t>(w, 100000, 100000); });
     run("bucketize_by_owner int32 world " + std::to_string(w) + " (device count)",
         [w] { return test_bucketize<int32_t>(w, 100000, 77777); });
   }
@@ -924,48 +958,68 @@ int main(int argc, char** argv) {
       for (bool w : {false, true})
         for (int layout : {0, 1, 2}) {
           const char* ln[] = {"sorted segment_ids", "shuffled segment_ids", "row_splits"};
-          run(std::string("pooled fwd+bwd ") + cname(c) + (w ? " weighted" : "") + " dim " + std::to_string(dim) + " " +
-                  ln[layout],
+          run(std::string("pooled fwd+bwd ") + cname(c) + (w ? " weighted" : "") + " dim " +
+                  std::to_string(dim) + " " + ln[layout],
               [=] { return test_pooled(dim, c, w, layout); });
         }
   for (int64_t dim : {8, 32, 64, 128, 7})
     for (Combiner c : {Combiner::kSum, Combiner::kMean})
-      run(std::string("pooled fwd+bwd long samples + hot row ") + cname(c) +
-              " weighted dim " + std::to_string(dim),
+      run(std::string("pooled fwd+bwd long samples + hot row ") + cname(c) + " weighted dim " +
+              std::to_string(dim),
           [=] { return test_pooled(dim, c, true, 0, true); });
-  run("bad ids / segments / row splits are reported, never read", [] { return test_bad_indices(); });
+  run("bad ids / segments / row splits are reported, never read",
+      [] { return test_bad_indices(); });
   for (int64_t dim : {32, 64, 128, 13})
     for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
       run(std::string("static pooled + gather int64 ") + cname(c) + " dim " + std::to_string(dim),
           [=] { return test_static<int64_t>(dim, c, c != Combiner::kSum, dim != 13); });
     }
-  run("static pooled + gather int32 sum weighted segment_ids", [] { return test_static<int32_t>(32, Combiner::kSum, true, false); });
-  for (InitKind k : {InitKind::kConstant, InitKind::kUniform, InitKind::kNormal, InitKind::kTruncatedNormal, InitKind::kMatrix}) {
-    run(std::string("find_or_insert/find vs CPU int64 ") + kname(k) + " dim 32", [k] { return test_find_or_insert<int64_t>(k, 32); });
-    run(std::string("find_or_insert/find vs CPU int32 ") + kname(k) + " dim 7", [k] { return test_find_or_insert<int32_t>(k, 7); });
+  run("static pooled + gather int32 sum weighted segment_ids",
+      [] { return test_static<int32_t>(32, Combiner::kSum, true, false); });
+  for (InitKind k : {InitKind::kConstant, InitKind::kUniform, InitKind::kNormal,
+                     InitKind::kTruncatedNormal, InitKind::kMatrix}) {
+    run(std::string("find_or_insert/find vs CPU int64 ") + kname(k) + " dim 32",
+        [k] { return test_find_or_insert<int64_t>(k, 32); });
+    run(std::string("find_or_insert/find vs CPU int32 ") + kname(k) + " dim 7",
+        [k] { return test_find_or_insert<int32_t>(k, 7); });
   }
-  run("counter filter int64 (find/find_or_insert/apply)", [] { return test_counter_filter<int64_t>(); });
-  run("counter filter int32 (find/find_or_insert/apply)", [] { return test_counter_filter<int32_t>(); });
-  run("1M-id batch of 1000 new keys x1000: one row per key int64", [] { return test_duplicate_inserts<int64_t>(); });
-  run("1M-id batch of 1000 new keys x1000: one row per key int32", [] { return test_duplicate_inserts<int32_t>(); });
-  run("two streams insert overlapping keys at once int64", [] { return test_two_streams<int64_t>(); });
-  run("two streams insert overlapping keys at once int32", [] { return test_two_streams<int32_t>(); });
+  run("counter filter int64 (find/find_or_insert/apply)",
+      [] { return test_counter_filter<int64_t>(); });
+  run("counter filter int32 (find/find_or_insert/apply)",
+      [] { return test_counter_filter<int32_t>(); });
+  run("1M-id batch of 1000 new keys x1000: one row per key int64",
+      [] { return test_duplicate_inserts<int64_t>(); });
+  run("1M-id batch of 1000 new keys x1000: one row per key int32",
+      [] { return test_duplicate_inserts<int32_t>(); });
+  run("two streams insert overlapping keys at once int64",
+      [] { return test_two_streams<int64_t>(); });
+  run("two streams insert overlapping keys at once int32",
+      [] { return test_two_streams<int32_t>(); });
   run("growth: capacity 16 -> 4M inserts, find after", [] { return test_growth(); });
-  run("insert_or_assign / erase / re-insert vs CPU int64", [] { return test_erase_assign<int64_t>(); });
-  run("insert_or_assign / erase / re-insert vs CPU int32", [] { return test_erase_assign<int32_t>(); });
-  run("export/import round trips (GPU<->GPU, CPU<->GPU) + errors int64", [] { return test_export_import<int64_t>(); });
-  run("export/import round trips (GPU<->GPU, CPU<->GPU) + errors int32", [] { return test_export_import<int32_t>(); });
-  for (OptimizerKind o : {OptimizerKind::kSGD, OptimizerKind::kAdagrad, OptimizerKind::kAdam, OptimizerKind::kFtrl}) {
+  run("insert_or_assign / erase / re-insert vs CPU int64",
+      [] { return test_erase_assign<int64_t>(); });
+  run("insert_or_assign / erase / re-insert vs CPU int32",
+      [] { return test_erase_assign<int32_t>(); });
+  run("export/import round trips (GPU<->GPU, CPU<->GPU) + errors int64",
+      [] { return test_export_import<int64_t>(); });
+  run("export/import round trips (GPU<->GPU, CPU<->GPU) + errors int32",
+      [] { return test_export_import<int32_t>(); });
+  for (OptimizerKind o :
+       {OptimizerKind::kSGD, OptimizerKind::kAdagrad, OptimizerKind::kAdam, OptimizerKind::kFtrl}) {
     for (bool u : {false, true}) {
-      run(std::string("optimizer ") + oname(o) + " 20 steps int64 dim 32 " + (u ? "unique ids" : "repeated ids"),
+      run(std::string("optimizer ") + oname(o) + " 20 steps int64 dim 32 " +
+              (u ? "unique ids" : "repeated ids"),
           [=] { return test_optimizer<int64_t>(o, 32, u); });
-      run(std::string("optimizer ") + oname(o) + " 20 steps int32 dim 5 " + (u ? "unique ids" : "repeated ids"),
+      run(std::string("optimizer ") + oname(o) + " 20 steps int32 dim 5 " +
+              (u ? "unique ids" : "repeated ids"),
           [=] { return test_optimizer<int32_t>(o, 5, u); });
     }
   }
   for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
-    run(std::string("training step pipeline vs CPU int64 ") + cname(c), [c] { return test_pipeline<int64_t>(c); });
-    run(std::string("training step pipeline vs CPU int32 ") + cname(c), [c] { return test_pipeline<int32_t>(c); });
+    run(std::string("training step pipeline vs CPU int64 ") + cname(c),
+        [c] { return test_pipeline<int64_t>(c); });
+    run(std::string("training step pipeline vs CPU int32 ") + cname(c),
+        [c] { return test_pipeline<int32_t>(c); });
   }
   return sok_test::summary();
 }

@@ -38,8 +38,9 @@ __device__ __forceinline__ int64_t ld_relaxed_i64(const int64_t* p) {
 // Records an error; the lowest (position, kind) wins. finalize_error() fills position/value/kind.
 __device__ __forceinline__ void report_error(GpuLookupError* err, int64_t position, int64_t kind) {
   if (err == nullptr) return;
-  atomicMin(reinterpret_cast<unsigned long long*>(&err->packed),
-            (static_cast<unsigned long long>(position) << 3) | static_cast<unsigned long long>(kind));
+  atomicMin(
+      reinterpret_cast<unsigned long long*>(&err->packed),
+      (static_cast<unsigned long long>(position) << 3) | static_cast<unsigned long long>(kind));
 }
 
 // VEC consecutive floats of a row (VEC = 4: one float4 load/store; VEC = 1: one float).

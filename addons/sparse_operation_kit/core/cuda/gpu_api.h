@@ -9,7 +9,8 @@
 //   unique_keys / pooled_forward / pooled_backward ~ lookup.h
 // Differences, all documented where they apply:
 //   - export_rows lists the rows in slot order, not insertion order;
-//   - with repeated keys in ONE call, insert_or_assign keeps one of the values (CPU: the last) and a
+//   - with repeated keys in ONE call, insert_or_assign keeps one of the values (CPU: the last) and
+//   a
 //     counter-filtered find_or_insert may admit a different occurrence than the CPU's serial order;
 //   - apply_gradients calls on one table must be ordered by the caller (TF's resource-variable
 //     lock does this); find / find_or_insert / insert_or_assign / erase may run concurrently on
@@ -55,10 +56,11 @@ Status cuda_status(cudaError_t e, const char* what);
 // ---------------------------------------------------------------------------------------------
 // Bad-index reports written by the device (the first bad position wins), read by the host.
 struct GpuLookupError {
-  int64_t packed;    // device-side: min over (position << 3 | kind); all ones: none
-  int64_t position;  // index of the offending id (kinds 1, 2) or row_splits entry (kind 3); -1: none
-  int64_t value;     // the offending id / row / segment / row split
-  int64_t kind;      // 1: id out of [0, num_rows); 2: segment out of [0, batch); 3: bad row split
+  int64_t packed;  // device-side: min over (position << 3 | kind); all ones: none
+  int64_t
+      position;   // index of the offending id (kinds 1, 2) or row_splits entry (kind 3); -1: none
+  int64_t value;  // the offending id / row / segment / row split
+  int64_t kind;   // 1: id out of [0, num_rows); 2: segment out of [0, batch); 3: bad row split
   int64_t blocks_done;  // device-side counter of the fused checks (reset_lookup_error sets it)
 };
 // One record per call in flight: two calls running at once must not share a record.
@@ -111,8 +113,9 @@ Status pooled_backward(const float* grad_out, int64_t dim, const int32_t* invers
 // unsorted_segment_sum. The TF glue uses it unless op determinism is required. Bad segment ids or
 // rows are skipped.
 Status pooled_backward_unordered(const float* grad_out, int64_t dim, const int32_t* inverse,
-                                 const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
-                                 Combiner combiner, int64_t num_rows, float* grad_rows, cudaStream_t stream,
+                                 const int64_t* segment_ids, const float* weights, int64_t n,
+                                 int64_t batch, Combiner combiner, int64_t num_rows,
+                                 float* grad_rows, cudaStream_t stream,
                                  DeviceAllocator* alloc = nullptr);
 
 // ---------------------------------------------------------------------------------------------
@@ -206,7 +209,8 @@ class GpuTable final : public Table<K> {
                         const int64_t* counts) override {
     return t_->find_or_insert(keys, n, out, counts, s(e));
   }
-  Status insert_or_assign(const ExecContext& e, const K* keys, int64_t n, const float* values) override {
+  Status insert_or_assign(const ExecContext& e, const K* keys, int64_t n,
+                          const float* values) override {
     return t_->insert_or_assign(keys, n, values, s(e));
   }
   Status apply_gradients(const ExecContext& e, const K* keys, int64_t n, const float* grads,
@@ -216,7 +220,9 @@ class GpuTable final : public Table<K> {
   Status shrink(const ExecContext& e, int64_t global_step, int64_t* removed) override {
     return t_->shrink(global_step, s(e), removed);
   }
-  Status export_rows(const ExecContext& e, TableSnapshot<K>* out) override { return t_->export_rows(out, s(e)); }
+  Status export_rows(const ExecContext& e, TableSnapshot<K>* out) override {
+    return t_->export_rows(out, s(e));
+  }
   Status import_rows(const ExecContext& e, const TableSnapshot<K>& snapshot) override {
     return t_->import_rows(snapshot, s(e));
   }

@@ -30,8 +30,8 @@ __global__ void k_group_prep(const int32_t* group, const int64_t* src_row, int64
   vals[i] = static_cast<int32_t>(i);
 }
 
-__global__ void k_group_bounds(const uint32_t* keys, int64_t n, int64_t G, int32_t* start, int32_t* end,
-                               int64_t* nvalid) {
+__global__ void k_group_bounds(const uint32_t* keys, int64_t n, int64_t G, int32_t* start,
+                               int32_t* end, int64_t* nvalid) {
   const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (p >= n) return;
   const uint32_t g = keys[p];
@@ -62,7 +62,8 @@ struct GroupSrc {
 // in the chunk is written to out; one that began earlier leaves partial [2c], one that goes on
 // leaves partial [2c+1] and is listed for the fixup.
 template <int L, int VEC>
-__global__ void __launch_bounds__(256) k_group_chunks(GroupSrc gs, const uint32_t* keys, const int32_t* vals,
+__global__ void
+__launch_bounds__(256) k_group_chunks(GroupSrc gs, const uint32_t* keys, const int32_t* vals,
                                                       int64_t n, const int64_t* nvalid, float* partials,
                                                       float* out, int32_t* split_list, int* split_count) {
   constexpr int TPB = 256 / L;

@@ -67,15 +67,16 @@ Status pooled_backward(const float* grad_out, int64_t dim, const int32_t* invers
   }));
   float* scale = need_scale ? scale_buf : nullptr;
   if (need_scale && batch > 0) {
-    k_segment_scale<<<grid_for(batch * 32, kBlock), kBlock, 0, stream>>>(h.view, weights, batch,
-                                                                         static_cast<int>(combiner), scale);
+    k_segment_scale<<<grid_for(batch * 32, kBlock), kBlock, 0, stream>>>(
+        h.view, weights, batch, static_cast<int>(combiner), scale);
     SOK_LAUNCH_CHECK();
   }
   const int64_t* src_row = seg.segment_ids;
   if (need_seg) {
     SOK_CUDA_RETURN(cudaMemsetAsync(seg_of, 0xff, nn * sizeof(int64_t), stream));
     if (batch > 0) {
-      k_splits_to_segments<<<grid_for(batch * 32, kBlock), kBlock, 0, stream>>>(h.view, batch, seg_of);
+      k_splits_to_segments<<<grid_for(batch * 32, kBlock), kBlock, 0, stream>>>(h.view, batch,
+                                                                                seg_of);
       SOK_LAUNCH_CHECK();
     }
     src_row = seg_of;
@@ -90,8 +91,8 @@ Status pooled_backward(const float* grad_out, int64_t dim, const int32_t* invers
 namespace {
 
 // sums[b] = sum over the ids of sample b of w (mean) or w^2 (sqrtn).
-__global__ void k_weight_sums(const int64_t* seg, const float* weights, int64_t n, int64_t batch, bool squares,
-                              float* sums) {
+__global__ void k_weight_sums(const int64_t* seg, const float* weights, int64_t n, int64_t batch,
+                              bool squares, float* sums) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t b = seg[i];
@@ -102,9 +103,10 @@ __global__ void k_weight_sums(const int64_t* seg, const float* weights, int64_t 
 }
 
 // grad_rows[inverse[i], c] += scale_i * grad_out[seg[i], c], one thread per (id, column).
-__global__ void k_backward_unordered(const float* grad_out, int64_t dim, const int32_t* inverse, const int64_t* seg,
-                                     const float* weights, int64_t n, int64_t batch, int64_t num_rows,
-                                     const float* sums, int combiner, float* grad_rows) {
+__global__ void k_backward_unordered(const float* grad_out, int64_t dim, const int32_t* inverse,
+                                     const int64_t* seg, const float* weights, int64_t n,
+                                     int64_t batch, int64_t num_rows, const float* sums,
+                                     int combiner, float* grad_rows) {
   const int64_t total = n * dim;
   for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -124,23 +126,25 @@ __global__ void k_backward_unordered(const float* grad_out, int64_t dim, const i
 }  // namespace
 
 Status pooled_backward_unordered(const float* grad_out, int64_t dim, const int32_t* inverse,
-                                 const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
-                                 Combiner combiner, int64_t num_rows, float* grad_rows, cudaStream_t stream,
-                                 DeviceAllocator* alloc) {
+                                 const int64_t* segment_ids, const float* weights, int64_t n,
+                                 int64_t batch, Combiner combiner, int64_t num_rows,
+                                 float* grad_rows, cudaStream_t stream, DeviceAllocator* alloc) {
   if (num_rows <= 0 || dim <= 0) return Status::OK();
-  SOK_CUDA_RETURN(cudaMemsetAsync(grad_rows, 0, static_cast<size_t>(num_rows) * dim * sizeof(float), stream));
+  SOK_CUDA_RETURN(
+      cudaMemsetAsync(grad_rows, 0, static_cast<size_t>(num_rows) * dim * sizeof(float), stream));
   if (n <= 0 || batch <= 0) return Status::OK();
   Temp sums;
   if (combiner != Combiner::kSum) {
     SOK_RETURN_IF_ERROR(sums.alloc(alloc, batch * sizeof(float), stream));
     SOK_CUDA_RETURN(cudaMemsetAsync(sums.as<float>(), 0, batch * sizeof(float), stream));
-    k_weight_sums<<<grid_for(n, kBlock), kBlock, 0, stream>>>(segment_ids, weights, n, batch,
-                                                              combiner == Combiner::kSqrtn, sums.as<float>());
+    k_weight_sums<<<grid_for(n, kBlock), kBlock, 0, stream>>>(
+        segment_ids, weights, n, batch, combiner == Combiner::kSqrtn, sums.as<float>());
     SOK_LAUNCH_CHECK();
   }
   k_backward_unordered<<<grid_for(n * dim, kBlock), kBlock, 0, stream>>>(
       grad_out, dim, inverse, segment_ids, weights, n, batch, num_rows,
-      combiner != Combiner::kSum ? sums.as<float>() : nullptr, static_cast<int>(combiner), grad_rows);
+      combiner != Combiner::kSum ? sums.as<float>() : nullptr, static_cast<int>(combiner),
+      grad_rows);
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }

@@ -67,8 +67,8 @@ struct RowSrc {
 // The sum over one sample (one warp).
 template <int L, int VEC, int U, typename I>
 __device__ __forceinline__ void pooled_sample(const RowSrc<I>& src, const CsrView& csr,
-                                               const float* weights, int64_t batch, int64_t dim,
-                                               int combiner, float* out) {
+                                              const float* weights, int64_t batch, int64_t dim,
+                                              int combiner, float* out) {
   constexpr int S = 32 / L;
   const int lane = threadIdx.x & 31;
   const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
@@ -171,7 +171,8 @@ __device__ __forceinline__ void finish_block(const RowSrc<I>& src, const Checks&
   if (threadIdx.x != 0) return;
   GpuLookupError* err = src.err;
   __threadfence();
-  const unsigned long long ticket = atomicAdd(reinterpret_cast<unsigned long long*>(&err->blocks_done), 1ull);
+  const unsigned long long ticket =
+      atomicAdd(reinterpret_cast<unsigned long long*>(&err->blocks_done), 1ull);
   if (ticket != static_cast<unsigned long long>(gridDim.x) - 2ull) return;  // counter starts at ~0
   __threadfence();
   const unsigned long long p = static_cast<unsigned long long>(ld_relaxed_i64(&err->packed));
@@ -188,7 +189,8 @@ __device__ __forceinline__ void finish_block(const RowSrc<I>& src, const Checks&
 }
 
 template <int L, int VEC, int U, typename I>
-__global__ void __launch_bounds__(256) k_pooled_forward(RowSrc<I> src, CsrView csr, const float* weights,
+__global__ void
+__launch_bounds__(256) k_pooled_forward(RowSrc<I> src, CsrView csr, const float* weights,
                                                         int64_t batch, int64_t dim, int combiner, float* out,
                                                         Checks ck) {
   const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;

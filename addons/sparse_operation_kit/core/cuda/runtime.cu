@@ -119,8 +119,8 @@ Status check_lookup_errors(const GpuLookupError* d_err, const std::vector<std::s
                            cudaStream_t stream) {
   std::vector<GpuLookupError> h(what.size());
   if (h.empty()) return Status::OK();
-  SOK_CUDA_RETURN(cudaMemcpyAsync(h.data(), d_err, h.size() * sizeof(GpuLookupError), cudaMemcpyDeviceToHost,
-                                  stream));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(h.data(), d_err, h.size() * sizeof(GpuLookupError),
+                                  cudaMemcpyDeviceToHost, stream));
   SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
   for (size_t i = 0; i < h.size(); ++i) SOK_RETURN_IF_ERROR(describe_lookup_error(h[i], what[i]));
   return Status::OK();

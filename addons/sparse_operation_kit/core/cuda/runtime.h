@@ -25,10 +25,10 @@ namespace detail {
 #define SOK_STR(x) SOK_STR2(x)
 // After a kernel launch.
 #define SOK_LAUNCH_CHECK() SOK_CUDA_RETURN(cudaGetLastError())
-#define SOK_RETURN_IF_ERROR(expr)      \
-  do {                                 \
-    ::sok::Status sok_s_ = (expr);     \
-    if (!sok_s_.ok()) return sok_s_;   \
+#define SOK_RETURN_IF_ERROR(expr)    \
+  do {                               \
+    ::sok::Status sok_s_ = (expr);   \
+    if (!sok_s_.ok()) return sok_s_; \
   } while (0)
 
 // Threads per block of the one-thread-per-item kernels.
@@ -65,7 +65,8 @@ class Temp {
     bytes_ = bytes < 16 ? 16 : bytes;
     p_ = a_->allocate(bytes_, s);
     if (p_ == nullptr)
-      return Status::Invalid("GPU temporary allocation of " + std::to_string(bytes) + " bytes failed");
+      return Status::Invalid("GPU temporary allocation of " + std::to_string(bytes) +
+                             " bytes failed");
     return Status::OK();
   }
   template <typename T>

@@ -40,11 +40,10 @@ __global__ void k_fill_perm(const int64_t* seg, int64_t n, int64_t batch, const 
   perm[splits[s] + static_cast<int64_t>(atomicAdd(cursor + s, 1ull))] = i;
 }
 
-
 }  // namespace
 
-Status build_csr(const Segments& seg, int64_t n, int64_t batch, GpuLookupError* err,
-                 cudaStream_t s, DeviceAllocator* alloc, CsrHolder* h) {
+Status build_csr(const Segments& seg, int64_t n, int64_t batch, GpuLookupError* err, cudaStream_t s,
+                 DeviceAllocator* alloc, CsrHolder* h) {
   h->view.n = n;
   // No ids at all: an empty segment_ids tensor may come as a null pointer.
   if (seg.segment_ids != nullptr && seg.row_splits != nullptr)
@@ -76,7 +75,8 @@ Status build_csr(const Segments& seg, int64_t n, int64_t batch, GpuLookupError* 
   SOK_CUDA_RETURN(cudaMemsetAsync(cursor, 0, cb, s));
   SOK_CUDA_RETURN(cudaMemsetAsync(flag, 0, sizeof(int), s));
   if (n > 0) {
-    k_seg_count<<<grid_for(n, kBlock), kBlock, 0, s>>>(seg.segment_ids, n, batch, counts, flag, err);
+    k_seg_count<<<grid_for(n, kBlock), kBlock, 0, s>>>(seg.segment_ids, n, batch, counts, flag,
+                                                       err);
     SOK_LAUNCH_CHECK();
   }
   SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(scan_tmp, scan_bytes, counts, splits,

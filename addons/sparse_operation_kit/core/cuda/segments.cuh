@@ -42,8 +42,8 @@ struct CsrHolder {
 };
 
 // Bad segment ids are reported through err (optional) and left out of the view.
-Status build_csr(const Segments& seg, int64_t n, int64_t batch, GpuLookupError* err,
-                 cudaStream_t s, DeviceAllocator* alloc, CsrHolder* h);
+Status build_csr(const Segments& seg, int64_t n, int64_t batch, GpuLookupError* err, cudaStream_t s,
+                 DeviceAllocator* alloc, CsrHolder* h);
 
 }  // namespace detail
 }  // namespace gpu

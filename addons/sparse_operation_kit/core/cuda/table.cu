@@ -28,7 +28,8 @@ namespace {
 
 // MINB 8 caps the registers at 32 for 64 resident warps per SM (more lookups in flight).
 template <typename K, bool V4, int MINB>
-__global__ void __launch_bounds__(kBlock, MINB) k_find(DevTable t, RowInit ri, const K* keys, int64_t n,
+__global__ void
+__launch_bounds__(kBlock, MINB) k_find(DevTable t, RowInit ri, const K* keys, int64_t n,
                                                  const int64_t* d_n, float* out) {
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;

@@ -76,8 +76,9 @@ struct GpuEmbeddingTable<K>::Impl {
     *p = static_cast<T*>(storage->allocate(bytes < 16 ? 16 : bytes, nullptr));
     if (*p != nullptr) return Status::OK();
     cudaGetLastError();
-    return Status::Invalid("table '" + cfg.name + "': cannot allocate " + std::to_string(bytes) + " bytes for " +
-                           what + " on GPU " + std::to_string(device) + " (" + storage->describe_free_memory() + ")");
+    return Status::Invalid("table '" + cfg.name + "': cannot allocate " + std::to_string(bytes) +
+                           " bytes for " + what + " on GPU " + std::to_string(device) + " (" +
+                           storage->describe_free_memory() + ")");
   }
   template <typename T>
   void release(T*& p) {
@@ -111,11 +112,13 @@ struct GpuEmbeddingTable<K>::Impl {
     a->mask = static_cast<uint64_t>(nb - 1);
     a->stride = stride;
     a->dim = cfg.dim;
-    const std::string what = std::to_string(cap) + " slots of " + std::to_string(stride) + " floats";
+    const std::string what =
+        std::to_string(cap) + " slots of " + std::to_string(stride) + " floats";
     Status st = acquire(&a->digests, nb * 8 * sizeof(uint32_t), what.c_str());
     if (st.ok()) st = acquire(&a->meta, cap * sizeof(detail::Meta), what.c_str());
     if (st.ok()) st = acquire(&a->versions, cap * sizeof(int64_t), what.c_str());
-    if (st.ok()) st = acquire(&a->rows, static_cast<size_t>(cap) * stride * sizeof(float), what.c_str());
+    if (st.ok())
+      st = acquire(&a->rows, static_cast<size_t>(cap) * stride * sizeof(float), what.c_str());
     if (!st.ok()) {
       free_arrays(a);
       return st;
@@ -139,9 +142,11 @@ struct GpuEmbeddingTable<K>::Impl {
       SOK_CUDA_RETURN(cudaDeviceSynchronize());
       mixed = false;
     }
-    SOK_CUDA_RETURN(cudaMemcpyAsync(h_counters, d_counters, 2 * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
+    SOK_CUDA_RETURN(
+        cudaMemcpyAsync(h_counters, d_counters, 2 * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
     int h_fail = 0;
-    SOK_CUDA_RETURN(cudaMemcpyAsync(&h_counters[2], d_fail, sizeof(int), cudaMemcpyDeviceToHost, s));
+    SOK_CUDA_RETURN(
+        cudaMemcpyAsync(&h_counters[2], d_fail, sizeof(int), cudaMemcpyDeviceToHost, s));
     SOK_CUDA_RETURN(cudaStreamSynchronize(s));
     std::memcpy(&h_fail, &h_counters[2], sizeof(int));
     if (h_fail != 0) return Status::Invalid("table '" + cfg.name + "': GPU hash table overflowed");
@@ -149,7 +154,6 @@ struct GpuEmbeddingTable<K>::Impl {
     *erased = h_counters[1];
     return Status::OK();
   }
-
 
   // Moves every key into a table of new_cap slots (synchronises the device).
   Status rehash(int64_t new_cap, cudaStream_t s);
@@ -167,14 +171,14 @@ struct GpuEmbeddingTable<K>::Impl {
     upper = live + erased;
     if (upper + n > limit) {
       int64_t cap = capacity;
-      while (static_cast<double>(live + n) > opt.max_load_factor * static_cast<double>(cap)) cap *= 2;
+      while (static_cast<double>(live + n) > opt.max_load_factor * static_cast<double>(cap))
+        cap *= 2;
       SOK_RETURN_IF_ERROR(rehash(cap, s));
       upper = live;
     }
     upper += n;
     return Status::OK();
   }
-
 
   // Makes the rows hold the slots optimizer p needs (relayout on first use; synchronises).
   Status ensure_slots(const OptimizerParams& p, cudaStream_t s);

@@ -70,7 +70,8 @@ __device__ __forceinline__ uint32_t digest_of(uint64_t h) {
 }
 
 // Initial content of element c of a fresh row (value from initializer.h, slots their init).
-__device__ __forceinline__ float fresh_element(const RowInit& ri, int64_t key, int64_t c, int64_t dim) {
+__device__ __forceinline__ float fresh_element(const RowInit& ri, int64_t key, int64_t c,
+                                               int64_t dim) {
   if (c < dim) return initial_value(ri.init, key, c, dim);
   return c < 2 * dim ? ri.slot_init[0] : ri.slot_init[1];  // no run-time index into kernel params
 }
@@ -109,7 +110,8 @@ struct Claim {
   bool fresh;    // claimed (caller writes the slot, then publish()) vs. found
 };
 
-__device__ inline Claim probe_insert(const Tile& tile, const DevTable& t, int64_t key, uint64_t h, int* fail) {
+__device__ inline Claim probe_insert(const Tile& tile, const DevTable& t, int64_t key, uint64_t h,
+                                     int* fail) {
   const uint32_t dw = digest_of(h) * kBytes;
   const int lane = tile.thread_rank();
   uint64_t b = h & t.mask;
@@ -158,7 +160,8 @@ __device__ inline Claim probe_insert(const Tile& tile, const DevTable& t, int64_
 }
 
 // Makes a claimed slot visible: everything the tile wrote becomes visible before the digest.
-__device__ __forceinline__ void publish(const Tile& tile, const DevTable& t, int64_t slot, uint64_t h) {
+__device__ __forceinline__ void publish(const Tile& tile, const DevTable& t, int64_t slot,
+                                        uint64_t h) {
   asm volatile("fence.acq_rel.gpu;" ::: "memory");  // release: this lane's writes before the digest
   tile.sync();
   if (tile.thread_rank() == 0) {
@@ -170,7 +173,8 @@ __device__ __forceinline__ void publish(const Tile& tile, const DevTable& t, int
 // Row -> output. Outputs are written evict-first (streaming), so they do not push the digests
 // and keys out of L2; kStreamLoad reads the row evict-first too (read-only find).
 template <bool V4, bool kStreamLoad = false>
-__device__ __forceinline__ void copy_row(const Tile& tile, const float* src, float* dst, int64_t dim) {
+__device__ __forceinline__ void copy_row(const Tile& tile, const float* src, float* dst,
+                                         int64_t dim) {
   const int lane = tile.thread_rank();
   // Up to 4 loads per lane issued before any store (the compiler may not hoist a load above a
   // store that could alias it, which would serialise the round trips of a wide row).
@@ -222,7 +226,8 @@ __device__ __forceinline__ void fill_row(const Tile& tile, float v, float* dst, 
 __device__ __forceinline__ void add_count(int64_t* counter, int local) {
   const int total = __syncthreads_count(local);
   if (threadIdx.x == 0 && total != 0)
-    atomicAdd(reinterpret_cast<unsigned long long*>(counter), static_cast<unsigned long long>(total));
+    atomicAdd(reinterpret_cast<unsigned long long*>(counter),
+              static_cast<unsigned long long>(total));
 }
 
 inline int64_t next_pow2(int64_t x) {
@@ -233,7 +238,8 @@ inline int64_t next_pow2(int64_t x) {
 
 // Slots needed so that `keys` stays within the load factor.
 inline int64_t capacity_for(int64_t keys, double max_load) {
-  const int64_t need = static_cast<int64_t>(std::ceil(static_cast<double>(std::max<int64_t>(keys, 1)) / max_load));
+  const int64_t need =
+      static_cast<int64_t>(std::ceil(static_cast<double>(std::max<int64_t>(keys, 1)) / max_load));
   return kSlots * next_pow2(ceil_div(need, kSlots));
 }
 

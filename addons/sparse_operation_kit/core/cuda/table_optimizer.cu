@@ -31,7 +31,8 @@ namespace {
 // NC > 0: float4 columns, NC chunks of 32 columns loaded before the math (more bytes in flight,
 // more registers); NC == 0: scalar columns (dim % 4 != 0).
 template <typename K, int NC>
-__global__ void __launch_bounds__(kBlock) k_apply(DevTable t, RowInit ri, const K* keys, int64_t n,
+__global__ void
+__launch_bounds__(kBlock) k_apply(DevTable t, RowInit ri, const K* keys, int64_t n,
                                                   const int64_t* d_n, const float* grads,
                                                   OptimizerParams p, float alpha, int64_t step,
                                                   int64_t* counters, int* fail) {

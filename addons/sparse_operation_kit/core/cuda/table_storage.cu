@@ -4,9 +4,8 @@
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 
-#include <cub/device/device_select.cuh>
-
 #include <algorithm>
+#include <cub/device/device_select.cuh>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -27,7 +26,8 @@ namespace cg = cooperative_groups;
 namespace {
 
 // Moves every live slot of `o` into `t` (same stride).
-__global__ void __launch_bounds__(kBlock) k_rehash(DevTable o, DevTable t, int64_t old_slots, int* fail) {
+__global__ void
+__launch_bounds__(kBlock) k_rehash(DevTable o, DevTable t, int64_t old_slots, int* fail) {
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t s = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
   if (s >= old_slots) return;

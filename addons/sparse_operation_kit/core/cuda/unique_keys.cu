@@ -120,24 +120,25 @@ Status unique_keys(const K* keys, int64_t n, K* unique, int32_t* inverse, int64_
   }));
   SOK_CUDA_RETURN(cudaMemsetAsync(table, 0xff, cap * sizeof(uint32_t), stream));
   const int g = grid_for(n, kBlock);
-  k_unique_insert<K><<<g, kBlock, 0, stream>>>(keys, n, table, static_cast<uint64_t>(cap - 1), pos_of);
+  k_unique_insert<K>
+      <<<g, kBlock, 0, stream>>>(keys, n, table, static_cast<uint64_t>(cap - 1), pos_of);
   SOK_LAUNCH_CHECK();
   k_unique_flags<<<g, kBlock, 0, stream>>>(table, pos_of, n, flags);
   SOK_LAUNCH_CHECK();
   SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(scan_tmp, scan_bytes, flags, upos,
                                                 static_cast<int>(n), stream));
-  k_unique_emit<K><<<g, kBlock, 0, stream>>>(keys, n, flags, upos, table, pos_of, unique, counts,
-                                             d_num_unique);
+  k_unique_emit<K>
+      <<<g, kBlock, 0, stream>>>(keys, n, flags, upos, table, pos_of, unique, counts, d_num_unique);
   SOK_LAUNCH_CHECK();
   k_unique_inverse<<<g, kBlock, 0, stream>>>(table, pos_of, n, inverse, counts);
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }
 
-template Status unique_keys<int32_t>(const int32_t*, int64_t, int32_t*, int32_t*, int64_t*, int64_t*,
-                                     cudaStream_t, DeviceAllocator*);
-template Status unique_keys<int64_t>(const int64_t*, int64_t, int64_t*, int32_t*, int64_t*, int64_t*,
-                                     cudaStream_t, DeviceAllocator*);
+template Status unique_keys<int32_t>(const int32_t*, int64_t, int32_t*, int32_t*, int64_t*,
+                                     int64_t*, cudaStream_t, DeviceAllocator*);
+template Status unique_keys<int64_t>(const int64_t*, int64_t, int64_t*, int32_t*, int64_t*,
+                                     int64_t*, cudaStream_t, DeviceAllocator*);
 
 }  // namespace gpu
 }  // namespace sok
