@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from sparse_operation_kit import compat
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.generic_optimizer import SlotStores
 
 
 def keras_is_v3():
@@ -175,7 +176,7 @@ def _carry(carrier_value, out, inner, table):
 # ---------------------------------------------------------------------------------------------
 # sok.OptimizerWrapper as a Keras optimizer
 # ---------------------------------------------------------------------------------------------
-def split_gradients(grads_and_vars):
+def split_gradients(grads_and_vars, keep_empty=False):
     """-> (sparse pairs (gradient, EmbeddingVariable), other pairs). A carrier's gradient goes to
     its table, unless the table's own gradient is in the list too (a custom loop that passes
     model.trainable_variables + sok.layers.embedding_variables(model)): one update per table."""
@@ -187,7 +188,7 @@ def split_gradients(grads_and_vars):
             sparse.append((g, v))
         elif is_carrier(v):
             table = carrier_table(v)
-            if g is None or id(table) in direct:
+            if (g is None and not keep_empty) or id(table) in direct:
                 continue
             if not isinstance(table, EmbeddingVariable):
                 name = getattr(table, "name", "?")
@@ -227,11 +228,44 @@ def wrapper_class(kind):
     return _wrapper_classes[kind]
 
 
-def _sparse_then_dense(updater, opt, sparse, dense, apply_dense):
-    """SOK's update (at the wrapped optimizer's current step), then the wrapped optimizer's."""
+def _is_generic(updater):
+    from sparse_operation_kit.generic_optimizer import GenericSparseUpdater
+    return isinstance(updater, GenericSparseUpdater)
+
+
+def _inner_built(opt):
+    return bool(getattr(opt, "built", False) or getattr(opt, "_built", False))
+
+
+def _build_inner(updater, opt, variables):
+    """Builds the wrapped optimizer for the dense variables among `variables` and, on the generic
+    path, for the scratch variables of the SOK tables among them (then their slot stores)."""
+    sparse, dense = split_gradients([(None, v) for v in variables], keep_empty=True)
+    dense_vars = [v for _, v in dense]
+    if _is_generic(updater):
+        scratch = updater.scratch_variables([v for _, v in sparse])
+        opt.build(dense_vars + scratch)
+        updater.create_slots()
+    else:
+        opt.build(dense_vars)
+
+
+def _sok_apply(updater, opt, sparse, dense, apply_dense):
+    """SOK's update (at the wrapped optimizer's current step) and the wrapped optimizer's."""
     step = opt.iterations
-    update = updater.apply(sparse, step=step)
     dense = [(g, v) for g, v in dense if g is not None]
+    if _is_generic(updater):
+        tables = [v for g, v in sparse if g is not None]
+        if not _inner_built(opt):
+            _build_inner(updater, opt, [v for _, v in dense] + tables)
+        unknown = [t.name for t in tables if not updater.has_table(t)]
+        if unknown:
+            raise ValueError(f"sok.OptimizerWrapper: the wrapped {type(opt).__name__} was built for other variables "
+                             f"than the SOK tables {unknown}; a Keras optimizer learns its variables once: pass "
+                             "every variable it will train in its first step (or call build with all of them)")
+        updater.apply(sparse, dense, apply_dense, step=step)
+        return
+    update = updater.apply(sparse, step=step)
     with tf.control_dependencies([update] if isinstance(update, (tf.Operation, tf.Tensor)) and
                                  not tf.executing_eagerly() else []):
         if dense:
@@ -240,13 +274,29 @@ def _sparse_then_dense(updater, opt, sparse, dense, apply_dense):
             step.assign_add(1)
 
 
+class _SlotAccess:
+    """get_slot / get_slot_names of the Keras wrappers (see sparse_operation_kit.slots)."""
+
+    def get_slot(self, var, name):
+        from sparse_operation_kit import slots
+        return slots.get_slot(self._opt, keras_optimizer_kind(self._opt), self._sok_updater, var, name)
+
+    def get_slot_names(self):
+        from sparse_operation_kit import slots
+        return slots.get_slot_names(self._opt, keras_optimizer_kind(self._opt), self._sok_updater)
+
+    def sok_slot_variables(self):
+        """The slot tables of SOK variables (generic path)."""
+        return self._sok_updater.slot_tables() if _is_generic(self._sok_updater) else []
+
+
 def _make_keras3_wrapper():
     import keras
 
     from sparse_operation_kit.optimizers import make_updater
 
     @keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
-    class KerasOptimizerWrapper(keras.optimizers.Optimizer):
+    class KerasOptimizerWrapper(_SlotAccess, keras.optimizers.Optimizer):
         """sok.OptimizerWrapper(keras.optimizers.X(...)) for Keras 3: a Keras optimizer, so that
         `model.compile(optimizer=...)` takes it. SOK tables (their gradient carriers in `fit`, or
         the tables themselves in custom loops) get SOK's fused sparse update of the same
@@ -254,13 +304,16 @@ def _make_keras3_wrapper():
 
         _sok_optimizer_wrapper = True  # isinstance(self, sok.OptimizerWrapper)
 
-        def __init__(self, optimizer, name=None, **kwargs):
+        def __init__(self, optimizer, name=None, max_touched_rows=None, **kwargs):
             if isinstance(optimizer, dict):
                 optimizer = keras.optimizers.deserialize(optimizer)
-            updater = make_updater(optimizer)
+            slot_stores = SlotStores()
+            updater = make_updater(optimizer, max_touched_rows, tracker=slot_stores)
             super().__init__(learning_rate=0.0, name=name or f"sok_{optimizer.name}")
             self._opt = optimizer
             self._sok_updater = updater
+            self._max_touched_rows = max_touched_rows
+            self.sok_slots = slot_stores
 
         @property
         def optimizer(self):
@@ -283,8 +336,7 @@ def _make_keras3_wrapper():
             return self._opt.variables
 
         def build(self, variables):
-            _, dense = split_gradients([(None, v) for v in variables])
-            self._opt.build([v for _, v in dense])
+            _build_inner(self._sok_updater, self._opt, variables)
             self.built = True
 
         def apply_gradients(self, grads_and_vars):
@@ -302,7 +354,7 @@ def _make_keras3_wrapper():
                     self._opt.build([v for _, v in pairs])
                 self._opt.apply([g for g, _ in pairs], [v for _, v in pairs])
 
-            _sparse_then_dense(self._sok_updater, self._opt, sparse, dense, apply_dense)
+            _sok_apply(self._sok_updater, self._opt, sparse, dense, apply_dense)
 
         def scale_loss(self, loss):
             return self._opt.scale_loss(loss)
@@ -320,7 +372,8 @@ def _make_keras3_wrapper():
             pass
 
         def get_config(self):
-            return {"name": self.name, "optimizer": keras.optimizers.serialize(self._opt)}
+            return {"name": self.name, "optimizer": keras.optimizers.serialize(self._opt),
+                    "max_touched_rows": self._max_touched_rows}
 
         @classmethod
         def from_config(cls, config, custom_objects=None):
@@ -335,19 +388,22 @@ def _make_tf_keras_wrapper():
     from sparse_operation_kit.optimizers import make_updater
 
     @tf_keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
-    class TfKerasOptimizerWrapper(tf_keras.optimizers.Optimizer):
+    class TfKerasOptimizerWrapper(_SlotAccess, tf_keras.optimizers.Optimizer):
         """sok.OptimizerWrapper(tf_keras.optimizers.X(...)): a tf_keras optimizer (see the Keras 3
         wrapper)."""
 
         _sok_optimizer_wrapper = True
 
-        def __init__(self, optimizer, name=None, **kwargs):
+        def __init__(self, optimizer, name=None, max_touched_rows=None, **kwargs):
             if isinstance(optimizer, dict):
                 optimizer = tf_keras.optimizers.deserialize(optimizer)
-            updater = make_updater(optimizer)
+            slot_stores = SlotStores()
+            updater = make_updater(optimizer, max_touched_rows, tracker=slot_stores)
             super().__init__(name=name or f"sok_{optimizer.name}")
             self._opt = optimizer
             self._sok_updater = updater
+            self._max_touched_rows = max_touched_rows
+            self.sok_slots = slot_stores
 
         @property
         def optimizer(self):
@@ -380,13 +436,11 @@ def _make_tf_keras_wrapper():
             pass
 
         def build(self, var_list):
-            _, dense = split_gradients([(None, v) for v in var_list])
-            self._opt.build([v for _, v in dense])
+            _build_inner(self._sok_updater, self._opt, var_list)
 
         def apply_gradients(self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs):
             sparse, dense = split_gradients(grads_and_vars)
-            _sparse_then_dense(self._sok_updater, self._opt, sparse, dense,
-                               lambda pairs: self._opt.apply_gradients(pairs))
+            _sok_apply(self._sok_updater, self._opt, sparse, dense, lambda pairs: self._opt.apply_gradients(pairs))
             return self.iterations
 
         def finalize_variable_values(self, var_list):
@@ -394,7 +448,8 @@ def _make_tf_keras_wrapper():
             self._opt.finalize_variable_values([v for _, v in dense])
 
         def get_config(self):
-            return {"name": self.name, "optimizer": tf_keras.optimizers.serialize(self._opt)}
+            return {"name": self.name, "optimizer": tf_keras.optimizers.serialize(self._opt),
+                    "max_touched_rows": self._max_touched_rows}
 
         @classmethod
         def from_config(cls, config, custom_objects=None):

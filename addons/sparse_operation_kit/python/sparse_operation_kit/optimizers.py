@@ -2,7 +2,7 @@
 their co-located slots; everything else goes to the wrapped TensorFlow/Keras optimizer."""
 import tensorflow as tf
 
-from sparse_operation_kit import compat
+from sparse_operation_kit import compat, generic_optimizer, slots
 from sparse_operation_kit._ops import ops
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 
@@ -24,30 +24,42 @@ def filter_variables(variables):
 
 
 def _keras_hyperparameters(opt):
+    """(kind, hyperparameters) of SOK's fused kernel for a Keras optimizer; (None, None) when it
+    has none (the generic path then runs the optimizer's own update)."""
     cfg = opt.get_config()
     name = type(opt).__name__.lower()
     lr = lambda: opt.learning_rate  # noqa: E731  read at every step: schedules and later assignments
-    if name == "sgd":
-        if cfg.get("momentum", 0.0):
-            raise ValueError("sok.OptimizerWrapper: SGD with momentum is not supported for SOK variables")
+    if cfg.get("weight_decay") or cfg.get("clipnorm") or cfg.get("clipvalue") or cfg.get("global_clipnorm"):
+        return None, None  # the fused kernels know no weight decay or clipping
+    if name == "sgd" and not cfg.get("momentum", 0.0):
         return "sgd", {"learning_rate": lr}
     if name == "adagrad":
         return "adagrad", {"learning_rate": lr, "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
                            "epsilon": cfg.get("epsilon", 1e-7)}
-    if name in ("adam", "lazyadam"):
-        if cfg.get("amsgrad"):
-            raise ValueError("sok.OptimizerWrapper: Adam with amsgrad is not supported for SOK variables")
+    if name in ("adam", "lazyadam") and not cfg.get("amsgrad"):
         return "adam", {"learning_rate": lr, "beta1": cfg.get("beta_1", 0.9), "beta2": cfg.get("beta_2", 0.999),
                         "epsilon": cfg.get("epsilon", 1e-7)}
-    if name == "ftrl":
-        if cfg.get("l2_shrinkage_regularization_strength"):
-            raise ValueError("sok.OptimizerWrapper: FTRL's l2_shrinkage_regularization_strength is not "
-                             "supported for SOK variables")
+    if name == "ftrl" and not cfg.get("l2_shrinkage_regularization_strength"):
         return "ftrl", {"learning_rate": lr, "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
                         "lr_power": cfg.get("learning_rate_power", -0.5),
                         "l1": cfg.get("l1_regularization_strength", 0.0),
                         "l2": cfg.get("l2_regularization_strength", 0.0), "beta": cfg.get("beta", 0.0)}
     return None, None
+
+
+def fused_kind(optimizer):
+    """(kind, hyperparameters) of the fused kernel for `optimizer`, or (None, None)."""
+    if generic_optimizer.optimizer_flavor(optimizer) == "v1":
+        return compat.v1_optimizer_hyperparameters(optimizer)
+    if hasattr(optimizer, "get_config"):
+        return _keras_hyperparameters(optimizer)
+    return None, None
+
+
+def _refuse(optimizer):
+    raise ValueError(f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK variables "
+                     "(expected a tf.compat.v1.train, Keras 3, tf_keras or tf_keras.optimizers.legacy "
+                     "optimizer)")
 
 
 def _value(x):
@@ -129,13 +141,16 @@ class _SparseUpdater:
             return step_var.assign_add(1).op if not tf.executing_eagerly() else step_var.assign_add(1)
 
 
-def make_updater(optimizer):
-    """The fused sparse update matching a Keras optimizer (ValueError if it has none)."""
-    kind, hyper = _keras_hyperparameters(optimizer)
-    if kind is None:
-        raise ValueError(f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
-                         f"variables (supported: {', '.join(SUPPORTED)})")
-    return _SparseUpdater(kind, hyper)
+def make_updater(optimizer, max_touched_rows=None, tracker=None):
+    """SOK's update for a wrapped optimizer: the fused kernel of the same optimizer where there is
+    one, else the generic path (generic_optimizer) running the optimizer's own update."""
+    flavor = generic_optimizer.optimizer_flavor(optimizer)
+    if flavor is None:
+        _refuse(optimizer)
+    kind, hyper = fused_kind(optimizer)
+    if kind is not None:
+        return _SparseUpdater(kind, hyper)
+    return generic_optimizer.GenericSparseUpdater(optimizer, flavor, max_touched_rows, tracker)
 
 
 class _WrapperType(type(compat.AutoTrackable)):
@@ -166,20 +181,17 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
             from sparse_operation_kit import keras_support
             kind = keras_support.keras_optimizer_kind(optimizer)
             if kind is not None:
-                return keras_support.wrapper_class(kind)(optimizer)
+                return keras_support.wrapper_class(kind)(optimizer, *args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer, max_touched_rows=None):
         self._opt = optimizer
-        kind, hyper = compat.v1_optimizer_hyperparameters(optimizer)
-        self._is_v1 = kind is not None
-        if kind is None:
-            if hasattr(optimizer, "get_config"):
-                kind, hyper = _keras_hyperparameters(optimizer)
-            if kind is None:
-                raise ValueError(f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
-                                 f"variables (supported: {', '.join(SUPPORTED)})")
-        self._updater = _SparseUpdater(kind, hyper, on_step_created=self._track_step)
+        self._flavor = generic_optimizer.optimizer_flavor(optimizer)
+        self._is_v1 = self._flavor == "v1"
+        self.sok_slots = generic_optimizer.SlotStores()
+        self._updater = make_updater(optimizer, max_touched_rows, tracker=self.sok_slots)
+        if isinstance(self._updater, _SparseUpdater):
+            self._updater._on_step_created = self._track_step
 
     def _track_step(self, step):
         # An attribute of a trackable is a checkpoint dependency: tf.train.Checkpoint(optimizer=
@@ -195,6 +207,21 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
             raise AttributeError(item)
         return getattr(self._opt, item)
 
+    # --- slots ----------------------------------------------------------------------------------
+    def get_slot(self, var, name):
+        """The slot `name` of `var`: for a SOK table an Embedding Variable keyed like the table
+        (generic path) or a read-only view of the slots stored in its rows (fused kernels); for
+        other variables the wrapped optimizer's slot."""
+        return slots.get_slot(self._opt, self._flavor, self._updater, var, name)
+
+    def get_slot_names(self):
+        return slots.get_slot_names(self._opt, self._flavor, self._updater)
+
+    def variables(self):
+        """The wrapped optimizer's variables (without the generic path's scratch slots) and the slot
+        tables of SOK variables."""
+        return slots.optimizer_variables(self._opt, self._flavor, self._updater)
+
     def compute_gradients(self, loss, var_list=None, **kwargs):
         """TF1: [(gradient, variable)] for SOK variables and the rest alike."""
         if var_list is None:
@@ -207,6 +234,16 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
         from sparse_operation_kit.keras_support import split_gradients
         sparse, dense = split_gradients(grads_and_vars)  # gradient carriers of SOK layers -> their tables
+        if isinstance(self._updater, generic_optimizer.GenericSparseUpdater):
+            dense = [(g, v) for g, v in dense if g is not None]
+            if self._is_v1:
+                def apply_fn(pairs):
+                    return self._opt.apply_gradients(pairs, global_step=global_step, name=name)
+            else:
+                def apply_fn(pairs):
+                    return self._opt.apply_gradients(pairs)
+            step = None if self._is_v1 else self._opt.iterations
+            return self._updater.apply(sparse, dense, apply_fn, step=step)
         step = None
         if not self._is_v1 and hasattr(self._opt, "iterations"):
             step = self._opt.iterations  # Keras: share the wrapped optimizer's step counter

@@ -81,6 +81,9 @@ def export(var):
     if isinstance(var, EmbeddingVariable):
         keys, values = var.export()[:2]
         return keys, values
+    from sparse_operation_kit.slots import RowSlot
+    if isinstance(var, RowSlot):  # a slot stored in a table's rows
+        return var.export()
     value = tf.convert_to_tensor(var)
     return tf.range(tf.shape(value, out_type=tf.int64)[0]), value
 
