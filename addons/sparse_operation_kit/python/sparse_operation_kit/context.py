@@ -18,12 +18,18 @@ class _Context:
 context = _Context()
 
 
-def init(use_horovod=None):
+def init(use_horovod=None, comm_tool="horovod", use_legacy_optimizer=True, **kwargs):
     """Initialises SOK. Uses Horovod when it is initialised (call hvd.init() first).
 
     In one process without Horovod it is a no-op apart from bookkeeping, so scripts written for
-    several workers also run alone.
+    several workers also run alone. comm_tool: "horovod" (the only one). use_legacy_optimizer
+    (NVIDIA SOK 2.x): with tf_keras as tf.keras (TF_USE_LEGACY_KERAS=1), `tf.keras.optimizers`
+    becomes `tf.keras.optimizers.legacy`, whose optimizers take any variables at any step, so one
+    optimizer object can update SOK variables (through sok.OptimizerWrapper) and dense
+    variables in turn. Keras 3's namespace is left as it is (it has no legacy optimizers).
     """
+    if comm_tool != "horovod":
+        raise ValueError(f"sok.init: unknown comm_tool {comm_tool!r} (SOK communicates through 'horovod')")
     hvd = None
     if use_horovod is not False:
         try:
@@ -39,7 +45,23 @@ def init(use_horovod=None):
                 raise
     context.hvd = hvd
     context.initialized = True
+    if use_legacy_optimizer:
+        _use_legacy_keras_optimizers()
     return context
+
+
+def _use_legacy_keras_optimizers():
+    import tensorflow as tf
+
+    from sparse_operation_kit.keras_support import keras_is_v3
+    if keras_is_v3():
+        return
+    legacy = getattr(tf.keras.optimizers, "legacy", None)
+    if legacy is None:  # already switched
+        return
+    tf.keras.optimizers = legacy
+    tf.get_logger().warning("sok.init(use_legacy_optimizer=True): tf.keras.optimizers is now "
+                            "tf.keras.optimizers.legacy (pass use_legacy_optimizer=False to keep the new optimizers)")
 
 
 def rank():

@@ -106,13 +106,29 @@ def _require_eager(what, variables):
                          "its name, so give them distinct names (name=...)")
 
 
+def _with_slots(variables, optimizer, create):
+    """[(variable, target_gpu)]: the variables, then the optimizer's slots of them (placed like
+    their variable). Slots stored in an Embedding Variable's rows are part of its shard anyway."""
+    entries = [(v, int(getattr(v, "target_gpu", -1))) for v in variables]
+    if optimizer is None:
+        return entries
+    if not hasattr(optimizer, "sok_slot_variables"):
+        raise TypeError(f"sok.dump/load: optimizer must be a sok.OptimizerWrapper, got {type(optimizer).__name__}")
+    for slot, var in optimizer.sok_slot_variables(variables, create=create):
+        entries.append((slot, int(getattr(var, "target_gpu", -1))))
+    return entries
+
+
 def dump(path, variables, optimizer=None):
-    """Writes this rank's shard of each variable under `path` (EV slots are always included)."""
-    variables = list(variables)
+    """Writes this rank's shard of each variable under `path`; with `optimizer` (a
+    sok.OptimizerWrapper) also the optimizer's slots of them (each under its own name, e.g.
+    "<table>/<slot>"). Slots stored in an Embedding Variable's rows are always included."""
+    entries = _with_slots(list(variables), optimizer, create=False)
+    variables = [v for v, _ in entries]
     _require_eager("dump", variables)
     rank, world = context.rank, context.world_size
     _barrier("sok_dump_start")  # no rank may still be reading a dump that rank 0 now replaces
-    for var in variables:
+    for var, target in entries:
         d = os.path.join(path, _dir_name(var))
         os.makedirs(d, exist_ok=True)
         if rank == 0:  # shards of an earlier dump with another world size would mix in at load
@@ -120,7 +136,6 @@ def dump(path, variables, optimizer=None):
                 m = _SHARD.search(os.path.basename(f))
                 if m and int(m.group(2)) != world:
                     os.remove(f)
-        target = int(getattr(var, "target_gpu", -1))
         if isinstance(var, EmbeddingVariable):
             keys, values, slots, freqs, versions, slot_kind, slot_init = [t.numpy() for t in var.export()]
             arrays = dict(keys=keys.astype(np.int64), values=values, slots=slots, freqs=freqs,
@@ -143,10 +158,13 @@ def _barrier(name):
 
 
 def load(path, variables, optimizer=None):
-    """Reads every shard of each variable and keeps the keys this rank owns now."""
+    """Reads every shard of each variable and keeps the keys this rank owns now; with `optimizer`
+    also its slots of them (created first where they do not exist yet)."""
     variables = list(variables)
     _require_eager("load", variables)
-    for var in variables:
+    entries = _with_slots(variables, optimizer, create=True)
+    _require_eager("load", [v for v, _ in entries])
+    for var, target in entries:
         files = _shard_files(path, var)
         shards = [_read_shard(f, _dir_name(var)) for f in files]
         dim = var.embedding_dim if isinstance(var, EmbeddingVariable) else int(var.shape[-1])
@@ -156,7 +174,6 @@ def load(path, variables, optimizer=None):
                                  f"dimension {int(s['dim'])}")
         keys = np.concatenate([s["keys"] for s in shards])
         values = np.concatenate([s["values"].reshape(-1, dim) for s in shards])
-        target = int(getattr(var, "target_gpu", -1))
         mine = _owned(keys, target, _dir_name(var))
         if isinstance(var, EmbeddingVariable):
             # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).

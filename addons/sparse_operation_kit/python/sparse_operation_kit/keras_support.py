@@ -285,9 +285,14 @@ class _SlotAccess:
         from sparse_operation_kit import slots
         return slots.get_slot_names(self._opt, keras_optimizer_kind(self._opt), self._sok_updater)
 
-    def sok_slot_variables(self):
-        """The slot tables of SOK variables (generic path)."""
-        return self._sok_updater.slot_tables() if _is_generic(self._sok_updater) else []
+    def sok_slot_variables(self, variables, create=False):
+        """[(slot, primary)] that sok.dump / sok.load store for `variables` (create: check that
+        they exist; a Keras optimizer creates its slots when it is built)."""
+        from sparse_operation_kit import slots
+        kind = keras_optimizer_kind(self._opt)
+        if create:
+            slots.prepare_slots(self._opt, kind, self._sok_updater, variables)
+        return slots.slot_variables(self._opt, kind, self._sok_updater, variables)
 
 
 def _make_keras3_wrapper():

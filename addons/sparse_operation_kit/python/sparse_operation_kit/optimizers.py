@@ -217,6 +217,13 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
     def get_slot_names(self):
         return slots.get_slot_names(self._opt, self._flavor, self._updater)
 
+    def sok_slot_variables(self, variables, create=False):
+        """[(slot, primary)] that sok.dump / sok.load store for `variables` (create: make missing
+        slots first)."""
+        if create:
+            slots.prepare_slots(self._opt, self._flavor, self._updater, variables)
+        return slots.slot_variables(self._opt, self._flavor, self._updater, variables)
+
     def variables(self):
         """The wrapped optimizer's variables (without the generic path's scratch slots) and the slot
         tables of SOK variables."""

@@ -88,3 +88,38 @@ def optimizer_variables(optimizer, flavor, updater):
     if isinstance(updater, generic_optimizer.GenericSparseUpdater):
         own = [v for v in own if not updater.is_scratch_slot(v)] + updater.slot_tables()
     return own
+
+
+def prepare_slots(optimizer, flavor, updater, variables):
+    """Creates the slots of `variables` that do not exist yet (before sok.load fills them)."""
+    from sparse_operation_kit import compat, generic_optimizer, keras_support
+    tables = [v for v in variables if isinstance(v, EmbeddingVariable)]
+    dense = [v for v in variables if not isinstance(v, EmbeddingVariable)]
+    if flavor in ("v1", "keras_legacy"):
+        if isinstance(updater, generic_optimizer.GenericSparseUpdater):
+            updater.ensure(tables)
+        if dense:
+            (compat.v1_create_slots if flavor == "v1" else compat.keras_legacy_create_slots)(optimizer, dense)
+        return
+    if not keras_support._inner_built(optimizer):
+        raise ValueError(f"sok.load: the wrapped {type(optimizer).__name__} is not built yet, so its slots do not "
+                         "exist; call optimizer.build(<every variable it trains>) before loading its slots")
+    if isinstance(updater, generic_optimizer.GenericSparseUpdater):
+        unknown = [t.name for t in tables if not updater.has_table(t)]
+        if unknown:
+            raise ValueError(f"sok.load: the wrapped {type(optimizer).__name__} was built without the tables "
+                             f"{unknown}")
+
+
+def slot_variables(optimizer, flavor, updater, variables):
+    """[(slot variable, its primary)] of `variables` that sok.dump/load store beside them: slot
+    tables of the generic path and dense variables' slots (slots in a table's rows travel with
+    the table)."""
+    out = []
+    names = get_slot_names(optimizer, flavor, updater)
+    for var in variables:
+        for name in names:
+            slot = get_slot(optimizer, flavor, updater, var, name)
+            if slot is not None and not isinstance(slot, RowSlot):
+                out.append((slot, var))
+    return out
