@@ -61,6 +61,13 @@ def read(var):
     return tf.convert_to_tensor(var.value)
 
 
+def assign(var, value):
+    """var = value, as an op in graphs (a tf.Variable's assign returns a lazy read there)."""
+    if isinstance(var, tf.Variable):
+        return var.assign(value, read_value=False)
+    return var.assign(value)
+
+
 def _initial_rows(optimizer, flavor, scratch, slots):
     """{slot name: the row a slot starts from} (every known optimizer fills a slot with one
     constant; a row of them is kept as it is).
@@ -75,9 +82,9 @@ def _initial_rows(optimizer, flavor, scratch, slots):
             rows = {}
             for name, slot in slots.items():
                 value = tf.get_static_value(slot.initial_value)
-                if value is None:
-                    raise ValueError(f"sok.OptimizerWrapper: the initial value of slot '{name}' of "
-                                     f"{type(optimizer).__name__} is no constant")
+                if value is None:  # an initializer that is no folded constant: evaluate it alone
+                    with tf.compat.v1.Session(graph=slot.initial_value.graph) as sess:
+                        value = sess.run(slot.initial_value)
                 rows[name] = value
         elif flavor == "v1":
             rows = {name: read(slot).numpy() for name, slot in slots.items()}
@@ -90,6 +97,18 @@ def _initial_rows(optimizer, flavor, scratch, slots):
                 fresh.build([probe])
             rows = {name: read(slot).numpy() for name, slot in optimizer_slots(fresh, flavor, probe).items()}
     return {name: np.asarray(value, np.float32).reshape(-1, value.shape[-1])[0] for name, value in rows.items()}
+
+
+def _forget_in_graph(variables):
+    """Keeps the scratch variable and its slots out of TF1 Savers and initializers: their
+    content is scratch (every step assigns it before use) and their names are per process."""
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            return
+        graph = tf.compat.v1.get_default_graph()
+        for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
+            collection = graph.get_collection_ref(key)
+            collection[:] = [v for v in collection if not any(v is x for x in variables)]
 
 
 def _slot_table(table, slot_name, row):
@@ -167,6 +186,7 @@ class GenericSparseUpdater:
                 state.slots[slot_name] = (slot, store)
                 if self._tracker is not None:
                     self._tracker.track_slot(store)
+            _forget_in_graph([state.scratch] + list(found.values()))
 
     def _optimizer_slots(self, scratch):
         return optimizer_slots(self.optimizer, self.flavor, scratch)
@@ -251,9 +271,9 @@ class GenericSparseUpdater:
         with tf.control_dependencies([check]):
             summed = tf.math.unsorted_segment_sum(values, position, n)
             padding = [[0, cap - n], [0, 0]]
-            deps = [state.scratch.assign(tf.pad(table.sparse_read(unique, training=False), padding))]
+            deps = [assign(state.scratch, tf.pad(table.sparse_read(unique, training=False), padding))]
             for slot, store in state.slots.values():
-                deps.append(slot.assign(tf.pad(store.sparse_read(unique), padding)))
+                deps.append(assign(slot, tf.pad(store.sparse_read(unique), padding)))
         deps = [d for d in deps if isinstance(d, (tf.Operation, tf.Tensor))]
         gradient = tf.IndexedSlices(summed, tf.range(n), dense_shape=tf.constant([cap, dim], tf.int64))
 
