@@ -17,8 +17,8 @@ from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 
 
-def _dir_name(var):
-    name = getattr(var, "name", "table")
+def _dir_name(var, name=None):
+    name = name or getattr(var, "name", "table")
     name = name[:-2] if name.endswith(":0") else name
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
@@ -37,9 +37,8 @@ def _owned(keys, target, name):
 _SHARD = re.compile(r"rank(\d+)-of-(\d+)\.npz$")
 
 
-def _shard_files(path, var):
-    """The shard files of one complete dump of `var` (all ranks of one world size)."""
-    name = _dir_name(var)
+def _shard_files(path, name):
+    """The shard files of one complete dump of the variable `name` (all ranks of one world size)."""
     d = os.path.join(path, name)
     found = {}
     for f in glob.glob(os.path.join(d, "rank*-of-*.npz")):
@@ -96,10 +95,9 @@ def _ev_slots(shards, dim, name):
     return np.concatenate(parts), slot_kind, slot_init
 
 
-def _require_eager(what, variables):
+def _require_eager(what, names):
     if not tf.executing_eagerly():
         raise RuntimeError(f"sok.{what} runs eagerly (TF2); in TF1 graphs use tf.compat.v1.train.Saver")
-    names = [_dir_name(v) for v in variables]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(f"sok.{what}: several variables are named {twice}; each variable is stored under "
@@ -107,15 +105,16 @@ def _require_eager(what, variables):
 
 
 def _with_slots(variables, optimizer, create):
-    """[(variable, target_gpu)]: the variables, then the optimizer's slots of them (placed like
-    their variable). Slots stored in an Embedding Variable's rows are part of its shard anyway."""
-    entries = [(v, int(getattr(v, "target_gpu", -1))) for v in variables]
+    """[(variable, target_gpu, directory name)]: the variables, then the optimizer's slots of them
+    ("<variable>/<slot>", placed like their variable). Slots stored in an Embedding Variable's rows
+    are part of its shard anyway."""
+    entries = [(v, int(getattr(v, "target_gpu", -1)), _dir_name(v)) for v in variables]
     if optimizer is None:
         return entries
     if not hasattr(optimizer, "sok_slot_variables"):
         raise TypeError(f"sok.dump/load: optimizer must be a sok.OptimizerWrapper, got {type(optimizer).__name__}")
-    for slot, var in optimizer.sok_slot_variables(variables, create=create):
-        entries.append((slot, int(getattr(var, "target_gpu", -1))))
+    for slot, var, slot_name in optimizer.sok_slot_variables(variables, create=create):
+        entries.append((slot, int(getattr(var, "target_gpu", -1)), _dir_name(slot, f"{_dir_name(var)}/{slot_name}")))
     return entries
 
 
@@ -123,13 +122,13 @@ def dump(path, variables, optimizer=None):
     """Writes this rank's shard of each variable under `path`; with `optimizer` (a
     sok.OptimizerWrapper) also the optimizer's slots of them (each under its own name, e.g.
     "<table>/<slot>"). Slots stored in an Embedding Variable's rows are always included."""
+    _require_eager("dump", [])
     entries = _with_slots(list(variables), optimizer, create=False)
-    variables = [v for v, _ in entries]
-    _require_eager("dump", variables)
+    _require_eager("dump", [n for _, _, n in entries])
     rank, world = context.rank, context.world_size
     _barrier("sok_dump_start")  # no rank may still be reading a dump that rank 0 now replaces
-    for var, target in entries:
-        d = os.path.join(path, _dir_name(var))
+    for var, target, name in entries:
+        d = os.path.join(path, name)
         os.makedirs(d, exist_ok=True)
         if rank == 0:  # shards of an earlier dump with another world size would mix in at load
             for f in glob.glob(os.path.join(d, "rank*-of-*.npz")):
@@ -160,25 +159,24 @@ def _barrier(name):
 def load(path, variables, optimizer=None):
     """Reads every shard of each variable and keeps the keys this rank owns now; with `optimizer`
     also its slots of them (created first where they do not exist yet)."""
-    variables = list(variables)
-    _require_eager("load", variables)
-    entries = _with_slots(variables, optimizer, create=True)
-    _require_eager("load", [v for v, _ in entries])
-    for var, target in entries:
-        files = _shard_files(path, var)
-        shards = [_read_shard(f, _dir_name(var)) for f in files]
+    _require_eager("load", [])
+    entries = _with_slots(list(variables), optimizer, create=True)
+    _require_eager("load", [n for _, _, n in entries])
+    for var, target, name in entries:
+        files = _shard_files(path, name)
+        shards = [_read_shard(f, name) for f in files]
         dim = var.embedding_dim if isinstance(var, EmbeddingVariable) else int(var.shape[-1])
         for f, s in zip(files, shards):
             if int(s["dim"]) != dim:
-                raise ValueError(f"sok.load: '{_dir_name(var)}' has dimension {dim} but {f} holds "
+                raise ValueError(f"sok.load: '{name}' has dimension {dim} but {f} holds "
                                  f"dimension {int(s['dim'])}")
         keys = np.concatenate([s["keys"] for s in shards])
         values = np.concatenate([s["values"].reshape(-1, dim) for s in shards])
-        mine = _owned(keys, target, _dir_name(var))
+        mine = _owned(keys, target, name)
         if isinstance(var, EmbeddingVariable):
             # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
-            validation.check_key_dtype_fits(keys[mine], var.key_dtype, _dir_name(var), f"sok.load from {path}")
-            slots, slot_kind, slot_init = _ev_slots(shards, dim, _dir_name(var))
+            validation.check_key_dtype_fits(keys[mine], var.key_dtype, name, f"sok.load from {path}")
+            slots, slot_kind, slot_init = _ev_slots(shards, dim, name)
             var._restore_from_tensors({
                 "keys": tf.constant(keys[mine]), "values": tf.constant(values[mine]),
                 "slots": tf.constant(slots[mine]),
@@ -190,7 +188,7 @@ def load(path, variables, optimizer=None):
             local = keys[mine] // world if (target < 0 and world > 1) else keys[mine]
             current = var.numpy()
             if local.size and local.max() >= current.shape[0]:
-                raise ValueError(f"sok.load: '{_dir_name(var)}' holds row {int(local.max())} but the local "
+                raise ValueError(f"sok.load: '{name}' holds row {int(local.max())} but the local "
                                  f"shard has {current.shape[0]} rows")
             current[local] = values[mine]
             var.assign(current)

@@ -30,7 +30,10 @@ import tensorflow as tf
 from sparse_operation_kit import compat
 from sparse_operation_kit._ops import ops
 from sparse_operation_kit.embedding_variable import (
-    EmbeddingVariable, EmbeddingVariableOption, InitializerOption)
+    EmbeddingVariable,
+    EmbeddingVariableOption,
+    InitializerOption,
+)
 
 DEFAULT_MAX_TOUCHED_ROWS = 8192
 _uid = itertools.count()

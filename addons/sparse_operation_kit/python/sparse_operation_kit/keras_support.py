@@ -20,6 +20,7 @@ import tensorflow as tf
 from sparse_operation_kit import compat
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 from sparse_operation_kit.generic_optimizer import SlotStores
+from sparse_operation_kit.slots import HiddenFromCheckpointSlots
 
 
 def keras_is_v3():
@@ -274,7 +275,7 @@ def _sok_apply(updater, opt, sparse, dense, apply_dense):
             step.assign_add(1)
 
 
-class _SlotAccess:
+class _SlotAccess(HiddenFromCheckpointSlots):
     """get_slot / get_slot_names of the Keras wrappers (see sparse_operation_kit.slots)."""
 
     def get_slot(self, var, name):
@@ -286,7 +287,7 @@ class _SlotAccess:
         return slots.get_slot_names(self._opt, keras_optimizer_kind(self._opt), self._sok_updater)
 
     def sok_slot_variables(self, variables, create=False):
-        """[(slot, primary)] that sok.dump / sok.load store for `variables` (create: check that
+        """[(slot, primary, slot name)] that sok.dump / sok.load store for `variables` (create: check that
         they exist; a Keras optimizer creates its slots when it is built)."""
         from sparse_operation_kit import slots
         kind = keras_optimizer_kind(self._opt)

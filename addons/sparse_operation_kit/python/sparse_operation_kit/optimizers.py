@@ -1,5 +1,6 @@
 """Optimizers for SOK variables: fused sparse updates of the touched Embedding Variable rows and
-their co-located slots; everything else goes to the wrapped TensorFlow/Keras optimizer."""
+their co-located slots, or the generic path (generic_optimizer) for optimizers without a fused
+kernel; dense variables go to the wrapped TensorFlow/Keras optimizer."""
 import tensorflow as tf
 
 from sparse_operation_kit import compat, generic_optimizer, slots
@@ -162,12 +163,14 @@ class _WrapperType(type(compat.AutoTrackable)):
         return super().__instancecheck__(obj)
 
 
-class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
+class OptimizerWrapper(slots.HiddenFromCheckpointSlots, compat.AutoTrackable, metaclass=_WrapperType):
     """Wraps a tf.compat.v1.train or Keras (3 or tf_keras) optimizer: SOK Embedding Variables get
     the fused sparse update of the same optimizer, other variables the wrapped optimizer.
 
-    Supported for Embedding Variables: SGD (no momentum), Adagrad, Adam (lazy: only touched rows
-    move), FTRL.
+    Fused kernels for Embedding Variables: SGD (no momentum), Adagrad, Adam (lazy: only touched
+    rows move), FTRL. Every other optimizer runs its own update on the touched rows through a
+    scratch variable of `max_touched_rows` rows (see generic_optimizer); its slots are Embedding
+    Variables keyed like the table (`get_slot`).
 
     Wrapping a Keras 3 or tf_keras optimizer gives a Keras optimizer (a subclass of Keras's
     Optimizer, registered as "sok>OptimizerWrapper"), so `model.compile(optimizer=
@@ -218,7 +221,7 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
         return slots.get_slot_names(self._opt, self._flavor, self._updater)
 
     def sok_slot_variables(self, variables, create=False):
-        """[(slot, primary)] that sok.dump / sok.load store for `variables` (create: make missing
+        """[(slot, primary, slot name)] that sok.dump / sok.load store for `variables` (create: make missing
         slots first)."""
         if create:
             slots.prepare_slots(self._opt, self._flavor, self._updater, variables)

@@ -47,6 +47,15 @@ class RowSlot:
         return f"<sok.RowSlot '{self.name}' of '{self.table.name}'>"
 
 
+class HiddenFromCheckpointSlots:
+    """tf.train.Checkpoint treats an object whose dir() lists `get_slot_names` as an optimizer and
+    saves what its get_slot returns as slot variables; a wrapper's slots are saved already (by
+    the wrapped optimizer, and the slot stores), so its dir() leaves the method out."""
+
+    def __dir__(self):
+        return [n for n in super().__dir__() if n != "get_slot_names"]
+
+
 def _fused_kind(updater):
     return getattr(updater, "kind", None)
 
@@ -79,9 +88,7 @@ def get_slot_names(optimizer, flavor, updater):
 
 def optimizer_variables(optimizer, flavor, updater):
     from sparse_operation_kit import generic_optimizer
-    if flavor == "v1":
-        own = optimizer.variables()
-    elif flavor == "keras_legacy":
+    if flavor == "v1" or flavor == "keras_legacy":
         own = optimizer.variables()
     else:
         own = list(optimizer.variables)
@@ -112,7 +119,7 @@ def prepare_slots(optimizer, flavor, updater, variables):
 
 
 def slot_variables(optimizer, flavor, updater, variables):
-    """[(slot variable, its primary)] of `variables` that sok.dump/load store beside them: slot
+    """[(slot variable, its primary, slot name)] of `variables` that sok.dump/load store: slot
     tables of the generic path and dense variables' slots (slots in a table's rows travel with
     the table)."""
     out = []
@@ -121,5 +128,5 @@ def slot_variables(optimizer, flavor, updater, variables):
         for name in names:
             slot = get_slot(optimizer, flavor, updater, var, name)
             if slot is not None and not isinstance(slot, RowSlot):
-                out.append((slot, var))
+                out.append((slot, var, name))
     return out
