@@ -17,8 +17,8 @@ from sparse_operation_kit.embedding_variable import (
     InitializerOption,
     L2WeightEvict,
     StorageOption,
-    get_embedding_variable,
 )
+from sparse_operation_kit.get_variable import get_embedding_variable
 from sparse_operation_kit.group_embedding import group_embedding_lookup_sparse
 from sparse_operation_kit.layers import Embedding, SparseEmbedding
 from sparse_operation_kit.lookup import (

@@ -20,8 +20,6 @@ TF_VERSION = tf.__version__
 # A checkpoint-trackable base for optimizer wrappers: tf.Module would also do, but its `name` and
 # `variables` attributes would shadow those of the wrapped optimizer.
 AutoTrackable = tf.__internal__.tracking.AutoTrackable
-# A checkpointable object that tracks no attributes (a partitioned table saves its parts itself).
-Trackable = tf.__internal__.tracking.Trackable
 
 # tf.Variable's concrete class: tf.Variable itself cannot be subclassed into a working variable,
 # so sok.Variable's StaticTable (and tf_keras's gradient carriers) subclass this one.
@@ -57,6 +55,21 @@ class TableResource(tf.saved_model.experimental.TrackableResource):
     def _gather_saveables_for_checkpoint(self):
         # tf.compat.v1.train.Saver names tensors by variable ("<name>/keys", ...); the key
         # "VARIABLE_VALUE" makes a Saver({"key": var}) use "key/keys", as for variables.
+        return {"VARIABLE_VALUE": lambda name=self.name: _NamedTensorsSaveable(self, name)}
+
+
+class TensorsTrackable(tf.__internal__.tracking.Trackable):
+    """A checkpointable object (no resource of its own, e.g. a partitioned table whose parts are
+    resources) with TableResource's public hooks: checkpoint_tensors(),
+    restore_checkpoint_tensors(tensors) and name."""
+
+    def _serialize_to_tensors(self):
+        return self.checkpoint_tensors()
+
+    def _restore_from_tensors(self, restored_tensors):
+        return self.restore_checkpoint_tensors(restored_tensors)
+
+    def _gather_saveables_for_checkpoint(self):
         return {"VARIABLE_VALUE": lambda name=self.name: _NamedTensorsSaveable(self, name)}
 
 
@@ -107,14 +120,26 @@ def v1_optimizer_hyperparameters(opt):
                         "epsilon": opt._epsilon}
     if name == "FtrlOptimizer":
         if opt._l2_shrinkage_regularization_strength:
-            raise ValueError("sok.OptimizerWrapper: FTRL's l2_shrinkage_regularization_strength is "
-                             "not supported for SOK variables")
+            return None, None  # no fused kernel: the generic path runs TensorFlow's own update
         return Optimizer.FTRL, {"learning_rate": opt._learning_rate,
                         "initial_accumulator": opt._initial_accumulator_value,
                         "lr_power": opt._learning_rate_power,
                         "l1": opt._l1_regularization_strength,
                         "l2": opt._l2_regularization_strength, "beta": opt._beta}
     return None, None
+
+
+def v1_create_slots(opt, var_list):
+    """Has a tf.compat.v1.train optimizer create its slots for `var_list` now (apply_gradients
+    would, too late for the generic path, which fills them before the update)."""
+    with tf.init_scope():
+        opt._create_slots(var_list)
+
+
+def keras_legacy_create_slots(opt, var_list):
+    """The same for a tf_keras.optimizers.legacy optimizer."""
+    with tf.init_scope():
+        opt._create_all_weights(var_list)
 
 
 def registered_kernel_devices(op_type):

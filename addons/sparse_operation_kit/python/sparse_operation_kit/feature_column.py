@@ -18,7 +18,8 @@ import collections
 
 import tensorflow as tf
 
-from sparse_operation_kit.embedding_variable import EmbeddingVariableOption, get_embedding_variable
+from sparse_operation_kit.embedding_variable import EmbeddingVariableOption
+from sparse_operation_kit.get_variable import get_embedding_variable
 from sparse_operation_kit.lookup import lookup_sparse
 
 _STRING_BUCKETS = 2**63 - 1

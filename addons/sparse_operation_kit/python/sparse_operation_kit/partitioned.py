@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from sparse_operation_kit import compat, exchange
 from sparse_operation_kit._ops import ops
-from sparse_operation_kit.embedding_variable import SOK_VARIABLES, EmbeddingVariable
+from sparse_operation_kit.embedding_variable import SOK_VARIABLES
+from sparse_operation_kit.schema import EXPORT_FIELDS
 
 PARTITIONED_VARIABLES = "sok_partitioned_embedding_variables"
 DEEPREC_KEY_BUCKETS = 1000
@@ -26,7 +27,7 @@ DEEPREC_KEY_BUCKETS = 1000
 _PARTITIONER_ROWS = 2**31 - 1
 
 
-class PartitionedEmbeddingVariable(compat.Trackable):
+class PartitionedEmbeddingVariable(compat.TensorsTrackable):
     """n Embedding Variables acting as one table (see the module docstring). Iterating gives the
     parts, as iterating DeepRec's partitioned variable does."""
 
@@ -223,13 +224,13 @@ class PartitionedEmbeddingVariable(compat.Trackable):
             )
 
     # --- checkpoints: one table, whatever the number of parts -----------------------------------
-    _CKPT_FIELDS = EmbeddingVariable._CKPT_FIELDS
+    # compat.TensorsTrackable's hooks: saved as one table's fields ("<name>/keys", ...), restored
+    # into any number of parts.
+    def checkpoint_tensors(self):
+        return dict(zip(EXPORT_FIELDS, self.export(), strict=True))
 
-    def _serialize_to_tensors(self):
-        return dict(zip(self._CKPT_FIELDS, self.export()))
-
-    def _restore_from_tensors(self, restored_tensors):
-        t = [restored_tensors[f] for f in self._CKPT_FIELDS]
+    def restore_checkpoint_tensors(self, tensors):
+        t = [tensors[f] for f in EXPORT_FIELDS]
         keys = t[0]  # the part's restore checks that they fit its key dtype
         part = self.partition_index(keys)
         n = len(self._parts)
@@ -237,11 +238,8 @@ class PartitionedEmbeddingVariable(compat.Trackable):
         restores = []
         for i, p in enumerate(self._parts):
             fields = [rows[i] for rows in per_row] + [t[5], t[6]]
-            restores.append(p._restore_from_tensors(dict(zip(self._CKPT_FIELDS, fields))))
+            restores.append(p.import_snapshot(dict(zip(EXPORT_FIELDS, fields, strict=True))))
         return tf.group(*restores)
-
-    def _gather_saveables_for_checkpoint(self):
-        return {"VARIABLE_VALUE": lambda name=self._name: _PartitionedSaveable(self, name)}
 
     def to_proto(self, export_scope=None):
         return None  # see EmbeddingVariable.to_proto
@@ -251,18 +249,6 @@ class PartitionedEmbeddingVariable(compat.Trackable):
             f"<sok.PartitionedEmbeddingVariable '{self._name}' parts={len(self._parts)} "
             f"dim={self.embedding_dim} key_dtype={self.key_dtype.name}>"
         )
-
-
-class _PartitionedSaveable(compat.SaveableObject):
-    def __init__(self, var, name):
-        self._var = var
-        specs = [
-            compat.SaveSpec(t, "", f"{name}/{f}") for f, t in zip(var._CKPT_FIELDS, var.export())
-        ]
-        super().__init__(var, specs, name)
-
-    def restore(self, restored_tensors, restored_shapes):
-        return self._var._restore_from_tensors(dict(zip(self._var._CKPT_FIELDS, restored_tensors)))
 
 
 def is_partitioned(v):

@@ -1,0 +1,96 @@
+"""DeepRec's tf.get_embedding_variable on stock TensorFlow: an Embedding Variable, or with a
+partitioner a partitioned one, reused through variable scopes."""
+
+import tensorflow as tf
+
+from sparse_operation_kit import partitioned
+from sparse_operation_kit.embedding_variable import SOK_VARIABLES, EmbeddingVariable
+
+
+def get_embedding_variable(
+    name,
+    embedding_dim,
+    key_dtype=tf.int64,
+    value_dtype=tf.float32,
+    initializer=None,
+    regularizer=None,
+    trainable=True,
+    collections=None,
+    caching_device=None,
+    partitioner=None,
+    validate_shape=True,
+    custom_getter=None,
+    constraint=None,
+    steps_to_live=None,
+    init_data_source=None,
+    ev_option=None,
+):
+    """DeepRec's tf.get_embedding_variable on stock TensorFlow.
+
+    `partitioner` (or the variable scope's): a sok.PartitionedEmbeddingVariable of n parts
+    "name/part_i" acting as one table; key k lives in part (k mod 1000) mod n, DeepRec's rule
+    (see sparse_operation_kit.partitioned). Placement over Horovod workers is `var.target_gpu`
+    (-1 spreads rows over all ranks, k puts the table on rank k). The variable is reused when a
+    variable scope with reuse asks for the same name again.
+    """
+    scope = tf.compat.v1.get_variable_scope()
+    full_name = f"{scope.name}/{name}" if scope.name else name
+    partitioner = partitioner if partitioner is not None else scope.partitioner
+    if partitioner is not None:
+        if not tf.executing_eagerly():
+            existing = partitioned.find(tf.compat.v1.get_default_graph(), full_name)
+            if existing is not None:
+                if not scope.reuse:
+                    raise ValueError(
+                        f"Embedding Variable '{full_name}' already exists; use a variable_scope "
+                        "with reuse=True (or tf.AUTO_REUSE) to share it"
+                    )
+                if existing.embedding_dim != int(embedding_dim):
+                    raise ValueError(
+                        f"Embedding Variable '{full_name}' has dimension {existing.embedding_dim}, "
+                        f"not {embedding_dim}"
+                    )
+                return existing
+
+        def make_part(part_name, part_collections):
+            return EmbeddingVariable(
+                part_name,
+                embedding_dim,
+                key_dtype=key_dtype,
+                value_dtype=value_dtype,
+                initializer=initializer,
+                trainable=trainable,
+                ev_option=ev_option,
+                steps_to_live=steps_to_live,
+                collections=part_collections,
+            )
+
+        return partitioned.create(
+            full_name, embedding_dim, partitioner, make_part, trainable, collections
+        )
+    if not tf.executing_eagerly():
+        graph = tf.compat.v1.get_default_graph()
+        for v in graph.get_collection(SOK_VARIABLES):
+            if isinstance(v, EmbeddingVariable) and v.name == full_name:
+                if scope.reuse:
+                    if v.embedding_dim != int(embedding_dim):
+                        raise ValueError(
+                            f"Embedding Variable '{full_name}' has dimension {v.embedding_dim}, "
+                            f"not {embedding_dim}"
+                        )
+                    return v
+                raise ValueError(
+                    f"Embedding Variable '{full_name}' already exists; use a variable_scope "
+                    "with reuse=True (or tf.AUTO_REUSE) to share it"
+                )
+    return EmbeddingVariable(
+        full_name,
+        embedding_dim,
+        key_dtype=key_dtype,
+        value_dtype=value_dtype,
+        initializer=initializer,
+        trainable=trainable,
+        ev_option=ev_option,
+        steps_to_live=steps_to_live,
+        collections=collections,
+    )
