@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import subprocess_env, unique_name
+from conftest import TEST_DEVICE, subprocess_env, unique_name
 
 import sparse_operation_kit as sok
 
@@ -200,10 +200,16 @@ def test_keras_file_round_trip_is_bit_exact(tmp_path, layer):
     assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations)
     for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    # Both go on training identically (slots and step restored).
+    # Both go on training identically (slots and step restored): to the bit on the CPU; on the
+    # GPU the backward sums rows with atomics (unless op determinism is on), so to float precision.
     model.fit(train, epochs=1, verbose=0, shuffle=False)
     loaded.fit(train, epochs=1, verbose=0, shuffle=False)
-    assert_tables_bit_equal(emb.embedding_variables[0], layer.embedding_variables[0])
+    if TEST_DEVICE == "gpu":
+        for x, y in zip(table_state(emb.embedding_variables[0]),
+                        table_state(layer.embedding_variables[0])):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+    else:
+        assert_tables_bit_equal(emb.embedding_variables[0], layer.embedding_variables[0])
 
 
 def test_save_weights_round_trip_is_bit_exact(tmp_path):

@@ -42,7 +42,8 @@ def serve_in_fresh_process(tmp_path, export_dir, inputs):
     }
     (tmp_path / "args.json").write_text(json.dumps(args))
     (tmp_path / "serve.py").write_text(SERVE_WITHOUT_SOK)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # The script's import blocker keeps SOK out whatever the path (TensorFlow may come from it).
+    env = {k: v for k, v in os.environ.items() if k != "SOK_OPS_LIBRARY"}
     done = subprocess.run(
         [sys.executable, str(tmp_path / "serve.py"), str(tmp_path / "args.json")],
         env=env,

@@ -202,7 +202,11 @@ class GenericSparseUpdater:
             if id(table) in self._tables:
                 continue
             self._check_table(table)
-            with tf.init_scope():
+            # tf.compat.v1 and tf_keras legacy optimizers update through TF kernels that exist
+            # for the CPU only (ResourceSparseApplyMomentum, ...RMSProp, ...AdagradDA, ...): their
+            # scratch (and so their update) lives on the CPU; Keras's own updates run anywhere.
+            device = "/CPU:0" if self.flavor in ("v1", "keras_legacy") else None
+            with tf.init_scope(), tf.device(device):
                 scratch = tf.Variable(
                     tf.zeros([self.capacity, table.embedding_dim]),
                     trainable=False,
