@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from sparse_operation_kit import feature_column, layers
 from sparse_operation_kit import meta_graph as _meta_graph  # noqa: F401  registers EV meta graph protos
+from sparse_operation_kit.communication import set_comm_tool
 from sparse_operation_kit.context import init, num_ranks, rank
 from sparse_operation_kit.devices import gpu_kernels_built, kernel_run_counts
 from sparse_operation_kit.dump import dump, load
@@ -29,10 +30,17 @@ from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variab
 from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
 from sparse_operation_kit.serving import save_stock_saved_model
 from sparse_operation_kit.tables import StaticTable
-from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
-from sparse_operation_kit.version import __version__
+from sparse_operation_kit.variables import (
+    DistributedVariable,
+    DynamicVariable,
+    LocalizedVariable,
+    Variable,
+    assign,
+    export,
+)
+from sparse_operation_kit.version import __version__, parse_tf_version
 
-tf_version = tf.__version__
+tf_version = parse_tf_version(tf.__version__)  # [major, minor, patch] as in SOK 2.x
 
 __all__ = [
     "init",
@@ -57,6 +65,9 @@ __all__ = [
     "filter_variables",
     "Variable",
     "DynamicVariable",
+    "DistributedVariable",
+    "LocalizedVariable",
+    "set_comm_tool",
     "StaticTable",
     "export",
     "assign",
