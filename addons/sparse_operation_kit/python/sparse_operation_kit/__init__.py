@@ -19,8 +19,14 @@ from sparse_operation_kit.embedding_variable import (
     L2WeightEvict,
     StorageOption,
 )
+from sparse_operation_kit.eviction import sparse_read_and_evict
 from sparse_operation_kit.get_variable import get_embedding_variable
 from sparse_operation_kit.group_embedding import group_embedding_lookup_sparse
+from sparse_operation_kit.incremental import (
+    incremental_model_dump,
+    incremental_model_load,
+    update_step,
+)
 from sparse_operation_kit.layers import Embedding, SparseEmbedding
 from sparse_operation_kit.lookup import (
     all2all_dense_embedding,
@@ -75,6 +81,10 @@ __all__ = [
     "all2all_dense_embedding",
     "dump",
     "load",
+    "incremental_model_dump",
+    "incremental_model_load",
+    "update_step",
+    "sparse_read_and_evict",
     "layers",
     "Embedding",
     "SparseEmbedding",
