@@ -4,6 +4,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sparse_operation_kit import compat
+from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import (
     EmbeddingVariable,
     EmbeddingVariableOption,
@@ -138,6 +139,15 @@ class DynamicVariable(EmbeddingVariable):
     @property
     def initializer_str(self):
         return self._initializer_text
+
+    @property
+    def num_gpus(self):
+        """The number of ranks the table's rows are spread over (SOK 2.x: GPUs)."""
+        return context.world_size
+
+    def is_static(self):
+        """Always False: the table stays a hash table (to_static is not supported)."""
+        return False
 
     def _keys(self, indices):
         # SOK 2.x casts int32 ids (e.g. a Python list given to tf.nn.embedding_lookup) to int64
