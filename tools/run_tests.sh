@@ -7,6 +7,10 @@ VPY="$PWD/.venv/bin/python"
 export PATH="$PWD/.venv/bin:$PATH"
 export TF_CPP_MIN_LOG_LEVEL=2
 
+echo "== Lint: ruff (Python, ruff.toml) and clang-format (C++/CUDA, .clang-format)"
+bash tools/lint_python.sh
+bash tools/lint_cpp.sh
+
 echo "== C++ core (bazel test)"
 bazel test --noshow_progress --ui_event_filters=-info //tests/core/...
 

@@ -5,8 +5,9 @@
 // the batches cycle so keys do not come in the order their rows were inserted.
 //
 //   (from the repository root; Bazel builds the core with -O3 -fno-math-errno too)
-//   g++ -O3 -fno-math-errno -std=c++17 -I. -pthread -o /tmp/core_bench benchmarks/embedding/core_bench.cc addons/sparse_operation_kit/core/*.cc
-//   /tmp/core_bench [uniform|powerlaw] [steps] [threads]
+//   g++ -O3 -fno-math-errno -std=c++17 -I. -pthread -o /tmp/core_bench
+//   benchmarks/embedding/core_bench.cc addons/sparse_operation_kit/core/*.cc /tmp/core_bench
+//   [uniform|powerlaw] [steps] [threads]
 //
 // Prints the smallest time per step of each phase (1 thread: thread CPU time; more: wall time).
 #include <algorithm>
@@ -121,7 +122,8 @@ int main(int argc, char** argv) {
           x = static_cast<int64_t>(rng() % kVocab);
         } else {
           const double u = std::uniform_real_distribution<double>(0, total)(rng);
-          x = perm[std::min<int64_t>(kVocab - 1, std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin())];
+          x = perm[std::min<int64_t>(kVocab - 1,
+                                     std::lower_bound(cdf.begin(), cdf.end(), u) - cdf.begin())];
         }
       }
       field.push_back(std::move(k));

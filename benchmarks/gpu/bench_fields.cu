@@ -36,7 +36,7 @@
 
 #include "addons/sparse_operation_kit/core/common.h"
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "harness/gpu/cuda_util.h"
 
 using namespace sok;       // NOLINT
 using namespace sok::gpu;  // NOLINT
@@ -100,9 +100,11 @@ Header read_header(const std::string& dir) {
   if (kv.count("default_value_dim")) h.default_value_dim = std::stoll(one("default_value_dim"));
   if (kv.count("seed")) h.seed = std::stoull(one("seed"));
   h.dists = kv["dists"];
-  if (h.fields <= 0 || h.batch <= 0 || h.dim <= 0 || h.vocab <= 0 || h.num_batches <= 0 || h.dists.empty())
+  if (h.fields <= 0 || h.batch <= 0 || h.dim <= 0 || h.vocab <= 0 || h.num_batches <= 0 ||
+      h.dists.empty())
     die(path + ": fields, batch, dim, vocab, num_batches must be positive and dists non-empty");
-  if (h.optimizer != "adagrad") die(path + ": optimizer '" + h.optimizer + "' (only adagrad is timed here)");
+  if (h.optimizer != "adagrad")
+    die(path + ": optimizer '" + h.optimizer + "' (only adagrad is timed here)");
   return h;
 }
 
@@ -132,10 +134,13 @@ HostIds read_ids(const std::string& dir, const Header& h, const std::string& dis
   d.splits.resize(h.num_batches);
   for (int64_t b = 0; b < h.num_batches; ++b) {
     for (int64_t f = 0; f < h.fields; ++f) {
-      const std::string stem = dir + "/" + dist + "_b" + std::to_string(b) + "_f" + std::to_string(f);
+      const std::string stem =
+          dir + "/" + dist + "_b" + std::to_string(b) + "_f" + std::to_string(f);
       std::vector<int64_t> ids = read_i64(stem + "_ids.bin"), sp = read_i64(stem + "_splits.bin");
-      if (static_cast<int64_t>(sp.size()) != h.batch + 1) die(stem + "_splits.bin: want batch + 1 entries");
-      if (sp[0] != 0 || sp[h.batch] != static_cast<int64_t>(ids.size())) die(stem + ": row_splits do not span the ids");
+      if (static_cast<int64_t>(sp.size()) != h.batch + 1)
+        die(stem + "_splits.bin: want batch + 1 entries");
+      if (sp[0] != 0 || sp[h.batch] != static_cast<int64_t>(ids.size()))
+        die(stem + ": row_splits do not span the ids");
       for (int64_t i = 0; i < h.batch; ++i)
         if (sp[i + 1] < sp[i]) die(stem + "_splits.bin: not ascending");
       for (int64_t x : ids)
@@ -154,8 +159,8 @@ cudaStream_t g_s;
 __global__ void k_fill_random(float* p, size_t n, uint64_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    p[i] = static_cast<float>(static_cast<int64_t>(sok::mix64(seed ^ i) >> 40) - (1 << 23)) * (1.0f / (1 << 23)) *
-           1e-3f;
+    p[i] = static_cast<float>(static_cast<int64_t>(sok::mix64(seed ^ i) >> 40) - (1 << 23)) *
+           (1.0f / (1 << 23)) * 1e-3f;
 }
 
 struct FieldBufs {
@@ -164,7 +169,8 @@ struct FieldBufs {
   DevBuf<float> rows, grad, out;
 };
 
-void run_dist(const Header& h, const std::string& dist, const HostIds& hid, int warmup, int steps, bool breakdown) {
+void run_dist(const Header& h, const std::string& dist, const HostIds& hid, int warmup, int steps,
+              bool breakdown) {
   const int64_t nb = h.num_batches, nf = h.fields, dim = h.dim, batch = h.batch;
   // Device copies of every batch (ids and row_splits per field).
   std::vector<std::vector<DevBuf<int64_t>>> ids(nb), splits(nb);
@@ -211,12 +217,12 @@ void run_dist(const Header& h, const std::string& dist, const HostIds& hid, int 
 
   // The phases of field f on batch b.
   auto dedup = [&](int64_t b, int64_t f) {
-    SOK_OK(unique_keys<int64_t>(ids[b][f].get(), n[b][f], fb[f].uniq.get(), fb[f].inverse.get(), fb[f].counts.get(),
-                                fb[f].num.get(), g_s));
+    SOK_OK(unique_keys<int64_t>(ids[b][f].get(), n[b][f], fb[f].uniq.get(), fb[f].inverse.get(),
+                                fb[f].counts.get(), fb[f].num.get(), g_s));
   };
   auto lookup = [&](int64_t b, int64_t f) {
-    SOK_OK(tables[f]->find_or_insert(fb[f].uniq.get(), n[b][f], fb[f].rows.get(), fb[f].counts.get(), g_s,
-                                     fb[f].num.get()));
+    SOK_OK(tables[f]->find_or_insert(fb[f].uniq.get(), n[b][f], fb[f].rows.get(),
+                                     fb[f].counts.get(), g_s, fb[f].num.get()));
   };
   auto seg = [&](int64_t b, int64_t f) {
     Segments s;
@@ -224,19 +230,20 @@ void run_dist(const Header& h, const std::string& dist, const HostIds& hid, int 
     return s;
   };
   auto forward = [&](int64_t b, int64_t f) {
-    SOK_OK(pooled_forward(fb[f].rows.get(), dim, n[b][f], fb[f].inverse.get(), seg(b, f), nullptr, n[b][f], batch,
-                          Combiner::kSum, fb[f].out.get(), g_s));
+    SOK_OK(pooled_forward(fb[f].rows.get(), dim, n[b][f], fb[f].inverse.get(), seg(b, f), nullptr,
+                          n[b][f], batch, Combiner::kSum, fb[f].out.get(), g_s));
   };
   auto backward = [&](int64_t b, int64_t f) {
-    SOK_OK(pooled_backward(gout.get(), dim, fb[f].inverse.get(), seg(b, f), nullptr, n[b][f], batch, Combiner::kSum,
-                           n[b][f], fb[f].num.get(), fb[f].grad.get(), g_s));
+    SOK_OK(pooled_backward(gout.get(), dim, fb[f].inverse.get(), seg(b, f), nullptr, n[b][f], batch,
+                           Combiner::kSum, n[b][f], fb[f].num.get(), fb[f].grad.get(), g_s));
   };
   auto update = [&](int64_t b, int64_t f) {
     p.step = global_step;
-    SOK_OK(tables[f]->apply_gradients(fb[f].uniq.get(), n[b][f], fb[f].grad.get(), p, global_step, g_s, true,
-                                      fb[f].num.get()));
+    SOK_OK(tables[f]->apply_gradients(fb[f].uniq.get(), n[b][f], fb[f].grad.get(), p, global_step,
+                                      g_s, true, fb[f].num.get()));
   };
-  const std::vector<std::function<void(int64_t, int64_t)>> phases = {dedup, lookup, forward, backward, update};
+  const std::vector<std::function<void(int64_t, int64_t)>> phases = {dedup, lookup, forward,
+                                                                     backward, update};
   auto step = [&](int64_t k) {
     const int64_t b = k % nb;
     ++global_step;
@@ -303,10 +310,12 @@ void run_dist(const Header& h, const std::string& dist, const HostIds& hid, int 
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaEventDestroy(e0));
   CUDA_OK(cudaEventDestroy(e1));
-  std::printf("HARNESS dist=%s fields=%lld batch=%lld dim=%lld vocab=%lld step_ms=%.4f min_ms=%.4f warmup=%d steps=%d "
-              "ids=%lld unique=%lld table_keys=%lld%s\n",
-              dist.c_str(), (long long)nf, (long long)batch, (long long)dim, (long long)h.vocab, step_ms, min_ms,
-              warmup, steps, (long long)last_n, (long long)uniq, (long long)keys, parts.c_str());
+  std::printf(
+      "HARNESS dist=%s fields=%lld batch=%lld dim=%lld vocab=%lld step_ms=%.4f min_ms=%.4f "
+      "warmup=%d steps=%d "
+      "ids=%lld unique=%lld table_keys=%lld%s\n",
+      dist.c_str(), (long long)nf, (long long)batch, (long long)dim, (long long)h.vocab, step_ms,
+      min_ms, warmup, steps, (long long)last_n, (long long)uniq, (long long)keys, parts.c_str());
   std::fflush(stdout);
 }
 
@@ -314,10 +323,11 @@ void run_dist(const Header& h, const std::string& dist, const HostIds& hid, int 
 
 int main(int argc, char** argv) {
   if (argc < 2 || argv[1][0] == '-') {
-    std::fprintf(stderr,
-                 "usage: %s DIR [--warmup N] [--steps N] [--dists a,b] [--no-breakdown] [--parse-only]\n"
-                 "  DIR: what `benchmarks/embedding/run.py --dump-ids DIR` wrote\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s DIR [--warmup N] [--steps N] [--dists a,b] [--no-breakdown] [--parse-only]\n"
+        "  DIR: what `benchmarks/embedding/run.py --dump-ids DIR` wrote\n",
+        argv[0]);
     return 1;
   }
   const std::string dir = argv[1];
@@ -355,11 +365,13 @@ int main(int argc, char** argv) {
   for (const std::string& dist : dists) {
     const HostIds hid = read_ids(dir, h, dist);
     if (parse_only) {
-      std::printf("HARNESS_INPUT dist=%s fields=%lld batch=%lld dim=%lld vocab=%lld num_batches=%lld ids=%lld "
-                  "max_ids_per_field=%lld optimizer=%s lr=%g initial_accumulator=%g ok\n",
-                  dist.c_str(), (long long)h.fields, (long long)h.batch, (long long)h.dim, (long long)h.vocab,
-                  (long long)h.num_batches, (long long)hid.total_ids, (long long)hid.max_n, h.optimizer.c_str(), h.lr,
-                  h.initial_accumulator);
+      std::printf(
+          "HARNESS_INPUT dist=%s fields=%lld batch=%lld dim=%lld vocab=%lld num_batches=%lld "
+          "ids=%lld "
+          "max_ids_per_field=%lld optimizer=%s lr=%g initial_accumulator=%g ok\n",
+          dist.c_str(), (long long)h.fields, (long long)h.batch, (long long)h.dim,
+          (long long)h.vocab, (long long)h.num_batches, (long long)hid.total_ids,
+          (long long)hid.max_n, h.optimizer.c_str(), h.lr, h.initial_accumulator);
       continue;
     }
     run_dist(h, dist, hid, warmup, steps, breakdown);

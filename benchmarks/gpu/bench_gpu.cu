@@ -21,11 +21,12 @@
 
 #include "addons/sparse_operation_kit/core/common.h"
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
-#include "addons/sparse_operation_kit/core/cuda/gpu_internal.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "harness/gpu/cuda_util.h"
+#include "harness/gpu/dense_lookup.h"
 
-using namespace sok;       // NOLINT
-using namespace sok::gpu;  // NOLINT
+using namespace sok;           // NOLINT
+using namespace sok::gpu;      // NOLINT
+using namespace sok::harness;  // NOLINT
 
 namespace {
 
@@ -57,8 +58,10 @@ double time_ms(const std::function<void(int)>& fn, int warm, int iters, int inne
 }
 
 __global__ void k_fill_random(float* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    p[i] = static_cast<float>(static_cast<int64_t>(sok::mix64(seed ^ i) >> 40) - (1 << 23)) * (1.0f / (1 << 23)) * 0.05f;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    p[i] = static_cast<float>(static_cast<int64_t>(sok::mix64(seed ^ i) >> 40) - (1 << 23)) *
+           (1.0f / (1 << 23)) * 0.05f;
 }
 
 // Distinct 64-bit keys: mix64 is a bijection.
@@ -69,7 +72,8 @@ __global__ void k_keys(int64_t* out, int64_t n, uint64_t base) {
 // Keys drawn (with repetition) from the first `pool` keys.
 __global__ void k_keys_from(int64_t* out, int64_t n, uint64_t pool, uint64_t salt) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = static_cast<int64_t>(sok::mix64(sok::mix64(salt ^ static_cast<uint64_t>(i)) % pool));
+  if (i < n)
+    out[i] = static_cast<int64_t>(sok::mix64(sok::mix64(salt ^ static_cast<uint64_t>(i)) % pool));
 }
 
 void fill_random(float* p, size_t n, uint64_t seed) {
@@ -114,9 +118,11 @@ void bench_copy() {
   CUDA_OK(cudaMalloc(&a, bytes));
   CUDA_OK(cudaMalloc(&b, bytes));
   fill_random(static_cast<float*>(a), bytes / 4, 1);
-  const double ms = time_ms([&](int) { CUDA_OK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_s)); }, 3, 15);
+  const double ms = time_ms(
+      [&](int) { CUDA_OK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_s)); }, 3, 15);
   g_copy_gbs = 2.0 * bytes / (ms * 1e-3) / 1e9;
-  std::printf("COPY d2d 4 GiB: %.3f ms -> %.0f GB/s (read + write) = the ceiling below\n", ms, g_copy_gbs);
+  std::printf("COPY d2d 4 GiB: %.3f ms -> %.0f GB/s (read + write) = the ceiling below\n", ms,
+              g_copy_gbs);
   CUDA_OK(cudaFree(a));
   CUDA_OK(cudaFree(b));
 }
@@ -148,18 +154,10 @@ void bench_static(const std::string& dir) {
       Segments sg;
       sg.row_splits = dsplits.get();
       auto run = [&](int k) {
-        SOK_OK(static_pooled_forward<int64_t>(table.get(), rows, dim, ids[k % sets].get(), sg, nullptr, n, batch,
-                                              Combiner::kSum, out.get(), err.get(), g_s));
+        SOK_OK(static_pooled_forward<int64_t>(table.get(), rows, dim, ids[k % sets].get(), sg,
+                                              nullptr, n, batch, Combiner::kSum, out.get(),
+                                              err.get(), g_s));
       };
-      // Both kernel variants, the default (tuning 0) last; the figure below is the default's.
-      for (int v : {1, 2, 3}) {
-        sok::gpu::detail::tuning().pooled_variant = v;
-        const double vms = time_ms(run, 5, 30, 10);
-        const double vb = n * 8.0 + n * dim * 4.0 + batch * dim * 4.0;
-        std::printf("  static pooled variant %d dist=%s dim=%lld: %.4f ms = %.1f%% of copy\n", v, pl ? "powerlaw" : "uniform",
-                    (long long)dim, vms, 100.0 * vb / (vms * 1e-3) / 1e9 / g_copy_gbs);
-      }
-      sok::gpu::detail::tuning().pooled_variant = 0;
       // Per call, 10 calls back to back per timed repetition (a training step launches its kernels
       // back to back too; a lone call also pays ~5-10 us of launch and drain).
       const double ms = time_ms(run, 5, 30, 10);
@@ -173,18 +171,23 @@ void bench_static(const std::string& dir) {
         std::vector<float> acc(dim, 0.f);
         for (int j = 0; j < hot; ++j) {
           std::vector<float> r(dim);
-          CUDA_OK(cudaMemcpy(r.data(), table.get() + hid[b * hot + j] * dim, dim * 4, cudaMemcpyDeviceToHost));
+          CUDA_OK(cudaMemcpy(r.data(), table.get() + hid[b * hot + j] * dim, dim * 4,
+                             cudaMemcpyDeviceToHost));
           for (int c = 0; c < dim; ++c) acc[c] += r[c];
         }
-        for (int c = 0; c < dim; ++c) maxerr = std::max(maxerr, (double)std::fabs(acc[c] - got[b * dim + c]));
+        for (int c = 0; c < dim; ++c)
+          maxerr = std::max(maxerr, (double)std::fabs(acc[c] - got[b * dim + c]));
       }
       const double bytes = n * 8.0 + n * dim * 4.0 + batch * dim * 4.0;
       const double gbs = bytes / (ms * 1e-3) / 1e9;
-      std::printf("STATIC_POOLED dist=%s dim=%lld: %.4f ms, %.0f GB/s = %.1f%% of copy (target >= 80%%: %s) "
-                  "[lone call %.4f ms = %.1f%%; distinct rows %lld of %lld ids; spot-check max |err| %.2g]\n",
-                  pl ? "powerlaw" : "uniform", (long long)dim, ms, gbs, 100.0 * gbs / g_copy_gbs,
-                  gbs >= 0.8 * g_copy_gbs ? "MET" : "MISSED", ms1, 100.0 * bytes / (ms1 * 1e-3) / 1e9 / g_copy_gbs,
-                  (long long)uniq, (long long)n, maxerr);
+      std::printf(
+          "STATIC_POOLED dist=%s dim=%lld: %.4f ms, %.0f GB/s = %.1f%% of copy (target >= 80%%: "
+          "%s) "
+          "[lone call %.4f ms = %.1f%%; distinct rows %lld of %lld ids; spot-check max |err| "
+          "%.2g]\n",
+          pl ? "powerlaw" : "uniform", (long long)dim, ms, gbs, 100.0 * gbs / g_copy_gbs,
+          gbs >= 0.8 * g_copy_gbs ? "MET" : "MISSED", ms1,
+          100.0 * bytes / (ms1 * 1e-3) / 1e9 / g_copy_gbs, (long long)uniq, (long long)n, maxerr);
     }
   }
   // Diagnostic: the same uniform ids sorted (rows read in address order, same bytes). If this runs
@@ -196,13 +199,16 @@ void bench_static(const std::string& dir) {
     Segments sg;
     sg.row_splits = dsplits.get();
     for (int64_t dim : {128, 64, 32}) {
-      const double ms = time_ms([&](int) {
-        SOK_OK(static_pooled_forward<int64_t>(table.get(), rows, dim, ids.get(), sg, nullptr, n, batch, Combiner::kSum,
-                                              out.get(), err.get(), g_s));
-      }, 3, 30, 10);
+      const double ms = time_ms(
+          [&](int) {
+            SOK_OK(static_pooled_forward<int64_t>(table.get(), rows, dim, ids.get(), sg, nullptr, n,
+                                                  batch, Combiner::kSum, out.get(), err.get(),
+                                                  g_s));
+          },
+          3, 30, 10);
       const double bytes = n * 8.0 + n * dim * 4.0 + batch * dim * 4.0;
-      std::printf("STATIC_POOLED_DIAG uniform ids SORTED dim=%lld: %.4f ms = %.1f%% of copy\n", (long long)dim, ms,
-                  100.0 * bytes / (ms * 1e-3) / 1e9 / g_copy_gbs);
+      std::printf("STATIC_POOLED_DIAG uniform ids SORTED dim=%lld: %.4f ms = %.1f%% of copy\n",
+                  (long long)dim, ms, 100.0 * bytes / (ms * 1e-3) / 1e9 / g_copy_gbs);
     }
   }
   // The SparseTensor layout (segment ids) costs one counting pass more.
@@ -213,16 +219,22 @@ void bench_static(const std::string& dir) {
     DevBuf<int64_t> ids = to_device(make_ids(n, rows, false, 77));
     Segments sg;
     sg.segment_ids = dseg.get();
-    const double ms = time_ms([&](int) {
-      SOK_OK(static_pooled_forward<int64_t>(table.get(), rows, 128, ids.get(), sg, nullptr, n, batch, Combiner::kSum,
-                                            out.get(), err.get(), g_s));
-    }, 3, 30, 10);
+    const double ms = time_ms(
+        [&](int) {
+          SOK_OK(static_pooled_forward<int64_t>(table.get(), rows, 128, ids.get(), sg, nullptr, n,
+                                                batch, Combiner::kSum, out.get(), err.get(), g_s));
+        },
+        3, 30, 10);
     const double bytes = n * 16.0 + n * 128 * 4.0 + batch * 128 * 4.0;
-    std::printf("STATIC_POOLED dist=uniform dim=128 layout=segment_ids: %.4f ms, %.0f GB/s = %.1f%% of copy "
-                "(bytes include the segment ids)\n", ms, bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / g_copy_gbs);
+    std::printf(
+        "STATIC_POOLED dist=uniform dim=128 layout=segment_ids: %.4f ms, %.0f GB/s = %.1f%% of "
+        "copy "
+        "(bytes include the segment ids)\n",
+        ms, bytes / (ms * 1e-3) / 1e9, 100.0 * bytes / (ms * 1e-3) / 1e9 / g_copy_gbs);
   }
-  Status st = check_lookup_error(err.get(), "static", g_s);
-  std::printf("STATIC_POOLED error record after all runs: %s\n", st.ok() ? "none" : st.message().c_str());
+  Status st = check_lookup_errors(err.get(), {"static"}, g_s);
+  std::printf("STATIC_POOLED error record after all runs: %s\n",
+              st.ok() ? "none" : st.message().c_str());
 }
 
 // (b) -------------------------------------------------------------------------------------------
@@ -243,7 +255,8 @@ void bench_table() {
   std::unique_ptr<GpuEmbeddingTable<int64_t>> t;
   SOK_OK(GpuEmbeddingTable<int64_t>::Create(cfg, opt, &t));
   const int64_t cap = t->capacity();
-  std::printf("TABLE capacity %lld slots, dim %lld, %lld keys per call\n", (long long)cap, (long long)dim, (long long)per_call);
+  std::printf("TABLE capacity %lld slots, dim %lld, %lld keys per call\n", (long long)cap,
+              (long long)dim, (long long)per_call);
   DevBuf<int64_t> chunk(per_call);
   DevBuf<float> out(per_call * dim);
   const int sets = 8;
@@ -270,52 +283,62 @@ void bench_table() {
       float ms = 0;
       CUDA_OK(cudaEventElapsedTime(&ms, a, b));
       inserted += m;
-      if (m == per_call && inserted > target - static_cast<int64_t>(0.1 * cap)) ins_ms.push_back(ms);
+      if (m == per_call && inserted > target - static_cast<int64_t>(0.1 * cap))
+        ins_ms.push_back(ms);
     }
     CUDA_OK(cudaEventDestroy(a));
     CUDA_OK(cudaEventDestroy(b));
     int64_t sz = 0;
     SOK_OK(t->size(&sz, g_s));
     if (sz != inserted || t->capacity() != cap) {
-      std::printf("TABLE ERROR: size %lld (want %lld), capacity %lld\n", (long long)sz, (long long)inserted, (long long)t->capacity());
+      std::printf("TABLE ERROR: size %lld (want %lld), capacity %lld\n", (long long)sz,
+                  (long long)inserted, (long long)t->capacity());
     }
     for (int k = 0; k < sets; ++k) {
-      k_keys_from<<<grid, 256, 0, g_s>>>(hits[k].get(), per_call, static_cast<uint64_t>(inserted), 99 + k);
+      k_keys_from<<<grid, 256, 0, g_s>>>(hits[k].get(), per_call, static_cast<uint64_t>(inserted),
+                                         99 + k);
       CUDA_OK(cudaGetLastError());
     }
     k_keys<<<grid, 256, 0, g_s>>>(miss.get(), per_call, static_cast<uint64_t>(1) << 62);
     CUDA_OK(cudaGetLastError());
-    sok::gpu::detail::tuning().find_min_blocks = 1;
-    const double find1_ms = time_ms([&](int k) { SOK_OK(t->find(hits[k % sets].get(), per_call, out.get(), g_s)); }, 5, 15, 8);
-    sok::gpu::detail::tuning().find_min_blocks = 0;
-    std::printf("  find variant without the register cap lf=%.2f: %.4f ms = %.2f G keys/s\n", lf, find1_ms,
-                per_call / (find1_ms * 1e-3) / 1e9);
-    const double find_ms = time_ms([&](int k) { SOK_OK(t->find(hits[k % sets].get(), per_call, out.get(), g_s)); }, 5, 15, 8);
-    const double foi_ms = time_ms([&](int k) {
-      SOK_OK(t->find_or_insert(hits[k % sets].get(), per_call, out.get(), nullptr, g_s));
-    }, 5, 15, 8);
-    const double miss_ms = time_ms([&](int) { SOK_OK(t->find(miss.get(), per_call, out.get(), g_s)); }, 3, 10, 4);
+    const double find_ms = time_ms(
+        [&](int k) { SOK_OK(t->find(hits[k % sets].get(), per_call, out.get(), g_s)); }, 5, 15, 8);
+    const double foi_ms = time_ms(
+        [&](int k) {
+          SOK_OK(t->find_or_insert(hits[k % sets].get(), per_call, out.get(), nullptr, g_s));
+        },
+        5, 15, 8);
+    const double miss_ms =
+        time_ms([&](int) { SOK_OK(t->find(miss.get(), per_call, out.get(), g_s)); }, 3, 10, 4);
     const double ins = median(ins_ms);
-    const double kf = per_call / (find_ms * 1e-3), kfi = per_call / (foi_ms * 1e-3), kins = per_call / (ins * 1e-3),
-                 km = per_call / (miss_ms * 1e-3);
+    const double kf = per_call / (find_ms * 1e-3), kfi = per_call / (foi_ms * 1e-3),
+                 kins = per_call / (ins * 1e-3), km = per_call / (miss_ms * 1e-3);
     // Bytes the find must move at least: key in, 32 B digest sector, 32 B key sector, row, row out.
     const double fbytes = per_call * (8.0 + 32 + 32 + dim * 4.0 + dim * 4.0);
-    std::printf("TABLE lf=%.2f size=%lld find (hits): %.4f ms = %.2f G keys/s (target >= 5.0: %s) "
-                "[%.0f GB/s counting key+digest+key sector+row+out]\n",
-                lf, (long long)sz, find_ms, kf / 1e9, kf >= 5e9 ? "MET" : "MISSED", fbytes / (find_ms * 1e-3) / 1e9);
-    std::printf("TABLE lf=%.2f find_or_insert (present keys): %.4f ms = %.2f G keys/s (target >= 3.0: %s)\n", lf,
-                foi_ms, kfi / 1e9, kfi >= 3e9 ? "MET" : "MISSED");
-    std::printf("TABLE lf=%.2f find_or_insert (all new keys, median of %zu calls while filling the last 0.1): "
-                "%.4f ms = %.2f G keys/s (target >= 3.0: %s)\n",
-                lf, ins_ms.size(), ins, kins / 1e9, kins >= 3e9 ? "MET" : "MISSED");
-    std::printf("TABLE lf=%.2f find (misses -> initial values): %.4f ms = %.2f G keys/s\n", lf, miss_ms, km / 1e9);
+    std::printf(
+        "TABLE lf=%.2f size=%lld find (hits): %.4f ms = %.2f G keys/s (target >= 5.0: %s) "
+        "[%.0f GB/s counting key+digest+key sector+row+out]\n",
+        lf, (long long)sz, find_ms, kf / 1e9, kf >= 5e9 ? "MET" : "MISSED",
+        fbytes / (find_ms * 1e-3) / 1e9);
+    std::printf(
+        "TABLE lf=%.2f find_or_insert (present keys): %.4f ms = %.2f G keys/s (target >= 3.0: "
+        "%s)\n",
+        lf, foi_ms, kfi / 1e9, kfi >= 3e9 ? "MET" : "MISSED");
+    std::printf(
+        "TABLE lf=%.2f find_or_insert (all new keys, median of %zu calls while filling the last "
+        "0.1): "
+        "%.4f ms = %.2f G keys/s (target >= 3.0: %s)\n",
+        lf, ins_ms.size(), ins, kins / 1e9, kins >= 3e9 ? "MET" : "MISSED");
+    std::printf("TABLE lf=%.2f find (misses -> initial values): %.4f ms = %.2f G keys/s\n", lf,
+                miss_ms, km / 1e9);
     if (lf == 0.5) {
       base_find = find_ms;
       base_foi = foi_ms;
     } else {
       const double sf = find_ms / base_find - 1.0, sfi = foi_ms / base_foi - 1.0;
-      std::printf("TABLE lf 0.9 vs 0.5: find %+.1f%%, find_or_insert %+.1f%% slower (target <= 20%%: %s)\n", 100 * sf,
-                  100 * sfi, (sf <= 0.2 && sfi <= 0.2) ? "MET" : "MISSED");
+      std::printf(
+          "TABLE lf 0.9 vs 0.5: find %+.1f%%, find_or_insert %+.1f%% slower (target <= 20%%: %s)\n",
+          100 * sf, 100 * sfi, (sf <= 0.2 && sfi <= 0.2) ? "MET" : "MISSED");
     }
   }
   // New-key inserts are bounded by the initializer's arithmetic (3 mix64 per element for a
@@ -332,7 +355,8 @@ void bench_table() {
     const int64_t target = cap / 2;
     for (int64_t done = 0; done < target; done += per_call) {
       const int64_t m = std::min(per_call, target - done);
-      k_keys<<<grid, 256, 0, g_s>>>(chunk.get(), m, static_cast<uint64_t>(done) + (uint64_t{1} << 40));
+      k_keys<<<grid, 256, 0, g_s>>>(chunk.get(), m,
+                                    static_cast<uint64_t>(done) + (uint64_t{1} << 40));
       CUDA_OK(cudaGetLastError());
       CUDA_OK(cudaEventRecord(a, g_s));
       SOK_OK(t->find_or_insert(chunk.get(), m, out.get(), nullptr, g_s));
@@ -340,12 +364,16 @@ void bench_table() {
       CUDA_OK(cudaEventSynchronize(b));
       float ms = 0;
       CUDA_OK(cudaEventElapsedTime(&ms, a, b));
-      if (m == per_call && done + m > target - static_cast<int64_t>(0.1 * cap)) ins_ms.push_back(ms);
+      if (m == per_call && done + m > target - static_cast<int64_t>(0.1 * cap))
+        ins_ms.push_back(ms);
     }
     const double ins = median(ins_ms);
-    std::printf("TABLE lf=0.50 find_or_insert (all new keys, CONSTANT initializer, median of %zu calls): %.4f ms = "
-                "%.2f G keys/s (target >= 3.0: %s)\n", ins_ms.size(), ins, per_call / (ins * 1e-3) / 1e9,
-                per_call / (ins * 1e-3) >= 3e9 ? "MET" : "MISSED");
+    std::printf(
+        "TABLE lf=0.50 find_or_insert (all new keys, CONSTANT initializer, median of %zu calls): "
+        "%.4f ms = "
+        "%.2f G keys/s (target >= 3.0: %s)\n",
+        ins_ms.size(), ins, per_call / (ins * 1e-3) / 1e9,
+        per_call / (ins * 1e-3) >= 3e9 ? "MET" : "MISSED");
     CUDA_OK(cudaEventDestroy(a));
     CUDA_OK(cudaEventDestroy(b));
   }
@@ -411,46 +439,55 @@ void bench_train(const std::string& dir) {
       sg.row_splits = dsplits.get();
       int64_t step = 1;
       auto one_step = [&](int) {
-        SOK_OK(unique_keys<int64_t>(ids[pl].get(), n, uniq.get(), inverse.get(), counts.get(), num.get(), g_s));
+        SOK_OK(unique_keys<int64_t>(ids[pl].get(), n, uniq.get(), inverse.get(), counts.get(),
+                                    num.get(), g_s));
         SOK_OK(t->find_or_insert(uniq.get(), n, rows_u.get(), counts.get(), g_s, num.get()));
-        SOK_OK(pooled_forward(rows_u.get(), dim, n, inverse.get(), sg, nullptr, n, batch, Combiner::kSum, out.get(), g_s));
-        SOK_OK(pooled_backward(gout.get(), dim, inverse.get(), sg, nullptr, n, batch, Combiner::kSum, n, num.get(),
-                               grad_u.get(), g_s));
+        SOK_OK(pooled_forward(rows_u.get(), dim, n, inverse.get(), sg, nullptr, n, batch,
+                              Combiner::kSum, out.get(), g_s));
+        SOK_OK(pooled_backward(gout.get(), dim, inverse.get(), sg, nullptr, n, batch,
+                               Combiner::kSum, n, num.get(), grad_u.get(), g_s));
         p.step = step;
         SOK_OK(t->apply_gradients(uniq.get(), n, grad_u.get(), p, step, g_s, true, num.get()));
         ++step;
       };
       const double ms = time_ms(one_step, 5, 30);
       // Phase split (same work, separately timed).
-      const double dedup = time_ms([&](int) {
-        SOK_OK(unique_keys<int64_t>(ids[pl].get(), n, uniq.get(), inverse.get(), counts.get(), num.get(), g_s));
-      }, 3, 20);
-      const double lookup = time_ms([&](int) {
-        SOK_OK(t->find_or_insert(uniq.get(), n, rows_u.get(), counts.get(), g_s, num.get()));
-      }, 3, 20);
-      const double fwd = time_ms([&](int) {
-        SOK_OK(pooled_forward(rows_u.get(), dim, n, inverse.get(), sg, nullptr, n, batch, Combiner::kSum, out.get(), g_s));
-      }, 3, 20);
-      const double bwd = time_ms([&](int) {
-        SOK_OK(pooled_backward(gout.get(), dim, inverse.get(), sg, nullptr, n, batch, Combiner::kSum, n, num.get(),
-                               grad_u.get(), g_s));
-      }, 3, 20);
-      const double upd = time_ms([&](int) {
-        SOK_OK(t->apply_gradients(uniq.get(), n, grad_u.get(), p, step++, g_s, true, num.get()));
-      }, 3, 20);
-      for (int nc : {1, 2, 4}) {
-        sok::gpu::detail::tuning().apply_chunks = nc;
-        const double t_nc = time_ms([&](int) {
-          SOK_OK(t->apply_gradients(uniq.get(), n, grad_u.get(), p, step++, g_s, true, num.get()));
-        }, 3, 20);
-        std::printf("  adagrad apply_chunks=%d dim=%lld dist=%s: %.4f ms\n", nc, (long long)dim, pl ? "powerlaw" : "uniform", t_nc);
-      }
-      sok::gpu::detail::tuning().apply_chunks = 0;
+      const double dedup = time_ms(
+          [&](int) {
+            SOK_OK(unique_keys<int64_t>(ids[pl].get(), n, uniq.get(), inverse.get(), counts.get(),
+                                        num.get(), g_s));
+          },
+          3, 20);
+      const double lookup = time_ms(
+          [&](int) {
+            SOK_OK(t->find_or_insert(uniq.get(), n, rows_u.get(), counts.get(), g_s, num.get()));
+          },
+          3, 20);
+      const double fwd = time_ms(
+          [&](int) {
+            SOK_OK(pooled_forward(rows_u.get(), dim, n, inverse.get(), sg, nullptr, n, batch,
+                                  Combiner::kSum, out.get(), g_s));
+          },
+          3, 20);
+      const double bwd = time_ms(
+          [&](int) {
+            SOK_OK(pooled_backward(gout.get(), dim, inverse.get(), sg, nullptr, n, batch,
+                                   Combiner::kSum, n, num.get(), grad_u.get(), g_s));
+          },
+          3, 20);
+      const double upd = time_ms(
+          [&](int) {
+            SOK_OK(
+                t->apply_gradients(uniq.get(), n, grad_u.get(), p, step++, g_s, true, num.get()));
+          },
+          3, 20);
       const int64_t u = num.download(1)[0];
-      std::printf("TRAIN dim=%lld dist=%s step_ms=%.4f [unique %lld of %lld ids; table %lld keys; dedup %.3f, "
-                  "find_or_insert %.3f, pooled fwd %.3f, pooled bwd %.3f, adagrad %.3f ms]\n",
-                  (long long)dim, pl ? "powerlaw" : "uniform", ms, (long long)u, (long long)n, (long long)sz, dedup,
-                  lookup, fwd, bwd, upd);
+      std::printf(
+          "TRAIN dim=%lld dist=%s step_ms=%.4f [unique %lld of %lld ids; table %lld keys; dedup "
+          "%.3f, "
+          "find_or_insert %.3f, pooled fwd %.3f, pooled bwd %.3f, adagrad %.3f ms]\n",
+          (long long)dim, pl ? "powerlaw" : "uniform", ms, (long long)u, (long long)n,
+          (long long)sz, dedup, lookup, fwd, bwd, upd);
     }
   }
 }

@@ -1,4 +1,4 @@
-// Weak scaling of the model-parallel lookup (tests/gpu/mp_pipeline.h): a fixed batch of
+// Weak scaling of the model-parallel lookup (harness/gpu/model_parallel.h): a fixed batch of
 // 16,384 x 64 ids per GPU, a 10M-key hash table sharded by floor_mod(key, world), one training step
 // = dedup, bucketize, all-to-all keys, owner find_or_insert, all-to-all rows, pooled forward,
 // pooled backward, all-to-all gradients, owner Adagrad. Times (host clock around a synchronised
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/gpu/mp_pipeline.h"
+#include "harness/gpu/model_parallel.h"
 
 namespace {
 
@@ -70,7 +70,8 @@ Times run(int world, bool no_comm, int64_t dim, bool powerlaw) {
       std::vector<int64_t> h(n);
       for (auto& x : h) {
         if (powerlaw) {
-          x = std::min<int64_t>(rows - 1, static_cast<int64_t>(std::pow(c * u(rng) + 1.0, 1.0 / (1.0 - a))) - 1);
+          x = std::min<int64_t>(
+              rows - 1, static_cast<int64_t>(std::pow(c * u(rng) + 1.0, 1.0 / (1.0 - a))) - 1);
         } else {
           x = static_cast<int64_t>(rng() % rows);
         }
@@ -82,7 +83,8 @@ Times run(int world, bool no_comm, int64_t dim, bool powerlaw) {
     for (int r = 0; r < world; ++r) {
       mp::Rank& k = m.rank(r);
       CUDA_OK(cudaSetDevice(k.dev));
-      CUDA_OK(cudaMemcpyAsync(k.ids.get(), ids[r][it % sets].get(), n * 8, cudaMemcpyDeviceToDevice, k.s));
+      CUDA_OK(cudaMemcpyAsync(k.ids.get(), ids[r][it % sets].get(), n * 8, cudaMemcpyDeviceToDevice,
+                              k.s));
     }
   };
   std::vector<double> fw, st;
@@ -106,7 +108,8 @@ Times run(int world, bool no_comm, int64_t dim, bool powerlaw) {
   if (!no_comm) {
     const mp::Rank& k = m.rank(0);
     for (int p = 1; p < world; ++p)
-      remote += k.scnt[p] * (16.0 + dim * 4.0) + k.rcnt[p] * dim * 4.0;  // keys+counts+grads out, rows back
+      remote += k.scnt[p] * (16.0 + dim * 4.0) +
+                k.rcnt[p] * dim * 4.0;  // keys+counts+grads out, rows back
   }
   return Times{median(fw), median(st), remote / 1e6};
 }
@@ -131,17 +134,23 @@ int main() {
     const Times t1 = run(1, true, cf.dim, cf.pl);
     const Times t1n = run(1, false, cf.dim, cf.pl);
     const Times tn = run(world, false, cf.dim, cf.pl);
-    std::printf("MP dim=%lld dist=%s world=1 (no comm): fwd %.3f ms, step %.3f ms\n", (long long)cf.dim, dist, t1.fwd_ms, t1.step_ms);
-    std::printf("MP dim=%lld dist=%s world=1 (NCCL path): fwd %.3f ms, step %.3f ms\n", (long long)cf.dim, dist, t1n.fwd_ms, t1n.step_ms);
-    std::printf("MP dim=%lld dist=%s world=%d: fwd %.3f ms, step %.3f ms; rank 0 sends %.1f MB per step to the "
-                "other ranks (%.0f GB/s if it took the whole step-minus-T1nccl gap)\n",
-                (long long)cf.dim, dist, world, tn.fwd_ms, tn.step_ms, tn.remote_mb,
-                tn.remote_mb / 1e3 / std::max(1e-6, (tn.step_ms - t1n.step_ms) * 1e-3));
+    std::printf("MP dim=%lld dist=%s world=1 (no comm): fwd %.3f ms, step %.3f ms\n",
+                (long long)cf.dim, dist, t1.fwd_ms, t1.step_ms);
+    std::printf("MP dim=%lld dist=%s world=1 (NCCL path): fwd %.3f ms, step %.3f ms\n",
+                (long long)cf.dim, dist, t1n.fwd_ms, t1n.step_ms);
+    std::printf(
+        "MP dim=%lld dist=%s world=%d: fwd %.3f ms, step %.3f ms; rank 0 sends %.1f MB per step to "
+        "the "
+        "other ranks (%.0f GB/s if it took the whole step-minus-T1nccl gap)\n",
+        (long long)cf.dim, dist, world, tn.fwd_ms, tn.step_ms, tn.remote_mb,
+        tn.remote_mb / 1e3 / std::max(1e-6, (tn.step_ms - t1n.step_ms) * 1e-3));
     const double e_step = t1.step_ms / tn.step_ms, e_fwd = t1.fwd_ms / tn.fwd_ms;
-    std::printf("WEAK_SCALING dim=%lld dist=%s world=%d: step efficiency %.1f%% (vs NCCL-path world 1: %.1f%%), "
-                "forward efficiency %.1f%% (target >= 90%%: %s)\n",
-                (long long)cf.dim, dist, world, 100 * e_step, 100 * t1n.step_ms / tn.step_ms, 100 * e_fwd,
-                e_step >= 0.9 ? "MET" : "MISSED");
+    std::printf(
+        "WEAK_SCALING dim=%lld dist=%s world=%d: step efficiency %.1f%% (vs NCCL-path world 1: "
+        "%.1f%%), "
+        "forward efficiency %.1f%% (target >= 90%%: %s)\n",
+        (long long)cf.dim, dist, world, 100 * e_step, 100 * t1n.step_ms / tn.step_ms, 100 * e_fwd,
+        e_step >= 0.9 ? "MET" : "MISSED");
     std::fflush(stdout);
   }
   return 0;

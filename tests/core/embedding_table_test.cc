@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/core/check.h"
+#include "harness/check.h"
 
 namespace {
 
@@ -27,7 +27,8 @@ sok::TableConfig uniform_config(int64_t dim) {
 
 TEST(new_keys_get_their_deterministic_initial_value) {
   EmbeddingTable<int64_t> t(uniform_config(5));
-  const int64_t keys[] = {std::numeric_limits<int64_t>::min(), -1, 0, 3, std::numeric_limits<int64_t>::max()};
+  const int64_t keys[] = {std::numeric_limits<int64_t>::min(), -1, 0, 3,
+                          std::numeric_limits<int64_t>::max()};
   std::vector<float> out(5 * 5), want(5);
   t.find_or_insert(keys, 5, out.data());
   for (int i = 0; i < 5; ++i) {
@@ -140,7 +141,8 @@ TEST(export_import_round_trip_is_exact) {
   CHECK(b.import_rows(snap).ok());
   auto again = b.export_rows();
   CHECK(again.keys == snap.keys && again.values == snap.values && again.slots == snap.slots);
-  CHECK(again.freqs == snap.freqs && again.versions == snap.versions && again.slot_init == snap.slot_init);
+  CHECK(again.freqs == snap.freqs && again.versions == snap.versions &&
+        again.slot_init == snap.slot_init);
   EmbeddingTable<int64_t> wrong_dim(uniform_config(4));
   sok::Status s = wrong_dim.import_rows(snap);
   CHECK(!s.ok() && s.message().find("dimension") != std::string::npos);

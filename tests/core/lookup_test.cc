@@ -4,7 +4,7 @@
 #include <random>
 #include <vector>
 
-#include "tests/core/check.h"
+#include "harness/check.h"
 
 TEST(unique_keeps_first_appearance_order) {
   const int64_t keys[] = {5, -3, 5, 7, -3, 5};
@@ -36,26 +36,30 @@ TEST(pooled_forward_and_backward_match_naive) {
   const std::vector<float> w = {0.5f, 2.f, 1.f, -0.5f, 3.f};
   for (auto comb : {sok::Combiner::kSum, sok::Combiner::kMean, sok::Combiner::kSqrtn}) {
     std::vector<float> out(batch * dim), want(batch * dim, 0.f), denom(batch, 0.f);
-    sok::pooled_forward(rows.data(), dim, inverse.data(), seg.data(), w.data(), 5, batch, comb, out.data());
+    sok::pooled_forward(rows.data(), dim, inverse.data(), seg.data(), w.data(), 5, batch, comb,
+                        out.data());
     for (int i = 0; i < 5; ++i) denom[seg[i]] += comb == sok::Combiner::kMean ? w[i] : w[i] * w[i];
     for (int i = 0; i < 5; ++i) {
-      float scale = comb == sok::Combiner::kSum ? 1.f
-                    : comb == sok::Combiner::kMean ? 1.f / denom[seg[i]] : 1.f / std::sqrt(denom[seg[i]]);
-      for (int c = 0; c < dim; ++c) want[seg[i] * dim + c] += w[i] * scale * rows[inverse[i] * dim + c];
+      float scale = comb == sok::Combiner::kSum    ? 1.f
+                    : comb == sok::Combiner::kMean ? 1.f / denom[seg[i]]
+                                                   : 1.f / std::sqrt(denom[seg[i]]);
+      for (int c = 0; c < dim; ++c)
+        want[seg[i] * dim + c] += w[i] * scale * rows[inverse[i] * dim + c];
     }
     for (int k = 0; k < batch * dim; ++k) CHECK_NEAR(out[k], want[k], 1e-5);
     for (int c = 0; c < dim; ++c) CHECK(out[dim + c] == 0.f);
     // Backward: finite differences of <g, forward(rows)> w.r.t. rows.
     std::vector<float> g(batch * dim), grad_rows(rows_n * dim);
     for (float& v : g) v = u(rng);
-    sok::pooled_backward(g.data(), dim, inverse.data(), seg.data(), w.data(), 5, batch, comb, rows_n,
-                         grad_rows.data());
+    sok::pooled_backward(g.data(), dim, inverse.data(), seg.data(), w.data(), 5, batch, comb,
+                         rows_n, grad_rows.data());
     for (int k = 0; k < rows_n * dim; ++k) {
       auto f = [&](float delta) {
         std::vector<float> r = rows;
         r[k] += delta;
         std::vector<float> o(batch * dim);
-        sok::pooled_forward(r.data(), dim, inverse.data(), seg.data(), w.data(), 5, batch, comb, o.data());
+        sok::pooled_forward(r.data(), dim, inverse.data(), seg.data(), w.data(), 5, batch, comb,
+                            o.data());
         double s = 0;
         for (int j = 0; j < batch * dim; ++j) s += g[j] * o[j];
         return s;

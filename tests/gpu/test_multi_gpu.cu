@@ -13,29 +13,14 @@
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/common.h"
-#include "tests/gpu/mp_pipeline.h"
+#include "harness/check.h"
+#include "harness/gpu/model_parallel.h"
 
 namespace {
 
-int g_passed = 0, g_failed = 0;
-
+// The checks below run as one sequence: each result is reported as a case of the shared harness.
 void report(bool ok, const std::string& name) {
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", name.c_str());
-  std::fflush(stdout);
-  (ok ? g_passed : g_failed)++;
-}
-
-bool compare(const char* what, const std::vector<float>& got, const std::vector<float>& want, double rtol, double atol) {
-  size_t bad = 0;
-  if (got.size() != want.size()) {
-    std::printf("    %s: size %zu vs %zu\n", what, got.size(), want.size());
-    return false;
-  }
-  for (size_t i = 0; i < got.size(); ++i)
-    if (!close_enough(got[i], want[i], rtol, atol) && bad++ < 3)
-      std::printf("    %s[%zu]: got %.9g want %.9g\n", what, i, got[i], want[i]);
-  if (bad) std::printf("    %s: %zu of %zu differ\n", what, bad, got.size());
-  return bad == 0;
+  sok_test::run_case(name, [ok] { return ok; });
 }
 
 }  // namespace
@@ -43,11 +28,13 @@ bool compare(const char* what, const std::vector<float>& got, const std::vector<
 int main(int argc, char** argv) {
   int ndev = 0;
   CUDA_OK(cudaGetDeviceCount(&ndev));
-  const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10)
-                                 : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const uint64_t seed =
+      argc > 1 ? std::strtoull(argv[1], nullptr, 10)
+               : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   std::mt19937_64 rng(seed);
   const int world = std::min(ndev, 8);
-  std::printf("test_multi_gpu: seed %llu, %d GPUs visible, world %d\n", (unsigned long long)seed, ndev, world);
+  std::printf("test_multi_gpu: seed %llu, %d GPUs visible, world %d\n", (unsigned long long)seed,
+              ndev, world);
   if (world < 2) {
     std::printf("needs at least 2 GPUs\n0 passed, 1 failed\n");
     return 1;
@@ -78,11 +65,18 @@ int main(int argc, char** argv) {
   mp::ModelParallel ref(1, n_max * world, batch * world, cfg, 0, /*no_comm_single=*/true);
 
   // Key pool: extremes, negatives, and a hot set shared by the ranks.
-  std::vector<int64_t> pool = {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), -1, 0, 1,
-                               -2, -3, 5};
+  std::vector<int64_t> pool = {std::numeric_limits<int64_t>::min(),
+                               std::numeric_limits<int64_t>::max(),
+                               -1,
+                               0,
+                               1,
+                               -2,
+                               -3,
+                               5};
   std::unordered_set<int64_t> seen(pool.begin(), pool.end());
   while (pool.size() < 200000) {
-    int64_t k = pool.size() % 2 ? static_cast<int64_t>(rng()) : static_cast<int64_t>(rng() % 2000000) - 1000000;
+    int64_t k = pool.size() % 2 ? static_cast<int64_t>(rng())
+                                : static_cast<int64_t>(rng() % 2000000) - 1000000;
     if (seen.insert(k).second) pool.push_back(k);
   }
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -129,12 +123,12 @@ int main(int argc, char** argv) {
       CUDA_OK(cudaSetDevice(r));
       const std::vector<float> got = mpar.rank(r).out.download(batch * dim);
       std::vector<float> w(want.begin() + r * batch * dim, want.begin() + (r + 1) * batch * dim);
-      ok &= compare("forward", got, w, 1e-5, 1e-6);
+      ok &= sok_test::expect_near("forward", got, w, 1e-5, 1e-6);
     }
     CUDA_OK(cudaSetDevice(0));
     all_fwd &= ok;
-    report(ok, "step " + std::to_string(step) + ": " + std::to_string(world) + "-GPU forward == 1-GPU forward (" +
-                   std::to_string(all_ids.size()) + " ids)");
+    report(ok, "step " + std::to_string(step) + ": " + std::to_string(world) +
+                   "-GPU forward == 1-GPU forward (" + std::to_string(all_ids.size()) + " ids)");
     mpar.backward(p, step);
     ref.backward(p, step);
     mpar.sync();
@@ -168,20 +162,23 @@ int main(int argc, char** argv) {
   for (size_t j = 0; tab_ok && j < gi.size(); ++j) {
     const int r = gi[j].second.first;
     const size_t i = gi[j].second.second, w = wi[j].second;
-    if (gi[j].first != wi[j].first || shards[r].freqs[i] != want.freqs[w] || shards[r].versions[i] != want.versions[w]) {
+    if (gi[j].first != wi[j].first || shards[r].freqs[i] != want.freqs[w] ||
+        shards[r].versions[i] != want.versions[w]) {
       if (meta_bad++ < 3)
         std::printf("    key %lld/%lld freq %lld/%lld version %lld/%lld\n", (long long)gi[j].first,
                     (long long)wi[j].first, (long long)shards[r].freqs[i], (long long)want.freqs[w],
                     (long long)shards[r].versions[i], (long long)want.versions[w]);
     }
-    gv.insert(gv.end(), shards[r].values.begin() + i * dim, shards[r].values.begin() + (i + 1) * dim);
+    gv.insert(gv.end(), shards[r].values.begin() + i * dim,
+              shards[r].values.begin() + (i + 1) * dim);
     wv.insert(wv.end(), want.values.begin() + w * dim, want.values.begin() + (w + 1) * dim);
     gs.insert(gs.end(), shards[r].slots.begin() + i * dim, shards[r].slots.begin() + (i + 1) * dim);
     ws.insert(ws.end(), want.slots.begin() + w * dim, want.slots.begin() + (w + 1) * dim);
   }
   tab_ok = tab_ok && meta_bad == 0;
-  tab_ok = tab_ok && compare("values", gv, wv, 1e-5, 1e-6) && compare("adagrad slots", gs, ws, 1e-5, 1e-6);
-  report(tab_ok, "after 6 Adagrad steps the sharded table == the 1-GPU table (" + std::to_string(wi.size()) + " keys)");
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  tab_ok = tab_ok && sok_test::expect_near("values", gv, wv, 1e-5, 1e-6) &&
+           sok_test::expect_near("adagrad slots", gs, ws, 1e-5, 1e-6);
+  report(tab_ok, "after 6 Adagrad steps the sharded table == the 1-GPU table (" +
+                     std::to_string(wi.size()) + " keys)");
+  return sok_test::summary();
 }

@@ -50,12 +50,10 @@ void row_order(const int64_t* rows, int64_t m, int64_t num_rows, std::vector<int
   for (int64_t j = 0; j < m; ++j) (*order)[start[bucket(rows[j])]++] = static_cast<int32_t>(j);
 }
 
-
 }  // namespace
 
 template <typename K>
-EmbeddingTable<K>::EmbeddingTable(TableConfig config)
-    : config_(std::move(config)) {
+EmbeddingTable<K>::EmbeddingTable(TableConfig config) : config_(std::move(config)) {
   if (config_.init.kind == InitKind::kMatrix) config_.init.matrix = config_.init_matrix.data();
   rehash(next_pow2(std::max<int64_t>(16, config_.initial_capacity * 2)));
 }
@@ -87,7 +85,8 @@ template <typename K>
 void EmbeddingTable<K>::probe_many(const K* keys, int64_t n, int64_t* rows) const {
   const uint64_t mask = static_cast<uint64_t>(mask_);
   const Slot* index = index_.data();
-  for (int64_t i = 0; i < std::min(n, kPrefetchAhead); ++i) prefetch_read(index + (hash_key(keys[i]) & mask));
+  for (int64_t i = 0; i < std::min(n, kPrefetchAhead); ++i)
+    prefetch_read(index + (hash_key(keys[i]) & mask));
   for (int64_t i = 0; i < n; ++i) {
     if (i + kPrefetchAhead < n) prefetch_read(index + (hash_key(keys[i + kPrefetchAhead]) & mask));
     rows[i] = probe(keys[i]);
@@ -263,7 +262,8 @@ template <typename K>
 Status EmbeddingTable<K>::ensure_slots(const OptimizerParams& p) {
   SlotPlan plan;
   std::string error;
-  if (!plan_slots(config_.name, slot_kind_, num_slots_, p.kind, &plan, &error)) return Status::Invalid(error);
+  if (!plan_slots(config_.name, slot_kind_, num_slots_, p.kind, &plan, &error))
+    return Status::Invalid(error);
   const int want = sok::num_slots(p.kind);
   const int kind = static_cast<int>(p.kind);
   if (plan != SlotPlan::kRelayout) {
@@ -423,15 +423,17 @@ template <typename K>
 Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
   const int64_t n = static_cast<int64_t>(s.keys.size()), d = config_.dim;
   if (s.dim != d) {
-    return Status::Invalid("cannot restore table '" + config_.name + "': the checkpoint has dimension " +
-                           std::to_string(s.dim) + ", the table " + std::to_string(d));
+    return Status::Invalid("cannot restore table '" + config_.name +
+                           "': the checkpoint has dimension " + std::to_string(s.dim) +
+                           ", the table " + std::to_string(d));
   }
   if (static_cast<int64_t>(s.values.size()) != n * d ||
       static_cast<int64_t>(s.slots.size()) != n * s.num_slots * d ||
       static_cast<int64_t>(s.freqs.size()) != n || static_cast<int64_t>(s.versions.size()) != n ||
       static_cast<int64_t>(s.slot_init.size()) != s.num_slots) {
-    return Status::Invalid("cannot restore table '" + config_.name +
-                           "': the checkpoint's keys, values, slots, frequencies and versions disagree in size");
+    return Status::Invalid(
+        "cannot restore table '" + config_.name +
+        "': the checkpoint's keys, values, slots, frequencies and versions disagree in size");
   }
   std::unique_lock<std::shared_mutex> l(mu_);
   row_keys_.clear();
@@ -444,7 +446,8 @@ Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
   for (int64_t i = 0; i < n; ++i) {
     if (probe(s.keys[i]) != kEmpty) {
       return Status::Invalid("cannot restore table '" + config_.name + "': key " +
-                             std::to_string(static_cast<int64_t>(s.keys[i])) + " appears twice in the checkpoint");
+                             std::to_string(static_cast<int64_t>(s.keys[i])) +
+                             " appears twice in the checkpoint");
     }
     uint64_t pos = hash_key(s.keys[i]) & static_cast<uint64_t>(mask_);
     while (index_[pos].row != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);

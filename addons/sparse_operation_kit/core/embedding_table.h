@@ -69,11 +69,11 @@ class EmbeddingTable {
 
   int64_t stride() const { return config_.dim * (1 + num_slots_); }
   bool admitted(int64_t row) const;
-  int64_t probe(K key) const;              // row of key or kEmpty; caller holds mu_
+  int64_t probe(K key) const;  // row of key or kEmpty; caller holds mu_
   // rows[i] = probe(keys[i]), prefetching the index slots a few keys ahead; caller holds mu_.
   void probe_many(const K* keys, int64_t n, int64_t* rows) const;
-  int64_t insert_new(K key);               // caller holds mu_ exclusively; key absent
-  void rehash(int64_t capacity);           // caller holds mu_ exclusively
+  int64_t insert_new(K key);      // caller holds mu_ exclusively; key absent
+  void rehash(int64_t capacity);  // caller holds mu_ exclusively
   void init_row_values(K key, float* row) const;
   void read_row(int64_t row, K key, bool present, float* out) const;
   Status ensure_slots(const OptimizerParams& p);  // caller holds mu_ exclusively

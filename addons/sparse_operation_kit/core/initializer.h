@@ -27,9 +27,10 @@ enum class InitKind : int32_t {
 
 // The kinds by name, in enum order: the ops' "init_kind" attribute spells them so, and
 // sparse_operation_kit/schema.py lists the same names (tests/tf/test_schema.py checks both).
-inline constexpr const char* kInitKindNames[] = {"constant", "uniform", "normal", "truncated_normal",
-                                                 "matrix"};
-inline constexpr int kNumInitKinds = static_cast<int>(sizeof(kInitKindNames) / sizeof(kInitKindNames[0]));
+inline constexpr const char* kInitKindNames[] = {"constant", "uniform", "normal",
+                                                 "truncated_normal", "matrix"};
+inline constexpr int kNumInitKinds =
+    static_cast<int>(sizeof(kInitKindNames) / sizeof(kInitKindNames[0]));
 
 static_assert(kNumInitKinds == static_cast<int>(InitKind::kMatrix) + 1, "one name per InitKind");
 
@@ -76,8 +77,7 @@ template <typename K>
 SOK_HD float initial_value(const InitializerSpec& s, K key, int64_t col, int64_t dim) {
   const uint64_t row = init_row(s, key);
   switch (s.kind) {
-    case InitKind::kConstant:
-      return s.a;
+    case InitKind::kConstant: return s.a;
     case InitKind::kUniform:
       return s.a + (s.b - s.a) * uniform01(s.seed, row, static_cast<uint64_t>(col), 0);
     case InitKind::kNormal:

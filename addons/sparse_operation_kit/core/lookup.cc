@@ -91,7 +91,8 @@ void bucketize_by_owner(const K* keys, int64_t n, int world_size, int64_t* order
 }
 
 Status check_lookup_indices(const std::string& table, const int32_t* inverse,
-                            const int64_t* segment_ids, int64_t n, int64_t num_rows, int64_t batch) {
+                            const int64_t* segment_ids, int64_t n, int64_t num_rows,
+                            int64_t batch) {
   for (int64_t i = 0; i < n; ++i) {
     if (segment_ids[i] < 0 || segment_ids[i] >= batch) {
       return Status::Invalid("lookup of table '" + table + "': id " + std::to_string(i) +
@@ -154,7 +155,8 @@ inline void prefetch_write(const void* p) {
 
 // dst[0, d) += src[0, d) (w == nullptr) or += *w * src; D > 0: d == D at compile time.
 template <int64_t D>
-inline void add_row(float* __restrict__ dst, const float* __restrict__ src, int64_t d, const float* w) {
+inline void add_row(float* __restrict__ dst, const float* __restrict__ src, int64_t d,
+                    const float* w) {
   if (D) d = D;
   if (w == nullptr) {
     for (int64_t c = 0; c < d; ++c) dst[c] += src[c];
@@ -167,7 +169,8 @@ inline void add_row(float* __restrict__ dst, const float* __restrict__ src, int6
 // dst[0, d) = 0 + src (w == nullptr) or 0 + *w * src: what add_row gives on a zeroed row,
 // bit for bit (0 + -0 is +0).
 template <int64_t D>
-inline void set_row(float* __restrict__ dst, const float* __restrict__ src, int64_t d, const float* w) {
+inline void set_row(float* __restrict__ dst, const float* __restrict__ src, int64_t d,
+                    const float* w) {
   if (D) d = D;
   if (w == nullptr) {
     for (int64_t c = 0; c < d; ++c) dst[c] = 0.f + src[c];
@@ -217,7 +220,8 @@ void pooled_forward(const float* rows, int64_t dim, const int32_t* inverse,
            float* dst = out + s * d;
            std::fill(dst, dst + d, 0.f);
            for (; i < e && segment_ids[i] == s; ++i) {
-             if (i + kAhead < e) prefetch_read(rows + static_cast<int64_t>(inverse[i + kAhead]) * d);
+             if (i + kAhead < e)
+               prefetch_read(rows + static_cast<int64_t>(inverse[i + kAhead]) * d);
              const float* src = rows + static_cast<int64_t>(inverse[i]) * d;
              float w = 1.f;
              if (!unit) w = (weights ? weights[i] : 1.f) * scale[s];
@@ -245,7 +249,8 @@ void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
          int64_t ready = rb;
          constexpr int64_t kAhead = 8;
          for (int64_t i = 0; i < n; ++i) {
-           if (i + kAhead < n) prefetch_write(grad_rows + static_cast<int64_t>(inverse[i + kAhead]) * d);
+           if (i + kAhead < n)
+             prefetch_write(grad_rows + static_cast<int64_t>(inverse[i + kAhead]) * d);
            const int64_t r = inverse[i];
            if (r < rb || r >= re) continue;
            const int64_t s = segment_ids[i];

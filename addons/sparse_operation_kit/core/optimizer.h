@@ -16,14 +16,14 @@ enum class OptimizerKind : int32_t { kSGD = 0, kAdagrad = 1, kAdam = 2, kFtrl = 
 struct OptimizerParams {
   OptimizerKind kind = OptimizerKind::kSGD;
   float lr = 0.01f;
-  float beta1 = 0.9f;     // Adam
-  float beta2 = 0.999f;   // Adam
-  float epsilon = 0.f;    // Adagrad (Keras: 1e-7, inside the sqrt; tf.compat.v1: 0), Adam
+  float beta1 = 0.9f;    // Adam
+  float beta2 = 0.999f;  // Adam
+  float epsilon = 0.f;   // Adagrad (Keras: 1e-7, inside the sqrt; tf.compat.v1: 0), Adam
   float initial_accumulator = 0.1f;  // Adagrad, FTRL
-  float l1 = 0.f;         // FTRL
-  float l2 = 0.f;         // FTRL
-  float lr_power = -0.5f; // FTRL
-  int64_t step = 1;       // Adam: 1-based step count t used for bias correction
+  float l1 = 0.f;                    // FTRL
+  float l2 = 0.f;                    // FTRL
+  float lr_power = -0.5f;            // FTRL
+  int64_t step = 1;                  // Adam: 1-based step count t used for bias correction
 };
 
 SOK_HD int num_slots(OptimizerKind k) {
@@ -48,8 +48,10 @@ SOK_HD float slot_initial_value(const OptimizerParams& p, int slot) {
 // The optimizers by name, in enum order: the ops' "optimizer" attribute spells them so, and
 // sparse_operation_kit/schema.py lists the same names (tests/tf/test_schema.py checks both).
 inline constexpr const char* kOptimizerNames[] = {"sgd", "adagrad", "adam", "ftrl"};
-inline constexpr int kNumOptimizers = static_cast<int>(sizeof(kOptimizerNames) / sizeof(kOptimizerNames[0]));
-static_assert(kNumOptimizers == static_cast<int>(OptimizerKind::kFtrl) + 1, "one name per OptimizerKind");
+inline constexpr int kNumOptimizers =
+    static_cast<int>(sizeof(kOptimizerNames) / sizeof(kOptimizerNames[0]));
+static_assert(kNumOptimizers == static_cast<int>(OptimizerKind::kFtrl) + 1,
+              "one name per OptimizerKind");
 
 inline const char* optimizer_name(int kind) {
   return kind >= 0 && kind < kNumOptimizers ? kOptimizerNames[kind] : "unknown";
@@ -78,8 +80,9 @@ inline bool plan_slots(const std::string& table, int slot_kind, int num_slots, O
   } else if (slot_kind == -1 && num_slots == want && want > 0) {
     *plan = SlotPlan::kAdopt;  // restored rows whose slots this optimizer now owns
   } else if (num_slots != 0 && slot_kind != -1) {
-    *error = "table '" + table + "' already carries the slots of optimizer " + optimizer_name(slot_kind) +
-             "; it cannot also be trained by optimizer " + optimizer_name(k);
+    *error = "table '" + table + "' already carries the slots of optimizer " +
+             optimizer_name(slot_kind) + "; it cannot also be trained by optimizer " +
+             optimizer_name(k);
     return false;
   } else if (num_slots != 0 && num_slots != want) {
     *error = "table '" + table + "' was restored with " + std::to_string(num_slots) +
@@ -102,9 +105,7 @@ SOK_HD float adam_step_size(const OptimizerParams& p) {
 SOK_HD void apply_element(const OptimizerParams& p, float alpha, float* value, float* slots,
                           int64_t dim, int64_t c, float g) {
   switch (p.kind) {
-    case OptimizerKind::kSGD:
-      value[c] -= p.lr * g;
-      break;
+    case OptimizerKind::kSGD: value[c] -= p.lr * g; break;
     case OptimizerKind::kAdagrad: {
       float acc = slots[c] + g * g;
       slots[c] = acc;

@@ -39,8 +39,9 @@ class Table {
                                 const int64_t* counts) = 0;
   virtual Status insert_or_assign(const ExecContext& exec, const K* keys, int64_t n,
                                   const float* values) = 0;
-  virtual Status apply_gradients(const ExecContext& exec, const K* keys, int64_t n, const float* grads,
-                                 const OptimizerParams& p, int64_t global_step, bool keys_unique) = 0;
+  virtual Status apply_gradients(const ExecContext& exec, const K* keys, int64_t n,
+                                 const float* grads, const OptimizerParams& p, int64_t global_step,
+                                 bool keys_unique) = 0;
   // Evicts the rows should_evict() selects; *removed = how many.
   virtual Status shrink(const ExecContext& exec, int64_t global_step, int64_t* removed) = 0;
   virtual Status export_rows(const ExecContext& exec, TableSnapshot<K>* out) = 0;
@@ -66,7 +67,8 @@ class CpuTable final : public Table<K> {
     table_.find_or_insert(keys, n, out, counts, exec.parallel_for);
     return Status::OK();
   }
-  Status insert_or_assign(const ExecContext&, const K* keys, int64_t n, const float* values) override {
+  Status insert_or_assign(const ExecContext&, const K* keys, int64_t n,
+                          const float* values) override {
     table_.insert_or_assign(keys, n, values);
     return Status::OK();
   }

@@ -12,23 +12,24 @@
 namespace sok {
 
 struct TableConfig {
-  std::string name;              // for error messages
+  std::string name;  // for error messages
   int64_t dim = 0;
-  InitializerSpec init;          // initial value of a newly inserted key
+  InitializerSpec init;            // initial value of a newly inserted key
   std::vector<float> init_matrix;  // owns InitKind::kMatrix data ([default_value_dim, dim])
   // Counter filter (DeepRec CounterFilter): a key is admitted once it was looked up in training
   // `filter_freq` times; until then lookups read `default_value_no_permission` and updates skip it.
   int64_t filter_freq = 0;
   float default_value_no_permission = 0.f;
   // Eviction (DeepRec GlobalStepEvict / L2WeightEvict), applied by shrink().
-  int64_t steps_to_live = 0;     // 0: never evict by age
+  int64_t steps_to_live = 0;         // 0: never evict by age
   float l2_weight_threshold = -1.f;  // < 0: never evict by norm
   int64_t initial_capacity = 1024;
 };
 
 // The eviction rule of shrink() (CPU and GPU tables alike): a row goes when it was last updated
 // more than steps_to_live steps ago, or when its value's L2 norm is under the threshold.
-inline bool should_evict(const TableConfig& c, int64_t global_step, int64_t version, const float* value) {
+inline bool should_evict(const TableConfig& c, int64_t global_step, int64_t version,
+                         const float* value) {
   if (c.steps_to_live > 0 && global_step - version > c.steps_to_live) return true;
   if (c.l2_weight_threshold < 0.f) return false;
   double sq = 0;
@@ -36,7 +37,9 @@ inline bool should_evict(const TableConfig& c, int64_t global_step, int64_t vers
   return std::sqrt(sq) < c.l2_weight_threshold;
 }
 
-inline bool evicts_anything(const TableConfig& c) { return c.steps_to_live > 0 || c.l2_weight_threshold >= 0.f; }
+inline bool evicts_anything(const TableConfig& c) {
+  return c.steps_to_live > 0 || c.l2_weight_threshold >= 0.f;
+}
 
 // The fields of a snapshot as the checkpoint/export schema names them, in the order
 // SokEmbeddingVariableExport outputs them and SokEmbeddingVariableImport takes them (after the
@@ -46,9 +49,12 @@ inline constexpr const char* kSnapshotFieldNames[] = {"keys",     "values",    "
                                                       "versions", "slot_kind", "slot_init"};
 inline constexpr int kNumSnapshotFields =
     static_cast<int>(sizeof(kSnapshotFieldNames) / sizeof(kSnapshotFieldNames[0]));
-static_assert(kNumSnapshotFields == static_cast<int>(SnapshotField::kSlotInit) + 1, "one name per field");
+static_assert(kNumSnapshotFields == static_cast<int>(SnapshotField::kSlotInit) + 1,
+              "one name per field");
 
-inline const char* snapshot_field_name(SnapshotField f) { return kSnapshotFieldNames[static_cast<int>(f)]; }
+inline const char* snapshot_field_name(SnapshotField f) {
+  return kSnapshotFieldNames[static_cast<int>(f)];
+}
 
 // Everything a table holds, in insertion order: what export produces and import consumes.
 template <typename K>

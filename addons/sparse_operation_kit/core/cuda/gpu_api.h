@@ -6,10 +6,11 @@
 //
 // The semantics are the CPU core's (embedding_table.h, lookup.h), with the same shapes:
 //   GpuEmbeddingTable<K>      ~ EmbeddingTable<K>      (K = int32_t or int64_t; every key legal)
-//   unique_keys / bucketize_by_owner / pooled_forward / pooled_backward ~ lookup.h
+//   unique_keys / pooled_forward / pooled_backward ~ lookup.h
 // Differences, all documented where they apply:
 //   - export_rows lists the rows in slot order, not insertion order;
-//   - with repeated keys in ONE call, insert_or_assign keeps one of the values (CPU: the last) and a
+//   - with repeated keys in ONE call, insert_or_assign keeps one of the values (CPU: the last) and
+//   a
 //     counter-filtered find_or_insert may admit a different occurrence than the CPU's serial order;
 //   - apply_gradients calls on one table must be ordered by the caller (TF's resource-variable
 //     lock does this); find / find_or_insert / insert_or_assign / erase may run concurrently on
@@ -55,19 +56,18 @@ Status cuda_status(cudaError_t e, const char* what);
 // ---------------------------------------------------------------------------------------------
 // Bad-index reports written by the device (the first bad position wins), read by the host.
 struct GpuLookupError {
-  int64_t packed;    // device-side: min over (position << 3 | kind); all ones: none
-  int64_t position;  // index of the offending id (kinds 1, 2) or row_splits entry (kind 3); -1: none
-  int64_t value;     // the offending id / row / segment / row split
-  int64_t kind;      // 1: id out of [0, num_rows); 2: segment out of [0, batch); 3: bad row split
+  int64_t packed;  // device-side: min over (position << 3 | kind); all ones: none
+  int64_t
+      position;   // index of the offending id (kinds 1, 2) or row_splits entry (kind 3); -1: none
+  int64_t value;  // the offending id / row / segment / row split
+  int64_t kind;   // 1: id out of [0, num_rows); 2: segment out of [0, batch); 3: bad row split
   int64_t blocks_done;  // device-side counter of the fused checks (reset_lookup_error sets it)
 };
 // One record per call in flight: two calls running at once must not share a record.
 // Sets `count` consecutive records to "no error" (position = -1), ordered on `stream`.
 Status reset_lookup_error(GpuLookupError* d_err, cudaStream_t stream, int count = 1);
-// Synchronises `stream` and returns Invalid("<what>: id <v> at position <p> ...") if set.
-Status check_lookup_error(const GpuLookupError* d_err, const std::string& what, cudaStream_t stream);
-// The same for what.size() consecutive records, with one copy and one synchronisation; the first
-// record holding an error wins.
+// Synchronises `stream` and returns Invalid("<what[i]>: id <v> at position <p> ...") for the
+// first of the what.size() consecutive records that holds an error (one copy, one sync).
 Status check_lookup_errors(const GpuLookupError* d_err, const std::vector<std::string>& what,
                            cudaStream_t stream);
 
@@ -91,23 +91,6 @@ template <typename K>
 Status unique_keys(const K* keys, int64_t n, K* unique, int32_t* inverse, int64_t* counts,
                    int64_t* d_num_unique, cudaStream_t stream, DeviceAllocator* alloc = nullptr);
 
-// Stable grouping by owner = floor_mod(key, world_size): order[j] = position of the j-th key
-// once grouped, counts[r] = how many keys rank r owns (device array of world_size entries).
-template <typename K>
-Status bucketize_by_owner(const K* keys, int64_t n, const int64_t* d_n, int world_size,
-                          int64_t* order, int64_t* counts, cudaStream_t stream,
-                          DeviceAllocator* alloc = nullptr);
-
-// dst[j] = src[index[j]] for j < count (keys, counts, or rows of `dim` floats).
-template <typename T>
-Status gather(const T* src, const int64_t* index, int64_t n, const int64_t* d_n, T* dst,
-              cudaStream_t stream);
-Status gather_rows(const float* src, int64_t dim, const int64_t* index, int64_t n,
-                   const int64_t* d_n, float* dst, cudaStream_t stream);
-// dst[index[j]] = src[j] for j < count.
-Status scatter_rows(const float* src, int64_t dim, const int64_t* index, int64_t n,
-                    const int64_t* d_n, float* dst, cudaStream_t stream);
-
 // out[batch, dim] = combine over the ids of sample b of weights[i] * rows[inverse[i]]
 // (lookup.h's pooled_forward). weights may be null. Samples without ids read zeros, a zero weight
 // sum gives zeros. Bad segment ids / row splits / inverse entries are reported through d_err
@@ -130,23 +113,10 @@ Status pooled_backward(const float* grad_out, int64_t dim, const int32_t* invers
 // unsorted_segment_sum. The TF glue uses it unless op determinism is required. Bad segment ids or
 // rows are skipped.
 Status pooled_backward_unordered(const float* grad_out, int64_t dim, const int32_t* inverse,
-                                 const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
-                                 Combiner combiner, int64_t num_rows, float* grad_rows, cudaStream_t stream,
+                                 const int64_t* segment_ids, const float* weights, int64_t n,
+                                 int64_t batch, Combiner combiner, int64_t num_rows,
+                                 float* grad_rows, cudaStream_t stream,
                                  DeviceAllocator* alloc = nullptr);
-
-// Static (dense) tables, table[num_rows, dim] row-major on the device. I = int32_t or int64_t.
-// out[i] = table[ids[i]]; an id outside [0, num_rows) is reported through d_err (required) and
-// its output row is zero-filled instead of read.
-template <typename I>
-Status gather_static(const float* table, int64_t num_rows, int64_t dim, const I* ids, int64_t n,
-                     float* out, GpuLookupError* d_err, cudaStream_t stream);
-// Fused pooled lookup straight from the dense table: out[b] = combine(table[ids[i]]) over the
-// ids of sample b (no intermediate rows). Bad ids are reported and skipped.
-template <typename I>
-Status static_pooled_forward(const float* table, int64_t num_rows, int64_t dim, const I* ids,
-                             Segments seg, const float* weights, int64_t n, int64_t batch,
-                             Combiner combiner, float* out, GpuLookupError* d_err,
-                             cudaStream_t stream, DeviceAllocator* alloc = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 struct GpuTableOptions {
@@ -239,7 +209,8 @@ class GpuTable final : public Table<K> {
                         const int64_t* counts) override {
     return t_->find_or_insert(keys, n, out, counts, s(e));
   }
-  Status insert_or_assign(const ExecContext& e, const K* keys, int64_t n, const float* values) override {
+  Status insert_or_assign(const ExecContext& e, const K* keys, int64_t n,
+                          const float* values) override {
     return t_->insert_or_assign(keys, n, values, s(e));
   }
   Status apply_gradients(const ExecContext& e, const K* keys, int64_t n, const float* grads,
@@ -249,11 +220,12 @@ class GpuTable final : public Table<K> {
   Status shrink(const ExecContext& e, int64_t global_step, int64_t* removed) override {
     return t_->shrink(global_step, s(e), removed);
   }
-  Status export_rows(const ExecContext& e, TableSnapshot<K>* out) override { return t_->export_rows(out, s(e)); }
+  Status export_rows(const ExecContext& e, TableSnapshot<K>* out) override {
+    return t_->export_rows(out, s(e));
+  }
   Status import_rows(const ExecContext& e, const TableSnapshot<K>& snapshot) override {
     return t_->import_rows(snapshot, s(e));
   }
-  GpuEmbeddingTable<K>* gpu_table() { return t_.get(); }
 
  private:
   static cudaStream_t s(const ExecContext& e) { return static_cast<cudaStream_t>(e.stream); }

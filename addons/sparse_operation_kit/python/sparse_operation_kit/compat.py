@@ -120,14 +120,26 @@ def v1_optimizer_hyperparameters(opt):
                         "epsilon": opt._epsilon}
     if name == "FtrlOptimizer":
         if opt._l2_shrinkage_regularization_strength:
-            raise ValueError("sok.OptimizerWrapper: FTRL's l2_shrinkage_regularization_strength is "
-                             "not supported for SOK variables")
+            return None, None  # no fused kernel: the generic path runs TensorFlow's own update
         return Optimizer.FTRL, {"learning_rate": opt._learning_rate,
                         "initial_accumulator": opt._initial_accumulator_value,
                         "lr_power": opt._learning_rate_power,
                         "l1": opt._l1_regularization_strength,
                         "l2": opt._l2_regularization_strength, "beta": opt._beta}
     return None, None
+
+
+def v1_create_slots(opt, var_list):
+    """Has a tf.compat.v1.train optimizer create its slots for `var_list` now (apply_gradients
+    would, too late for the generic path, which fills them before the update)."""
+    with tf.init_scope():
+        opt._create_slots(var_list)
+
+
+def keras_legacy_create_slots(opt, var_list):
+    """The same for a tf_keras.optimizers.legacy optimizer."""
+    with tf.init_scope():
+        opt._create_all_weights(var_list)
 
 
 def registered_kernel_devices(op_type):

@@ -2,6 +2,10 @@
 import logging
 import os
 
+import tensorflow as tf
+
+from sparse_operation_kit.keras_version import keras_is_v3
+
 # Collectives that wait longer than this end every rank with an error (ranks that diverged: a
 # skipped or different collective, a dead or stalled rank), instead of hanging the job.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
@@ -27,7 +31,8 @@ class _Context:
 context = _Context()
 
 
-def init(use_horovod=None, collective_timeout_s=None):
+def init(use_horovod=None, comm_tool="horovod", use_legacy_optimizer=True,
+         collective_timeout_s=None):
     """Initialises SOK, and Horovod under horovodrun if the program has not (NVIDIA SOK 2.x's
     sok.init() does the same); with Horovod already initialised (hvd.init() first) it uses it.
 
@@ -36,8 +41,14 @@ def init(use_horovod=None, collective_timeout_s=None):
     error instead of hanging. Horovod reads it at hvd.init(): if the program initialised Horovod
     itself, set HOROVOD_STALL_SHUTDOWN_TIME_SECONDS in the environment instead.
     In one process without Horovod it is a no-op apart from bookkeeping, so scripts written for
-    several workers also run alone.
+    several workers also run alone. comm_tool: "horovod" (the only one). use_legacy_optimizer
+    (NVIDIA SOK 2.x): with tf_keras as tf.keras (TF_USE_LEGACY_KERAS=1), `tf.keras.optimizers`
+    becomes `tf.keras.optimizers.legacy`, whose optimizers take any variables at any step, so one
+    optimizer object can update SOK variables (through sok.OptimizerWrapper) and dense
+    variables in turn. Keras 3's namespace is left as it is (it has no legacy optimizers).
     """
+    if comm_tool != "horovod":
+        raise ValueError(f"sok.init: unknown comm_tool {comm_tool!r} (SOK communicates through 'horovod')")
     timeout = collective_timeout_s
     if timeout is None:
         timeout = float(os.environ.get("SOK_COLLECTIVE_TIMEOUT_SECONDS", DEFAULT_COLLECTIVE_TIMEOUT_S))
@@ -68,6 +79,8 @@ def init(use_horovod=None, collective_timeout_s=None):
             "ranks diverge. Set it (e.g. %s=300) in the environment, or let sok.init() initialise "
             "Horovod.", _STALL_SHUTDOWN, _STALL_SHUTDOWN)
     context.initialized = True
+    if use_legacy_optimizer:
+        _use_legacy_keras_optimizers()
     return context
 
 
@@ -81,6 +94,17 @@ def _set_stall_timeout(timeout):
 def _configured_timeout():
     value = float(os.environ.get(_STALL_SHUTDOWN, "0") or 0)
     return value if value > 0 else None
+
+
+def _use_legacy_keras_optimizers():
+    if keras_is_v3():
+        return
+    legacy = getattr(tf.keras.optimizers, "legacy", None)
+    if legacy is None:  # already switched
+        return
+    tf.keras.optimizers = legacy
+    tf.get_logger().warning("sok.init(use_legacy_optimizer=True): tf.keras.optimizers is now "
+                            "tf.keras.optimizers.legacy (pass use_legacy_optimizer=False to keep the new optimizers)")
 
 
 def rank():

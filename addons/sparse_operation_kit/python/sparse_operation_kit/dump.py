@@ -18,8 +18,9 @@ from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 
 
-def _dir_name(var):
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", tables.table_name(var))
+def _dir_name(name):
+    """The directory of a table (or slot) under a dump's path."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 def _owned(keys, target, name):
@@ -33,9 +34,8 @@ def _owned(keys, target, name):
 _SHARD = re.compile(r"rank(\d+)-of-(\d+)\.npz$")
 
 
-def _shard_files(path, var):
-    """The shard files of one complete dump of `var` (all ranks of one world size)."""
-    name = _dir_name(var)
+def _shard_files(path, name):
+    """The shard files of one complete dump of the variable `name` (all ranks of one world size)."""
     d = os.path.join(path, name)
     found = {}
     for f in glob.glob(os.path.join(d, "rank*-of-*.npz")):
@@ -110,12 +110,11 @@ def _ev_slots(shards, dim, name):
     return np.concatenate(parts), slot_kind, slot_init
 
 
-def _require_eager(what, variables):
+def _require_eager(what, names):
     if not tf.executing_eagerly():
         raise RuntimeError(
             f"sok.{what} runs eagerly (TF2); in TF1 graphs use tf.compat.v1.train.Saver"
         )
-    names = [_dir_name(v) for v in variables]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise ValueError(
@@ -124,21 +123,41 @@ def _require_eager(what, variables):
         )
 
 
+def _with_slots(variables, optimizer, create):
+    """[(variable, target, directory name)]: the variables, then the optimizer's slots of them
+    ("<variable>/<slot>", placed like their variable). Slots stored in an Embedding Variable's
+    rows are part of its shard anyway."""
+    entries = [(v, tables.target_of(v), _dir_name(tables.table_name(v))) for v in variables]
+    if optimizer is None:
+        return entries
+    if not hasattr(optimizer, "sok_slot_variables"):
+        raise TypeError(
+            "sok.dump/load: optimizer must be a sok.OptimizerWrapper, got "
+            f"{type(optimizer).__name__}"
+        )
+    for slot, var, slot_name in optimizer.sok_slot_variables(variables, create=create):
+        name = _dir_name(f"{tables.table_name(var)}/{slot_name}")
+        entries.append((slot, tables.target_of(var), name))
+    return entries
+
+
 def dump(path: str, variables: Iterable, optimizer=None) -> None:
-    """Writes this rank's shard of each variable under `path` (EV slots are always included)."""
-    variables = list(variables)
-    _require_eager("dump", variables)
+    """Writes this rank's shard of each variable under `path`; with `optimizer` (a
+    sok.OptimizerWrapper) also the optimizer's slots of them (each under its own name, e.g.
+    "<table>/<slot>"). Slots stored in an Embedding Variable's rows are always included."""
+    _require_eager("dump", [])
+    entries = _with_slots(list(variables), optimizer, create=False)
+    _require_eager("dump", [n for _, _, n in entries])
     rank, world = context.rank, context.world_size
     _barrier("sok_dump_start")  # no rank may still be reading a dump that rank 0 now replaces
-    for var in variables:
-        d = os.path.join(path, _dir_name(var))
+    for var, target, name in entries:
+        d = os.path.join(path, name)
         os.makedirs(d, exist_ok=True)
         if rank == 0:  # shards of an earlier dump with another world size would mix in at load
             for f in glob.glob(os.path.join(d, "rank*-of-*.npz")):
                 m = _SHARD.search(os.path.basename(f))
                 if m and int(m.group(2)) != world:
                     os.remove(f)
-        target = tables.target_of(var)
         if isinstance(var, EmbeddingVariable):
             arrays = {f: t.numpy() for f, t in var.snapshot().items()}
             arrays["keys"] = arrays["keys"].astype(np.int64)
@@ -162,27 +181,28 @@ def _barrier(name):
 
 
 def load(path: str, variables: Iterable, optimizer=None) -> None:
-    """Reads every shard of each variable and keeps the keys this rank owns now."""
-    variables = list(variables)
-    _require_eager("load", variables)
-    for var in variables:
-        files = _shard_files(path, var)
-        shards = [_read_shard(f, _dir_name(var)) for f in files]
+    """Reads every shard of each variable and keeps the keys this rank owns now; with `optimizer`
+    also its slots of them (created first where they do not exist yet)."""
+    _require_eager("load", [])
+    entries = _with_slots(list(variables), optimizer, create=True)
+    _require_eager("load", [n for _, _, n in entries])
+    for var, target, name in entries:
+        files = _shard_files(path, name)
+        shards = [_read_shard(f, name) for f in files]
         dim = var.embedding_dim if isinstance(var, EmbeddingVariable) else int(var.shape[-1])
         for f, s in zip(files, shards):
             if int(s["dim"]) != dim:
-                raise ValueError(f"sok.load: '{_dir_name(var)}' has dimension {dim} but {f} holds "
+                raise ValueError(f"sok.load: '{name}' has dimension {dim} but {f} holds "
                                  f"dimension {int(s['dim'])}")
         keys = np.concatenate([s["keys"] for s in shards])
         values = np.concatenate([s["values"].reshape(-1, dim) for s in shards])
-        target = tables.target_of(var)
-        mine = _owned(keys, target, _dir_name(var))
+        mine = _owned(keys, target, name)
         if isinstance(var, EmbeddingVariable):
             # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
             validation.check_key_dtype_fits(
-                keys[mine], var.key_dtype, _dir_name(var), f"sok.load from {path}"
+                keys[mine], var.key_dtype, name, f"sok.load from {path}"
             )
-            slots, slot_kind, slot_init = _ev_slots(shards, dim, _dir_name(var))
+            slots, slot_kind, slot_init = _ev_slots(shards, dim, name)
             var.import_snapshot(
                 {
                     "keys": tf.constant(keys[mine]),
@@ -199,7 +219,7 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
             current = var.numpy()
             if local.size and local.max() >= current.shape[0]:
                 raise ValueError(
-                    f"sok.load: '{_dir_name(var)}' holds row {int(local.max())} but the local "
+                    f"sok.load: '{name}' holds row {int(local.max())} but the local "
                     f"shard has {current.shape[0]} rows"
                 )
             current[local] = values[mine]

@@ -17,22 +17,10 @@ and the fix. The carrier never changes, so it cannot alter the model's output.
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import compat
+from sparse_operation_kit import compat, generic_optimizer, slots
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
-
-
-def keras_is_v3():
-    """True when `tf.keras` is Keras 3 (TF 2.16+ without TF_USE_LEGACY_KERAS=1)."""
-    return not tf.keras.layers.Layer.__module__.startswith("tf_keras")
-
-
-def keras_module():
-    """The Keras that `tf.keras` is: Keras 3's `keras` package, or `tf_keras`."""
-    if keras_is_v3():
-        import keras
-        return keras
-    import tf_keras
-    return tf_keras
+from sparse_operation_kit.generic_optimizer import SlotStores, optimizer_built
+from sparse_operation_kit.keras_version import keras_is_v3, keras_optimizer_kind
 
 
 def _refusal(carrier):
@@ -179,7 +167,7 @@ def _carry(carrier_value, out, inner, table):
 # ---------------------------------------------------------------------------------------------
 # sok.OptimizerWrapper as a Keras optimizer
 # ---------------------------------------------------------------------------------------------
-def split_gradients(grads_and_vars):
+def split_gradients(grads_and_vars, keep_empty=False):
     """-> (sparse pairs (gradient, EmbeddingVariable), other pairs). A carrier's gradient goes to
     its table, unless the table's own gradient is in the list too (a custom loop that passes
     model.trainable_variables + sok.layers.embedding_variables(model)): one update per table."""
@@ -191,7 +179,7 @@ def split_gradients(grads_and_vars):
             sparse.append((g, v))
         elif is_carrier(v):
             table = carrier_table(v)
-            if g is None or id(table) in direct:
+            if (g is None and not keep_empty) or id(table) in direct:
                 continue
             if not isinstance(table, EmbeddingVariable):
                 name = getattr(table, "name", "?")
@@ -211,51 +199,84 @@ def split_gradients(grads_and_vars):
 _wrapper_classes = {}
 
 
-def keras_optimizer_kind(optimizer):
-    """"keras3", "tf_keras" or None: which Keras's (new-style) optimizer `optimizer` is."""
-    try:
-        import keras
-        if isinstance(optimizer, keras.optimizers.Optimizer):
-            return "keras3"
-    except ImportError:
-        pass
-    try:
-        import tf_keras
-        if isinstance(optimizer, tf_keras.optimizers.Optimizer):
-            return "tf_keras"
-    except ImportError:
-        pass
-    return None
-
-
 def wrapper_class(kind, make_updater):
     """The Keras optimizer class of sok.OptimizerWrapper for `kind` ("keras3" or "tf_keras");
-    `make_updater(keras_optimizer)` gives the fused sparse update (optimizers.make_updater, passed
-    in: optimizers.py builds on this module)."""
+    `make_updater(keras_optimizer, max_touched_rows, tracker)` gives SOK's sparse update
+    (optimizers.make_updater, passed in: optimizers.py builds on this module)."""
     if kind not in _wrapper_classes:
         make = _make_keras3_wrapper if kind == "keras3" else _make_tf_keras_wrapper
         _wrapper_classes[kind] = make(make_updater)
     return _wrapper_classes[kind]
 
 
-def _sparse_then_dense(updater, opt, sparse, dense, apply_dense):
-    """SOK's update (at the wrapped optimizer's current step), then the wrapped optimizer's."""
+def _is_generic(updater):
+    return isinstance(updater, generic_optimizer.GenericSparseUpdater)
+
+
+def _build_inner(updater, opt, variables):
+    """Builds the wrapped optimizer for the dense variables among `variables` and, on the generic
+    path, for the scratch variables of the SOK tables among them (then their slot stores)."""
+    sparse, dense = split_gradients([(None, v) for v in variables], keep_empty=True)
+    dense_vars = [v for _, v in dense]
+    if _is_generic(updater):
+        scratch = updater.scratch_variables([v for _, v in sparse])
+        opt.build(dense_vars + scratch)
+        updater.create_slots()
+    else:
+        opt.build(dense_vars)
+
+
+def _sok_apply(updater, opt, sparse, dense, apply_dense):
+    """SOK's update (at the wrapped optimizer's current step) and the wrapped optimizer's."""
     step = opt.iterations
-    update = updater.apply(sparse, step=step)
     dense = [(g, v) for g, v in dense if g is not None]
-    with tf.control_dependencies([update] if isinstance(update, (tf.Operation, tf.Tensor)) and
-                                 not tf.executing_eagerly() else []):
+    if _is_generic(updater):
+        tables = [v for g, v in sparse if g is not None]
+        if not optimizer_built(opt):
+            _build_inner(updater, opt, [v for _, v in dense] + tables)
+        unknown = [t.name for t in tables if not updater.has_table(t)]
+        if unknown:
+            raise ValueError(
+                f"sok.OptimizerWrapper: the wrapped {type(opt).__name__} was built for other "
+                f"variables than the SOK tables {unknown}; a Keras optimizer learns its variables "
+                "once: pass every variable it will train in its first step (or call build with all "
+                "of them)"
+            )
+        updater.apply(sparse, dense, apply_dense, step=step)
+        return
+    update = updater.apply(sparse, step=step)
+    graph_update = isinstance(update, (tf.Operation, tf.Tensor)) and not tf.executing_eagerly()
+    with tf.control_dependencies([update] if graph_update else []):
         if dense:
             apply_dense(dense)
         else:
             step.assign_add(1)
 
 
+class _SlotAccess(slots.HiddenFromCheckpointSlots):
+    """get_slot / get_slot_names of the Keras wrappers (see sparse_operation_kit.slots)."""
+
+    def get_slot(self, var, name):
+        kind = keras_optimizer_kind(self._opt)
+        return slots.get_slot(self._opt, kind, self._sok_updater, var, name)
+
+    def get_slot_names(self):
+        return slots.get_slot_names(self._opt, keras_optimizer_kind(self._opt), self._sok_updater)
+
+    def sok_slot_variables(self, variables, create=False):
+        """[(slot, primary, slot name)] that sok.dump / sok.load store for `variables` (create:
+        check that they exist; a Keras optimizer creates its slots when it is built)."""
+        kind = keras_optimizer_kind(self._opt)
+        if create:
+            slots.prepare_slots(self._opt, kind, self._sok_updater, variables)
+        return slots.slot_variables(self._opt, kind, self._sok_updater, variables)
+
+
 def _make_keras3_wrapper(make_updater):
     import keras
 
     @keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
-    class KerasOptimizerWrapper(keras.optimizers.Optimizer):
+    class KerasOptimizerWrapper(_SlotAccess, keras.optimizers.Optimizer):
         """sok.OptimizerWrapper(keras.optimizers.X(...)) for Keras 3: a Keras optimizer, so that
         `model.compile(optimizer=...)` takes it. SOK tables (their gradient carriers in `fit`, or
         the tables themselves in custom loops) get SOK's fused sparse update of the same
@@ -263,13 +284,16 @@ def _make_keras3_wrapper(make_updater):
 
         _sok_optimizer_wrapper = True  # isinstance(self, sok.OptimizerWrapper)
 
-        def __init__(self, optimizer, name=None, **kwargs):
+        def __init__(self, optimizer, name=None, max_touched_rows=None, **kwargs):
             if isinstance(optimizer, dict):
                 optimizer = keras.optimizers.deserialize(optimizer)
-            updater = make_updater(optimizer)
+            slot_stores = SlotStores()
+            updater = make_updater(optimizer, max_touched_rows, tracker=slot_stores)
             super().__init__(learning_rate=0.0, name=name or f"sok_{optimizer.name}")
             self._opt = optimizer
             self._sok_updater = updater
+            self._max_touched_rows = max_touched_rows
+            self.sok_slots = slot_stores
 
         @property
         def optimizer(self):
@@ -292,8 +316,7 @@ def _make_keras3_wrapper(make_updater):
             return self._opt.variables
 
         def build(self, variables):
-            _, dense = split_gradients([(None, v) for v in variables])
-            self._opt.build([v for _, v in dense])
+            _build_inner(self._sok_updater, self._opt, variables)
             self.built = True
 
         def apply_gradients(self, grads_and_vars):
@@ -311,7 +334,7 @@ def _make_keras3_wrapper(make_updater):
                     self._opt.build([v for _, v in pairs])
                 self._opt.apply([g for g, _ in pairs], [v for _, v in pairs])
 
-            _sparse_then_dense(self._sok_updater, self._opt, sparse, dense, apply_dense)
+            _sok_apply(self._sok_updater, self._opt, sparse, dense, apply_dense)
 
         def scale_loss(self, loss):
             return self._opt.scale_loss(loss)
@@ -329,7 +352,11 @@ def _make_keras3_wrapper(make_updater):
             pass
 
         def get_config(self):
-            return {"name": self.name, "optimizer": keras.optimizers.serialize(self._opt)}
+            return {
+                "name": self.name,
+                "optimizer": keras.optimizers.serialize(self._opt),
+                "max_touched_rows": self._max_touched_rows,
+            }
 
         @classmethod
         def from_config(cls, config, custom_objects=None):
@@ -342,19 +369,22 @@ def _make_tf_keras_wrapper(make_updater):
     import tf_keras
 
     @tf_keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
-    class TfKerasOptimizerWrapper(tf_keras.optimizers.Optimizer):
+    class TfKerasOptimizerWrapper(_SlotAccess, tf_keras.optimizers.Optimizer):
         """sok.OptimizerWrapper(tf_keras.optimizers.X(...)): a tf_keras optimizer (see the Keras 3
         wrapper)."""
 
         _sok_optimizer_wrapper = True
 
-        def __init__(self, optimizer, name=None, **kwargs):
+        def __init__(self, optimizer, name=None, max_touched_rows=None, **kwargs):
             if isinstance(optimizer, dict):
                 optimizer = tf_keras.optimizers.deserialize(optimizer)
-            updater = make_updater(optimizer)
+            slot_stores = SlotStores()
+            updater = make_updater(optimizer, max_touched_rows, tracker=slot_stores)
             super().__init__(name=name or f"sok_{optimizer.name}")
             self._opt = optimizer
             self._sok_updater = updater
+            self._max_touched_rows = max_touched_rows
+            self.sok_slots = slot_stores
 
         @property
         def optimizer(self):
@@ -387,15 +417,13 @@ def _make_tf_keras_wrapper(make_updater):
             pass
 
         def build(self, var_list):
-            _, dense = split_gradients([(None, v) for v in var_list])
-            self._opt.build([v for _, v in dense])
+            _build_inner(self._sok_updater, self._opt, var_list)
 
         def apply_gradients(
             self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs
         ):
             sparse, dense = split_gradients(grads_and_vars)
-            _sparse_then_dense(self._sok_updater, self._opt, sparse, dense,
-                               lambda pairs: self._opt.apply_gradients(pairs))
+            _sok_apply(self._sok_updater, self._opt, sparse, dense, self._opt.apply_gradients)
             return self.iterations
 
         def finalize_variable_values(self, var_list):
@@ -403,7 +431,11 @@ def _make_tf_keras_wrapper(make_updater):
             self._opt.finalize_variable_values([v for _, v in dense])
 
         def get_config(self):
-            return {"name": self.name, "optimizer": tf_keras.optimizers.serialize(self._opt)}
+            return {
+                "name": self.name,
+                "optimizer": tf_keras.optimizers.serialize(self._opt),
+                "max_touched_rows": self._max_touched_rows,
+            }
 
         @classmethod
         def from_config(cls, config, custom_objects=None):

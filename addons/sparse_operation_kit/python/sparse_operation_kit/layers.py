@@ -31,7 +31,7 @@ looked up nor pooled; without it every entry of a dense [batch, n] tensor is an 
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import keras_support, validation
+from sparse_operation_kit import keras_support, keras_version, validation
 from sparse_operation_kit.embedding_variable import (
     CounterFilter,
     EmbeddingVariable,
@@ -45,7 +45,7 @@ from sparse_operation_kit.lookup import COMBINERS, lookup_sparse
 from sparse_operation_kit.schema import EXPORT_FIELDS
 from sparse_operation_kit.tables import StaticTable, table_name
 
-_register = keras_support.keras_module().saving.register_keras_serializable
+_register = keras_version.keras_module().saving.register_keras_serializable
 
 
 def embedding_variables(obj):
@@ -132,7 +132,7 @@ def _initializer_config(init, table):
 
 def _initializer_from_config(config):
     if isinstance(config, dict):
-        return keras_support.keras_module().initializers.get(
+        return keras_version.keras_module().initializers.get(
             {"class_name": config["class_name"], "config": config["config"]})
     return config
 
@@ -195,7 +195,7 @@ class _TablesLayer(tf.keras.layers.Layer):
             setattr(self, f"table_{i}", table)
             # tf_keras trains a static tf.Variable table itself (it tracks tf.Variables); Keras 3
             # does not, so such tables get a carrier there too (its gradient raises an error).
-            if table.trainable and (is_embedding_variable(table) or keras_support.keras_is_v3()):
+            if table.trainable and (is_embedding_variable(table) or keras_version.keras_is_v3()):
                 carrier = keras_support.make_carrier(self.name, i, table)
                 setattr(self, f"sok_gradient_carrier_{i}", carrier)
                 carriers.append(carrier)

@@ -1,10 +1,12 @@
 """Optimizers for SOK variables: fused sparse updates of the touched Embedding Variable rows and
-their co-located slots; everything else goes to the wrapped TensorFlow/Keras optimizer."""
+their co-located slots, or the generic path (generic_optimizer) for optimizers without a fused
+kernel; dense variables go to the wrapped TensorFlow/Keras optimizer."""
 import tensorflow as tf
 
-from sparse_operation_kit import compat, keras_support, uniqueness
+from sparse_operation_kit import compat, generic_optimizer, keras_support, slots, uniqueness
 from sparse_operation_kit._ops import ops
 from sparse_operation_kit.keras_support import split_gradients
+from sparse_operation_kit.keras_version import keras_optimizer_kind
 from sparse_operation_kit.schema import Optimizer
 from sparse_operation_kit.tables import is_sok_table
 
@@ -26,17 +28,18 @@ def filter_variables(variables) -> tuple[list, list]:
 
 
 def _keras_hyperparameters(opt):
+    """(kind, hyperparameters) of SOK's fused kernel for a Keras optimizer; (None, None) when it
+    has none (the generic path then runs the optimizer's own update)."""
     cfg = opt.get_config()
     name = type(opt).__name__.lower()
 
     def lr():  # read at every step: schedules and later assignments
         return opt.learning_rate
 
-    if name == "sgd":
-        if cfg.get("momentum", 0.0):
-            raise ValueError(
-                "sok.OptimizerWrapper: SGD with momentum is not supported for SOK variables"
-            )
+    clipping = ("clipnorm", "clipvalue", "global_clipnorm")
+    if cfg.get("weight_decay") or any(cfg.get(c) for c in clipping):
+        return None, None  # the fused kernels know no weight decay or clipping
+    if name == "sgd" and not cfg.get("momentum", 0.0):
         return Optimizer.SGD, {"learning_rate": lr}
     if name == "adagrad":
         return Optimizer.ADAGRAD, {
@@ -44,23 +47,14 @@ def _keras_hyperparameters(opt):
             "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
             "epsilon": cfg.get("epsilon", 1e-7),
         }
-    if name in ("adam", "lazyadam"):
-        if cfg.get("amsgrad"):
-            raise ValueError(
-                "sok.OptimizerWrapper: Adam with amsgrad is not supported for SOK variables"
-            )
+    if name in ("adam", "lazyadam") and not cfg.get("amsgrad"):
         return Optimizer.ADAM, {
             "learning_rate": lr,
             "beta1": cfg.get("beta_1", 0.9),
             "beta2": cfg.get("beta_2", 0.999),
             "epsilon": cfg.get("epsilon", 1e-7),
         }
-    if name == "ftrl":
-        if cfg.get("l2_shrinkage_regularization_strength"):
-            raise ValueError(
-                "sok.OptimizerWrapper: FTRL's l2_shrinkage_regularization_strength is not "
-                "supported for SOK variables"
-            )
+    if name == "ftrl" and not cfg.get("l2_shrinkage_regularization_strength"):
         return Optimizer.FTRL, {
             "learning_rate": lr,
             "initial_accumulator": cfg.get("initial_accumulator_value", 0.1),
@@ -70,6 +64,23 @@ def _keras_hyperparameters(opt):
             "beta": cfg.get("beta", 0.0),
         }
     return None, None
+
+
+def fused_kind(optimizer):
+    """(kind, hyperparameters) of the fused kernel for `optimizer`, or (None, None)."""
+    if generic_optimizer.optimizer_flavor(optimizer) == "v1":
+        return compat.v1_optimizer_hyperparameters(optimizer)
+    if hasattr(optimizer, "get_config"):
+        return _keras_hyperparameters(optimizer)
+    return None, None
+
+
+def _refuse(optimizer):
+    raise ValueError(
+        f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK variables "
+        "(expected a tf.compat.v1.train, Keras 3, tf_keras or tf_keras.optimizers.legacy "
+        "optimizer)"
+    )
 
 
 def _value(x):
@@ -167,15 +178,16 @@ class _SparseUpdater:
             )
 
 
-def make_updater(optimizer):
-    """The fused sparse update matching a Keras optimizer (ValueError if it has none)."""
-    kind, hyper = _keras_hyperparameters(optimizer)
-    if kind is None:
-        raise ValueError(
-            f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
-            f"variables (supported: {', '.join(SUPPORTED)})"
-        )
-    return _SparseUpdater(kind, hyper)
+def make_updater(optimizer, max_touched_rows=None, tracker=None):
+    """SOK's update for a wrapped optimizer: the fused kernel of the same optimizer where there is
+    one, else the generic path (generic_optimizer) running the optimizer's own update."""
+    flavor = generic_optimizer.optimizer_flavor(optimizer)
+    if flavor is None:
+        _refuse(optimizer)
+    kind, hyper = fused_kind(optimizer)
+    if kind is not None:
+        return _SparseUpdater(kind, hyper)
+    return generic_optimizer.GenericSparseUpdater(optimizer, flavor, max_touched_rows, tracker)
 
 
 class _WrapperType(type(compat.AutoTrackable)):
@@ -187,12 +199,16 @@ class _WrapperType(type(compat.AutoTrackable)):
         return super().__instancecheck__(obj)
 
 
-class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
+class OptimizerWrapper(
+    slots.HiddenFromCheckpointSlots, compat.AutoTrackable, metaclass=_WrapperType
+):
     """Wraps a tf.compat.v1.train or Keras (3 or tf_keras) optimizer: SOK Embedding Variables get
     the fused sparse update of the same optimizer, other variables the wrapped optimizer.
 
-    Supported for Embedding Variables: SGD (no momentum), Adagrad, Adam (lazy: only touched rows
-    move), FTRL.
+    Fused kernels for Embedding Variables: SGD (no momentum), Adagrad, Adam (lazy: only touched
+    rows move), FTRL. Every other optimizer runs its own update on the touched rows through a
+    scratch variable of `max_touched_rows` rows (see generic_optimizer); its slots are Embedding
+    Variables keyed like the table (`get_slot`).
 
     Wrapping a Keras 3 or tf_keras optimizer gives a Keras optimizer (a subclass of Keras's
     Optimizer, registered as "sok>OptimizerWrapper"), so `model.compile(optimizer=
@@ -203,24 +219,20 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
 
     def __new__(cls, optimizer=None, *args, **kwargs):
         if cls is OptimizerWrapper:
-            kind = keras_support.keras_optimizer_kind(optimizer)
+            kind = keras_optimizer_kind(optimizer)
             if kind is not None:
-                return keras_support.wrapper_class(kind, make_updater)(optimizer)
+                wrapper = keras_support.wrapper_class(kind, make_updater)
+                return wrapper(optimizer, *args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer, max_touched_rows=None):
         self._opt = optimizer
-        kind, hyper = compat.v1_optimizer_hyperparameters(optimizer)
-        self._is_v1 = kind is not None
-        if kind is None:
-            if hasattr(optimizer, "get_config"):
-                kind, hyper = _keras_hyperparameters(optimizer)
-            if kind is None:
-                raise ValueError(
-                    f"sok.OptimizerWrapper: {type(optimizer).__name__} is not supported for SOK "
-                    f"variables (supported: {', '.join(SUPPORTED)})"
-                )
-        self._updater = _SparseUpdater(kind, hyper, on_step_created=self._track_step)
+        self._flavor = generic_optimizer.optimizer_flavor(optimizer)
+        self._is_v1 = self._flavor == "v1"
+        self.sok_slots = generic_optimizer.SlotStores()
+        self._updater = make_updater(optimizer, max_touched_rows, tracker=self.sok_slots)
+        if isinstance(self._updater, _SparseUpdater):
+            self._updater._on_step_created = self._track_step
 
     def _track_step(self, step):
         # An attribute of a trackable is a checkpoint dependency: tf.train.Checkpoint(optimizer=
@@ -236,6 +248,28 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
             raise AttributeError(item)
         return getattr(self._opt, item)
 
+    # --- slots ----------------------------------------------------------------------------------
+    def get_slot(self, var, name):
+        """The slot `name` of `var`: for a SOK table an Embedding Variable keyed like the table
+        (generic path) or a read-only view of the slots stored in its rows (fused kernels); for
+        other variables the wrapped optimizer's slot."""
+        return slots.get_slot(self._opt, self._flavor, self._updater, var, name)
+
+    def get_slot_names(self):
+        return slots.get_slot_names(self._opt, self._flavor, self._updater)
+
+    def sok_slot_variables(self, variables, create=False):
+        """[(slot, primary, slot name)] that sok.dump / sok.load store for `variables` (create:
+        make missing slots first)."""
+        if create:
+            slots.prepare_slots(self._opt, self._flavor, self._updater, variables)
+        return slots.slot_variables(self._opt, self._flavor, self._updater, variables)
+
+    def variables(self):
+        """The wrapped optimizer's variables (without the generic path's scratch slots) and the
+        slot tables of SOK variables."""
+        return slots.optimizer_variables(self._opt, self._flavor, self._updater)
+
     def compute_gradients(self, loss, var_list=None, **kwargs):
         """TF1: [(gradient, variable)] for SOK variables and the rest alike."""
         if var_list is None:
@@ -248,9 +282,25 @@ class OptimizerWrapper(compat.AutoTrackable, metaclass=_WrapperType):
         return list(zip(grads, var_list))
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
-        sparse, dense = split_gradients(
-            grads_and_vars
-        )  # gradient carriers of SOK layers -> their tables
+        # Gradient carriers of SOK layers -> their tables.
+        sparse, dense = split_gradients(grads_and_vars)
+        if isinstance(self._updater, generic_optimizer.GenericSparseUpdater):
+            dense = [(g, v) for g, v in dense if g is not None]
+            applied = []  # the wrapped optimizer's own update op
+
+            def apply_fn(pairs):
+                if self._is_v1:
+                    applied.append(
+                        self._opt.apply_gradients(pairs, global_step=global_step, name=name)
+                    )
+                    return applied[-1]
+                return self._opt.apply_gradients(pairs)
+
+            step = None if self._is_v1 else self._opt.iterations
+            train_op = self._updater.apply(sparse, dense, apply_fn, step=step)
+            if self._is_v1 and train_op is not None:
+                _register_train_op(applied, train_op)
+            return train_op
         step = None
         if not self._is_v1 and hasattr(self._opt, "iterations"):
             step = self._opt.iterations  # Keras: share the wrapped optimizer's step counter

@@ -10,6 +10,8 @@ from sparse_operation_kit.embedding_variable import (
     EmbeddingVariableOption,
     InitializerOption,
 )
+from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
+from sparse_operation_kit.slots import RowSlot
 from sparse_operation_kit.tables import StaticTable, parse_mode, static_table
 
 
@@ -257,17 +259,17 @@ def _capacity(value, name):
 
 def export(var) -> tuple[tf.Tensor, tf.Tensor]:
     """(keys, values) of every row of a SOK variable (a dense table: its ids and rows)."""
-    from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
     if isinstance(var, (EmbeddingVariable, PartitionedEmbeddingVariable)):
         keys, values = var.export()[:2]
         return keys, values
+    if isinstance(var, RowSlot):  # a slot stored in a table's rows
+        return var.export()
     value = tf.convert_to_tensor(var)
     return tf.range(tf.shape(value, out_type=tf.int64)[0]), value
 
 
 def assign(var, indices, values) -> tf.Operation | tf.Tensor | tf.Variable | None:
     """Writes rows: var[indices[i]] = values[i] (inserting keys of dynamic tables)."""
-    from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
     if isinstance(var, (EmbeddingVariable, PartitionedEmbeddingVariable)):
         return var.assign(indices, values)
     return var.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(values, var.dtype),

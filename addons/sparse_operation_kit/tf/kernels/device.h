@@ -36,7 +36,9 @@ struct GpuDevice {
 };
 
 // A core error as a TensorFlow one, named after the table it concerns.
-inline Status ToTf(const sok::Status& s) { return s.ok() ? OkStatus() : errors::InvalidArgument(s.message()); }
+inline Status ToTf(const sok::Status& s) {
+  return s.ok() ? OkStatus() : errors::InvalidArgument(s.message());
+}
 inline Status ToTf(const sok::Status& s, const std::string& table) {
   if (s.ok()) return OkStatus();
   // The core's table errors already start with "table '<name>'".
@@ -125,7 +127,8 @@ class TfDeviceAllocator : public sok::gpu::DeviceAllocator {
   std::string describe_free_memory() override {
     absl::optional<AllocatorStats> s = a_->GetStats();
     if (!s || !s->bytes_limit) return sok::gpu::DeviceAllocator::describe_free_memory();
-    return std::to_string(*s->bytes_limit - s->bytes_in_use) + " of " + std::to_string(*s->bytes_limit) +
+    return std::to_string(*s->bytes_limit - s->bytes_in_use) + " of " +
+           std::to_string(*s->bytes_limit) +
            " bytes free in TensorFlow's GPU allocator, largest free block " +
            std::to_string(s->largest_free_block_bytes);
   }
@@ -139,7 +142,8 @@ class ScopedStreamDevice {
  public:
   explicit ScopedStreamDevice(cudaStream_t stream) {
     int dev = -1;
-    if (cudaStreamGetDevice(stream, &dev) == cudaSuccess && cudaGetDevice(&prev_) == cudaSuccess && dev != prev_) {
+    if (cudaStreamGetDevice(stream, &dev) == cudaSuccess && cudaGetDevice(&prev_) == cudaSuccess &&
+        dev != prev_) {
       restore_ = cudaSetDevice(dev) == cudaSuccess;
     }
     cudaGetLastError();  // a failed query must not leak into the next CUDA error check
@@ -176,13 +180,15 @@ struct OnDevice<GpuDevice> {
   template <typename K>
   static Status NewTable(OpKernelContext* ctx, const sok::TableConfig& config,
                          std::unique_ptr<sok::Table<K>>* out, std::shared_ptr<void>* keep_alive) {
-    auto alloc = std::make_shared<TfDeviceAllocator>(ctx->device()->GetAllocator(AllocatorAttributes()));
+    auto alloc =
+        std::make_shared<TfDeviceAllocator>(ctx->device()->GetAllocator(AllocatorAttributes()));
     sok::gpu::GpuTableOptions options;
     options.allocator = alloc.get();
     options.storage = alloc.get();
     std::unique_ptr<sok::gpu::GpuEmbeddingTable<K>> table;
     ScopedStreamDevice on_device(Stream(ctx));
-    TF_RETURN_IF_ERROR(ToTf(sok::gpu::GpuEmbeddingTable<K>::Create(config, options, &table), config.name));
+    TF_RETURN_IF_ERROR(
+        ToTf(sok::gpu::GpuEmbeddingTable<K>::Create(config, options, &table), config.name));
     out->reset(new sok::gpu::GpuTable<K>(std::move(table)));
     *keep_alive = alloc;
     return OkStatus();

@@ -43,16 +43,19 @@ class InitializeOp : public SokOpKernel<Device> {
       config.init_matrix.assign(flat.data(), flat.data() + flat.size());
     }
     core::RefCountPtr<Resource<K>> res;
-    OP_REQUIRES_OK(ctx, LookupOrCreateResource<Resource<K>>(ctx, handle, &res, [&](Resource<K>** r) {
+    OP_REQUIRES_OK(ctx,
+                   LookupOrCreateResource<Resource<K>>(ctx, handle, &res, [&](Resource<K>** r) {
                      std::unique_ptr<sok::Table<K>> table;
                      std::shared_ptr<void> keep_alive;
-                     TF_RETURN_IF_ERROR(OnDevice<Device>::template NewTable<K>(ctx, config, &table, &keep_alive));
+                     TF_RETURN_IF_ERROR(
+                         OnDevice<Device>::template NewTable<K>(ctx, config, &table, &keep_alive));
                      *r = new Resource<K>(std::move(table), std::move(keep_alive));
                      return OkStatus();
                    }));
-    OP_REQUIRES(ctx, res->table()->dim() == config.dim,
-                errors::InvalidArgument("Embedding Variable '", config.name, "' exists with dimension ",
-                                        res->table()->dim(), ", not ", config.dim));
+    OP_REQUIRES(
+        ctx, res->table()->dim() == config.dim,
+        errors::InvalidArgument("Embedding Variable '", config.name, "' exists with dimension ",
+                                res->table()->dim(), ", not ", config.dim));
   }
 
  private:
@@ -84,7 +87,8 @@ class SizeOp : public SokOpKernel<Device> {
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, HandleFromInput(ctx, 0), &res));
     int64_t size = 0;
-    OP_REQUIRES_OK(ctx, ToTf(res->table()->size(OnDevice<Device>::Exec(ctx), &size), res->table()->name()));
+    OP_REQUIRES_OK(
+        ctx, ToTf(res->table()->size(OnDevice<Device>::Exec(ctx), &size), res->table()->name()));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));  // HostMemory
     out->scalar<int64_t>()() = size;
@@ -93,19 +97,20 @@ class SizeOp : public SokOpKernel<Device> {
 
 // One table's share of Gather, dispatched on its key dtype.
 template <typename K>
-Status GatherOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys, const Tensor& counts,
-                 int64_t dim, bool training, Tensor* out, const sok::ExecContext& exec) {
+Status GatherOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys,
+                 const Tensor& counts, int64_t dim, bool training, Tensor* out,
+                 const sok::ExecContext& exec) {
   core::RefCountPtr<Resource<K>> res;
   TF_RETURN_IF_ERROR(LookupTable(ctx, handle, &res));
   sok::Table<K>* table = res->table();
   if (table->dim() != dim) {
-    return errors::InvalidArgument("Embedding Variable '", table->name(), "' has dimension ", table->dim(),
-                                   " but the lookup expects ", dim);
+    return errors::InvalidArgument("Embedding Variable '", table->name(), "' has dimension ",
+                                   table->dim(), " but the lookup expects ", dim);
   }
   const int64_t n = keys.NumElements();
   if (counts.NumElements() != 0 && counts.NumElements() != n) {
-    return errors::InvalidArgument("lookup of '", table->name(), "': ", counts.NumElements(), " counts for ", n,
-                                   " keys");
+    return errors::InvalidArgument("lookup of '", table->name(), "': ", counts.NumElements(),
+                                   " counts for ", n, " keys");
   }
   const K* k = keys.flat<K>().data();
   float* o = out->flat<float>().data();
@@ -132,14 +137,16 @@ class GatherOp : public SokOpKernel<Device> {
                 errors::InvalidArgument(dims_.size(), " dims for ", n, " tables"));
     std::vector<Tensor*> outs(n);
     for (int i = 0; i < n; ++i) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({keys[i].NumElements(), dims_[i]}), &outs[i]));
+      OP_REQUIRES_OK(
+          ctx, ctx->allocate_output(i, TensorShape({keys[i].NumElements(), dims_[i]}), &outs[i]));
     }
     std::vector<Status> status(n);
     OnDevice<Device>::ForEachTable(ctx, n, [&](int i, const sok::ExecContext& exec) {
       const ResourceHandle& h = HandleFromInput(ctx, i);
-      status[i] = keys[i].dtype() == DT_INT64
-                      ? GatherOne<int64_t>(ctx, h, keys[i], counts[i], dims_[i], training_, outs[i], exec)
-                      : GatherOne<int32_t>(ctx, h, keys[i], counts[i], dims_[i], training_, outs[i], exec);
+      status[i] =
+          keys[i].dtype() == DT_INT64
+              ? GatherOne<int64_t>(ctx, h, keys[i], counts[i], dims_[i], training_, outs[i], exec)
+              : GatherOne<int32_t>(ctx, h, keys[i], counts[i], dims_[i], training_, outs[i], exec);
     });
     for (const Status& s : status) OP_REQUIRES_OK(ctx, s);
   }
@@ -162,29 +169,33 @@ class AssignOp : public SokOpKernel<Device> {
     const Tensor& values = ctx->input(2);
     sok::Table<K>* table = res->table();
     OP_REQUIRES(ctx,
-                values.dims() == 2 && values.dim_size(0) == keys.NumElements() && values.dim_size(1) == table->dim(),
+                values.dims() == 2 && values.dim_size(0) == keys.NumElements() &&
+                    values.dim_size(1) == table->dim(),
                 errors::InvalidArgument("assign to '", table->name(), "': values of shape ",
                                         values.shape().DebugString(), " for ", keys.NumElements(),
                                         " keys of dimension ", table->dim()));
-    OP_REQUIRES_OK(ctx, ToTf(table->insert_or_assign(OnDevice<Device>::Exec(ctx), keys.flat<K>().data(),
-                                                     keys.NumElements(), values.flat<float>().data()),
-                             table->name()));
+    OP_REQUIRES_OK(ctx,
+                   ToTf(table->insert_or_assign(OnDevice<Device>::Exec(ctx), keys.flat<K>().data(),
+                                                keys.NumElements(), values.flat<float>().data()),
+                        table->name()));
   }
 };
 
 template <typename K>
-Status ApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys, const Tensor& grads,
-                const sok::OptimizerParams& p, int64_t step, bool keys_unique, const sok::ExecContext& exec) {
+Status ApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys,
+                const Tensor& grads, const sok::OptimizerParams& p, int64_t step, bool keys_unique,
+                const sok::ExecContext& exec) {
   core::RefCountPtr<Resource<K>> res;
   TF_RETURN_IF_ERROR(LookupTable(ctx, handle, &res));
   sok::Table<K>* table = res->table();
   const int64_t n = keys.NumElements();
   if (grads.dims() != 2 || grads.dim_size(0) != n || grads.dim_size(1) != table->dim()) {
     return errors::InvalidArgument("update of '", table->name(), "': gradient of shape ",
-                                   grads.shape().DebugString(), " for ", n, " keys of dimension ", table->dim());
+                                   grads.shape().DebugString(), " for ", n, " keys of dimension ",
+                                   table->dim());
   }
-  return ToTf(table->apply_gradients(exec, keys.flat<K>().data(), n, grads.flat<float>().data(), p, step,
-                                     keys_unique),
+  return ToTf(table->apply_gradients(exec, keys.flat<K>().data(), n, grads.flat<float>().data(), p,
+                                     step, keys_unique),
               table->name());
 }
 
@@ -202,7 +213,7 @@ class SparseApplyOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     const int n = keys.size();
     sok::OptimizerParams p = params_;
-    p.lr = ctx->input(3 * n).scalar<float>()();                   // HostMemory
+    p.lr = ctx->input(3 * n).scalar<float>()();                      // HostMemory
     const int64_t step = ctx->input(3 * n + 1).scalar<int64_t>()();  // HostMemory
     p.step = step + 1;
     std::vector<Status> status(n);
@@ -230,9 +241,10 @@ class ShrinkOp : public SokOpKernel<Device> {
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, HandleFromInput(ctx, 0), &res));
     int64_t removed = 0;
-    OP_REQUIRES_OK(ctx, ToTf(res->table()->shrink(OnDevice<Device>::Exec(ctx),
-                                                  ctx->input(1).scalar<int64_t>()(), &removed),  // HostMemory
-                             res->table()->name()));
+    OP_REQUIRES_OK(
+        ctx, ToTf(res->table()->shrink(OnDevice<Device>::Exec(ctx),
+                                       ctx->input(1).scalar<int64_t>()(), &removed),  // HostMemory
+                  res->table()->name()));
     Tensor* out;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));  // HostMemory
     out->scalar<int64_t>()() = removed;
@@ -245,7 +257,8 @@ constexpr int In(sok::SnapshotField f) { return 1 + static_cast<int>(f); }
 
 // Host output `index` holding a copy of v.
 template <typename T>
-Status HostOutput(OpKernelContext* ctx, int index, const std::vector<T>& v, const TensorShape& shape) {
+Status HostOutput(OpKernelContext* ctx, int index, const std::vector<T>& v,
+                  const TensorShape& shape) {
   Tensor* t;
   TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &t));
   std::copy(v.begin(), v.end(), t->flat<T>().data());
@@ -262,16 +275,22 @@ class ExportOp : public SokOpKernel<Device> {
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, HandleFromInput(ctx, 0), &res));
     sok::TableSnapshot<K> s;
-    OP_REQUIRES_OK(ctx, ToTf(res->table()->export_rows(OnDevice<Device>::Exec(ctx), &s), res->table()->name()));
+    OP_REQUIRES_OK(ctx, ToTf(res->table()->export_rows(OnDevice<Device>::Exec(ctx), &s),
+                             res->table()->name()));
     const int64_t n = static_cast<int64_t>(s.keys.size());
     OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kKeys), s.keys, TensorShape({n})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kValues), s.values, TensorShape({n, s.dim})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlots), s.slots, TensorShape({n, s.num_slots, s.dim})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kFreqs), s.freqs, TensorShape({n})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kVersions), s.versions, TensorShape({n})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotKind), std::vector<int32_t>{s.slot_kind}, TensorShape({})));
+    OP_REQUIRES_OK(
+        ctx, HostOutput(ctx, Out(sok::SnapshotField::kValues), s.values, TensorShape({n, s.dim})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlots), s.slots,
+                                   TensorShape({n, s.num_slots, s.dim})));
     OP_REQUIRES_OK(ctx,
-                   HostOutput(ctx, Out(sok::SnapshotField::kSlotInit), s.slot_init, TensorShape({static_cast<int64_t>(s.slot_init.size())})));
+                   HostOutput(ctx, Out(sok::SnapshotField::kFreqs), s.freqs, TensorShape({n})));
+    OP_REQUIRES_OK(
+        ctx, HostOutput(ctx, Out(sok::SnapshotField::kVersions), s.versions, TensorShape({n})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotKind),
+                                   std::vector<int32_t>{s.slot_kind}, TensorShape({})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotInit), s.slot_init,
+                                   TensorShape({static_cast<int64_t>(s.slot_init.size())})));
   }
 };
 
@@ -288,15 +307,17 @@ class ImportOp : public SokOpKernel<Device> {
     const Tensor& values = ctx->input(In(sok::SnapshotField::kValues));  // all HostMemory
     const Tensor& slots = ctx->input(In(sok::SnapshotField::kSlots));
     OP_REQUIRES(ctx, values.dims() == 2 && slots.dims() == 3,
-                errors::InvalidArgument("cannot restore '", table->name(),
-                                        "': values must be [n, dim] and slots [n, num_slots, dim], got ",
-                                        values.shape().DebugString(), " and ", slots.shape().DebugString()));
+                errors::InvalidArgument(
+                    "cannot restore '", table->name(),
+                    "': values must be [n, dim] and slots [n, num_slots, dim], got ",
+                    values.shape().DebugString(), " and ", slots.shape().DebugString()));
     sok::TableSnapshot<K> s;
     s.dim = values.dim_size(1);
     s.num_slots = static_cast<int>(slots.dim_size(1));
-    OP_REQUIRES(ctx, slots.dim_size(2) == s.dim || slots.NumElements() == 0,
-                errors::InvalidArgument("cannot restore '", table->name(), "': slots of shape ",
-                                        slots.shape().DebugString(), " for values of dimension ", s.dim));
+    OP_REQUIRES(
+        ctx, slots.dim_size(2) == s.dim || slots.NumElements() == 0,
+        errors::InvalidArgument("cannot restore '", table->name(), "': slots of shape ",
+                                slots.shape().DebugString(), " for values of dimension ", s.dim));
     auto copy = [](const Tensor& t, auto* v) {
       using T = typename std::remove_reference_t<decltype(*v)>::value_type;
       auto f = t.flat<T>();
@@ -353,7 +374,8 @@ class SchemaOp : public OpKernel {
   }
 };
 REGISTER_KERNEL_BUILDER(Name("SokSchema").Device(DEVICE_CPU), SchemaOp);
-#if GOOGLE_CUDA  // every op has a GPU kernel (tests/gpu/compile_check.sh); the names stay on the host
+#if GOOGLE_CUDA  // every op has a GPU kernel (tests/gpu/compile_check.sh); the names stay on the
+                 // host
 REGISTER_KERNEL_BUILDER(Name("SokSchema")
                             .Device(DEVICE_GPU)
                             .HostMemory("init_kinds")
@@ -363,68 +385,75 @@ REGISTER_KERNEL_BUILDER(Name("SokSchema")
 #endif
 
 // The handle lives in host memory on both devices; so do the scalars and the checkpoint tensors.
-static_assert(sok::kNumSnapshotFields == 7, "SOK_SNAPSHOT_IN_HOST_MEMORY names every snapshot field");
-#define SOK_SNAPSHOT_IN_HOST_MEMORY                                                                      \
-  .HostMemory(sok::kSnapshotFieldNames[0]).HostMemory(sok::kSnapshotFieldNames[1])                      \
-      .HostMemory(sok::kSnapshotFieldNames[2]).HostMemory(sok::kSnapshotFieldNames[3])                  \
-      .HostMemory(sok::kSnapshotFieldNames[4]).HostMemory(sok::kSnapshotFieldNames[5])                  \
+static_assert(sok::kNumSnapshotFields == 7,
+              "SOK_SNAPSHOT_IN_HOST_MEMORY names every snapshot field");
+#define SOK_SNAPSHOT_IN_HOST_MEMORY            \
+  .HostMemory(sok::kSnapshotFieldNames[0])     \
+      .HostMemory(sok::kSnapshotFieldNames[1]) \
+      .HostMemory(sok::kSnapshotFieldNames[2]) \
+      .HostMemory(sok::kSnapshotFieldNames[3]) \
+      .HostMemory(sok::kSnapshotFieldNames[4]) \
+      .HostMemory(sok::kSnapshotFieldNames[5]) \
       .HostMemory(sok::kSnapshotFieldNames[6])
-#define SOK_REGISTER_EV_KERNELS(DEV, DEV_T, K)                                                          \
-  REGISTER_KERNEL_BUILDER(                                                                               \
-      Name("SokEmbeddingVariableHandle").Device(DEV).HostMemory("handle").TypeConstraint<K>("key_dtype"), \
-      ResourceHandleOp<Resource<K>>);                                                                    \
-  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableInitialize")                                         \
-                              .Device(DEV)                                                               \
-                              .HostMemory("handle")                                                      \
-                              .HostMemory("init_matrix")                                                 \
-                              .TypeConstraint<K>("key_dtype"),                                           \
-                          InitializeOp<DEV_T, K>);                                                      \
-  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableIsInitialized")                                      \
-                              .Device(DEV)                                                               \
-                              .HostMemory("handle")                                                      \
-                              .HostMemory("is_initialized")                                              \
-                              .TypeConstraint<K>("key_dtype"),                                           \
-                          IsInitializedOp<DEV_T, K>);                                                   \
-  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableSize")                                               \
-                              .Device(DEV)                                                               \
-                              .HostMemory("handle")                                                      \
-                              .HostMemory("size")                                                        \
-                              .TypeConstraint<K>("key_dtype"),                                           \
-                          SizeOp<DEV_T, K>);                                                            \
-  REGISTER_KERNEL_BUILDER(                                                                               \
-      Name("SokEmbeddingVariableAssign").Device(DEV).HostMemory("handle").TypeConstraint<K>("key_dtype"), \
-      AssignOp<DEV_T, K>);                                                                              \
-  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableShrink")                                             \
-                              .Device(DEV)                                                               \
-                              .HostMemory("handle")                                                      \
-                              .HostMemory("global_step")                                                 \
-                              .HostMemory("removed")                                                     \
-                              .TypeConstraint<K>("key_dtype"),                                           \
-                          ShrinkOp<DEV_T, K>);                                                          \
-  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableExport")                                             \
-                              .Device(DEV)                                                               \
-                              .HostMemory("handle")                                                      \
-                              SOK_SNAPSHOT_IN_HOST_MEMORY                                                \
-                              .TypeConstraint<K>("key_dtype"),                                           \
-                          ExportOp<DEV_T, K>);                                                          \
-  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableImport")                                             \
-                              .Device(DEV)                                                               \
-                              .HostMemory("handle")                                                      \
-                              SOK_SNAPSHOT_IN_HOST_MEMORY                                                \
-                              .TypeConstraint<K>("key_dtype"),                                           \
+#define SOK_REGISTER_EV_KERNELS(DEV, DEV_T, K)                                                \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableHandle")                                  \
+                              .Device(DEV)                                                    \
+                              .HostMemory("handle")                                           \
+                              .TypeConstraint<K>("key_dtype"),                                \
+                          ResourceHandleOp<Resource<K>>);                                     \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableInitialize")                              \
+                              .Device(DEV)                                                    \
+                              .HostMemory("handle")                                           \
+                              .HostMemory("init_matrix")                                      \
+                              .TypeConstraint<K>("key_dtype"),                                \
+                          InitializeOp<DEV_T, K>);                                            \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableIsInitialized")                           \
+                              .Device(DEV)                                                    \
+                              .HostMemory("handle")                                           \
+                              .HostMemory("is_initialized")                                   \
+                              .TypeConstraint<K>("key_dtype"),                                \
+                          IsInitializedOp<DEV_T, K>);                                         \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableSize")                                    \
+                              .Device(DEV)                                                    \
+                              .HostMemory("handle")                                           \
+                              .HostMemory("size")                                             \
+                              .TypeConstraint<K>("key_dtype"),                                \
+                          SizeOp<DEV_T, K>);                                                  \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableAssign")                                  \
+                              .Device(DEV)                                                    \
+                              .HostMemory("handle")                                           \
+                              .TypeConstraint<K>("key_dtype"),                                \
+                          AssignOp<DEV_T, K>);                                                \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableShrink")                                  \
+                              .Device(DEV)                                                    \
+                              .HostMemory("handle")                                           \
+                              .HostMemory("global_step")                                      \
+                              .HostMemory("removed")                                          \
+                              .TypeConstraint<K>("key_dtype"),                                \
+                          ShrinkOp<DEV_T, K>);                                                \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableExport")                                  \
+                              .Device(DEV)                                                    \
+                              .HostMemory("handle")                                           \
+                                  SOK_SNAPSHOT_IN_HOST_MEMORY.TypeConstraint<K>("key_dtype"), \
+                          ExportOp<DEV_T, K>);                                                \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableImport")                                  \
+                              .Device(DEV)                                                    \
+                              .HostMemory("handle")                                           \
+                                  SOK_SNAPSHOT_IN_HOST_MEMORY.TypeConstraint<K>("key_dtype"), \
                           ImportOp<DEV_T, K>);
 
-#define SOK_REGISTER_MULTI_TABLE_KERNELS(DEV, DEV_T)                                                  \
-  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableGather").Device(DEV).HostMemory("handles"),        \
-                          GatherOp<DEV_T>);                                                           \
-  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableSparseApply")                                      \
-                              .Device(DEV)                                                             \
-                              .HostMemory("handles")                                                   \
-                              .HostMemory("learning_rate")                                             \
-                              .HostMemory("global_step"),                                              \
-                          SparseApplyOp<DEV_T>);                                                      \
-  REGISTER_KERNEL_BUILDER(                                                                             \
-      Name("SokKernelRunCounts").Device(DEV).HostMemory("op_types").HostMemory("counts"), KernelRunCountsOp);
+#define SOK_REGISTER_MULTI_TABLE_KERNELS(DEV, DEV_T)                                            \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableGather").Device(DEV).HostMemory("handles"), \
+                          GatherOp<DEV_T>);                                                     \
+  REGISTER_KERNEL_BUILDER(Name("SokEmbeddingVariableSparseApply")                               \
+                              .Device(DEV)                                                      \
+                              .HostMemory("handles")                                            \
+                              .HostMemory("learning_rate")                                      \
+                              .HostMemory("global_step"),                                       \
+                          SparseApplyOp<DEV_T>);                                                \
+  REGISTER_KERNEL_BUILDER(                                                                      \
+      Name("SokKernelRunCounts").Device(DEV).HostMemory("op_types").HostMemory("counts"),       \
+      KernelRunCountsOp);
 
 SOK_REGISTER_EV_KERNELS(DEVICE_CPU, CpuDevice, int32_t)
 SOK_REGISTER_EV_KERNELS(DEVICE_CPU, CpuDevice, int64_t)

@@ -37,10 +37,10 @@ Status LookupTable(OpKernelContext* ctx, const ResourceHandle& handle,
                    core::RefCountPtr<EmbeddingVariableResource<K>>* out) {
   Status s = LookupResource(ctx, handle, out);
   if (!s.ok()) {
-    return errors::FailedPrecondition("Embedding Variable '", handle.name(),
-                                      "' is not initialized on ", ctx->device()->name(),
-                                      ", or its key dtype is not ", DataTypeString(DataTypeToEnum<K>::v()),
-                                      " (run its initializer first): ", s.message());
+    return errors::FailedPrecondition(
+        "Embedding Variable '", handle.name(), "' is not initialized on ", ctx->device()->name(),
+        ", or its key dtype is not ", DataTypeString(DataTypeToEnum<K>::v()),
+        " (run its initializer first): ", s.message());
   }
   return OkStatus();
 }
@@ -53,8 +53,8 @@ inline Status ParseTableConfig(OpKernelConstruction* c, sok::TableConfig* config
   TF_RETURN_IF_ERROR(c->GetAttr("dim", &config->dim));
   TF_RETURN_IF_ERROR(c->GetAttr("init_kind", &kind));
   if (!sok::parse_init_kind(kind, &config->init.kind)) {
-    return errors::InvalidArgument("unknown initializer kind '", kind, "' for '", config->name, "' (expected ",
-                                   absl::StrJoin(sok::kInitKindNames, ", "), ")");
+    return errors::InvalidArgument("unknown initializer kind '", kind, "' for '", config->name,
+                                   "' (expected ", absl::StrJoin(sok::kInitKindNames, ", "), ")");
   }
   TF_RETURN_IF_ERROR(c->GetAttr("init_a", &config->init.a));
   TF_RETURN_IF_ERROR(c->GetAttr("init_b", &config->init.b));
@@ -62,7 +62,8 @@ inline Status ParseTableConfig(OpKernelConstruction* c, sok::TableConfig* config
   config->init.seed = static_cast<uint64_t>(seed);
   TF_RETURN_IF_ERROR(c->GetAttr("default_value_dim", &config->init.default_value_dim));
   TF_RETURN_IF_ERROR(c->GetAttr("filter_freq", &config->filter_freq));
-  TF_RETURN_IF_ERROR(c->GetAttr("default_value_no_permission", &config->default_value_no_permission));
+  TF_RETURN_IF_ERROR(
+      c->GetAttr("default_value_no_permission", &config->default_value_no_permission));
   TF_RETURN_IF_ERROR(c->GetAttr("steps_to_live", &config->steps_to_live));
   TF_RETURN_IF_ERROR(c->GetAttr("l2_weight_threshold", &config->l2_weight_threshold));
   return OkStatus();
@@ -78,7 +79,8 @@ inline Status ParseCombiners(OpKernelConstruction* c, int n, std::vector<sok::Co
   for (const std::string& name : names) {
     sok::Combiner comb;
     if (!sok::parse_combiner(name, &comb)) {
-      return errors::InvalidArgument("unknown combiner '", name, "': expected 'sum', 'mean' or 'sqrtn'");
+      return errors::InvalidArgument("unknown combiner '", name,
+                                     "': expected 'sum', 'mean' or 'sqrtn'");
     }
     out->push_back(comb);
   }
@@ -86,12 +88,13 @@ inline Status ParseCombiners(OpKernelConstruction* c, int n, std::vector<sok::Co
 }
 
 // The hyperparameter attributes of SokEmbeddingVariableSparseApply.
-inline Status ParseOptimizerParams(OpKernelConstruction* c, sok::OptimizerParams* p, bool* keys_unique) {
+inline Status ParseOptimizerParams(OpKernelConstruction* c, sok::OptimizerParams* p,
+                                   bool* keys_unique) {
   std::string opt;
   TF_RETURN_IF_ERROR(c->GetAttr("optimizer", &opt));
   if (!sok::parse_optimizer(opt, &p->kind)) {
-    return errors::InvalidArgument("unknown optimizer '", opt, "' (expected ", absl::StrJoin(sok::kOptimizerNames, ", "),
-                                   ")");
+    return errors::InvalidArgument("unknown optimizer '", opt, "' (expected ",
+                                   absl::StrJoin(sok::kOptimizerNames, ", "), ")");
   }
   TF_RETURN_IF_ERROR(c->GetAttr("beta1", &p->beta1));
   TF_RETURN_IF_ERROR(c->GetAttr("beta2", &p->beta2));

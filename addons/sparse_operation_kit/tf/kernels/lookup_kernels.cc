@@ -38,19 +38,22 @@ template <>
 struct LookupSteps<CpuDevice> {
   // uniq[i] / counts[i] (sized like the keys) get the distinct keys and their counts,
   // num_unique[i] how many there are.
-  static Status Unique(OpKernelContext* ctx, const OpInputList& keys, const std::vector<Tensor*>& inverse,
-                       std::vector<Tensor>* uniq, std::vector<Tensor>* counts, std::vector<int64_t>* num_unique) {
+  static Status Unique(OpKernelContext* ctx, const OpInputList& keys,
+                       const std::vector<Tensor*>& inverse, std::vector<Tensor>* uniq,
+                       std::vector<Tensor>* counts, std::vector<int64_t>* num_unique) {
     OnDevice<CpuDevice>::ForEachTable(ctx, keys.size(), [&](int i, const sok::ExecContext&) {
       auto run = [&](auto tag) {
         using K = decltype(tag);
         std::vector<K> u;
         std::vector<int64_t> c;
-        sok::unique_keys(keys[i].flat<K>().data(), keys[i].NumElements(), &u, inverse[i]->flat<int32_t>().data(), &c);
+        sok::unique_keys(keys[i].flat<K>().data(), keys[i].NumElements(), &u,
+                         inverse[i]->flat<int32_t>().data(), &c);
         (*num_unique)[i] = static_cast<int64_t>(u.size());
         std::copy(u.begin(), u.end(), (*uniq)[i].flat<K>().data());
         std::copy(c.begin(), c.end(), (*counts)[i].flat<int64_t>().data());
       };
-      if (keys[i].dtype() == DT_INT64) run(int64_t()); else run(int32_t());
+      if (keys[i].dtype() == DT_INT64) run(int64_t());
+      else run(int32_t());
     });
     return OkStatus();
   }
@@ -59,10 +62,11 @@ struct LookupSteps<CpuDevice> {
     std::vector<Status> status(tables.size());
     OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
       const PooledArgs& a = tables[i];
-      status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, a.segment_ids, a.n, a.num_rows, a.batch));
+      status[i] = ToTf(
+          sok::check_lookup_indices(*a.name, a.inverse, a.segment_ids, a.n, a.num_rows, a.batch));
       if (!status[i].ok()) return;
-      sok::pooled_forward(a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch, a.combiner, a.out,
-                          exec.parallel_for);
+      sok::pooled_forward(a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch,
+                          a.combiner, a.out, exec.parallel_for);
     });
     for (const Status& s : status) TF_RETURN_IF_ERROR(s);
     return OkStatus();
@@ -73,10 +77,11 @@ struct LookupSteps<CpuDevice> {
     std::vector<Status> status(tables.size());
     OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
       const PooledArgs& a = tables[i];
-      status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, a.segment_ids, a.n, a.num_rows, a.batch));
+      status[i] = ToTf(
+          sok::check_lookup_indices(*a.name, a.inverse, a.segment_ids, a.n, a.num_rows, a.batch));
       if (!status[i].ok()) return;
-      sok::pooled_backward(a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch, a.combiner, a.num_rows,
-                           a.out, exec.parallel_for);
+      sok::pooled_backward(a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch,
+                           a.combiner, a.num_rows, a.out, exec.parallel_for);
     });
     for (const Status& s : status) TF_RETURN_IF_ERROR(s);
     return OkStatus();
@@ -95,15 +100,17 @@ Status DeviceScratch(OpKernelContext* ctx, int64_t count, Tensor* t, T** out) {
 
 Status CudaCall(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return OkStatus();
-  return errors::Internal("CUDA error in ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+  return errors::Internal("CUDA error in ", what, ": ", cudaGetErrorName(e), " (",
+                          cudaGetErrorString(e), ")");
 }
 
 template <>
 struct LookupSteps<GpuDevice> {
   // The distinct counts are only known on the device: every table is deduplicated, then the N
   // counts come back with ONE synchronisation.
-  static Status Unique(OpKernelContext* ctx, const OpInputList& keys, const std::vector<Tensor*>& inverse,
-                       std::vector<Tensor>* uniq, std::vector<Tensor>* counts, std::vector<int64_t>* num_unique) {
+  static Status Unique(OpKernelContext* ctx, const OpInputList& keys,
+                       const std::vector<Tensor*>& inverse, std::vector<Tensor>* uniq,
+                       std::vector<Tensor>* counts, std::vector<int64_t>* num_unique) {
     const int n = keys.size();
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
@@ -114,16 +121,17 @@ struct LookupSteps<GpuDevice> {
       const int64_t m = keys[i].NumElements();
       int32_t* inv = inverse[i]->flat<int32_t>().data();
       int64_t* cnt = (*counts)[i].flat<int64_t>().data();
-      TF_RETURN_IF_ERROR(ToTf(
-          keys[i].dtype() == DT_INT64
-              ? sok::gpu::unique_keys(keys[i].flat<int64_t>().data(), m, (*uniq)[i].flat<int64_t>().data(), inv,
-                                      cnt, d_num + i, stream, &alloc)
-              : sok::gpu::unique_keys(keys[i].flat<int32_t>().data(), m, (*uniq)[i].flat<int32_t>().data(), inv,
-                                      cnt, d_num + i, stream, &alloc)));
+      TF_RETURN_IF_ERROR(ToTf(keys[i].dtype() == DT_INT64
+                                  ? sok::gpu::unique_keys(keys[i].flat<int64_t>().data(), m,
+                                                          (*uniq)[i].flat<int64_t>().data(), inv,
+                                                          cnt, d_num + i, stream, &alloc)
+                                  : sok::gpu::unique_keys(keys[i].flat<int32_t>().data(), m,
+                                                          (*uniq)[i].flat<int32_t>().data(), inv,
+                                                          cnt, d_num + i, stream, &alloc)));
     }
-    TF_RETURN_IF_ERROR(CudaCall(
-        cudaMemcpyAsync(num_unique->data(), d_num, n * sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
-        "reading the number of distinct keys"));
+    TF_RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(num_unique->data(), d_num, n * sizeof(int64_t),
+                                                cudaMemcpyDeviceToHost, stream),
+                                "reading the number of distinct keys"));
     return CudaCall(cudaStreamSynchronize(stream), "reading the number of distinct keys");
   }
 
@@ -142,8 +150,9 @@ struct LookupSteps<GpuDevice> {
       const PooledArgs& a = tables[i];
       sok::gpu::Segments seg;
       seg.segment_ids = a.segment_ids;
-      TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_forward(a.src, a.dim, a.num_rows, a.inverse, seg, a.weights, a.n,
-                                                       a.batch, a.combiner, a.out, stream, d_err + i, &alloc)));
+      TF_RETURN_IF_ERROR(
+          ToTf(sok::gpu::pooled_forward(a.src, a.dim, a.num_rows, a.inverse, seg, a.weights, a.n,
+                                        a.batch, a.combiner, a.out, stream, d_err + i, &alloc)));
       what[i] = "lookup of table '" + *a.name + "'";
     }
     return ToTf(sok::gpu::check_lookup_errors(d_err, what, stream));
@@ -158,15 +167,16 @@ struct LookupSteps<GpuDevice> {
     const bool deterministic = OpDeterminismRequired();
     for (const PooledArgs& a : tables) {
       if (!deterministic) {
-        TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_backward_unordered(a.src, a.dim, a.inverse, a.segment_ids,
-                                                                    a.weights, a.n, a.batch, a.combiner,
-                                                                    a.num_rows, a.out, stream, &alloc)));
+        TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_backward_unordered(
+            a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch, a.combiner, a.num_rows,
+            a.out, stream, &alloc)));
         continue;
       }
       sok::gpu::Segments seg;
       seg.segment_ids = a.segment_ids;
-      TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch,
-                                                        a.combiner, a.num_rows, nullptr, a.out, stream, &alloc)));
+      TF_RETURN_IF_ERROR(
+          ToTf(sok::gpu::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch,
+                                         a.combiner, a.num_rows, nullptr, a.out, stream, &alloc)));
     }
     return OkStatus();
   }
@@ -188,13 +198,15 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     for (int i = 0; i < n; ++i) {
       const int64_t m = keys[i].NumElements();
       OP_REQUIRES(ctx, m <= std::numeric_limits<int32_t>::max(),
-                  errors::InvalidArgument("SokUniqueKeys: table ", i, " has ", m, " ids, more than 2^31 - 1"));
+                  errors::InvalidArgument("SokUniqueKeys: table ", i, " has ", m,
+                                          " ids, more than 2^31 - 1"));
       OP_REQUIRES_OK(ctx, ctx->allocate_output(n + i, TensorShape({m}), &inverse[i]));
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(keys[i].dtype(), TensorShape({m}), &uniq[i]));
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({m}), &counts[i]));
     }
     std::vector<int64_t> num_unique(n);
-    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, keys, inverse, &uniq, &counts, &num_unique));
+    OP_REQUIRES_OK(ctx,
+                   LookupSteps<Device>::Unique(ctx, keys, inverse, &uniq, &counts, &num_unique));
     // The outputs are the leading num_unique entries of the scratch: views, no copy.
     for (int i = 0; i < n; ++i) {
       ctx->set_output(i, uniq[i].Slice(0, num_unique[i]));
@@ -227,30 +239,37 @@ class PooledCombineOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(ctx, ctx->input_list("weights", &weights));
     const int n = rows.size();
     const Tensor& batch_sizes = ctx->input(4 * n);  // HostMemory
-    OP_REQUIRES(ctx, batch_sizes.NumElements() == n,
-                errors::InvalidArgument(batch_sizes.NumElements(), " batch sizes for ", n, " tables"));
+    OP_REQUIRES(
+        ctx, batch_sizes.NumElements() == n,
+        errors::InvalidArgument(batch_sizes.NumElements(), " batch sizes for ", n, " tables"));
     std::vector<PooledArgs> tables(n);
     for (int i = 0; i < n; ++i) {
       const int64_t m = inverse[i].NumElements();
-      OP_REQUIRES(ctx, rows[i].dims() == 2, errors::InvalidArgument("rows of table '", names_[i], "' must be a matrix"));
+      OP_REQUIRES(ctx, rows[i].dims() == 2,
+                  errors::InvalidArgument("rows of table '", names_[i], "' must be a matrix"));
       OP_REQUIRES_OK(ctx, CheckIdArrays(names_[i], m, segments[i], weights[i]));
       const int64_t b = batch_sizes.flat<int64_t>()(i);
-      OP_REQUIRES(ctx, b >= 0, errors::InvalidArgument("table '", names_[i], "': negative batch size ", b));
+      OP_REQUIRES(ctx, b >= 0,
+                  errors::InvalidArgument("table '", names_[i], "': negative batch size ", b));
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({b, rows[i].dim_size(1)}), &out));
-      tables[i] = Args(i, rows[i], rows[i].dim_size(0), b, inverse[i], segments[i], weights[i], out);
+      tables[i] =
+          Args(i, rows[i], rows[i].dim_size(0), b, inverse[i], segments[i], weights[i], out);
     }
     OP_REQUIRES_OK(ctx, LookupSteps<Device>::Forward(ctx, tables));
   }
 
  public:
   // sample indices and weights must match the ids one to one.
-  static Status CheckIdArrays(const std::string& name, int64_t m, const Tensor& segments, const Tensor& weights) {
+  static Status CheckIdArrays(const std::string& name, int64_t m, const Tensor& segments,
+                              const Tensor& weights) {
     if (segments.NumElements() != m) {
-      return errors::InvalidArgument("table '", name, "': ", segments.NumElements(), " sample indices for ", m, " ids");
+      return errors::InvalidArgument("table '", name, "': ", segments.NumElements(),
+                                     " sample indices for ", m, " ids");
     }
     if (weights.NumElements() != 0 && weights.NumElements() != m) {
-      return errors::InvalidArgument("table '", name, "': ", weights.NumElements(), " weights for ", m, " ids");
+      return errors::InvalidArgument("table '", name, "': ", weights.NumElements(), " weights for ",
+                                     m, " ids");
     }
     return OkStatus();
   }
@@ -299,12 +318,15 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
       const std::string& name = this->names_[i];
       OP_REQUIRES(ctx, grads[i].dims() == 2,
                   errors::InvalidArgument("gradient of table '", name, "' must be a matrix"));
-      OP_REQUIRES_OK(ctx, this->CheckIdArrays(name, inverse[i].NumElements(), segments[i], weights[i]));
+      OP_REQUIRES_OK(ctx,
+                     this->CheckIdArrays(name, inverse[i].NumElements(), segments[i], weights[i]));
       const int64_t r = num_rows.flat<int64_t>()(i);
-      OP_REQUIRES(ctx, r >= 0, errors::InvalidArgument("table '", name, "': negative row count ", r));
+      OP_REQUIRES(ctx, r >= 0,
+                  errors::InvalidArgument("table '", name, "': negative row count ", r));
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({r, grads[i].dim_size(1)}), &out));
-      tables[i] = this->Args(i, grads[i], r, grads[i].dim_size(0), inverse[i], segments[i], weights[i], out);
+      tables[i] = this->Args(i, grads[i], r, grads[i].dim_size(0), inverse[i], segments[i],
+                             weights[i], out);
     }
     OP_REQUIRES_OK(ctx, LookupSteps<Device>::Backward(ctx, tables));
   }
@@ -312,7 +334,8 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
 
 REGISTER_KERNEL_BUILDER(Name("SokUniqueKeys").Device(DEVICE_CPU), UniqueKeysOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_CPU), PooledCombineOp<CpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_CPU), PooledCombineGradOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_CPU),
+                        PooledCombineGradOp<CpuDevice>);
 #if GOOGLE_CUDA
 REGISTER_KERNEL_BUILDER(Name("SokUniqueKeys").Device(DEVICE_GPU), UniqueKeysOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_GPU).HostMemory("batch_sizes"),

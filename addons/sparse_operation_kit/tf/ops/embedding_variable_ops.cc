@@ -76,8 +76,8 @@ REGISTER_OP("SokEmbeddingVariableGather")
       std::vector<int> dims;
       TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
       if (static_cast<int>(dims.size()) != n) {
-        return errors::InvalidArgument("SokEmbeddingVariableGather: ", dims.size(), " dims for ",
-                                       n, " tables");
+        return errors::InvalidArgument("SokEmbeddingVariableGather: ", dims.size(), " dims for ", n,
+                                       " tables");
       }
       for (int i = 0; i < n; ++i) {
         ShapeHandle keys;
@@ -129,12 +129,13 @@ REGISTER_OP("SokEmbeddingVariableShrink")
 REGISTER_OP("SokEmbeddingVariableExport")
     .Input("handle: resource")
     .Output(Field(sok::SnapshotField::kKeys, "key_dtype"))
-    .Output(Field(sok::SnapshotField::kValues, "float"))     // [n, dim]
-    .Output(Field(sok::SnapshotField::kSlots, "float"))      // [n, num_slots, dim]
+    .Output(Field(sok::SnapshotField::kValues, "float"))  // [n, dim]
+    .Output(Field(sok::SnapshotField::kSlots, "float"))   // [n, num_slots, dim]
     .Output(Field(sok::SnapshotField::kFreqs, "int64"))
     .Output(Field(sok::SnapshotField::kVersions, "int64"))
-    .Output(Field(sok::SnapshotField::kSlotKind, "int32"))   // OptimizerKind owning the slots, -1 none
-    .Output(Field(sok::SnapshotField::kSlotInit, "float"))   // [num_slots]
+    .Output(Field(sok::SnapshotField::kSlotKind,
+                  "int32"))  // OptimizerKind owning the slots, -1 none
+    .Output(Field(sok::SnapshotField::kSlotInit, "float"))  // [num_slots]
     .Attr("key_dtype: {int32, int64}")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {

@@ -1,5 +1,6 @@
 // Model-parallel embedding lookup over several GPUs driven by one process (one NCCL communicator
-// per GPU, ncclCommInitAll), built from the core's GPU entry points:
+// per GPU, ncclCommInitAll), built from the core's GPU entry points and key_routing.h. Checked by
+// tests/gpu/test_multi_gpu.cu, timed by benchmarks/gpu/bench_multi_gpu.cu:
 //   forward:  unique_keys -> bucketize_by_owner (owner = floor_mod(key, world)) -> all-to-all of
 //             keys and counts -> owner find_or_insert -> all-to-all of rows back -> scatter to
 //             unique order -> pooled_forward
@@ -21,16 +22,17 @@
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
-#include "tests/gpu/gpu_test_util.h"
+#include "harness/gpu/cuda_util.h"
+#include "harness/gpu/key_routing.h"
 
-#define NCCL_OK(expr)                                                                          \
-  do {                                                                                         \
-    ncclResult_t r_ = (expr);                                                                  \
-    if (r_ != ncclSuccess) {                                                                   \
-      std::fprintf(stderr, "FATAL NCCL error %s at %s:%d: %s\n", ncclGetErrorString(r_),       \
-                   __FILE__, __LINE__, #expr);                                                 \
-      std::exit(4);                                                                            \
-    }                                                                                          \
+#define NCCL_OK(expr)                                                                              \
+  do {                                                                                             \
+    ncclResult_t r_ = (expr);                                                                      \
+    if (r_ != ncclSuccess) {                                                                       \
+      std::fprintf(stderr, "FATAL NCCL error %s at %s:%d: %s\n", ncclGetErrorString(r_), __FILE__, \
+                   __LINE__, #expr);                                                               \
+      std::exit(4);                                                                                \
+    }                                                                                              \
   } while (0)
 
 namespace mp {
@@ -113,8 +115,8 @@ class RankPool {
 class ModelParallel {
  public:
   // n_max: most ids one rank gets per step; batch: samples per rank.
-  ModelParallel(int world, int64_t n_max, int64_t batch, const TableConfig& cfg, int64_t reserve_keys,
-                bool no_comm_single = false)
+  ModelParallel(int world, int64_t n_max, int64_t batch, const TableConfig& cfg,
+                int64_t reserve_keys, bool no_comm_single = false)
       : world_(world), dim_(cfg.dim), no_comm_(no_comm_single && world == 1) {
     ranks_.resize(world);
     std::vector<int> devs(world);
@@ -209,19 +211,23 @@ class ModelParallel {
   void forward_rank(int r) {
     Rank& k = ranks_[r];
     CUDA_OK(cudaSetDevice(k.dev));
-    SOK_OK(sok::gpu::unique_keys<int64_t>(k.ids.get(), k.n, k.uniq.get(), k.inverse.get(), k.counts.get(),
-                                          k.num.get(), k.s));
+    SOK_OK(sok::gpu::unique_keys<int64_t>(k.ids.get(), k.n, k.uniq.get(), k.inverse.get(),
+                                          k.counts.get(), k.num.get(), k.s));
     if (no_comm_) {
-      SOK_OK(k.table->find_or_insert(k.uniq.get(), k.n, k.rows_u.get(), k.counts.get(), k.s, k.num.get()));
+      SOK_OK(k.table->find_or_insert(k.uniq.get(), k.n, k.rows_u.get(), k.counts.get(), k.s,
+                                     k.num.get()));
       pool(k);
       return;
     }
-    SOK_OK(sok::gpu::bucketize_by_owner<int64_t>(k.uniq.get(), k.n, k.num.get(), world_, k.order.get(),
-                                                 k.owner_counts.get(), k.s));
-    SOK_OK(sok::gpu::gather<int64_t>(k.uniq.get(), k.order.get(), k.n, k.num.get(), k.send_keys.get(), k.s));
-    SOK_OK(sok::gpu::gather<int64_t>(k.counts.get(), k.order.get(), k.n, k.num.get(), k.send_cnts.get(), k.s));
+    SOK_OK(sok::harness::bucketize_by_owner<int64_t>(k.uniq.get(), k.n, k.num.get(), world_,
+                                                     k.order.get(), k.owner_counts.get(), k.s));
+    SOK_OK(sok::harness::gather<int64_t>(k.uniq.get(), k.order.get(), k.n, k.num.get(),
+                                         k.send_keys.get(), k.s));
+    SOK_OK(sok::harness::gather<int64_t>(k.counts.get(), k.order.get(), k.n, k.num.get(),
+                                         k.send_cnts.get(), k.s));
     // Every rank learns every rank's per-owner counts: the sizes of the ragged all-to-alls.
-    NCCL_OK(ncclAllGather(k.owner_counts.get(), k.all_counts.get(), world_, ncclInt64, k.comm, k.s));
+    NCCL_OK(
+        ncclAllGather(k.owner_counts.get(), k.all_counts.get(), world_, ncclInt64, k.comm, k.s));
     CUDA_OK(cudaMemcpyAsync(k.h_all, k.all_counts.get(), sizeof(int64_t) * world_ * world_,
                             cudaMemcpyDeviceToHost, k.s));
     CUDA_OK(cudaStreamSynchronize(k.s));
@@ -237,10 +243,12 @@ class ModelParallel {
     k.recv_total = static_cast<int64_t>(ro);
     exchange(k, k.send_keys.get(), k.recv_keys.get(), 1, ncclInt64, false);
     exchange(k, k.send_cnts.get(), k.recv_cnts.get(), 1, ncclInt64, false);
-    SOK_OK(k.table->find_or_insert(k.recv_keys.get(), k.recv_total, k.recv_rows.get(), k.recv_cnts.get(), k.s));
+    SOK_OK(k.table->find_or_insert(k.recv_keys.get(), k.recv_total, k.recv_rows.get(),
+                                   k.recv_cnts.get(), k.s));
     // Rows go back the opposite way.
     exchange(k, k.recv_rows.get(), k.send_rows.get(), dim_, ncclFloat32, true);
-    SOK_OK(sok::gpu::scatter_rows(k.send_rows.get(), dim_, k.order.get(), k.n, k.num.get(), k.rows_u.get(), k.s));
+    SOK_OK(sok::harness::scatter_rows(k.send_rows.get(), dim_, k.order.get(), k.n, k.num.get(),
+                                      k.rows_u.get(), k.s));
     pool(k);
   }
 
@@ -249,23 +257,27 @@ class ModelParallel {
     CUDA_OK(cudaSetDevice(k.dev));
     sok::gpu::Segments sg;
     sg.row_splits = k.splits.get();
-    SOK_OK(sok::gpu::pooled_backward(k.grad_out.get(), dim_, k.inverse.get(), sg, nullptr, k.n, k.batch,
-                                     Combiner::kSum, k.n, k.num.get(), k.grad_u.get(), k.s));
+    SOK_OK(sok::gpu::pooled_backward(k.grad_out.get(), dim_, k.inverse.get(), sg, nullptr, k.n,
+                                     k.batch, Combiner::kSum, k.n, k.num.get(), k.grad_u.get(),
+                                     k.s));
     if (no_comm_) {
-      SOK_OK(k.table->apply_gradients(k.uniq.get(), k.n, k.grad_u.get(), p, step, k.s, true, k.num.get()));
+      SOK_OK(k.table->apply_gradients(k.uniq.get(), k.n, k.grad_u.get(), p, step, k.s, true,
+                                      k.num.get()));
       return;
     }
-    SOK_OK(sok::gpu::gather_rows(k.grad_u.get(), dim_, k.order.get(), k.n, k.num.get(), k.grad_send.get(), k.s));
+    SOK_OK(sok::harness::gather_rows(k.grad_u.get(), dim_, k.order.get(), k.n, k.num.get(),
+                                     k.grad_send.get(), k.s));
     exchange(k, k.grad_send.get(), k.grad_recv.get(), dim_, ncclFloat32, false);
     // The owner sums the ranks' gradients of one key (apply_gradients dedups), then updates.
-    SOK_OK(k.table->apply_gradients(k.recv_keys.get(), k.recv_total, k.grad_recv.get(), p, step, k.s));
+    SOK_OK(
+        k.table->apply_gradients(k.recv_keys.get(), k.recv_total, k.grad_recv.get(), p, step, k.s));
   }
 
   void pool(Rank& k) {
     sok::gpu::Segments sg;
     sg.row_splits = k.splits.get();
-    SOK_OK(sok::gpu::pooled_forward(k.rows_u.get(), dim_, k.n, k.inverse.get(), sg, nullptr, k.n, k.batch,
-                                    Combiner::kSum, k.out.get(), k.s));
+    SOK_OK(sok::gpu::pooled_forward(k.rows_u.get(), dim_, k.n, k.inverse.get(), sg, nullptr, k.n,
+                                    k.batch, Combiner::kSum, k.out.get(), k.s));
   }
 
   // Ragged all-to-all of rank k. Forward direction (reverse = false): k sends its [soff, scnt)

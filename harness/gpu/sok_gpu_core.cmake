@@ -1,13 +1,16 @@
 # Builds the framework-free core (CPU sources + CUDA sources) into one static library,
-# `sok_gpu_core`. Included by tests/gpu and benchmarks/gpu (no Bazel, no TensorFlow).
+# `sok_gpu_core`, and the code shared by the GPU tests and benchmarks (key routing, the dense-table
+# lookup) into `sok_gpu_harness`. Included by tests/gpu and benchmarks/gpu (no Bazel, no
+# TensorFlow).
 get_filename_component(SOK_REPO_ROOT "${CMAKE_CURRENT_LIST_DIR}/../.." ABSOLUTE)
 set(SOK_CORE "${SOK_REPO_ROOT}/addons/sparse_operation_kit/core")
 
+# The CUDA sources are every core/cuda/*.cu, as in the Bazel build (core/BUILD).
+file(GLOB SOK_CORE_CUDA_SOURCES CONFIGURE_DEPENDS "${SOK_CORE}/cuda/*.cu")
 add_library(sok_gpu_core STATIC
   ${SOK_CORE}/embedding_table.cc
   ${SOK_CORE}/lookup.cc
-  ${SOK_CORE}/cuda/gpu_lookup.cu
-  ${SOK_CORE}/cuda/gpu_table.cu)
+  ${SOK_CORE_CUDA_SOURCES})
 target_include_directories(sok_gpu_core PUBLIC ${SOK_REPO_ROOT})
 target_compile_features(sok_gpu_core PUBLIC cxx_std_17)
 set_target_properties(sok_gpu_core PROPERTIES POSITION_INDEPENDENT_CODE ON
@@ -15,8 +18,16 @@ set_target_properties(sok_gpu_core PROPERTIES POSITION_INDEPENDENT_CODE ON
 target_link_libraries(sok_gpu_core PUBLIC CUDA::cudart)
 # The table's kernels compute initial values and optimizer updates with initializer.h /
 # optimizer.h: no FMA contraction there, so the arithmetic rounds like the CPU build's.
-set_source_files_properties(${SOK_CORE}/cuda/gpu_table.cu PROPERTIES COMPILE_OPTIONS "-fmad=false")
+set_source_files_properties(${SOK_CORE}/cuda/table.cu ${SOK_CORE}/cuda/table_optimizer.cu
+                            ${SOK_CORE}/cuda/table_storage.cu PROPERTIES COMPILE_OPTIONS "-fmad=false")
 target_compile_options(sok_gpu_core PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--threads=2>)
+
+add_library(sok_gpu_harness STATIC
+  ${SOK_REPO_ROOT}/harness/gpu/dense_lookup.cu
+  ${SOK_REPO_ROOT}/harness/gpu/key_routing.cu)
+set_target_properties(sok_gpu_harness PROPERTIES POSITION_INDEPENDENT_CODE ON
+                      CUDA_SEPARABLE_COMPILATION OFF)
+target_link_libraries(sok_gpu_harness PUBLIC sok_gpu_core)
 
 # NCCL (multi-GPU programs only): /usr/include/nccl.h on the GPU machines, or NCCL_ROOT.
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS $ENV{NCCL_ROOT}/include ${NCCL_ROOT}/include)

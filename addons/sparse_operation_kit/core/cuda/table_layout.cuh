@@ -1,0 +1,248 @@
+// Internal: the GPU hash table's memory layout and its cooperative probing (device side).
+//
+// Layout: nb (power of two) buckets of 32 slots. Per slot: a digest byte (0 empty, 1 erased,
+// 2 being written, 3..255 = 3 + (hash >> 56) % 253), {key, frequency} (16 bytes, so the frequency
+// update hits the line the key compare just brought into L2), the version, and the row
+// [value(dim) | slots(num_slots x dim)]. A key lives in its home bucket (hash & (nb - 1)) or, when
+// that was full at insertion, in one of the following buckets (linear probing over buckets); a
+// bucket with an empty slot ends a search. Erased slots stay "erased" (never reused) until the
+// next rehash, so concurrent inserts and erases cannot break a probe chain.
+//
+// Probing is cooperative: 8 threads per key, each loading one 4-byte word of the bucket's 32
+// digests (one 32-byte sector per bucket), comparing 4 digests at once (__vcmpeq4), and only the
+// candidate slots' keys are read. Inserting claims the FIRST empty slot of the first bucket with
+// room by CAS on its digest word (empty -> being written), writes key, frequency, version and row,
+// then publishes the digest (fence + atomic xor). A thread that sees a slot being written in the
+// bucket it is inserting into waits for it (it may be its own key), so two inserts of one key, in
+// one batch or on two streams, always meet on one slot.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "addons/sparse_operation_kit/core/common.h"
+#include "addons/sparse_operation_kit/core/cuda/device_util.cuh"
+#include "addons/sparse_operation_kit/core/cuda/runtime.h"
+#include "addons/sparse_operation_kit/core/initializer.h"
+
+namespace sok {
+namespace gpu {
+namespace detail {
+
+namespace cg = cooperative_groups;
+
+constexpr int kSlots = 32;  // slots per bucket
+constexpr int kTile = 8;    // threads per key: one digest word (4 slots) each
+constexpr uint32_t kErasedB = 1, kBusyB = 2;
+constexpr uint32_t kBytes = 0x01010101u;
+
+struct alignas(16) Meta {
+  int64_t key;
+  int64_t freq;
+};
+
+struct DevTable {
+  uint32_t* digests = nullptr;  // nb * 8 words
+  Meta* meta = nullptr;         // nb * 32
+  int64_t* versions = nullptr;  // nb * 32
+  float* rows = nullptr;        // nb * 32 * stride
+  uint64_t mask = 0;            // nb - 1
+  int64_t stride = 0;
+  int64_t dim = 0;
+};
+
+struct RowInit {
+  InitializerSpec init;
+  int num_slots;
+  float slot_init[2];
+  int64_t filter_freq;
+  float no_perm;
+};
+
+using Tile = cg::thread_block_tile<kTile>;
+
+__device__ __forceinline__ uint32_t digest_of(uint64_t h) {
+  return 3u + static_cast<uint32_t>((h >> 56) % 253u);
+}
+
+// Initial content of element c of a fresh row (value from initializer.h, slots their init).
+__device__ __forceinline__ float fresh_element(const RowInit& ri, int64_t key, int64_t c,
+                                               int64_t dim) {
+  if (c < dim) return initial_value(ri.init, key, c, dim);
+  return c < 2 * dim ? ri.slot_init[0] : ri.slot_init[1];  // no run-time index into kernel params
+}
+
+// Returns the slot of key or -1. kAcquire orders the caller's later reads of that slot after the
+// writer's publication (needed when the slot may have been published during this kernel).
+template <bool kAcquire>
+__device__ int64_t probe_find(const Tile& tile, const DevTable& t, int64_t key, uint64_t h) {
+  const uint32_t dw = digest_of(h) * kBytes;
+  const int lane = tile.thread_rank();
+  uint64_t b = h & t.mask;
+  for (uint64_t step = 0; step <= t.mask; ++step) {
+    const uint32_t* wp = t.digests + b * 8 + lane;
+    const uint32_t w = kAcquire ? ld_acquire_u32(wp) : ld_relaxed_u32(wp);
+    uint32_t m = __vcmpeq4(w, dw);
+    int64_t found = -1;
+    while (m != 0) {
+      const int byte = (__ffs(m) - 1) >> 3;
+      m &= ~(0xffu << (8 * byte));
+      const int64_t s = static_cast<int64_t>(b) * kSlots + lane * 4 + byte;
+      if (ld_relaxed_i64(&t.meta[s].key) == key) {
+        found = s;
+        break;
+      }
+    }
+    const unsigned fb = tile.ballot(found >= 0);
+    if (fb != 0) return tile.shfl(found, __ffs(fb) - 1);
+    if (tile.any(__vcmpeq4(w, 0u) != 0)) return -1;
+    b = (b + 1) & t.mask;
+  }
+  return -1;
+}
+
+struct Claim {
+  int64_t slot;  // -1: table full
+  bool fresh;    // claimed (caller writes the slot, then publish()) vs. found
+};
+
+__device__ inline Claim probe_insert(const Tile& tile, const DevTable& t, int64_t key, uint64_t h,
+                                     int* fail) {
+  const uint32_t dw = digest_of(h) * kBytes;
+  const int lane = tile.thread_rank();
+  uint64_t b = h & t.mask;
+  uint64_t advanced = 0;
+  while (true) {
+    uint32_t* wp = t.digests + b * 8 + lane;
+    const uint32_t w = ld_acquire_u32(wp);
+    uint32_t m = __vcmpeq4(w, dw);
+    int64_t found = -1;
+    while (m != 0) {
+      const int byte = (__ffs(m) - 1) >> 3;
+      m &= ~(0xffu << (8 * byte));
+      const int64_t s = static_cast<int64_t>(b) * kSlots + lane * 4 + byte;
+      if (ld_relaxed_i64(&t.meta[s].key) == key) {
+        found = s;
+        break;
+      }
+    }
+    const unsigned fb = tile.ballot(found >= 0);
+    if (fb != 0) return Claim{tile.shfl(found, __ffs(fb) - 1), false};
+    // A slot being written here may hold our key: wait until it is published.
+    if (tile.any(__vcmpeq4(w, kBusyB * kBytes) != 0)) {
+      __nanosleep(32);
+      continue;
+    }
+    const uint32_t e = __vcmpeq4(w, 0u);
+    const unsigned eb = tile.ballot(e != 0);
+    if (eb == 0) {
+      if (++advanced > t.mask) {
+        if (lane == 0 && fail != nullptr) atomicOr(fail, 1);
+        return Claim{-1, false};
+      }
+      b = (b + 1) & t.mask;
+      continue;
+    }
+    const int leader = __ffs(eb) - 1;
+    int64_t claimed = -1;
+    if (lane == leader) {
+      const int byte = (__ffs(e) - 1) >> 3;
+      const uint32_t nw = (w & ~(0xffu << (8 * byte))) | (kBusyB << (8 * byte));
+      if (atomicCAS(wp, w, nw) == w) claimed = static_cast<int64_t>(b) * kSlots + lane * 4 + byte;
+    }
+    claimed = tile.shfl(claimed, leader);
+    if (claimed >= 0) return Claim{claimed, true};
+  }
+}
+
+// Makes a claimed slot visible: everything the tile wrote becomes visible before the digest.
+__device__ __forceinline__ void publish(const Tile& tile, const DevTable& t, int64_t slot,
+                                        uint64_t h) {
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");  // release: this lane's writes before the digest
+  tile.sync();
+  if (tile.thread_rank() == 0) {
+    const int byte = static_cast<int>(slot & 3);
+    atomicXor(t.digests + (slot >> 2), (kBusyB ^ digest_of(h)) << (8 * byte));
+  }
+}
+
+// Row -> output. Outputs are written evict-first (streaming), so they do not push the digests
+// and keys out of L2; kStreamLoad reads the row evict-first too (read-only find).
+template <bool V4, bool kStreamLoad = false>
+__device__ __forceinline__ void copy_row(const Tile& tile, const float* src, float* dst,
+                                         int64_t dim) {
+  const int lane = tile.thread_rank();
+  // Up to 4 loads per lane issued before any store (the compiler may not hoist a load above a
+  // store that could alias it, which would serialise the round trips of a wide row).
+  if (V4) {
+    for (int64_t c0 = 4 * lane; c0 < dim; c0 += 16 * kTile) {
+      float4 x[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * 4 * kTile;
+        if (c < dim) {
+          const float4* sp = reinterpret_cast<const float4*>(src + c);
+          x[k] = kStreamLoad ? __ldcs(sp) : __ldcg(sp);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * 4 * kTile;
+        if (c < dim) __stcs(reinterpret_cast<float4*>(dst + c), x[k]);
+      }
+    }
+  } else {
+    for (int64_t c0 = lane; c0 < dim; c0 += 4 * kTile) {
+      float x[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * kTile;
+        if (c < dim) x[k] = kStreamLoad ? __ldcs(src + c) : __ldcg(src + c);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int64_t c = c0 + k * kTile;
+        if (c < dim) __stcs(dst + c, x[k]);
+      }
+    }
+  }
+}
+
+template <bool V4>
+__device__ __forceinline__ void fill_row(const Tile& tile, float v, float* dst, int64_t dim) {
+  const int lane = tile.thread_rank();
+  if (V4) {
+    for (int64_t c = 4 * lane; c < dim; c += 4 * kTile)
+      *reinterpret_cast<float4*>(dst + c) = make_float4(v, v, v, v);
+  } else {
+    for (int64_t c = lane; c < dim; c += kTile) dst[c] = v;
+  }
+}
+
+__device__ __forceinline__ void add_count(int64_t* counter, int local) {
+  const int total = __syncthreads_count(local);
+  if (threadIdx.x == 0 && total != 0)
+    atomicAdd(reinterpret_cast<unsigned long long*>(counter),
+              static_cast<unsigned long long>(total));
+}
+
+inline int64_t next_pow2(int64_t x) {
+  int64_t c = 1;
+  while (c < x) c <<= 1;
+  return c;
+}
+
+// Slots needed so that `keys` stays within the load factor.
+inline int64_t capacity_for(int64_t keys, double max_load) {
+  const int64_t need =
+      static_cast<int64_t>(std::ceil(static_cast<double>(std::max<int64_t>(keys, 1)) / max_load));
+  return kSlots * next_pow2(ceil_div(need, kSlots));
+}
+
+}  // namespace detail
+}  // namespace gpu
+}  // namespace sok

@@ -1,0 +1,233 @@
+// GpuEmbeddingTable<K>::apply_gradients (gpu_api.h): one fused optimizer step per key
+// (optimizer.h's apply_element), after summing the gradients of repeated keys; and the relayout
+// that adds the optimizer slots to every row on first use. Compiled with -fmad=false (see
+// README.md), like every table source.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "addons/sparse_operation_kit/core/common.h"
+#include "addons/sparse_operation_kit/core/cuda/device_util.cuh"
+#include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
+#include "addons/sparse_operation_kit/core/cuda/group_sum.h"
+#include "addons/sparse_operation_kit/core/cuda/runtime.h"
+#include "addons/sparse_operation_kit/core/cuda/table_impl.cuh"
+#include "addons/sparse_operation_kit/core/cuda/table_layout.cuh"
+#include "addons/sparse_operation_kit/core/optimizer.h"
+
+namespace sok {
+namespace gpu {
+
+using namespace detail;  // NOLINT
+namespace cg = cooperative_groups;
+
+namespace {
+
+// One optimizer step per (unique) key; apply_element from optimizer.h on a one-element view
+// of the row (dim 1, column 0), so the math is the CPU's, element by element.
+// NC > 0: float4 columns, NC chunks of 32 columns loaded before the math (more bytes in flight,
+// more registers); NC == 0: scalar columns (dim % 4 != 0).
+template <typename K, int NC>
+__global__ void
+__launch_bounds__(kBlock) k_apply(DevTable t, RowInit ri, const K* keys, int64_t n,
+                                                  const int64_t* d_n, const float* grads,
+                                                  OptimizerParams p, float alpha, int64_t step,
+                                                  int64_t* counters, int* fail) {
+  const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  const int lane = tile.thread_rank();
+  int inserted = 0;
+  if (i < effective_n(n, d_n)) {
+    const int64_t key = static_cast<int64_t>(keys[i]);
+    const uint64_t h = hash_key(key);
+    const Claim r = probe_insert(tile, t, key, h, fail);
+    if (r.slot >= 0) {
+      float* row = t.rows + r.slot * t.stride;
+      int64_t freq = 0;
+      if (r.fresh) {
+        if (lane == 0) {
+          t.meta[r.slot].key = key;
+          t.meta[r.slot].freq = 0;
+        }
+        for (int64_t c = lane; c < t.stride; c += kTile) row[c] = fresh_element(ri, key, c, t.dim);
+        publish(tile, t, r.slot, h);
+        inserted = lane == 0;
+      } else {
+        freq = ld_relaxed_i64(&t.meta[r.slot].freq);
+      }
+      if (ri.filter_freq <= 0 || freq >= ri.filter_freq) {
+        const int64_t dim = t.dim;
+        const float* g = grads + i * dim;
+        const int ns = ri.num_slots;
+        if (NC > 0) {
+          constexpr int C = NC > 0 ? NC : 1;
+          // Loads of C column chunks first, then the math (optimizer.h), then the stores.
+          for (int64_t c0 = 4 * lane; c0 < dim; c0 += 4 * kTile * C) {
+            float4 v[C], s0[C], s1[C], gg[C];
+#pragma unroll
+            for (int k = 0; k < C; ++k) {
+              const int64_t c = c0 + k * 4 * kTile;
+              s0[k] = s1[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+              if (c < dim) {
+                v[k] = __ldcg(reinterpret_cast<const float4*>(row + c));
+                if (ns > 0) s0[k] = __ldcg(reinterpret_cast<const float4*>(row + dim + c));
+                if (ns > 1) s1[k] = __ldcg(reinterpret_cast<const float4*>(row + 2 * dim + c));
+                gg[k] = __ldg(reinterpret_cast<const float4*>(g + c));
+              }
+            }
+#pragma unroll
+            for (int k = 0; k < C; ++k) {
+              const int64_t c = c0 + k * 4 * kTile;
+              if (c >= dim) continue;
+              float* vp = &v[k].x;
+              float* s0p = &s0[k].x;
+              float* s1p = &s1[k].x;
+              const float* gp = &gg[k].x;
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                float sl[2] = {s0p[q], s1p[q]};
+                apply_element(p, alpha, vp + q, sl, 1, 0, gp[q]);
+                s0p[q] = sl[0];
+                s1p[q] = sl[1];
+              }
+            }
+#pragma unroll
+            for (int k = 0; k < C; ++k) {
+              const int64_t c = c0 + k * 4 * kTile;
+              if (c >= dim) continue;
+              *reinterpret_cast<float4*>(row + c) = v[k];
+              if (ns > 0) *reinterpret_cast<float4*>(row + dim + c) = s0[k];
+              if (ns > 1) *reinterpret_cast<float4*>(row + 2 * dim + c) = s1[k];
+            }
+          }
+        } else {
+          for (int64_t c = lane; c < dim; c += kTile) {
+            float v = __ldcg(row + c);
+            float sl[2] = {ns > 0 ? __ldcg(row + dim + c) : 0.f, ns > 1 ? __ldcg(row + 2 * dim + c) : 0.f};
+            apply_element(p, alpha, &v, sl, 1, 0, g[c]);
+            row[c] = v;
+            if (ns > 0) row[dim + c] = sl[0];
+            if (ns > 1) row[2 * dim + c] = sl[1];
+          }
+        }
+        if (lane == 0) t.versions[r.slot] = step;
+      }
+    }
+  }
+  add_count(counters, inserted);
+}
+
+// [value | old slots] -> [value | new slots at their initial value], every slot position.
+__global__ void k_relayout(const float* old_rows, int64_t old_stride, float* rows, int64_t stride,
+                           int64_t dim, RowInit ri, int64_t slots) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t s = t / kTile;
+  const int l = static_cast<int>(t % kTile);
+  if (s >= slots) return;
+  for (int64_t c = l; c < stride; c += kTile)
+    rows[s * stride + c] = c < dim ? old_rows[s * old_stride + c] : (c < 2 * dim ? ri.slot_init[0] : ri.slot_init[1]);
+}
+
+}  // namespace
+
+template <typename K>
+Status GpuEmbeddingTable<K>::Impl::ensure_slots(const OptimizerParams& p, cudaStream_t s) {
+  SlotPlan plan;
+  std::string error;
+  if (!plan_slots(cfg.name, slot_kind, num_slots, p.kind, &plan, &error)) return Status::Invalid(error);
+  const int want = sok::num_slots(p.kind);
+  const int kind = static_cast<int>(p.kind);
+  if (plan != SlotPlan::kRelayout) {
+    slot_kind = kind;
+    return Status::OK();
+  }
+  std::vector<float> init(want);
+  for (int i = 0; i < want; ++i) init[i] = slot_initial_value(p, i);
+  if (want > 0) {
+    SOK_CUDA_RETURN(cudaDeviceSynchronize());
+    mixed = false;
+    const int64_t stride = cfg.dim * (1 + want);
+    float* rows = nullptr;
+    SOK_RETURN_IF_ERROR(acquire(&rows, static_cast<size_t>(capacity) * stride * sizeof(float), "optimizer slots"));
+    num_slots = want;
+    slot_init = init;
+    k_relayout<<<grid_for(capacity * kTile, kBlock), kBlock, 0, s>>>(t.rows, t.stride, rows, stride,
+                                                                     cfg.dim, row_init(), capacity);
+    SOK_LAUNCH_CHECK();
+    SOK_CUDA_RETURN(cudaStreamSynchronize(s));
+    release(t.rows);
+    t.rows = rows;
+    t.stride = stride;
+  }
+  num_slots = want;
+  slot_kind = kind;
+  slot_init = init;
+  return Status::OK();
+}
+
+template <typename K>
+Status GpuEmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float* grads,
+                                             const OptimizerParams& p, int64_t global_step,
+                                             cudaStream_t stream, bool keys_unique, const int64_t* d_n) {
+  Impl& m = *impl_;
+  DeviceGuard g(m.device);
+  std::lock_guard<std::mutex> l(m.mu);
+  m.note_stream(stream);
+  SOK_RETURN_IF_ERROR(m.ensure_slots(p, stream));
+  if (n <= 0) return Status::OK();
+  const int64_t dim = m.cfg.dim;
+  const K* ukeys = keys;
+  const float* ugrads = grads;
+  const int64_t* un = d_n;
+  Temp tmp;
+  if (!keys_unique) {
+    K* uniq;
+    int32_t* inverse;
+    float* summed;
+    int64_t* num;
+    SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
+      uniq = ws.take<K>(n);
+      inverse = ws.take<int32_t>(n);
+      summed = ws.take<float>(static_cast<size_t>(n) * dim);
+      num = ws.take<int64_t>(1);
+    }));
+    if (d_n != nullptr)
+      return Status::Invalid("apply_gradients: a device count needs keys_unique (run unique_keys first)");
+    SOK_RETURN_IF_ERROR(unique_keys<K>(keys, n, uniq, inverse, nullptr, num, stream, m.alloc));
+    SOK_RETURN_IF_ERROR(sum_rows_by_group(grads, dim, inverse, nullptr, 0, nullptr, nullptr, n, n, num,
+                                          summed, stream, m.alloc));
+    ukeys = uniq;
+    ugrads = summed;
+    un = num;
+  }
+  SOK_RETURN_IF_ERROR(m.prepare_insert(n, stream));
+  const float alpha = p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f;
+  const bool v4 = dim % 4 == 0 && reinterpret_cast<uintptr_t>(ugrads) % 16 == 0;
+  const int grid = grid_for(n * kTile, kBlock);
+  // Column chunks in flight per lane, measured best on H200 (benchmarks/gpu/RESULTS.md).
+  const int nc = v4 ? (dim <= 32 ? 1 : 2) : 0;
+#define SOK_APPLY(NC)                                                                                \
+  k_apply<K, NC><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), ukeys, n, un, ugrads, p, alpha, \
+                                              global_step, m.d_counters, m.d_fail)
+  if (nc == 1) SOK_APPLY(1);
+  else if (nc == 2) SOK_APPLY(2);
+  else SOK_APPLY(0);
+#undef SOK_APPLY
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+template Status GpuEmbeddingTable<int32_t>::Impl::ensure_slots(const OptimizerParams&, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::Impl::ensure_slots(const OptimizerParams&, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::apply_gradients(const int32_t*, int64_t, const float*,
+                                                            const OptimizerParams&, int64_t, cudaStream_t,
+                                                            bool, const int64_t*);
+template Status GpuEmbeddingTable<int64_t>::apply_gradients(const int64_t*, int64_t, const float*,
+                                                            const OptimizerParams&, int64_t, cudaStream_t,
+                                                            bool, const int64_t*);
+
+}  // namespace gpu
+}  // namespace sok

@@ -1,0 +1,283 @@
+// GpuEmbeddingTable<K> (gpu_api.h): growth (rehash into a larger table), reserve, and
+// export/import of the whole content.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <algorithm>
+#include <cub/device/device_select.cuh>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "addons/sparse_operation_kit/core/common.h"
+#include "addons/sparse_operation_kit/core/cuda/device_util.cuh"
+#include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
+#include "addons/sparse_operation_kit/core/cuda/runtime.h"
+#include "addons/sparse_operation_kit/core/cuda/table_impl.cuh"
+#include "addons/sparse_operation_kit/core/cuda/table_layout.cuh"
+
+namespace sok {
+namespace gpu {
+
+using namespace detail;  // NOLINT
+namespace cg = cooperative_groups;
+
+namespace {
+
+// Moves every live slot of `o` into `t` (same stride).
+__global__ void
+__launch_bounds__(kBlock) k_rehash(DevTable o, DevTable t, int64_t old_slots, int* fail) {
+  const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t s = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  if (s >= old_slots) return;
+  const uint32_t w = o.digests[s >> 2];
+  if (((w >> (8 * (s & 3))) & 0xffu) < 3u) return;
+  const int64_t key = o.meta[s].key;
+  const uint64_t h = hash_key(key);
+  const Claim r = probe_insert(tile, t, key, h, fail);
+  if (r.slot < 0) return;
+  const int lane = tile.thread_rank();
+  if (lane == 0) {
+    t.meta[r.slot] = o.meta[s];
+    t.versions[r.slot] = o.versions[s];
+  }
+  const float* src = o.rows + s * o.stride;
+  float* dst = t.rows + r.slot * t.stride;
+  for (int64_t c = lane; c < t.stride; c += kTile) dst[c] = src[c];
+  if (r.fresh) publish(tile, t, r.slot, h);
+}
+
+struct IsLive {
+  const uint32_t* digests;
+  __device__ bool operator()(int64_t s) const { return ((digests[s >> 2] >> (8 * (s & 3))) & 0xffu) >= 3u; }
+};
+
+template <typename K>
+__global__ void k_export(DevTable t, const int64_t* slots, const int64_t* d_n, int ns, K* keys,
+                         float* values, float* slot_vals, int64_t* freqs, int64_t* versions) {
+  const int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t j = x / kTile;
+  const int l = static_cast<int>(x % kTile);
+  if (j >= *d_n) return;
+  const int64_t s = slots[j];
+  if (l == 0) {
+    keys[j] = static_cast<K>(t.meta[s].key);
+    freqs[j] = t.meta[s].freq;
+    versions[j] = t.versions[s];
+  }
+  const float* row = t.rows + s * t.stride;
+  for (int64_t c = l; c < t.dim; c += kTile) values[j * t.dim + c] = row[c];
+  for (int64_t c = l; c < ns * t.dim; c += kTile) slot_vals[j * ns * t.dim + c] = row[t.dim + c];
+}
+
+template <typename K>
+__global__ void __launch_bounds__(kBlock) k_import(DevTable t, const K* keys, const float* values,
+                                                   const float* slot_vals, const int64_t* freqs,
+                                                   const int64_t* versions, int ns, int64_t n,
+                                                   int64_t* counters, int* dup, int* fail) {
+  const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  const int lane = tile.thread_rank();
+  int inserted = 0;
+  if (i < n) {
+    const int64_t key = static_cast<int64_t>(keys[i]);
+    const uint64_t h = hash_key(key);
+    const Claim r = probe_insert(tile, t, key, h, fail);
+    if (r.slot >= 0 && !r.fresh) {
+      if (lane == 0) atomicOr(dup, 1);
+    } else if (r.slot >= 0) {
+      if (lane == 0) {
+        t.meta[r.slot].key = key;
+        t.meta[r.slot].freq = freqs[i];
+        t.versions[r.slot] = versions[i];
+      }
+      float* row = t.rows + r.slot * t.stride;
+      for (int64_t c = lane; c < t.dim; c += kTile) row[c] = values[i * t.dim + c];
+      for (int64_t c = lane; c < ns * t.dim; c += kTile) row[t.dim + c] = slot_vals[i * ns * t.dim + c];
+      publish(tile, t, r.slot, h);
+      inserted = lane == 0;
+    }
+  }
+  add_count(counters, inserted);
+}
+
+}  // namespace
+
+template <typename K>
+Status GpuEmbeddingTable<K>::Impl::rehash(int64_t new_cap, cudaStream_t s) {
+  SOK_CUDA_RETURN(cudaDeviceSynchronize());
+  mixed = false;
+  DevTable nt;
+  SOK_RETURN_IF_ERROR(alloc_arrays(new_cap, t.stride, &nt, s));
+  if (capacity > 0) {
+    k_rehash<<<grid_for(capacity * kTile, kBlock), kBlock, 0, s>>>(t, nt, capacity, d_fail);
+    SOK_LAUNCH_CHECK();
+  }
+  SOK_CUDA_RETURN(cudaMemsetAsync(d_counters + 1, 0, sizeof(int64_t), s));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(s));
+  free_arrays(&t);
+  t = nt;
+  capacity = new_cap;
+  return Status::OK();
+}
+
+template <typename K>
+Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t stream) {
+  Impl& m = *impl_;
+  DeviceGuard g(m.device);
+  std::lock_guard<std::mutex> l(m.mu);
+  m.note_stream(stream);
+  int64_t live = 0, erased = 0;
+  SOK_RETURN_IF_ERROR(m.sync_counts(stream, &live, &erased));
+  m.upper = live + erased;
+  const int64_t d = m.cfg.dim;
+  const int ns = m.num_slots;
+  size_t sel_bytes = 0;
+  thrust::counting_iterator<int64_t> it(0);
+  IsLive pred{m.t.digests};
+  SOK_CUDA_RETURN(cub::DeviceSelect::If(nullptr, sel_bytes, it, static_cast<int64_t*>(nullptr),
+                                        static_cast<int64_t*>(nullptr), m.capacity, pred, stream));
+  const int64_t nl = std::max<int64_t>(live, 1);
+  int64_t *slots, *num, *freqs, *versions;
+  void* sel_tmp;
+  K* keys;
+  float *values, *slot_vals;
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
+    slots = ws.take<int64_t>(m.capacity);
+    num = ws.take<int64_t>(1);
+    sel_tmp = ws.take_bytes(sel_bytes);
+    keys = ws.take<K>(nl);
+    values = ws.take<float>(nl * d);
+    slot_vals = ws.take<float>(nl * ns * d + 1);  // + 1: never empty
+    freqs = ws.take<int64_t>(nl);
+    versions = ws.take<int64_t>(nl);
+  }));
+  SOK_CUDA_RETURN(cub::DeviceSelect::If(sel_tmp, sel_bytes, it, slots, num, m.capacity, pred, stream));
+  int64_t h_num = 0;
+  SOK_CUDA_RETURN(cudaMemcpyAsync(&h_num, num, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+  if (h_num != live)
+    return Status::Invalid("table '" + m.cfg.name + "': export found " + std::to_string(h_num) +
+                           " live slots but the counter says " + std::to_string(live));
+  out->dim = d;
+  out->num_slots = ns;
+  out->slot_kind = m.slot_kind;
+  out->slot_init = m.slot_init;
+  out->keys.resize(h_num);
+  out->values.resize(h_num * d);
+  out->slots.resize(h_num * ns * d);
+  out->freqs.resize(h_num);
+  out->versions.resize(h_num);
+  if (h_num == 0) return Status::OK();
+  k_export<K><<<grid_for(h_num * kTile, kBlock), kBlock, 0, stream>>>(m.t, slots, num, ns, keys, values,
+                                                                     slot_vals, freqs, versions);
+  SOK_LAUNCH_CHECK();
+  SOK_CUDA_RETURN(cudaMemcpyAsync(out->keys.data(), keys, h_num * sizeof(K), cudaMemcpyDeviceToHost, stream));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(out->values.data(), values, h_num * d * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  if (ns > 0)
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->slots.data(), slot_vals, h_num * ns * d * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(out->freqs.data(), freqs, h_num * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(out->versions.data(), versions, h_num * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+  return Status::OK();
+}
+
+template <typename K>
+Status GpuEmbeddingTable<K>::import_rows(const TableSnapshot<K>& s, cudaStream_t stream) {
+  Impl& m = *impl_;
+  const int64_t n = static_cast<int64_t>(s.keys.size()), d = m.cfg.dim;
+  if (s.dim != d) {
+    return Status::Invalid("cannot restore table '" + m.cfg.name + "': the checkpoint has dimension " +
+                           std::to_string(s.dim) + ", the table " + std::to_string(d));
+  }
+  if (static_cast<int64_t>(s.values.size()) != n * d ||
+      static_cast<int64_t>(s.slots.size()) != n * s.num_slots * d ||
+      static_cast<int64_t>(s.freqs.size()) != n || static_cast<int64_t>(s.versions.size()) != n ||
+      static_cast<int64_t>(s.slot_init.size()) != s.num_slots) {
+    return Status::Invalid("cannot restore table '" + m.cfg.name +
+                           "': the checkpoint's keys, values, slots, frequencies and versions disagree in size");
+  }
+  if (s.num_slots < 0 || s.num_slots > 2)
+    return Status::Invalid("cannot restore table '" + m.cfg.name + "': at most 2 optimizer slots are supported");
+  DeviceGuard g(m.device);
+  std::lock_guard<std::mutex> l(m.mu);
+  SOK_CUDA_RETURN(cudaDeviceSynchronize());
+  m.mixed = false;
+  m.note_stream(stream);
+  m.free_arrays(&m.t);
+  m.capacity = 0;
+  m.num_slots = s.num_slots;
+  m.slot_kind = s.num_slots > 0 ? s.slot_kind : -1;
+  m.slot_init = s.slot_init;
+  const int64_t cap = capacity_for(std::max<int64_t>(std::max<int64_t>(n, m.cfg.initial_capacity), 1),
+                                   m.opt.max_load_factor);
+  SOK_RETURN_IF_ERROR(m.alloc_arrays(cap, d * (1 + s.num_slots), &m.t, stream));
+  m.capacity = cap;
+  SOK_CUDA_RETURN(cudaMemsetAsync(m.d_counters, 0, 2 * sizeof(int64_t), stream));
+  m.upper = n;
+  if (n == 0) {
+    SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+    return Status::OK();
+  }
+  const size_t kb = n * sizeof(K), vb = n * d * sizeof(float), fb = n * sizeof(int64_t);
+  K* keys;
+  float *values, *slot_vals;
+  int64_t *freqs, *versions;
+  int* dup;
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
+    keys = ws.take<K>(n);
+    values = ws.take<float>(n * d);
+    slot_vals = ws.take<float>(n * s.num_slots * d + 1);  // + 1: never empty
+    freqs = ws.take<int64_t>(n);
+    versions = ws.take<int64_t>(n);
+    dup = ws.take<int>(1);
+  }));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(keys, s.keys.data(), kb, cudaMemcpyHostToDevice, stream));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(values, s.values.data(), vb, cudaMemcpyHostToDevice, stream));
+  if (s.num_slots > 0)
+    SOK_CUDA_RETURN(cudaMemcpyAsync(slot_vals, s.slots.data(), n * s.num_slots * d * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(freqs, s.freqs.data(), fb, cudaMemcpyHostToDevice, stream));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(versions, s.versions.data(), fb, cudaMemcpyHostToDevice, stream));
+  SOK_CUDA_RETURN(cudaMemsetAsync(dup, 0, sizeof(int), stream));
+  k_import<K><<<grid_for(n * kTile, kBlock), kBlock, 0, stream>>>(m.t, keys, values, slot_vals, freqs, versions,
+                                                                  s.num_slots, n, m.d_counters, dup, m.d_fail);
+  SOK_LAUNCH_CHECK();
+  int h_dup = 0;
+  SOK_CUDA_RETURN(cudaMemcpyAsync(&h_dup, dup, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+  if (h_dup != 0)
+    return Status::Invalid("cannot restore table '" + m.cfg.name + "': a key appears twice in the checkpoint");
+  return Status::OK();
+}
+
+template <typename K>
+Status GpuEmbeddingTable<K>::reserve(int64_t num_keys, cudaStream_t stream) {
+  Impl& m = *impl_;
+  DeviceGuard g(m.device);
+  std::lock_guard<std::mutex> l(m.mu);
+  m.note_stream(stream);
+  if (static_cast<double>(num_keys) <= m.opt.max_load_factor * static_cast<double>(m.capacity))
+    return Status::OK();
+  int64_t live = 0, erased = 0;
+  SOK_RETURN_IF_ERROR(m.sync_counts(stream, &live, &erased));
+  SOK_RETURN_IF_ERROR(m.rehash(capacity_for(std::max(num_keys, live), m.opt.max_load_factor), stream));
+  m.upper = live;
+  return Status::OK();
+}
+
+template Status GpuEmbeddingTable<int32_t>::Impl::rehash(int64_t, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::Impl::rehash(int64_t, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::export_rows(TableSnapshot<int32_t>*, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::export_rows(TableSnapshot<int64_t>*, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::import_rows(const TableSnapshot<int32_t>&, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::import_rows(const TableSnapshot<int64_t>&, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::reserve(int64_t, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::reserve(int64_t, cudaStream_t);
+
+}  // namespace gpu
+}  // namespace sok
