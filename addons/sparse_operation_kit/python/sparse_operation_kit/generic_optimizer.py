@@ -340,15 +340,17 @@ class GenericSparseUpdater:
             writes = [table.assign(unique, read(state.scratch)[:n])]
             for slot, store in state.slots.values():
                 writes.append(store.assign(unique, read(slot)[:n]))
-            if table._steps_to_live > 0:
-                writes.append(self._stamp(table, unique, dim, step, writes))
+            # Every update records its step, as the fused path does: GlobalStepEvict and
+            # sok.incremental_model_dump read it.
+            writes.append(self._stamp(table, unique, dim, step, writes))
             return writes
 
         return (gradient, state.scratch), deps, write_back
 
     def _stamp(self, table, keys, dim, step, after):
-        """Records the update step of the keys (GlobalStepEvict reads it): a fused SGD step with
-        learning rate 0, which leaves the values as they are."""
+        """Records the update step of the keys (`versions`: GlobalStepEvict and the incremental
+        dump read it): a fused SGD step with learning rate 0, which leaves the values as they
+        are."""
         own = step is None
         if own:
             step = self._step_var()

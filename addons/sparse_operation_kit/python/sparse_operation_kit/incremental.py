@@ -20,9 +20,17 @@ from collections.abc import Iterable
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import dump as dump_module
-from sparse_operation_kit import validation
+from sparse_operation_kit import tables, validation
 from sparse_operation_kit.context import context
+from sparse_operation_kit.dump import (  # one shard format: sok.dump's
+    _barrier,
+    _dir_name,
+    _ev_slots,
+    _owned,
+    _read_shard,
+    _require_eager,
+    _shard_files,
+)
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 from sparse_operation_kit.schema import EXPORT_FIELDS
 
@@ -32,9 +40,12 @@ _PER_ROW = ("keys", "values", "slots", "freqs", "versions")
 def update_step(optimizer):
     """The step number the next update by `optimizer` (a sok.OptimizerWrapper, its Keras form,
     or sok.SGD) records in the rows it updates: an int (eager) or an int64 tensor (graphs)."""
-    step = getattr(optimizer, "sok_optimizer_step", None)
-    if step is None and not isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        step = getattr(optimizer, "iterations", None)
+    step = getattr(optimizer, "sok_optimizer_step", None)  # fused path of v1 optimizers, sok.SGD
+    if step is None:  # generic path of v1 optimizers
+        step = getattr(getattr(optimizer, "sok_slots", None), "step", None)
+    if step is None and not isinstance(getattr(optimizer, "optimizer", None),
+                                       tf.compat.v1.train.Optimizer):
+        step = getattr(optimizer, "iterations", None)  # Keras: the wrapped optimizer's counter
     if step is None:  # no update yet: the first one records step 0
         return 0 if tf.executing_eagerly() else tf.constant(0, tf.int64)
     value = tf.cast(tf.convert_to_tensor(step), tf.int64)
@@ -100,17 +111,17 @@ def incremental_model_dump(variables, since, sess=None, path=None):
 
 
 def _write(path, variables, increments, since):
-    names = [dump_module._dir_name(v) for v in variables]
-    dump_module._require_eager("incremental_model_dump(path=...)", names)
+    names = [_dir_name(tables.table_name(v)) for v in variables]
+    _require_eager("incremental_model_dump(path=...)", names)
     rank, world = context.rank, context.world_size
-    dump_module._barrier("sok_incremental_dump_start")
+    _barrier("sok_incremental_dump_start")
     for var, name, inc in zip(variables, names, increments):
         d = os.path.join(path, name)
         os.makedirs(d, exist_ok=True)
         arrays = dict(inc, keys=inc["keys"].astype(np.int64), dim=np.int64(var.embedding_dim),
                       since_step=np.int64(since))
         np.savez(os.path.join(d, f"rank{rank}-of-{world}.npz"), **arrays)
-    dump_module._barrier("sok_incremental_dump_end")
+    _barrier("sok_incremental_dump_end")
 
 
 def incremental_model_load(path, variables):
@@ -118,11 +129,11 @@ def incremental_model_load(path, variables):
     the rows of the same keys, with their slots, frequencies and steps; other rows stay. Under
     Horovod every rank keeps the keys it owns. Runs eagerly (TF2)."""
     variables = _tables(variables, "incremental_model_load")
-    names = [dump_module._dir_name(v) for v in variables]
-    dump_module._require_eager("incremental_model_load", names)
+    names = [_dir_name(tables.table_name(v)) for v in variables]
+    _require_eager("incremental_model_load", names)
     for var, name in zip(variables, names):
-        files = dump_module._shard_files(path, name)
-        shards = [dump_module._read_shard(f, name) for f in files]
+        files = _shard_files(path, name)
+        shards = [_read_shard(f, name) for f in files]
         for f, s in zip(files, shards):
             if int(s["dim"]) != var.embedding_dim:
                 raise ValueError(
@@ -131,7 +142,7 @@ def incremental_model_load(path, variables):
                 )
         current = {f: t.numpy() for f, t in var.snapshot().items()}
         current["keys"] = current["keys"].astype(np.int64)
-        mine = [dump_module._owned(s["keys"], var.target_gpu, name) for s in shards]
+        mine = [_owned(s["keys"], var.target_gpu, name) for s in shards]
         shards = [{f: s[f][m] if f in _PER_ROW else s[f] for f in EXPORT_FIELDS}
                   for s, m in zip(shards, mine)]
         validation.check_key_dtype_fits(
@@ -144,7 +155,7 @@ def _upsert(current, shards, dim, name):
     """The table's rows with the increment's rows in place of those of the same keys (a later
     shard's row wins)."""
     parts = [current] + shards
-    slots, slot_kind, slot_init = dump_module._ev_slots(parts, dim, name)
+    slots, slot_kind, slot_init = _ev_slots(parts, dim, name)
     keys = np.concatenate([p["keys"] for p in parts])
     # The last row of each key: unique over the reversed order finds last occurrences.
     _, last_reversed = np.unique(keys[::-1], return_index=True)
