@@ -261,3 +261,26 @@ def test_full_dump_then_increment_restores_the_latest_state(tmp_path):
     wrong_dim = sok.DynamicVariable(dimension=5, name=name)
     with pytest.raises(ValueError, match="has dimension 5 but .* holds dimension 3"):
         sok.incremental_model_load(str(tmp_path / "increment"), [wrong_dim])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9),
+    lambda: tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9),
+], ids=["v1_momentum", "keras_sgd_momentum"])
+def test_incremental_model_dump_sees_generic_optimizer_updates(make):
+    """Optimizers without a fused kernel (the generic path) record their steps too."""
+    rng = np.random.default_rng(8)
+    v = sok.DynamicVariable(dimension=2, initializer="1", name=unique_name("inc_generic"))
+    ref = tf.Variable(tf.ones([30, 2]))
+    optimizer, reference = sok.OptimizerWrapper(make()), make()
+    for ids in _adagrad_steps(rng, 3, 5, 30):
+        since = sok.update_step(optimizer)
+        for var, opt in ((v, optimizer), (ref, reference)):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.nn.embedding_lookup(var, tf.constant(ids)) ** 2)
+            opt.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
+        keys, values = sok.incremental_model_dump([v], since)
+        order = np.argsort(keys[0])
+        np.testing.assert_array_equal(keys[0][order], np.sort(ids))
+        if isinstance(reference, tf.compat.v1.train.Optimizer):  # both lazy: rows are equal
+            np.testing.assert_allclose(values[0][order], ref.numpy()[np.sort(ids)], rtol=1e-6)

@@ -290,6 +290,11 @@ class GenericSparseUpdater:
             staged.append(pair)
             deps.extend(dep)
             finish.append(back)
+        # The step this update records is the counter before apply_fn advances it (Keras's
+        # iterations), as on the fused path.
+        step_now = None if step is None else tf.cast(read(step), tf.int64)
+        if step_now is not None:
+            deps.append(step_now)
         with tf.control_dependencies(deps if not tf.executing_eagerly() else []):
             result = apply_fn(list(dense) + staged)
         after = (
@@ -300,7 +305,7 @@ class GenericSparseUpdater:
         writes = []
         with tf.control_dependencies(after):
             for back in finish:
-                writes.extend(back(step))
+                writes.extend(back(step_now))
         if tf.executing_eagerly():
             return None
         return tf.group(*writes, *[r for r in after if r is not None])
