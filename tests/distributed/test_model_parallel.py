@@ -6,7 +6,7 @@ tables, whole global batch) and prints "OK <what>"; a failed check exits the ran
 ends the job. The tests assert the exit code and that every rank reported every phase.
 
     2 ranks: exchange bytes, TF2 eager (Keras SGD/Adagrad/Adam), TF1 Session (v1 optimizers),
-             SOK 2.x-style code, errors, sok.dump (2-rank checkpoint)
+             SOK 2.x-style code, errors, sok.dump (2-rank checkpoint), a SOK 2.x program
     3 ranks: the same, plus sok.load of the 2-rank checkpoint, sok.dump (3-rank checkpoint)
     2 ranks: sok.load of the 3-rank checkpoint, then a rank leaves early; one process: sok.load
              of both checkpoints; a rank that never joins
@@ -111,7 +111,8 @@ def run_two(ckpt_root):
     """-np 2: everything, and a 2-rank sok.dump."""
     dump = ckpt_root / "from2"
     rc, out, secs = horovodrun(
-        2, "model_parallel.py", "bytes", "tf2", "tf1", "sok2x", "errors", f"dump={dump}"
+        2, "model_parallel.py", "bytes", "tf2", "tf1", "sok2x", "errors", f"dump={dump}",
+        f"sok2program={ckpt_root / 'sok2_program'}",
     )
     return rc, out, dump
 
@@ -139,6 +140,14 @@ def test_two_ranks_match_one_process(run_two):
     2.x-style code runs unchanged; errors are the same, clear, on every rank."""
     rc, out, _ = run_two
     _assert_ok(2, rc, out, MAIN_PHASES + ["bytes", "checkpoint: sok.dump from 2 ranks"])
+
+
+def test_sok2_program_on_two_ranks(run_two):
+    """A representative SOK 2.x program (DynamicVariable + sok.Variable tables, fused Adagrad and
+    generic Momentum, incremental_model_dump, sok.dump/load with slots) equals one process's
+    tf.Variables trained by the same optimizers (workers/sok2_program.py; in the -np 2 job)."""
+    rc, out, _ = run_two
+    _assert_ok(2, rc, out, ["sok2 program"])
 
 
 def test_three_ranks_match_one_process(run_three):

@@ -10,6 +10,7 @@ plain-TensorFlow reference that holds the whole tables and the whole global batc
             all2all_dense_embedding, the local shard read with tf.nn.embedding_lookup
   errors    mismatched tables / dims, bad ids on one rank, target_gpu >= world size
   dump=DIR  train a little, then sok.dump into DIR (with the reference for a later load)
+  sok2program=DIR  a representative SOK 2.x program (workers/sok2_program.py), dumping into DIR
   load=DIR  sok.load a dump made by another world size, check it and keep training
 
     python model_parallel.py tf2 tf1 sok2x errors dump=/tmp/x load=/tmp/y
@@ -19,6 +20,7 @@ import time
 
 import mp_checkpoint
 import numpy as np
+import sok2_program
 import tensorflow as tf
 from mp_common import (
     GLOBAL_BATCH,
@@ -597,6 +599,8 @@ def main():
             run_errors(hvd, rank, world)
         elif arg.startswith("dump="):
             mp_checkpoint.train_and_dump(arg[5:], hvd, rank, world)
+        elif arg.startswith("sok2program="):
+            sok2_program.run(arg[len("sok2program="):], hvd, rank, world)
         elif arg.startswith("load="):
             mp_checkpoint.load_and_continue(arg[5:], hvd, rank, world)
         else:

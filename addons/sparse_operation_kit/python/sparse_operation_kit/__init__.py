@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from sparse_operation_kit import feature_column, layers
 from sparse_operation_kit import meta_graph as _meta_graph  # noqa: F401  registers EV meta graph protos
+from sparse_operation_kit.communication import set_comm_tool
 from sparse_operation_kit.context import init, num_ranks, rank
 from sparse_operation_kit.devices import gpu_kernels_built, kernel_run_counts
 from sparse_operation_kit.dump import dump, load
@@ -18,8 +19,14 @@ from sparse_operation_kit.embedding_variable import (
     L2WeightEvict,
     StorageOption,
 )
+from sparse_operation_kit.eviction import sparse_read_and_evict
 from sparse_operation_kit.get_variable import get_embedding_variable
 from sparse_operation_kit.group_embedding import group_embedding_lookup_sparse
+from sparse_operation_kit.incremental import (
+    incremental_model_dump,
+    incremental_model_load,
+    update_step,
+)
 from sparse_operation_kit.layers import Embedding, SparseEmbedding
 from sparse_operation_kit.lookup import (
     all2all_dense_embedding,
@@ -29,10 +36,17 @@ from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variab
 from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
 from sparse_operation_kit.serving import save_stock_saved_model
 from sparse_operation_kit.tables import StaticTable
-from sparse_operation_kit.variables import DynamicVariable, Variable, assign, export
-from sparse_operation_kit.version import __version__
+from sparse_operation_kit.variables import (
+    DistributedVariable,
+    DynamicVariable,
+    LocalizedVariable,
+    Variable,
+    assign,
+    export,
+)
+from sparse_operation_kit.version import __version__, parse_tf_version
 
-tf_version = tf.__version__
+tf_version = parse_tf_version(tf.__version__)  # [major, minor, patch] as in SOK 2.x
 
 __all__ = [
     "init",
@@ -57,6 +71,9 @@ __all__ = [
     "filter_variables",
     "Variable",
     "DynamicVariable",
+    "DistributedVariable",
+    "LocalizedVariable",
+    "set_comm_tool",
     "StaticTable",
     "export",
     "assign",
@@ -64,6 +81,10 @@ __all__ = [
     "all2all_dense_embedding",
     "dump",
     "load",
+    "incremental_model_dump",
+    "incremental_model_load",
+    "update_step",
+    "sparse_read_and_evict",
     "layers",
     "Embedding",
     "SparseEmbedding",

@@ -167,3 +167,14 @@ def register_collection_proto(collection, proto_type, to_proto, from_proto):
     (no public API registers them)."""
     _framework_ops.register_proto_function(collection, proto_type=proto_type, to_proto=to_proto,
                                            from_proto=from_proto)
+
+
+def refuse_session_fetch(cls, message):
+    """`Session.run(x)` (and tf.control_dependencies([x])) of an instance of `cls` raise
+    TypeError(message(x)) instead of TensorFlow's generic "Can not convert": Graph.as_graph_element
+    asks the object itself through a private protocol."""
+
+    def _as_graph_element(self):
+        raise TypeError(message(self))
+
+    cls._as_graph_element = _as_graph_element

@@ -294,6 +294,11 @@ class GenericSparseUpdater:
             staged.append(pair)
             deps.extend(dep)
             finish.append(back)
+        # The step this update records is the counter before apply_fn advances it (Keras's
+        # iterations), as on the fused path.
+        step_now = None if step is None else tf.cast(read(step), tf.int64)
+        if step_now is not None:
+            deps.append(step_now)
         with tf.control_dependencies(deps if not tf.executing_eagerly() else []):
             result = apply_fn(list(dense) + staged)
         after = (
@@ -304,7 +309,7 @@ class GenericSparseUpdater:
         writes = []
         with tf.control_dependencies(after):
             for back in finish:
-                writes.extend(back(step))
+                writes.extend(back(step_now))
         if tf.executing_eagerly():
             return None
         return tf.group(*writes, *[r for r in after if r is not None])
@@ -344,15 +349,17 @@ class GenericSparseUpdater:
             writes = [table.assign(unique, read(state.scratch)[:n])]
             for slot, store in state.slots.values():
                 writes.append(store.assign(unique, read(slot)[:n]))
-            if table._steps_to_live > 0:
-                writes.append(self._stamp(table, unique, dim, step, writes))
+            # Every update records its step, as the fused path does: GlobalStepEvict and
+            # sok.incremental_model_dump read it.
+            writes.append(self._stamp(table, unique, dim, step, writes))
             return writes
 
         return (gradient, state.scratch), deps, write_back
 
     def _stamp(self, table, keys, dim, step, after):
-        """Records the update step of the keys (GlobalStepEvict reads it): a fused SGD step with
-        learning rate 0, which leaves the values as they are."""
+        """Records the update step of the keys (`versions`: GlobalStepEvict and the incremental
+        dump read it): a fused SGD step with learning rate 0, which leaves the values as they
+        are."""
         own = step is None
         if own:
             step = self._step_var()
