@@ -157,7 +157,10 @@ class FrozenTable(tf.Module):
         if self.filter_freq > 0:
             missing = tf.fill(tf.shape(rows), tf.constant(self.no_permission, tf.float32))
         else:
-            missing = self._initial_rows(flat)
+            # The counter hash is uint64 math, which TensorFlow's GPU kernels do not all cover
+            # (Grappler turns the adds into a uint64 AddN): it runs on the CPU.
+            with tf.device("/CPU:0"):
+                missing = self._initial_rows(flat)
         rows = tf.where(found[:, None], rows, missing)
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], 0))
 
