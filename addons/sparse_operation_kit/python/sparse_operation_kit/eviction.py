@@ -41,6 +41,11 @@ def sparse_read_and_evict(var, indices, name=None):
     else:
         with tf.control_dependencies([rows]):
             evicted = _evict_over_capacity(var, tf.reshape(var.key_map(ids), [-1]), capacity)
+        # The eviction rewrites the table: whatever uses the rows (the loss, then the optimizer's
+        # update of these keys) must come after it, or the rewrite would undo the update (graphs
+        # order nothing else between them; the GPU ran them the other way round).
+        with tf.control_dependencies(list(evicted)):
+            rows = tf.identity(rows)
     if isinstance(indices, tf.RaggedTensor):
         rows = indices.with_flat_values(rows)
     return rows, evicted[0], evicted[1]
