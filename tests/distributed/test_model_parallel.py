@@ -147,7 +147,7 @@ def test_sok2_program_on_two_ranks(run_two):
     generic Momentum, incremental_model_dump, sok.dump/load with slots) equals one process's
     tf.Variables trained by the same optimizers (workers/sok2_program.py; in the -np 2 job)."""
     rc, out, _ = run_two
-    _assert_ok(2, rc, out, ["sok2 program"])
+    _assert_ok(2, rc, out, ["sok2 program", "optimizer families on sharded tables"])
 
 
 def test_three_ranks_match_one_process(run_three):

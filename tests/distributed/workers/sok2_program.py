@@ -129,3 +129,58 @@ def run(path, hvd, rank, world):
     _check_tables(f"{MORE_STEPS} steps after sok.load", loaded, ref, rank, world, touched)
     done("sok2 program: DynamicVariable + sok.Variable, Adagrad (fused) + Momentum (generic), "
          "incremental_model_dump, sok.dump/load with slots")
+    run_families(rank, world)
+
+
+# Every optimizer family on SOK tables sharded over the ranks, against one process's tf.Variables
+# trained by the same optimizer on the global batch. Each step's ids are a permutation of the
+# vocabulary (every row touched once), so Keras's dense updates of a tf.Variable and SOK's updates
+# of touched rows agree exactly.
+FAMILIES = {
+    "v1 GradientDescent (fused)": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+    "v1 Adam (fused)": lambda: tf.compat.v1.train.AdamOptimizer(0.01),
+    "v1 FTRL (fused)": lambda: tf.compat.v1.train.FtrlOptimizer(0.1),
+    "v1 RMSProp centered": lambda: tf.compat.v1.train.RMSPropOptimizer(0.01, momentum=0.5,
+                                                                        centered=True),
+    "v1 Adadelta": lambda: tf.compat.v1.train.AdadeltaOptimizer(1.0),
+    "v1 ProximalAdagrad": lambda: tf.compat.v1.train.ProximalAdagradOptimizer(
+        0.1, l1_regularization_strength=0.01),
+    "Keras SGD nesterov": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9, nesterov=True),
+    "Keras Adam amsgrad": lambda: tf.keras.optimizers.Adam(0.01, amsgrad=True),
+    "Keras RMSprop": lambda: tf.keras.optimizers.RMSprop(0.01),
+    "Keras Nadam": lambda: tf.keras.optimizers.Nadam(0.01),
+    "Keras AdamW": lambda: tf.keras.optimizers.AdamW(0.01),
+}
+FAMILY_STEPS = 3
+
+
+def _permuted_batch(step):
+    ids = np.random.default_rng(500 + step).permutation(VOCAB)
+    return np.split(ids, GLOBAL_BATCH)  # GLOBAL_BATCH samples of VOCAB / GLOBAL_BATCH ids
+
+
+def run_families(rank, world):
+    sl = rank_slice(rank, world)
+    static = np.random.default_rng(6).normal(size=[VOCAB, DIM]).astype(np.float32)
+    for n, (family, make) in enumerate(FAMILIES.items()):
+        tables = [sok.DynamicVariable(dimension=DIM, initializer="0.5", name=f"sok2f_dyn_{n}"),
+                  sok.Variable(static, name=f"sok2f_var_{n}")]
+        ref = [tf.Variable(tf.fill([VOCAB, DIM], 0.5)), tf.Variable(static)]
+        opt, ref_opt = sok.OptimizerWrapper(make()), make()
+        for step in range(FAMILY_STEPS):
+            samples = _permuted_batch(step)
+            target = _target(step)
+            with tf.GradientTape() as tape:
+                embs = sok.lookup_sparse(tables, [_ragged(samples[sl])] * 2,
+                                         combiners=["mean", "sum"])
+                loss = tf.add_n([tf.reduce_sum((e - target[sl]) ** 2) for e in embs])
+            opt.apply_gradients(zip(tape.gradient(loss, tables), tables))
+            sp = _ragged(samples).to_sparse()
+            with tf.GradientTape() as tape:
+                embs = [tf.nn.embedding_lookup_sparse(t, sp, None, combiner=c)
+                        for t, c in zip(ref, ["mean", "sum"])]
+                loss = tf.add_n([tf.reduce_sum((e - target) ** 2) for e in embs])
+            ref_opt.apply_gradients(zip(tape.gradient(loss, ref), ref))
+        _check_tables(f"{family}, {FAMILY_STEPS} steps", tables, ref, rank, world,
+                      [set(range(VOCAB))] * 2)
+    done(f"optimizer families on sharded tables: {', '.join(FAMILIES)}")
