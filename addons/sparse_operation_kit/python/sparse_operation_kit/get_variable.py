@@ -36,61 +36,51 @@ def get_embedding_variable(
     scope = tf.compat.v1.get_variable_scope()
     full_name = f"{scope.name}/{name}" if scope.name else name
     partitioner = partitioner if partitioner is not None else scope.partitioner
-    if partitioner is not None:
-        if not tf.executing_eagerly():
-            existing = partitioned.find(tf.compat.v1.get_default_graph(), full_name)
-            if existing is not None:
-                if not scope.reuse:
-                    raise ValueError(
-                        f"Embedding Variable '{full_name}' already exists; use a variable_scope "
-                        "with reuse=True (or tf.AUTO_REUSE) to share it"
-                    )
-                if existing.embedding_dim != int(embedding_dim):
-                    raise ValueError(
-                        f"Embedding Variable '{full_name}' has dimension {existing.embedding_dim}, "
-                        f"not {embedding_dim}"
-                    )
-                return existing
 
-        def make_part(part_name, part_collections):
-            return EmbeddingVariable(
-                part_name,
-                embedding_dim,
-                key_dtype=key_dtype,
-                value_dtype=value_dtype,
-                initializer=initializer,
-                trainable=trainable,
-                ev_option=ev_option,
-                steps_to_live=steps_to_live,
-                collections=part_collections,
-            )
-
-        return partitioned.create(
-            full_name, embedding_dim, partitioner, make_part, trainable, collections
+    def make_table(table_name, table_collections):
+        return EmbeddingVariable(
+            table_name,
+            embedding_dim,
+            key_dtype=key_dtype,
+            value_dtype=value_dtype,
+            initializer=initializer,
+            trainable=trainable,
+            ev_option=ev_option,
+            steps_to_live=steps_to_live,
+            collections=table_collections,
         )
+
     if not tf.executing_eagerly():
-        graph = tf.compat.v1.get_default_graph()
-        for v in graph.get_collection(SOK_VARIABLES):
-            if isinstance(v, EmbeddingVariable) and v.name == full_name:
-                if scope.reuse:
-                    if v.embedding_dim != int(embedding_dim):
-                        raise ValueError(
-                            f"Embedding Variable '{full_name}' has dimension {v.embedding_dim}, "
-                            f"not {embedding_dim}"
-                        )
-                    return v
-                raise ValueError(
-                    f"Embedding Variable '{full_name}' already exists; use a variable_scope "
-                    "with reuse=True (or tf.AUTO_REUSE) to share it"
-                )
-    return EmbeddingVariable(
-        full_name,
-        embedding_dim,
-        key_dtype=key_dtype,
-        value_dtype=value_dtype,
-        initializer=initializer,
-        trainable=trainable,
-        ev_option=ev_option,
-        steps_to_live=steps_to_live,
-        collections=collections,
-    )
+        existing = _existing(full_name, is_partitioned=partitioner is not None)
+        if existing is not None:
+            return _reuse(existing, full_name, embedding_dim, scope)
+    if partitioner is not None:
+        return partitioned.create(
+            full_name, embedding_dim, partitioner, make_table, trainable, collections
+        )
+    return make_table(full_name, collections)
+
+
+def _existing(full_name, is_partitioned):
+    """The table of this graph named `full_name` (partitioned or not), or None."""
+    graph = tf.compat.v1.get_default_graph()
+    if is_partitioned:
+        return partitioned.find(graph, full_name)
+    for v in graph.get_collection(SOK_VARIABLES):
+        if isinstance(v, EmbeddingVariable) and v.name == full_name:
+            return v
+    return None
+
+
+def _reuse(existing, full_name, embedding_dim, scope):
+    if not scope.reuse:
+        raise ValueError(
+            f"Embedding Variable '{full_name}' already exists; use a variable_scope "
+            "with reuse=True (or tf.AUTO_REUSE) to share it"
+        )
+    if existing.embedding_dim != int(embedding_dim):
+        raise ValueError(
+            f"Embedding Variable '{full_name}' has dimension {existing.embedding_dim}, "
+            f"not {embedding_dim}"
+        )
+    return existing

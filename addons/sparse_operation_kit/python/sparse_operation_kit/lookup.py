@@ -73,7 +73,9 @@ tf.no_gradient("SokEmbeddingVariableSparseApply")
 # Embedding Variable has not: dispatch on the EV to its sparse_read (gradient: IndexedSlices by id).
 compat.register_dispatchable_type(EmbeddingVariable)
 # dispatch_for_api reads typing annotations (typing.Union, not "X | Y").
-_EV_PARAMS = {"params": Union[EmbeddingVariable, list[EmbeddingVariable]]}  # noqa: UP007
+# An Embedding Variable, a partitioned one (compat-registered in partitioned.py), or a list of one EV.
+_TABLES = (EmbeddingVariable, partitioned.PartitionedEmbeddingVariable, list[EmbeddingVariable])
+_EV_PARAMS = {"params": Union[_TABLES]}  # noqa: UP007
 
 
 def _embedding_lookup_ev(params, ids, max_norm):

@@ -337,28 +337,4 @@ def fetch_rows(params, keys, counts, training, names):
 
 
 # tf.nn.embedding_lookup(partitioned, ids): DeepRec's way to read a partitioned table.
-compat.register_dispatchable_type(PartitionedEmbeddingVariable)
-_PARAMS = {"params": PartitionedEmbeddingVariable}
-
-
-def _lookup(params, ids, max_norm):
-    if isinstance(ids, tf.RaggedTensor):
-        return tf.ragged.map_flat_values(lambda k: _lookup(params, k, max_norm), ids)
-    rows = params.sparse_read(tf.convert_to_tensor(ids))
-    if max_norm is not None:
-        rows = tf.clip_by_norm(rows, max_norm, axes=[rows.shape.rank - 1])
-    return rows
-
-
-@tf.experimental.dispatch_for_api(tf.nn.embedding_lookup, _PARAMS)
-def _embedding_lookup_v2(params, ids, max_norm=None, name=None):
-    with tf.name_scope(name or "embedding_lookup"):
-        return _lookup(params, ids, max_norm)
-
-
-@tf.experimental.dispatch_for_api(tf.compat.v1.nn.embedding_lookup, _PARAMS)
-def _embedding_lookup_v1(
-    params, ids, partition_strategy="mod", name=None, validate_indices=True, max_norm=None
-):
-    with tf.name_scope(name or "embedding_lookup"):
-        return _lookup(params, ids, max_norm)
+compat.register_dispatchable_type(PartitionedEmbeddingVariable)  # lookup.py dispatches on it
