@@ -234,3 +234,14 @@ def test_sok_ops_left_in_the_function_are_an_error(tmp_path):
 
     with pytest.raises(ValueError, match="still runs SOK ops.*SokEmbeddingVariableSize"):
         sok.save_stock_saved_model(serve, str(tmp_path / "x"), [tf.TensorSpec([None], tf.int64)])
+
+
+def test_partitioned_tables_are_refused_by_name(tmp_path):
+    ev = sok.get_embedding_variable(unique_name("serve_parts"), 2,
+                                    partitioner=tf.compat.v1.fixed_size_partitioner(2))
+
+    def serve(ids):
+        return sok.lookup_sparse(ev, tf.RaggedTensor.from_tensor(ids), training=False)
+
+    with pytest.raises(ValueError, match=f"table '{ev.name}' is partitioned"):
+        sok.save_stock_saved_model(serve, str(tmp_path / "x"), [tf.TensorSpec([None, 2], tf.int64)])

@@ -175,6 +175,11 @@ class _Freezer:
         if key not in self.frozen:
             if not hasattr(table, "export"):  # a static table (tf.Variable): stock gathers already
                 self.frozen[key] = _StaticTable(table)
+            elif not hasattr(table, "_init_spec"):  # a partitioned table: its parts hold the rows
+                raise ValueError(
+                    f"save_stock_saved_model: table '{table.name}' is partitioned; freezing "
+                    "partitioned Embedding Variables is not supported yet"
+                )
             else:
                 with tf.init_scope():
                     self.frozen[key] = FrozenTable(table)
