@@ -618,24 +618,52 @@ class GraphRunner(_Timed):
             self.placement.add_nodes(g.node)
 
     def profile(self, top):
-        """Summed kernel time per op type over one traced step (both threads' work adds up)."""
+        """One traced step (after a warm-up step): per op type, the time its kernels held the
+        executor (host: compute or enqueue) and the time of its GPU kernels (stream:all), the union
+        of busy GPU time and the number of kernel launches: whether the step waits on the host or
+        on the GPU."""
         opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
         meta = tf.compat.v1.RunMetadata()
+        self.one_step()
+        self.step += 1
         t0 = time.perf_counter()
         self.sess.run(self.train_op, feed_dict={self.which: self.step % self.nb}, options=opts,
                       run_metadata=meta)
         wall = (time.perf_counter() - t0) * 1e3
         self.step += 1
-        by_type, ops = {}, {n.name: n.op for n in self.graph.as_graph_def().node}
+        ops = {n.name: n.op for n in self.graph.as_graph_def().node}
+        host, gpu, spans = {}, {}, []
         for dev in meta.step_stats.dev_stats:
+            on_stream = "stream:all" in dev.device
+            if "stream:" in dev.device and not on_stream:
+                continue  # per-stream copies of stream:all
+            table = gpu if on_stream else host
             for ns in dev.node_stats:
-                kind = ops.get(ns.node_name.split(":")[0], ns.node_name)
-                t, c = by_type.get(kind, (0.0, 0))
-                by_type[kind] = (t + ns.all_end_rel_micros / 1e3, c + 1)
-        total = sum(t for t, _ in by_type.values())
-        print(f"[{self.impl}] traced step {wall:.1f} ms wall, {total:.1f} ms summed op time")
-        for kind, (t, c) in sorted(by_type.items(), key=lambda kv: -kv[1][0])[:top]:
-            print(f"    {kind:<40} {t:9.1f} ms  {c:5d} ops")
+                kind = ops.get(ns.node_name.split(":")[0])
+                if kind is None:  # Grappler's nodes: "name = Op(inputs)"; kernels: "name:kernel"
+                    label = ns.timeline_label.split(" = ", 1)
+                    kind = label[1].split("(", 1)[0] if len(label) == 2 else ns.node_name
+                t, c = table.get(kind, (0.0, 0))
+                table[kind] = (t + ns.all_end_rel_micros / 1e3, c + 1)
+                if on_stream:
+                    start = ns.all_start_micros
+                    spans.append((start, start + ns.all_end_rel_micros))
+        busy, end = 0.0, None
+        for a, b in sorted(spans):
+            if end is None or a > end:
+                busy, end = busy + (b - a), b
+            elif b > end:
+                busy, end = busy + (b - end), b
+        span = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3 if spans else 0.0
+        print(f"[{self.impl}] traced step {wall:.2f} ms wall; GPU: {len(spans)} kernels and copies, "
+              f"busy {busy / 1e3:.2f} ms of a {span:.2f} ms span; host op time "
+              f"{sum(t for t, _ in host.values()):.2f} ms over {sum(c for _, c in host.values())} "
+              "ops (summed over executor threads)")
+        print(f"    {'op type':<36} {'host ms':>8} {'ops':>5} {'GPU ms':>8} {'kernels':>8}")
+        for kind in sorted(set(host) | set(gpu), key=lambda k: -max(host.get(k, (0, 0))[0],
+                                                                     gpu.get(k, (0, 0))[0]))[:top]:
+            h, g = host.get(kind, (0.0, 0)), gpu.get(kind, (0.0, 0))
+            print(f"    {kind[:36]:<36} {h[0]:8.3f} {h[1]:5d} {g[0]:8.3f} {g[1]:8d}")
 
     def close(self):
         self.sess.close()
