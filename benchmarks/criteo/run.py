@@ -190,6 +190,12 @@ def build_parser():
     )
     a("--no_plot", action="store_true", help="write no plot.png")
     a(
+        "--profile",
+        action="store_true",
+        help="after training, trace 3 more steps and print the time per stage (input, embedding "
+        "forward/backward/update, dense) on the GPU and on the host (also in metrics.jsonl)",
+    )
+    a(
         "--save",
         action="store_true",
         help="also write a checkpoint (out_dir/checkpoint) and a serving SavedModel (out_dir/serving)",
@@ -477,6 +483,19 @@ def main(argv=None):
             elapsed_s=train_s,
         )
     ran = {d: n - before[d] for d, n in sok.kernel_run_counts().items()}
+    if args.profile and dataset is not None:
+        import profile as criteo_profile  # noqa: E402  (benchmarks/criteo/profile.py)
+
+        stages, wall_ms, busy_ms = criteo_profile.profile_steps(
+            sess, [g.report_loss, g.train_op], g.graph
+        )
+        for line in criteo_profile.format_profile(stages, wall_ms, busy_ms):
+            log(line)
+        metrics.write("profile", wall_ms=wall_ms, gpu_busy_ms=busy_ms,
+                      stages={s: dict(zip(("gpu_ms", "kernels", "host_ms", "ops"), v))
+                              for s, v in stages.items()})
+    elif args.profile:
+        log("profile:    needs --input dataset (feed_dict steps are not traced)")
     log(
         f"device:     GPUs visible to TensorFlow: {gpus or 'none'}; SOK kernels run in training: "
         f"{ran['GPU']} on the GPU, {ran['CPU']} on the CPU"

@@ -49,6 +49,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+import step_trace  # noqa: E402
+
 IMPLS = ("sok", "tf", "hash")
 # Shapes of the benchmark; explicit flags override them.
 CONFIGS = {
@@ -618,52 +621,24 @@ class GraphRunner(_Timed):
             self.placement.add_nodes(g.node)
 
     def profile(self, top):
-        """One traced step (after a warm-up step): per op type, the time its kernels held the
-        executor (host: compute or enqueue) and the time of its GPU kernels (stream:all), the union
-        of busy GPU time and the number of kernel launches: whether the step waits on the host or
-        on the GPU."""
-        opts = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-        meta = tf.compat.v1.RunMetadata()
+        """One traced step (after an untraced one): per op type, the time its kernels held the
+        executor (host: compute or enqueue) and the time of its GPU kernels, the GPU's busy time
+        and the number of launches: whether the step waits on the host or on the GPU."""
         self.one_step()
         self.step += 1
-        t0 = time.perf_counter()
-        self.sess.run(self.train_op, feed_dict={self.which: self.step % self.nb}, options=opts,
-                      run_metadata=meta)
-        wall = (time.perf_counter() - t0) * 1e3
+        stats, wall = step_trace.trace(self.sess, self.train_op, {self.which: self.step % self.nb})
         self.step += 1
-        ops = {n.name: n.op for n in self.graph.as_graph_def().node}
-        host, gpu, spans = {}, {}, []
-        for dev in meta.step_stats.dev_stats:
-            on_stream = "stream:all" in dev.device
-            if "stream:" in dev.device and not on_stream:
-                continue  # per-stream copies of stream:all
-            table = gpu if on_stream else host
-            for ns in dev.node_stats:
-                kind = ops.get(ns.node_name.split(":")[0])
-                if kind is None:  # Grappler's nodes: "name = Op(inputs)"; kernels: "name:kernel"
-                    label = ns.timeline_label.split(" = ", 1)
-                    kind = label[1].split("(", 1)[0] if len(label) == 2 else ns.node_name
-                t, c = table.get(kind, (0.0, 0))
-                table[kind] = (t + ns.all_end_rel_micros / 1e3, c + 1)
-                if on_stream:
-                    start = ns.all_start_micros
-                    spans.append((start, start + ns.all_end_rel_micros))
-        busy, end = 0.0, None
-        for a, b in sorted(spans):
-            if end is None or a > end:
-                busy, end = busy + (b - a), b
-            elif b > end:
-                busy, end = busy + (b - end), b
-        span = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3 if spans else 0.0
-        print(f"[{self.impl}] traced step {wall:.2f} ms wall; GPU: {len(spans)} kernels and copies, "
-              f"busy {busy / 1e3:.2f} ms of a {span:.2f} ms span; host op time "
-              f"{sum(t for t, _ in host.values()):.2f} ms over {sum(c for _, c in host.values())} "
-              "ops (summed over executor threads)")
+        recs = step_trace.records(stats, self.graph)
+        busy, span = step_trace.gpu_busy_ms(recs)
+        by_op = step_trace.totals(recs, key=lambda r: r[2])
+        host_ms = sum(t[0] for t in by_op.values())
+        print(f"[{self.impl}] traced step {wall:.2f} ms wall; GPU: "
+              f"{sum(t[3] for t in by_op.values())} kernels and copies, busy {busy:.2f} ms of a "
+              f"{span:.2f} ms span; host op time {host_ms:.2f} ms over "
+              f"{sum(t[1] for t in by_op.values())} ops (summed over executor threads)")
         print(f"    {'op type':<36} {'host ms':>8} {'ops':>5} {'GPU ms':>8} {'kernels':>8}")
-        for kind in sorted(set(host) | set(gpu), key=lambda k: -max(host.get(k, (0, 0))[0],
-                                                                     gpu.get(k, (0, 0))[0]))[:top]:
-            h, g = host.get(kind, (0.0, 0)), gpu.get(kind, (0.0, 0))
-            print(f"    {kind[:36]:<36} {h[0]:8.3f} {h[1]:5d} {g[0]:8.3f} {g[1]:8d}")
+        for op, t in sorted(by_op.items(), key=lambda kv: -max(kv[1][0], kv[1][2]))[:top]:
+            print(f"    {op[:36]:<36} {t[0]:8.3f} {t[1]:5d} {t[2]:8.3f} {t[3]:8d}")
 
     def close(self):
         self.sess.close()

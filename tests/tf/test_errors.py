@@ -75,9 +75,15 @@ def test_wrong_key_dtype():
     with pytest.raises(TypeError, match="ids of table 'keys64' must be int32 or int64, got string"):
         sok.lookup_sparse([ev], [tf.ragged.constant([["a"]])])
     with pytest.raises(
-        TypeError, match="ids of table 'keys64' must be a tf.SparseTensor or tf.RaggedTensor"
+        TypeError, match="ids of table 'keys64' must be a tf.SparseTensor, a tf.RaggedTensor or a "
+        r"\[batch\] / \[batch, k\] tensor, got list"
     ):
-        sok.lookup_sparse([ev], [tf.constant([[1]], tf.int64)])
+        sok.lookup_sparse([ev], [[[1]]])
+    with pytest.raises(
+        ValueError, match=r"dense ids of table 'keys64' must be \[batch\] \(one id per sample\) "
+        r"or \[batch, k\] \(k ids per sample\), got shape \(1, 1, 1\)"
+    ):
+        sok.lookup_sparse([ev], [tf.constant([[[1]]], tf.int64)])
 
 
 def test_unknown_combiner():

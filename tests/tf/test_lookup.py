@@ -356,3 +356,36 @@ def test_one_table_in_several_features(rng):
     np.testing.assert_allclose(b.numpy(), rb.numpy(), rtol=1e-5, atol=1e-6)
     _check_grads([ev], [DIM], [VOCAB64], [(grad.indices.numpy(), grad.values.numpy())], [ref_grad])
     assert int(ev.size()) == len({p for r in rows_a + rows_b for p in r})
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_dense_ids_pool_like_the_same_ids_ragged(rng, mode, combiner):
+    """[batch] and [batch, k] id tensors (k ids per sample, every entry an id) give the values and
+    gradients of the same ids as a RaggedTensor, weights included."""
+    ev1, evk = make_ev(), make_ev()
+    one = VOCAB64[rng.integers(0, len(VOCAB64), 5)]
+    many = VOCAB64[rng.integers(0, len(VOCAB64), (5, 3))]
+    w = rng.uniform(0.5, 2.0, (5, 3)).astype(np.float32)
+
+    def step(ids1, idsk, wk):
+        with tf.GradientTape() as tape:
+            a, b = sok.lookup_sparse([ev1, evk], [ids1, idsk], sp_weights=[None, wk],
+                                     combiners=["sum", combiner])
+            loss = tf.reduce_sum(a * a) + tf.reduce_sum(b * tf.range(1.0, 1.0 + DIM))
+        g1, gk = tape.gradient(loss, [ev1, evk])
+        return a, b, g1.indices, g1.values, gk.indices, gk.values
+
+    run = tf.function(step) if mode == "function" else step
+    dense = run(tf.constant(one), tf.constant(many), tf.constant(w))
+    ragged = step(tf.RaggedTensor.from_tensor(tf.constant(one)[:, None]),
+                  tf.RaggedTensor.from_tensor(tf.constant(many)),
+                  tf.RaggedTensor.from_tensor(tf.constant(w)))
+    for got, want in zip(dense[:2], ragged[:2]):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    for keys, vals in ((2, 3), (4, 5)):
+        got = densify_by_key((dense[keys].numpy(), dense[vals].numpy()), DIM)
+        want = densify_by_key((ragged[keys].numpy(), ragged[vals].numpy()), DIM)
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)

@@ -113,7 +113,19 @@ def _as_list(x):
 
 
 def _flatten_ids(ids, name):
-    """(keys, sample index of each key, batch size) of a SparseTensor or RaggedTensor."""
+    """(keys, sample index of each key, batch size) of a SparseTensor, a RaggedTensor or a dense
+    tensor of k ids per sample ([batch] for k = 1, or [batch, k]; every entry is an id)."""
+    if isinstance(ids, (tf.Tensor, tf.Variable)) and ids.shape.rank in (1, 2):
+        # A few ops per table, against some thirty for a RaggedTensor's value_rowids.
+        keys = tf.reshape(ids, [-1])
+        batch = tf.shape(ids, out_type=tf.int64)[0]
+        position = tf.range(tf.size(keys, out_type=tf.int64), dtype=tf.int64)
+        if ids.shape.rank == 1:
+            return keys, position, batch
+        return keys, position // tf.maximum(tf.shape(ids, out_type=tf.int64)[1], 1), batch
+    if isinstance(ids, (tf.Tensor, tf.Variable)):
+        raise ValueError(f"lookup_sparse: dense ids of table '{name}' must be [batch] (one id per "
+                         f"sample) or [batch, k] (k ids per sample), got shape {ids.shape}")
     if isinstance(ids, tf.SparseTensor):
         return ids.values, ids.indices[:, 0], ids.dense_shape[0]
     if isinstance(ids, tf.RaggedTensor):
@@ -121,15 +133,17 @@ def _flatten_ids(ids, name):
             ids = ids.merge_dims(1, -1)
         return ids.values, ids.value_rowids(), ids.nrows(out_type=tf.int64)
     raise TypeError(
-        f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor or tf.RaggedTensor, "
-        f"got {type(ids).__name__}"
+        f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor, a tf.RaggedTensor or a "
+        f"[batch] / [batch, k] tensor, got {type(ids).__name__}"
     )
 
 
 def _flatten_weights(weights, name, num_ids):
     if weights is None:
         return tf.zeros([0], tf.float32)
-    if isinstance(weights, tf.SparseTensor):
+    if isinstance(weights, (tf.Tensor, tf.Variable)):  # dense ids: weights of their shape
+        values = tf.reshape(weights, [-1])
+    elif isinstance(weights, tf.SparseTensor):
         values = weights.values
     elif isinstance(weights, tf.RaggedTensor):
         values = weights.flat_values
@@ -168,8 +182,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
     """Pooled embeddings of many tables in one call.
 
     params: a table or a list of tables (sok.EmbeddingVariable / DynamicVariable, a partitioned
-      Embedding Variable, sok.Variable, tf.Variable). sp_ids: a tf.SparseTensor / tf.RaggedTensor
-      of ids per table ([batch, None]).
+      Embedding Variable, sok.Variable, tf.Variable). sp_ids: per table a tf.SparseTensor /
+      tf.RaggedTensor of ids ([batch, None]), or a dense [batch] / [batch, k] tensor (k ids per
+      sample, every entry an id).
     sp_weights: None, or per table None or weights shaped like the ids. combiners: "sum", "mean"
     or "sqrtn" per table (default "sum"). training: True inserts unseen keys into Embedding
     Variables (and counts frequencies); False reads them without inserting.
