@@ -33,11 +33,21 @@ def _on_device_of(params):
     return tf.compat.v1.colocate_with(first.handle if hasattr(first, "handle") else first)
 
 
+def _sizes_on_host(sizes):
+    """[N] int64 from (shape vector, minus) pairs: dim 0 of each shape minus `minus`, computed on
+    the CPU. The shapes come from tf.shape next to their tensors (whose GPU kernel leaves the shape
+    in host memory); slicing them on the GPU would put the sizes in device memory, and the SOK
+    kernel that reads them from host memory would then wait for the GPU to get there (a host
+    round trip in every step)."""
+    with tf.device("/CPU:0"):
+        return tf.stack([shape[0] - minus if minus else shape[0] for shape, minus in sizes])
+
+
 @compat.register_gradient("SokPooledCombine")
 def _pooled_combine_grad(op, *grads):
     n = op.get_attr("N")
     rows, inverse, segments, weights = (op.inputs[i * n:(i + 1) * n] for i in range(4))
-    num_rows = tf.stack([tf.shape(r, out_type=tf.int64)[0] for r in rows])
+    num_rows = _sizes_on_host([(tf.shape(r, out_type=tf.int64), 0) for r in rows])
     # The gradient runs where the forward ran (see _on_device_of).
     if isinstance(op, tf.Operation):  # graphs (TF1, tf.function)
         where = tf.compat.v1.colocate_with(op)
@@ -113,25 +123,27 @@ def _as_list(x):
 
 
 def _flatten_ids(ids, name):
-    """(keys, sample index of each key, batch size) of a SparseTensor, a RaggedTensor or a dense
-    tensor of k ids per sample ([batch] for k = 1, or [batch, k]; every entry is an id)."""
+    """(keys, sample index of each key, batch size as (shape vector, minus)) of a SparseTensor, a
+    RaggedTensor or a dense tensor of k ids per sample ([batch] for k = 1, or [batch, k]; every
+    entry is an id). The batch size is sliced on the host (_sizes_on_host)."""
     if isinstance(ids, (tf.Tensor, tf.Variable)) and ids.shape.rank in (1, 2):
         # A few ops per table, against some thirty for a RaggedTensor's value_rowids.
         keys = tf.reshape(ids, [-1])
-        batch = tf.shape(ids, out_type=tf.int64)[0]
+        shape = tf.shape(ids, out_type=tf.int64)
         position = tf.range(tf.size(keys, out_type=tf.int64), dtype=tf.int64)
         if ids.shape.rank == 1:
-            return keys, position, batch
-        return keys, position // tf.maximum(tf.shape(ids, out_type=tf.int64)[1], 1), batch
+            return keys, position, (shape, 0)
+        k = ids.shape[1] if ids.shape[1] is not None else tf.maximum(shape[1], 1)
+        return keys, position // k if k != 1 else position, (shape, 0)
     if isinstance(ids, (tf.Tensor, tf.Variable)):
         raise ValueError(f"lookup_sparse: dense ids of table '{name}' must be [batch] (one id per "
                          f"sample) or [batch, k] (k ids per sample), got shape {ids.shape}")
     if isinstance(ids, tf.SparseTensor):
-        return ids.values, ids.indices[:, 0], ids.dense_shape[0]
+        return ids.values, ids.indices[:, 0], (ids.dense_shape, 0)
     if isinstance(ids, tf.RaggedTensor):
         if ids.ragged_rank != 1:
             ids = ids.merge_dims(1, -1)
-        return ids.values, ids.value_rowids(), ids.nrows(out_type=tf.int64)
+        return ids.values, ids.value_rowids(), (tf.shape(ids.row_splits, out_type=tf.int64), 1)
     raise TypeError(
         f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor, a tf.RaggedTensor or a "
         f"[batch] / [batch, k] tensor, got {type(ids).__name__}"
@@ -225,10 +237,12 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
                 )
             keys.append(k)
             segments.append(tf.cast(s, tf.int64))
-            batches.append(tf.cast(b, tf.int64))
+            batches.append(b)
             weights.append(_flatten_weights(w, nm, None))
         if serving.active():  # save_stock_saved_model is tracing: stock ops on frozen tables
-            outs = serving.pooled_lookup(params, keys, segments, batches, weights, combiners)
+            outs = serving.pooled_lookup(params, keys, segments,
+                                         [shape[0] - minus for shape, minus in batches], weights,
+                                         combiners)
             return outs[0] if single else outs
         tables = partitioned.flat_tables(params)
         with _on_device_of(tables):
@@ -243,7 +257,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
             if diverged is e:
                 raise
             raise diverged from e
-        batch_sizes = tf.stack(batches)
+        batch_sizes = _sizes_on_host(batches)
         with _on_device_of(tables):
             outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, batch_sizes,
                                           combiners=combiners, table_names=names)
