@@ -39,7 +39,8 @@ def _sizes_on_host(sizes):
     in host memory); slicing them on the GPU would put the sizes in device memory, and the SOK
     kernel that reads them from host memory would then wait for the GPU to get there (a host
     round trip in every step)."""
-    with tf.device("/CPU:0"):
+    # (Gradients may be built colocated with the SOK op: leave that colocation for these.)
+    with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device("/CPU:0"):
         return tf.stack([shape[0] - minus if minus else shape[0] for shape, minus in sizes])
 
 
