@@ -32,16 +32,31 @@ _BATCH_SIGNATURE = (
 )
 
 
+_INDEX_SIGNATURE = tf.TensorSpec([None], tf.int64)
+_PARALLEL_BATCHES = 4  # batches gathered at once: numpy's fancy indexing releases the GIL
+
+
 def train_dataset(train, batches, rank, size):
-    """This rank's training batches as a tf.data pipeline: numpy slicing runs in tf.data's thread
-    while the previous step trains, and batches are copied to the GPU ahead of use."""
+    """This rank's training batches as a tf.data pipeline: the generator yields only row indices;
+    the rows are gathered by numpy in parallel tf.data map calls (in order) while earlier steps
+    train, and batches are copied to the GPU ahead of use."""
 
-    def generate():
+    def indices():
         for idx in batches:
-            b = criteo_data.take(train, idx[rank::size])
-            yield b.dense, b.ids, b.labels
+            yield idx[rank::size]
 
-    ds = tf.data.Dataset.from_generator(generate, output_signature=_BATCH_SIGNATURE).prefetch(2)
+    def gather(idx):
+        b = criteo_data.take(train, idx)
+        return b.dense, b.ids, b.labels
+
+    def take(idx):
+        out = tf.numpy_function(gather, [idx], [s.dtype for s in _BATCH_SIGNATURE], stateful=False)
+        for t, spec in zip(out, _BATCH_SIGNATURE):
+            t.set_shape(spec.shape)
+        return tuple(out)
+
+    ds = tf.data.Dataset.from_generator(indices, output_signature=_INDEX_SIGNATURE)
+    ds = ds.map(take, num_parallel_calls=_PARALLEL_BATCHES, deterministic=True).prefetch(2)
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         ds = ds.apply(tf.data.experimental.prefetch_to_device(gpus[0].name, buffer_size=2))
