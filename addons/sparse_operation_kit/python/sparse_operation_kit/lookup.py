@@ -113,13 +113,17 @@ def _as_list(x):
 
 
 def _flatten_ids(ids, name):
-    """(keys, sample index of each key, batch size) of a SparseTensor or RaggedTensor."""
+    """(keys, sample index of each key, batch size, positions, dense shape) of a SparseTensor or
+    RaggedTensor; SokUniqueKeys checks the positions [n, rank] lie within the dense shape [rank]
+    (a RaggedTensor's: its row ids as [n, 1] within [nrows])."""
     if isinstance(ids, tf.SparseTensor):
-        return ids.values, ids.indices[:, 0], ids.dense_shape[0]
+        return ids.values, ids.indices[:, 0], ids.dense_shape[0], ids.indices, ids.dense_shape
     if isinstance(ids, tf.RaggedTensor):
         if ids.ragged_rank != 1:
             ids = ids.merge_dims(1, -1)
-        return ids.values, ids.value_rowids(), ids.nrows(out_type=tf.int64)
+        rows = tf.cast(ids.value_rowids(), tf.int64)
+        nrows = ids.nrows(out_type=tf.int64)
+        return ids.values, rows, nrows, tf.reshape(rows, [-1, 1]), tf.reshape(nrows, [1])
     raise TypeError(
         f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor or tf.RaggedTensor, "
         f"got {type(ids).__name__}"
@@ -163,6 +167,19 @@ def _diverged(error, call_name, names):
     )
 
 
+def _unique_keys(keys, positions, dense_shapes, names):
+    """SokUniqueKeys with its checks of the ids' positions (all tables at once). Eager inputs
+    outside their dense shape raise a ValueError, as the other eager input checks do."""
+    n = len(keys)
+    try:
+        return ops.sok_unique_keys(keys, positions, dense_shapes, N=n, table_names=names)
+    except tf.errors.InvalidArgumentError as e:
+        start = e.message.find("lookup_sparse: ids of table")
+        if not tf.executing_eagerly() or start < 0:
+            raise
+        raise ValueError(e.message[start:].split(" [Op:")[0]) from e
+
+
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str] | None = None,
                   training: bool = True, name: str | None = None) -> tf.Tensor | list[tf.Tensor]:
     """Pooled embeddings of many tables in one call.
@@ -189,15 +206,18 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
     if len(weights_list) != n:
         raise ValueError(f"lookup_sparse: {n} tables but {len(weights_list)} weight tensors")
     names = [table_name(p) for p in params]
-    sp_ids, weights_list = validation.check_lookup_inputs(params, sp_ids, weights_list, names)
+    # SokUniqueKeys checks the ids' indices; the stock-op serving graph has no SokUniqueKeys.
+    sp_ids, weights_list = validation.check_lookup_inputs(
+        params, sp_ids, weights_list, names, ids_within_dense_shape=serving.active() is not None
+    )
     for c, nm in zip(combiners, names):
         if c not in COMBINERS:
             raise ValueError(f"lookup_sparse: unknown combiner '{c}' for table '{nm}' "
                              f"(expected one of {', '.join(COMBINERS)})")
     with tf.name_scope(name or "sok_lookup_sparse"):
-        keys, segments, batches, weights = [], [], [], []
+        keys, segments, batches, weights, positions, dense_shapes = [], [], [], [], [], []
         for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
-            k, s, b = _flatten_ids(ids, nm)
+            k, s, b, pos, shape = _flatten_ids(ids, nm)
             if k.dtype not in (tf.int32, tf.int64):
                 raise TypeError(
                     f"lookup_sparse: ids of table '{nm}' must be int32 or int64, got {k.dtype.name}"
@@ -212,12 +232,14 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
             segments.append(tf.cast(s, tf.int64))
             batches.append(tf.cast(b, tf.int64))
             weights.append(_flatten_weights(w, nm, None))
+            positions.append(tf.cast(pos, tf.int64))
+            dense_shapes.append(tf.cast(shape, tf.int64))
         if serving.active():  # save_stock_saved_model is tracing: stock ops on frozen tables
             outs = serving.pooled_lookup(params, keys, segments, batches, weights, combiners)
             return outs[0] if single else outs
         tables = partitioned.flat_tables(params)
         with _on_device_of(tables):
-            unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
+            unique, inverse, counts, _ = _unique_keys(keys, positions, dense_shapes, names)
         uniqueness.declare_distinct(unique)
         try:
             rows = partitioned.fetch_rows(
@@ -240,7 +262,7 @@ def all2all_dense_embedding(param, indices) -> tf.Tensor:
     sharded over ranks, differentiable, returned in the shape of `indices` + [dim]."""
     indices = tf.convert_to_tensor(indices)
     flat = tf.reshape(indices, [-1])
-    unique, inverse, counts = ops.sok_unique_keys([flat], N=1)
+    unique, inverse, counts, _ = ops.sok_unique_keys([flat], [], [], N=1)
     uniqueness.declare_distinct(unique)
     rows = exchange.fetch_rows([param], [unique[0]], [counts[0]], True, [table_name(param)])[0]
     out = tf.gather(rows, inverse[0])
