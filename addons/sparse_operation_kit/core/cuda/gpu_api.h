@@ -131,7 +131,7 @@ struct SampleOrderTable {
   const int64_t* positions = nullptr;  // [n, rank], device
   int64_t n = 0;
   int rank = 1;
-  int64_t num_samples = 0;  // dense_shape[0]
+  int64_t num_samples = 0;   // dense_shape[0]
   int32_t* order = nullptr;  // [n], device
 };
 Status stable_sample_order_multi(const std::vector<SampleOrderTable>& tables, cudaStream_t stream,

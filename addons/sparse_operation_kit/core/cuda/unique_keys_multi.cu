@@ -10,9 +10,9 @@
 #include <thrust/iterator/transform_iterator.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
-#include <cstring>
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/common.h"
@@ -213,12 +213,12 @@ int num_groups(const std::vector<UniqueTable>& tables) {
 }
 
 template <typename K>
-Status launch_group(const Group& g, uint64_t* slots, uint64_t mask, int64_t* pos_of,
-                    int32_t* upos, void* scan_tmp, size_t scan_bytes, UniqueTableReport* d_reports,
+Status launch_group(const Group& g, uint64_t* slots, uint64_t mask, int64_t* pos_of, int32_t* upos,
+                    void* scan_tmp, size_t scan_bytes, UniqueTableReport* d_reports,
                     cudaStream_t stream) {
   if (g.n > 0) {
-    k_multi_insert<K><<<grid_for(g.n, kBlock), kBlock, 0, stream>>>(g, slots, mask, pos_of,
-                                                                    d_reports);
+    k_multi_insert<K>
+        <<<grid_for(g.n, kBlock), kBlock, 0, stream>>>(g, slots, mask, pos_of, d_reports);
     SOK_LAUNCH_CHECK();
     const FirstFlags flags(thrust::counting_iterator<int64_t>(0),
                            IsFirst{slots, pos_of, g.first, g.n});
@@ -308,8 +308,8 @@ Status unique_keys_multi(const std::vector<UniqueTable>& tables, UniqueTableRepo
     for (int i : members[k]) {
       const UniqueTable& t = tables[i];
       TableArgs& ta = args[a++];
-      ta = TableArgs{t.keys,    t.unique, t.inverse, t.counts, t.positions,
-                     nullptr,   t.rank,   static_cast<int64_t>(i)};
+      ta = TableArgs{t.keys,      t.unique, t.inverse, t.counts,
+                     t.positions, nullptr,  t.rank,    static_cast<int64_t>(i)};
       if (t.positions != nullptr) {
         ta.dense_shape = reinterpret_cast<const int64_t*>(blob + layout.shapes_at) + d;
         std::memcpy(shapes + d, t.dense_shape, t.rank * sizeof(int64_t));
@@ -325,7 +325,8 @@ Status unique_keys_multi(const std::vector<UniqueTable>& tables, UniqueTableRepo
       cudaMemsetAsync(d_reports, 0xff, tables.size() * sizeof(UniqueTableReport), stream));
   if (cap[0] + cap[1] > 0) {
     char* begin = reinterpret_cast<char*>(cap[0] ? slots[0] : slots[1]);
-    char* end = reinterpret_cast<char*>((cap[1] ? slots[1] : slots[0]) + (cap[1] ? cap[1] : cap[0]));
+    char* end =
+        reinterpret_cast<char*>((cap[1] ? slots[1] : slots[0]) + (cap[1] ? cap[1] : cap[0]));
     SOK_CUDA_RETURN(cudaMemsetAsync(begin, 0xff, end - begin, stream));
   }
   if (!members[0].empty())
@@ -350,8 +351,8 @@ __global__ void k_order_keys(Group g, int sample_bits, uint64_t* keys, int32_t* 
   const int t = table_of(g, j);
   const int64_t l = j - g.first[t];
   const TableArgs& a = g.tables[t];
-  keys[j] = (static_cast<uint64_t>(t) << sample_bits) |
-            static_cast<uint64_t>(a.positions[l * a.rank]);
+  keys[j] =
+      (static_cast<uint64_t>(t) << sample_bits) | static_cast<uint64_t>(a.positions[l * a.rank]);
   values[j] = static_cast<int32_t>(l);
 }
 

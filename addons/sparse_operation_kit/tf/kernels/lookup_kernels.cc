@@ -34,8 +34,8 @@ struct PooledArgs {
 // One table of SokUniqueKeys: its inputs, outputs and what the dedup found.
 struct UniqueArgs {
   const Tensor* keys;
-  Tensor* inverse;       // output [n]
-  Tensor uniq, counts;   // scratch [n]: the outputs are their leading num_unique entries
+  Tensor* inverse;      // output [n]
+  Tensor uniq, counts;  // scratch [n]: the outputs are their leading num_unique entries
   const Tensor* positions = nullptr;    // [n, r] (M == N), else null: no checks
   const Tensor* dense_shape = nullptr;  // [r], host memory
   int64_t num_unique = 0;
@@ -71,9 +71,9 @@ struct LookupSteps<CpuDevice> {
       if (a.keys->dtype() == DT_INT64) run(int64_t());
       else run(int32_t());
       if (a.positions != nullptr) {
-        a.check = sok::check_positions(a.positions->flat<int64_t>().data(), a.keys->NumElements(),
-                                       a.positions->dim_size(1),
-                                       a.dense_shape->flat<int64_t>().data());
+        a.check =
+            sok::check_positions(a.positions->flat<int64_t>().data(), a.keys->NumElements(),
+                                 a.positions->dim_size(1), a.dense_shape->flat<int64_t>().data());
       }
     });
     return OkStatus();
@@ -176,16 +176,15 @@ struct LookupSteps<GpuDevice> {
     pinned.set_on_host(true);
     pinned.set_gpu_compatible(true);
     const int64_t staging = sok::gpu::unique_keys_multi_staging_bytes(spans);
-    TF_RETURN_IF_ERROR(
-        ctx->allocate_temp(DT_INT8, TensorShape({std::max<int64_t>(staging, 1)}), &staging_t,
-                           pinned));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({std::max<int64_t>(staging, 1)}),
+                                          &staging_t, pinned));
     TF_RETURN_IF_ERROR(ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc,
                                                         staging_t.flat<int8>().data())));
     std::vector<sok::gpu::UniqueTableReport> reports(n);
-    TF_RETURN_IF_ERROR(CudaCall(
-        cudaMemcpyAsync(reports.data(), d_reports, n * sizeof(sok::gpu::UniqueTableReport),
-                        cudaMemcpyDeviceToHost, stream),
-        "reading the number of distinct keys"));
+    TF_RETURN_IF_ERROR(
+        CudaCall(cudaMemcpyAsync(reports.data(), d_reports, n * sizeof(sok::gpu::UniqueTableReport),
+                                 cudaMemcpyDeviceToHost, stream),
+                 "reading the number of distinct keys"));
     TF_RETURN_IF_ERROR(
         CudaCall(cudaStreamSynchronize(stream), "reading the number of distinct keys"));
     for (int i = 0; i < n; ++i) {
@@ -217,10 +216,10 @@ struct LookupSteps<GpuDevice> {
     const int64_t r = positions.dim_size(1);
     index->resize(r);
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
-    TF_RETURN_IF_ERROR(CudaCall(
-        cudaMemcpyAsync(index->data(), positions.flat<int64_t>().data() + id * r,
-                        r * sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
-        "reading a bad index"));
+    TF_RETURN_IF_ERROR(
+        CudaCall(cudaMemcpyAsync(index->data(), positions.flat<int64_t>().data() + id * r,
+                                 r * sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+                 "reading a bad index"));
     return CudaCall(cudaStreamSynchronize(stream), "reading a bad index");
   }
 
@@ -348,9 +347,9 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     for (int i = 0; i < m; ++i) {
       const bool ordered = tables[i].check.first_unordered < 0;
       Tensor* order;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                              3 * n + i, TensorShape({ordered ? 0 : keys[i].NumElements()}),
-                              &order));
+      OP_REQUIRES_OK(
+          ctx, ctx->allocate_output(3 * n + i, TensorShape({ordered ? 0 : keys[i].NumElements()}),
+                                    &order));
       if (!ordered) {
         unordered.push_back(OrderArgs{&positions[i], dense_shapes[i].flat<int64_t>()(0), order});
       }
@@ -363,14 +362,14 @@ class UniqueKeysOp : public SokOpKernel<Device> {
   static Status CheckPositions(const std::string& name, int64_t k, const Tensor& positions,
                                const Tensor& dense_shape) {
     if (positions.dims() != 2 || positions.dim_size(0) != k || positions.dim_size(1) < 1) {
-      return errors::InvalidArgument("lookup_sparse: ids of table '", name, "': positions of shape ",
-                                     positions.shape().DebugString(), " for ", k,
-                                     " ids (want [", k, ", rank])");
+      return errors::InvalidArgument("lookup_sparse: ids of table '", name,
+                                     "': positions of shape ", positions.shape().DebugString(),
+                                     " for ", k, " ids (want [", k, ", rank])");
     }
     if (dense_shape.dims() != 1 || dense_shape.NumElements() != positions.dim_size(1)) {
       return errors::InvalidArgument("lookup_sparse: ids of table '", name, "': dense_shape of ",
-                                     "shape ", dense_shape.shape().DebugString(), " for indices of ",
-                                     "rank ", positions.dim_size(1));
+                                     "shape ", dense_shape.shape().DebugString(),
+                                     " for indices of ", "rank ", positions.dim_size(1));
     }
     return OkStatus();
   }
