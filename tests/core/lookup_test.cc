@@ -75,3 +75,35 @@ TEST(lookup_index_check_names_the_table) {
   sok::Status s = sok::check_lookup_indices("user_id", inverse, seg, 2, 2, 1);
   CHECK(!s.ok() && s.message().find("user_id") != std::string::npos);
 }
+
+TEST(check_positions_finds_the_first_bad_and_unordered_ids) {
+  // [n, 2] positions within dense_shape [3, 4]; id 2 has a column beyond, id 4 a negative sample.
+  const int64_t positions[] = {0, 0, 2, 1, 1, 4, 1, 3, -1, 0};
+  const int64_t dense_shape[] = {3, 4};
+  sok::PositionsCheck c = sok::check_positions(positions, 5, 2, dense_shape);
+  CHECK(c.first_outside == 2);
+  CHECK(c.first_unordered == 2);  // sample 1 after sample 2
+  c = sok::check_positions(positions, 2, 2, dense_shape);
+  CHECK(c.first_outside == -1 && c.first_unordered == -1);
+  c = sok::check_positions(positions, 0, 2, dense_shape);
+  CHECK(c.first_outside == -1 && c.first_unordered == -1);
+  const int64_t rows[] = {0, 3};  // rank 1 (a RaggedTensor's row ids) within [3]
+  const int64_t nrows[] = {3};
+  CHECK(sok::check_positions(rows, 2, 1, nrows).first_outside == 1);
+}
+
+TEST(stable_sample_order_keeps_the_id_order_of_a_sample) {
+  const int64_t positions[] = {2, 0, 0, 1, 2, 2, 0, 0, 1, 9};  // samples 2, 0, 2, 0, 1
+  std::vector<int32_t> order(5);
+  sok::stable_sample_order(positions, 5, 2, order.data());
+  CHECK((order == std::vector<int32_t>{1, 3, 4, 0, 2}));
+  std::mt19937 rng(5);
+  std::vector<int64_t> samples(1000);
+  for (int64_t& s : samples) s = rng() % 37;
+  std::vector<int32_t> big(samples.size());
+  sok::stable_sample_order(samples.data(), 1000, 1, big.data());
+  for (size_t j = 1; j < big.size(); ++j) {
+    const int64_t a = samples[big[j - 1]], b = samples[big[j]];
+    CHECK(a < b || (a == b && big[j - 1] < big[j]));
+  }
+}

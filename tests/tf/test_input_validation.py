@@ -188,6 +188,46 @@ def test_column_indices_beyond_dense_shape():
     assert int(layer.embedding_variables[0].size()) == 0
 
 
+def test_bad_index_names_the_first_bad_table_among_several():
+    """SokUniqueKeys checks every table's indices at once and names the first bad table, with the
+    bad index and the dense shape, in eager (ValueError), tf.function and a TF1 Session; nothing
+    is inserted."""
+    good = ([[0, 0], [1, 1]], [1, 2], [2, 3])
+    bad = ([[0, 0], [1, 0], [1, 3]], [1, 2, 3], [2, 3])  # column 3 beyond 3
+    worse = ([[0, 0], [-1, 0]], [4, 5], [2, 3])  # negative sample, in a later table
+    specs = [good, bad, good, worse]
+    dtypes = [tf.int64, tf.int32, tf.int32, tf.int64]
+    want = r"an index is negative or beyond dense_shape: index \[1, 3\] for dense_shape \[2, 3\]"
+
+    def tables():
+        evs = [sok.EmbeddingVariable(unique_name(f"multi{i}"), 2, key_dtype=d)
+               for i, d in enumerate(dtypes)]
+        return evs + [sok.EmbeddingVariable(unique_name("multi_ragged"), 2)]
+
+    def ids():
+        ragged = tf.ragged.constant([[1], [], [2, 3]], dtype=tf.int64)
+        return [_sparse(*s, dtype=d) for s, d in zip(specs, dtypes)] + [ragged]
+
+    evs = tables()
+    with pytest.raises(ValueError, match=f"ids of table '{evs[1].name}': {want}"):
+        sok.lookup_sparse(evs, ids())
+    lookup = tf.function(lambda: sok.lookup_sparse(evs, ids()))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"ids of table '{evs[1].name}': {want}"):
+        lookup()
+    assert all(int(ev.size()) == 0 for ev in evs)
+    with pytest.raises(ValueError, match=f"ids of table '{evs[3].name}': .*index \\[-1, 0\\]"):
+        sok.lookup_sparse(evs[2:], ids()[2:])
+    with graph_session() as sess:
+        evs = tables()
+        out = sok.lookup_sparse(evs, ids())
+        sess.run([ev.initializer for ev in evs])
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match=f"ids of table '{evs[1].name}': {want}"
+        ):
+            sess.run(out)
+        assert sess.run([ev.size() for ev in evs]) == [0] * len(evs)
+
+
 def test_no_tables():
     with pytest.raises(ValueError, match="lookup_sparse: no tables given"):
         validation.check_lookup_inputs([], [], None, [])

@@ -18,6 +18,7 @@ from conftest import (
 )
 
 import sparse_operation_kit as sok
+from sparse_operation_kit._ops import ops
 
 DIM = 4
 # Keys far apart, negative and beyond 32 bits: the EV is a hash table, not an array.
@@ -389,3 +390,80 @@ def test_dense_ids_pool_like_the_same_ids_ragged(rng, mode, combiner):
         assert got.keys() == want.keys()
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
+
+
+def _unique_reference(keys):
+    """Distinct keys in order of first appearance, the inverse map and the counts."""
+    where, unique, counts = {}, [], []
+    inverse = []
+    for k in keys.tolist():
+        if k not in where:
+            where[k] = len(unique)
+            unique.append(k)
+            counts.append(0)
+        inverse.append(where[k])
+        counts[where[k]] += 1
+    return unique, inverse, counts
+
+
+def _unique_keys_case(rng):
+    """Eight tables: int32 and int64 ids, empty ones, SparseTensor positions in and out of sample
+    order, and RaggedTensor row ids ([n, 1] within [nrows])."""
+    keys, positions, shapes = [], [], []
+    for t, n in enumerate([50, 0, 300, 1, 0, 1000, 7, 64]):
+        dtype = np.int32 if t % 3 == 1 else np.int64
+        keys.append(tf.constant(rng.integers(-20, 20, n), dtype))
+        batch = max(1, n // 3)
+        samples = rng.integers(0, batch, n)
+        if t % 2 == 0:  # the others out of order (unless too short to be)
+            samples = np.sort(samples)
+        if t == 7:
+            positions.append(tf.constant(samples.reshape(-1, 1), tf.int64))
+            shapes.append(tf.constant([batch], tf.int64))
+        else:
+            cols = rng.integers(0, 5, n)
+            positions.append(tf.constant(np.stack([samples, cols], 1).reshape(-1, 2), tf.int64))
+            shapes.append(tf.constant([batch, 5], tf.int64))
+    return keys, positions, shapes
+
+
+def _check_unique_keys_outputs(keys, positions, outs):
+    unique, inverse, counts, order = outs
+    for t, k in enumerate(keys):
+        want_u, want_inv, want_c = _unique_reference(np.asarray(k))
+        np.testing.assert_array_equal(np.asarray(unique[t]), want_u)
+        np.testing.assert_array_equal(np.asarray(inverse[t]), want_inv)
+        np.testing.assert_array_equal(np.asarray(counts[t]), want_c)
+        assert np.asarray(unique[t]).dtype == np.asarray(k).dtype
+        samples = np.asarray(positions[t])[:, 0]
+        if np.all(np.diff(samples) >= 0):
+            assert np.asarray(order[t]).shape == (0,)
+        else:  # the stable permutation into sample order
+            np.testing.assert_array_equal(
+                np.asarray(order[t]), np.argsort(samples, kind="stable")
+            )
+
+
+def test_unique_keys_op_many_tables_eager_function_and_session(rng):
+    """SokUniqueKeys with positions (M == N): per-table dedup like a plain Python reference and
+    segment_order = the stable sample order of the out-of-order tables; M == 0 dedups alike."""
+    keys, positions, shapes = _unique_keys_case(rng)
+    assert any(not np.all(np.diff(np.asarray(p)[:, 0]) >= 0) for p in positions)
+    n = len(keys)
+    names = [f"t{i}" for i in range(n)]
+    _check_unique_keys_outputs(
+        keys, positions, ops.sok_unique_keys(keys, positions, shapes, N=n, table_names=names)
+    )
+    fn = tf.function(lambda: ops.sok_unique_keys(keys, positions, shapes, N=n, table_names=names))
+    _check_unique_keys_outputs(keys, positions, fn())
+    unchecked = ops.sok_unique_keys(keys, [], [], N=n)  # M == 0: no checks, no order outputs
+    assert len(unchecked) == 4 and len(unchecked[3]) == 0
+    _check_unique_keys_outputs(keys, positions, list(unchecked[:3]) + [[
+        np.zeros([0]) if np.all(np.diff(np.asarray(p)[:, 0]) >= 0)
+        else np.argsort(np.asarray(p)[:, 0], kind="stable") for p in positions]])
+    values = [np.asarray(x) for x in keys + positions + shapes]
+    with graph_session() as sess:
+        ph = [tf.compat.v1.placeholder(tf.as_dtype(v.dtype), [None] * v.ndim) for v in values]
+        out = ops.sok_unique_keys(ph[:n], ph[n:2 * n], ph[2 * n:], N=n, table_names=names)
+        got = sess.run(list(out), feed_dict=dict(zip(ph, values)))
+    _check_unique_keys_outputs(values[:n], values[n:2 * n], got)

@@ -90,6 +90,29 @@ void bucketize_by_owner(const K* keys, int64_t n, int world_size, int64_t* order
   for (int64_t i = 0; i < n; ++i) order[offset[floor_mod(keys[i], world_size)]++] = i;
 }
 
+PositionsCheck check_positions(const int64_t* positions, int64_t n, int rank,
+                               const int64_t* dense_shape) {
+  PositionsCheck c;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t* index = positions + i * rank;
+    for (int d = 0; d < rank && c.first_outside < 0; ++d) {
+      if (index[d] < 0 || index[d] >= dense_shape[d]) {
+        c.first_outside = i;
+        break;
+      }
+    }
+    if (c.first_unordered < 0 && i > 0 && index[0] < index[-rank]) c.first_unordered = i;
+  }
+  return c;
+}
+
+void stable_sample_order(const int64_t* positions, int64_t n, int rank, int32_t* order) {
+  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order, order + n, [positions, rank](int32_t a, int32_t b) {
+    return positions[static_cast<int64_t>(a) * rank] < positions[static_cast<int64_t>(b) * rank];
+  });
+}
+
 Status check_lookup_indices(const std::string& table, const int32_t* inverse,
                             const int64_t* segment_ids, int64_t n, int64_t num_rows,
                             int64_t batch) {

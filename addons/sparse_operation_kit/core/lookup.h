@@ -27,6 +27,20 @@ template <typename K>
 void unique_keys(const K* keys, int64_t n, std::vector<K>* unique, int32_t* inverse,
                  std::vector<int64_t>* counts);
 
+// Where each id of a table sits in its SparseTensor: positions[n, rank] (row-major; column 0 is
+// the sample), to lie within dense_shape[rank]. A RaggedTensor's ids are rank 1: their row ids
+// within [nrows].
+struct PositionsCheck {
+  int64_t first_outside = -1;    // first id with an index < 0 or >= dense_shape; -1: none
+  int64_t first_unordered = -1;  // first id whose sample is below the previous id's; -1: none
+};
+PositionsCheck check_positions(const int64_t* positions, int64_t n, int rank,
+                               const int64_t* dense_shape);
+
+// order[j] = the id that comes j-th in sample order (column 0 of positions), ties in id order:
+// the stable permutation that visits an unordered SparseTensor's ids sample by sample.
+void stable_sample_order(const int64_t* positions, int64_t n, int rank, int32_t* order);
+
 // Stable order of the keys grouped by owner rank (owner = floor_mod(key, world_size)):
 // order[j] is the position of the j-th key once grouped; counts[r] how many rank r owns.
 template <typename K>

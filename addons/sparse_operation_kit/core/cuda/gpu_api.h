@@ -91,6 +91,52 @@ template <typename K>
 Status unique_keys(const K* keys, int64_t n, K* unique, int32_t* inverse, int64_t* counts,
                    int64_t* d_num_unique, cudaStream_t stream, DeviceAllocator* alloc = nullptr);
 
+// The dedup and input checks of every table of a lookup at once (the per-table unique_keys and
+// lookup.h's check_positions, same results), in one set of launches per key dtype: one set over
+// (table, key) for all tables of a dtype, one scan. Device pointers; unique, inverse and counts
+// hold n entries (counts may be null).
+struct UniqueTable {
+  bool keys_int64 = true;  // keys and unique are int64_t (else int32_t)
+  const void* keys = nullptr;
+  int64_t n = 0;
+  void* unique = nullptr;
+  int32_t* inverse = nullptr;
+  int64_t* counts = nullptr;
+  // Optional: the ids' positions[n, rank] (device) within dense_shape[rank] (HOST memory);
+  // positions == nullptr: no checks.
+  const int64_t* positions = nullptr;
+  int rank = 0;
+  const int64_t* dense_shape = nullptr;
+};
+// What the host reads back per table (one copy for all tables).
+struct UniqueTableReport {
+  int64_t num_unique;
+  int64_t first_outside;    // lookup.h's PositionsCheck, -1: none
+  int64_t first_unordered;  // -1: none
+};
+// Bytes of the pinned host staging buffer unique_keys_multi may use for its per-table arguments.
+size_t unique_keys_multi_staging_bytes(const std::vector<UniqueTable>& tables);
+// d_reports[i] gets table i's report. host_staging: pinned host memory of
+// unique_keys_multi_staging_bytes(tables) bytes that stays valid until the stream has passed the
+// call (then the argument upload is asynchronous), or nullptr (pageable: the driver may wait for
+// the stream before copying). Ids beyond 2^31 - 2 in the tables of one dtype are refused.
+Status unique_keys_multi(const std::vector<UniqueTable>& tables, UniqueTableReport* d_reports,
+                         cudaStream_t stream, DeviceAllocator* alloc = nullptr,
+                         void* host_staging = nullptr);
+
+// lookup.h's stable_sample_order for several tables at once: one radix sort of (table, sample)
+// keys for all of them (split only when table and sample bits pass 64). Every sample must be in
+// [0, num_samples) (check_positions passed). The argument upload is from pageable memory.
+struct SampleOrderTable {
+  const int64_t* positions = nullptr;  // [n, rank], device
+  int64_t n = 0;
+  int rank = 1;
+  int64_t num_samples = 0;   // dense_shape[0]
+  int32_t* order = nullptr;  // [n], device
+};
+Status stable_sample_order_multi(const std::vector<SampleOrderTable>& tables, cudaStream_t stream,
+                                 DeviceAllocator* alloc = nullptr);
+
 // out[batch, dim] = combine over the ids of sample b of weights[i] * rows[inverse[i]]
 // (lookup.h's pooled_forward). weights may be null. Samples without ids read zeros, a zero weight
 // sum gives zeros. Bad segment ids / row splits / inverse entries are reported through d_err

@@ -124,27 +124,32 @@ def _as_list(x):
 
 
 def _flatten_ids(ids, name):
-    """(keys, sample index of each key, batch size as (shape vector, minus)) of a SparseTensor, a
-    RaggedTensor or a dense tensor of k ids per sample ([batch] for k = 1, or [batch, k]; every
-    entry is an id). The batch size is sliced on the host (_sizes_on_host)."""
+    """(keys, sample index of each key, batch size as (shape vector, minus), positions, dense
+    shape) of a SparseTensor, a RaggedTensor or a dense tensor of k ids per sample ([batch] for
+    k = 1, or [batch, k]; every entry is an id). SokUniqueKeys checks the positions [n, rank] lie
+    within the dense shape [rank] (a RaggedTensor's or dense tensor's: the sample of each id as
+    [n, 1] within [batch]). Sizes are sliced on the host (_sizes_on_host)."""
     if isinstance(ids, (tf.Tensor, tf.Variable)) and ids.shape.rank in (1, 2):
         # A few ops per table, against some thirty for a RaggedTensor's value_rowids.
         keys = tf.reshape(ids, [-1])
         shape = tf.shape(ids, out_type=tf.int64)
         position = tf.range(tf.size(keys, out_type=tf.int64), dtype=tf.int64)
-        if ids.shape.rank == 1:
-            return keys, position, (shape, 0)
-        k = ids.shape[1] if ids.shape[1] is not None else tf.maximum(shape[1], 1)
-        return keys, position // k if k != 1 else position, (shape, 0)
+        if ids.shape.rank == 2:
+            k = ids.shape[1] if ids.shape[1] is not None else tf.maximum(shape[1], 1)
+            position = position // k if k != 1 else position
+        return (keys, position, (shape, 0), tf.reshape(position, [-1, 1]),
+                _sizes_on_host([(shape, 0)]))
     if isinstance(ids, (tf.Tensor, tf.Variable)):
         raise ValueError(f"lookup_sparse: dense ids of table '{name}' must be [batch] (one id per "
                          f"sample) or [batch, k] (k ids per sample), got shape {ids.shape}")
     if isinstance(ids, tf.SparseTensor):
-        return ids.values, ids.indices[:, 0], (ids.dense_shape, 0)
+        return ids.values, ids.indices[:, 0], (ids.dense_shape, 0), ids.indices, ids.dense_shape
     if isinstance(ids, tf.RaggedTensor):
         if ids.ragged_rank != 1:
             ids = ids.merge_dims(1, -1)
-        return ids.values, ids.value_rowids(), (tf.shape(ids.row_splits, out_type=tf.int64), 1)
+        rows = tf.cast(ids.value_rowids(), tf.int64)
+        nrows = (tf.shape(ids.row_splits, out_type=tf.int64), 1)
+        return ids.values, rows, nrows, tf.reshape(rows, [-1, 1]), _sizes_on_host([nrows])
     raise TypeError(
         f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor, a tf.RaggedTensor or a "
         f"[batch] / [batch, k] tensor, got {type(ids).__name__}"
@@ -190,6 +195,19 @@ def _diverged(error, call_name, names):
     )
 
 
+def _unique_keys(keys, positions, dense_shapes, names):
+    """SokUniqueKeys with its checks of the ids' positions (all tables at once). Eager inputs
+    outside their dense shape raise a ValueError, as the other eager input checks do."""
+    n = len(keys)
+    try:
+        return ops.sok_unique_keys(keys, positions, dense_shapes, N=n, table_names=names)
+    except tf.errors.InvalidArgumentError as e:
+        start = e.message.find("lookup_sparse: ids of table")
+        if not tf.executing_eagerly() or start < 0:
+            raise
+        raise ValueError(e.message[start:].split(" [Op:")[0]) from e
+
+
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str] | None = None,
                   training: bool = True, name: str | None = None) -> tf.Tensor | list[tf.Tensor]:
     """Pooled embeddings of many tables in one call.
@@ -217,15 +235,18 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
     if len(weights_list) != n:
         raise ValueError(f"lookup_sparse: {n} tables but {len(weights_list)} weight tensors")
     names = [table_name(p) for p in params]
-    sp_ids, weights_list = validation.check_lookup_inputs(params, sp_ids, weights_list, names)
+    # SokUniqueKeys checks the ids' indices; the stock-op serving graph has no SokUniqueKeys.
+    sp_ids, weights_list = validation.check_lookup_inputs(
+        params, sp_ids, weights_list, names, ids_within_dense_shape=serving.active() is not None
+    )
     for c, nm in zip(combiners, names):
         if c not in COMBINERS:
             raise ValueError(f"lookup_sparse: unknown combiner '{c}' for table '{nm}' "
                              f"(expected one of {', '.join(COMBINERS)})")
     with tf.name_scope(name or "sok_lookup_sparse"):
-        keys, segments, batches, weights = [], [], [], []
+        keys, segments, batches, weights, positions, dense_shapes = [], [], [], [], [], []
         for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
-            k, s, b = _flatten_ids(ids, nm)
+            k, s, b, pos, shape = _flatten_ids(ids, nm)
             if k.dtype not in (tf.int32, tf.int64):
                 raise TypeError(
                     f"lookup_sparse: ids of table '{nm}' must be int32 or int64, got {k.dtype.name}"
@@ -240,6 +261,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
             segments.append(tf.cast(s, tf.int64))
             batches.append(b)
             weights.append(_flatten_weights(w, nm, None))
+            positions.append(tf.cast(pos, tf.int64))
+            dense_shapes.append(tf.cast(shape, tf.int64))
         if serving.active():  # save_stock_saved_model is tracing: stock ops on frozen tables
             outs = serving.pooled_lookup(params, keys, segments,
                                          [shape[0] - minus for shape, minus in batches], weights,
@@ -247,7 +270,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
             return outs[0] if single else outs
         tables = partitioned.flat_tables(params)
         with _on_device_of(tables):
-            unique, inverse, counts = ops.sok_unique_keys(keys, N=n)
+            unique, inverse, counts, _ = _unique_keys(keys, positions, dense_shapes, names)
         uniqueness.declare_distinct(unique)
         try:
             rows = partitioned.fetch_rows(
@@ -270,7 +293,7 @@ def all2all_dense_embedding(param, indices) -> tf.Tensor:
     sharded over ranks, differentiable, returned in the shape of `indices` + [dim]."""
     indices = tf.convert_to_tensor(indices)
     flat = tf.reshape(indices, [-1])
-    unique, inverse, counts = ops.sok_unique_keys([flat], N=1)
+    unique, inverse, counts, _ = ops.sok_unique_keys([flat], [], [], N=1)
     uniqueness.declare_distinct(unique)
     rows = exchange.fetch_rows([param], [unique[0]], [counts[0]], True, [table_name(param)])[0]
     out = tf.gather(rows, inverse[0])

@@ -125,13 +125,15 @@ def _positions(x):
     return tf.stack([rows, cols], 1)
 
 
-def check_lookup_inputs(params, sp_ids, sp_weights, names):
+def check_lookup_inputs(params, sp_ids, sp_weights, names, ids_within_dense_shape=False):
     """lookup_sparse's input checks; returns (sp_ids, sp_weights) to use (with the assertions of
     graph-mode inputs attached).
 
     - at least one table;
-    - SparseTensor ids: indices within dense_shape (a column index beyond it would be pooled
-      anyway, which TensorFlow's own sparse ops refuse);
+    - SparseTensor weights: indices within dense_shape (a column index beyond it would be pooled
+      anyway, which TensorFlow's own sparse ops refuse). The ids' indices are checked by the
+      lookup itself (SokUniqueKeys, all tables at once, in eager and graph mode alike); only
+      `ids_within_dense_shape` (the stock-op graph of save_stock_saved_model) checks them here;
     - weights shaped like their ids: the same positions (sample, column), not just the same count
       (weights are applied by position: different indices would weight the wrong id).
     """
@@ -145,7 +147,7 @@ def check_lookup_inputs(params, sp_ids, sp_weights, names):
     # round trip for the whole lookup, not one per check). Eager inputs are checked at once.
     conditions = []
     for ids, w, name in zip(sp_ids, sp_weights, names):
-        if isinstance(ids, tf.SparseTensor):
+        if ids_within_dense_shape and isinstance(ids, tf.SparseTensor):
             conditions += _within_dense_shape(ids, f"lookup_sparse: ids of table '{name}'")
         if isinstance(w, tf.SparseTensor):
             conditions += _within_dense_shape(w, f"lookup_sparse: weights of table '{name}'")

@@ -31,30 +31,69 @@ struct PooledArgs {
   float* out;  // forward: [batch, dim]; backward: [num_rows, dim]
 };
 
+// One table of SokUniqueKeys: its inputs, outputs and what the dedup found.
+struct UniqueArgs {
+  const Tensor* keys;
+  Tensor* inverse;      // output [n]
+  Tensor uniq, counts;  // scratch [n]: the outputs are their leading num_unique entries
+  const Tensor* positions = nullptr;    // [n, r] (M == N), else null: no checks
+  const Tensor* dense_shape = nullptr;  // [r], host memory
+  int64_t num_unique = 0;
+  sok::PositionsCheck check;
+};
+
+// One table whose ids must be listed in sample order (its samples decrease somewhere).
+struct OrderArgs {
+  const Tensor* positions;
+  int64_t num_samples;
+  Tensor* order;  // output [n]
+};
+
 template <typename Device>
 struct LookupSteps;
 
 template <>
 struct LookupSteps<CpuDevice> {
-  // uniq[i] / counts[i] (sized like the keys) get the distinct keys and their counts,
-  // num_unique[i] how many there are.
-  static Status Unique(OpKernelContext* ctx, const OpInputList& keys,
-                       const std::vector<Tensor*>& inverse, std::vector<Tensor>* uniq,
-                       std::vector<Tensor>* counts, std::vector<int64_t>* num_unique) {
-    OnDevice<CpuDevice>::ForEachTable(ctx, keys.size(), [&](int i, const sok::ExecContext&) {
+  // Each table's dedup and position checks.
+  static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables) {
+    OnDevice<CpuDevice>::ForEachTable(ctx, tables->size(), [&](int i, const sok::ExecContext&) {
+      UniqueArgs& a = (*tables)[i];
       auto run = [&](auto tag) {
         using K = decltype(tag);
         std::vector<K> u;
         std::vector<int64_t> c;
-        sok::unique_keys(keys[i].flat<K>().data(), keys[i].NumElements(), &u,
-                         inverse[i]->flat<int32_t>().data(), &c);
-        (*num_unique)[i] = static_cast<int64_t>(u.size());
-        std::copy(u.begin(), u.end(), (*uniq)[i].flat<K>().data());
-        std::copy(c.begin(), c.end(), (*counts)[i].flat<int64_t>().data());
+        sok::unique_keys(a.keys->flat<K>().data(), a.keys->NumElements(), &u,
+                         a.inverse->flat<int32_t>().data(), &c);
+        a.num_unique = static_cast<int64_t>(u.size());
+        std::copy(u.begin(), u.end(), a.uniq.flat<K>().data());
+        std::copy(c.begin(), c.end(), a.counts.flat<int64_t>().data());
       };
-      if (keys[i].dtype() == DT_INT64) run(int64_t());
+      if (a.keys->dtype() == DT_INT64) run(int64_t());
       else run(int32_t());
+      if (a.positions != nullptr) {
+        a.check =
+            sok::check_positions(a.positions->flat<int64_t>().data(), a.keys->NumElements(),
+                                 a.positions->dim_size(1), a.dense_shape->flat<int64_t>().data());
+      }
     });
+    return OkStatus();
+  }
+
+  static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
+    OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext&) {
+      const OrderArgs& a = tables[i];
+      sok::stable_sample_order(a.positions->flat<int64_t>().data(), a.positions->dim_size(0),
+                               a.positions->dim_size(1), a.order->flat<int32_t>().data());
+    });
+    return OkStatus();
+  }
+
+  // Row `id` of positions [n, r].
+  static Status ReadIndex(OpKernelContext*, const Tensor& positions, int64_t id,
+                          std::vector<int64_t>* index) {
+    const int64_t r = positions.dim_size(1);
+    const int64_t* row = positions.flat<int64_t>().data() + id * r;
+    index->assign(row, row + r);
     return OkStatus();
   }
 
@@ -106,33 +145,82 @@ Status CudaCall(cudaError_t e, const char* what) {
 
 template <>
 struct LookupSteps<GpuDevice> {
-  // The distinct counts are only known on the device: every table is deduplicated, then the N
-  // counts come back with ONE synchronisation.
-  static Status Unique(OpKernelContext* ctx, const OpInputList& keys,
-                       const std::vector<Tensor*>& inverse, std::vector<Tensor>* uniq,
-                       std::vector<Tensor>* counts, std::vector<int64_t>* num_unique) {
-    const int n = keys.size();
+  // The distinct counts (and the checks) are only known on the device: every table is
+  // deduplicated and checked by one set of launches per key dtype, then the per-table reports
+  // come back with ONE copy and ONE synchronisation.
+  static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables) {
+    const int n = tables->size();
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
-    Tensor num_t;
-    int64_t* d_num;
-    TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &num_t, &d_num));
+    std::vector<sok::gpu::UniqueTable> spans(n);
     for (int i = 0; i < n; ++i) {
-      const int64_t m = keys[i].NumElements();
-      int32_t* inv = inverse[i]->flat<int32_t>().data();
-      int64_t* cnt = (*counts)[i].flat<int64_t>().data();
-      TF_RETURN_IF_ERROR(ToTf(keys[i].dtype() == DT_INT64
-                                  ? sok::gpu::unique_keys(keys[i].flat<int64_t>().data(), m,
-                                                          (*uniq)[i].flat<int64_t>().data(), inv,
-                                                          cnt, d_num + i, stream, &alloc)
-                                  : sok::gpu::unique_keys(keys[i].flat<int32_t>().data(), m,
-                                                          (*uniq)[i].flat<int32_t>().data(), inv,
-                                                          cnt, d_num + i, stream, &alloc)));
+      UniqueArgs& a = (*tables)[i];
+      sok::gpu::UniqueTable& t = spans[i];
+      t.keys_int64 = a.keys->dtype() == DT_INT64;
+      t.keys = a.keys->tensor_data().data();
+      t.n = a.keys->NumElements();
+      t.unique = const_cast<char*>(a.uniq.tensor_data().data());
+      t.inverse = a.inverse->flat<int32_t>().data();
+      t.counts = a.counts.flat<int64_t>().data();
+      if (a.positions != nullptr) {
+        t.positions = a.positions->flat<int64_t>().data();
+        t.rank = static_cast<int>(a.positions->dim_size(1));
+        t.dense_shape = a.dense_shape->flat<int64_t>().data();
+      }
     }
-    TF_RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(num_unique->data(), d_num, n * sizeof(int64_t),
-                                                cudaMemcpyDeviceToHost, stream),
-                                "reading the number of distinct keys"));
-    return CudaCall(cudaStreamSynchronize(stream), "reading the number of distinct keys");
+    Tensor reports_t, staging_t;
+    sok::gpu::UniqueTableReport* d_reports;
+    TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &reports_t, &d_reports));
+    // Pinned host memory for the argument upload (asynchronous; alive until the sync below).
+    AllocatorAttributes pinned;
+    pinned.set_on_host(true);
+    pinned.set_gpu_compatible(true);
+    const int64_t staging = sok::gpu::unique_keys_multi_staging_bytes(spans);
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({std::max<int64_t>(staging, 1)}),
+                                          &staging_t, pinned));
+    TF_RETURN_IF_ERROR(ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc,
+                                                        staging_t.flat<int8>().data())));
+    std::vector<sok::gpu::UniqueTableReport> reports(n);
+    TF_RETURN_IF_ERROR(
+        CudaCall(cudaMemcpyAsync(reports.data(), d_reports, n * sizeof(sok::gpu::UniqueTableReport),
+                                 cudaMemcpyDeviceToHost, stream),
+                 "reading the number of distinct keys"));
+    TF_RETURN_IF_ERROR(
+        CudaCall(cudaStreamSynchronize(stream), "reading the number of distinct keys"));
+    for (int i = 0; i < n; ++i) {
+      UniqueArgs& a = (*tables)[i];
+      a.num_unique = reports[i].num_unique;
+      a.check.first_outside = reports[i].first_outside;
+      a.check.first_unordered = reports[i].first_unordered;
+    }
+    return OkStatus();
+  }
+
+  static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
+    TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
+    std::vector<sok::gpu::SampleOrderTable> spans(tables.size());
+    for (size_t i = 0; i < tables.size(); ++i) {
+      spans[i].positions = tables[i].positions->flat<int64_t>().data();
+      spans[i].n = tables[i].positions->dim_size(0);
+      spans[i].rank = static_cast<int>(tables[i].positions->dim_size(1));
+      spans[i].num_samples = tables[i].num_samples;
+      spans[i].order = tables[i].order->flat<int32_t>().data();
+    }
+    return ToTf(
+        sok::gpu::stable_sample_order_multi(spans, OnDevice<GpuDevice>::Stream(ctx), &alloc));
+  }
+
+  // Row `id` of positions [n, r] (error path only: a second copy and sync).
+  static Status ReadIndex(OpKernelContext* ctx, const Tensor& positions, int64_t id,
+                          std::vector<int64_t>* index) {
+    const int64_t r = positions.dim_size(1);
+    index->resize(r);
+    const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
+    TF_RETURN_IF_ERROR(
+        CudaCall(cudaMemcpyAsync(index->data(), positions.flat<int64_t>().data() + id * r,
+                                 r * sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+                 "reading a bad index"));
+    return CudaCall(cudaStreamSynchronize(stream), "reading a bad index");
   }
 
   // Bad sample indices or rows are skipped on the device and reported after every table's work
@@ -183,36 +271,110 @@ struct LookupSteps<GpuDevice> {
 };
 #endif  // GOOGLE_CUDA
 
+// Table names of the ops' error messages; "#i" when the graph gives none.
+Status TableNames(OpKernelConstruction* c, int n, std::vector<std::string>* names) {
+  TF_RETURN_IF_ERROR(c->GetAttr("table_names", names));
+  if (names->empty()) {  // graphs written before the ops had names
+    for (int i = 0; i < n; ++i) names->push_back("#" + std::to_string(i));
+  }
+  if (static_cast<int>(names->size()) != n) {
+    return errors::InvalidArgument(names->size(), " table names for ", n, " tables");
+  }
+  return OkStatus();
+}
+
+std::string JoinIndex(const int64_t* v, int64_t r) {
+  std::string s = "[";
+  for (int64_t d = 0; d < r; ++d) s += (d ? ", " : "") + std::to_string(v[d]);
+  return s + "]";
+}
+
 template <typename Device>
 class UniqueKeysOp : public SokOpKernel<Device> {
  public:
-  using SokOpKernel<Device>::SokOpKernel;
+  explicit UniqueKeysOp(OpKernelConstruction* c) : SokOpKernel<Device>(c) {
+    int n;
+    OP_REQUIRES_OK(c, c->GetAttr("N", &n));
+    OP_REQUIRES_OK(c, TableNames(c, n, &names_));
+  }
 
  protected:
   void ComputeOnDevice(OpKernelContext* ctx) override {
-    OpInputList keys;
+    OpInputList keys, positions, dense_shapes;
     OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
-    const int n = keys.size();
-    std::vector<Tensor*> inverse(n);
-    std::vector<Tensor> uniq(n), counts(n);
+    OP_REQUIRES_OK(ctx, ctx->input_list("positions", &positions));
+    OP_REQUIRES_OK(ctx, ctx->input_list("dense_shapes", &dense_shapes));
+    const int n = keys.size(), m = positions.size();
+    OP_REQUIRES(ctx, m == 0 || m == n,
+                errors::InvalidArgument("SokUniqueKeys: ", m, " position tensors for ", n,
+                                        " tables (0 or one per table)"));
+    std::vector<UniqueArgs> tables(n);
     for (int i = 0; i < n; ++i) {
-      const int64_t m = keys[i].NumElements();
-      OP_REQUIRES(ctx, m <= std::numeric_limits<int32_t>::max(),
-                  errors::InvalidArgument("SokUniqueKeys: table ", i, " has ", m,
+      const int64_t k = keys[i].NumElements();
+      OP_REQUIRES(ctx, k <= std::numeric_limits<int32_t>::max(),
+                  errors::InvalidArgument("SokUniqueKeys: table '", names_[i], "' has ", k,
                                           " ids, more than 2^31 - 1"));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(n + i, TensorShape({m}), &inverse[i]));
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(keys[i].dtype(), TensorShape({m}), &uniq[i]));
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({m}), &counts[i]));
+      UniqueArgs& a = tables[i];
+      a.keys = &keys[i];
+      if (m) {
+        OP_REQUIRES_OK(ctx, CheckPositions(names_[i], k, positions[i], dense_shapes[i]));
+        a.positions = &positions[i];
+        a.dense_shape = &dense_shapes[i];
+      }
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(n + i, TensorShape({k}), &a.inverse));
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(keys[i].dtype(), TensorShape({k}), &a.uniq));
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({k}), &a.counts));
     }
-    std::vector<int64_t> num_unique(n);
-    OP_REQUIRES_OK(ctx,
-                   LookupSteps<Device>::Unique(ctx, keys, inverse, &uniq, &counts, &num_unique));
+    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, &tables));
+    for (int i = 0; i < m; ++i) {  // the first bad table, as lookup_sparse reported it before
+      if (tables[i].check.first_outside < 0) continue;
+      std::vector<int64_t> index;
+      OP_REQUIRES_OK(ctx, LookupSteps<Device>::ReadIndex(ctx, positions[i],
+                                                         tables[i].check.first_outside, &index));
+      const int64_t r = dense_shapes[i].NumElements();
+      ctx->CtxFailure(errors::InvalidArgument(
+          "lookup_sparse: ids of table '", names_[i],
+          "': an index is negative or beyond dense_shape: index ", JoinIndex(index.data(), r),
+          " for dense_shape ", JoinIndex(dense_shapes[i].flat<int64_t>().data(), r)));
+      return;
+    }
     // The outputs are the leading num_unique entries of the scratch: views, no copy.
     for (int i = 0; i < n; ++i) {
-      ctx->set_output(i, uniq[i].Slice(0, num_unique[i]));
-      ctx->set_output(2 * n + i, counts[i].Slice(0, num_unique[i]));
+      ctx->set_output(i, tables[i].uniq.Slice(0, tables[i].num_unique));
+      ctx->set_output(2 * n + i, tables[i].counts.Slice(0, tables[i].num_unique));
     }
+    std::vector<OrderArgs> unordered;
+    for (int i = 0; i < m; ++i) {
+      const bool ordered = tables[i].check.first_unordered < 0;
+      Tensor* order;
+      OP_REQUIRES_OK(
+          ctx, ctx->allocate_output(3 * n + i, TensorShape({ordered ? 0 : keys[i].NumElements()}),
+                                    &order));
+      if (!ordered) {
+        unordered.push_back(OrderArgs{&positions[i], dense_shapes[i].flat<int64_t>()(0), order});
+      }
+    }
+    if (!unordered.empty()) OP_REQUIRES_OK(ctx, LookupSteps<Device>::Order(ctx, unordered));
   }
+
+ private:
+  // positions [k, r] with r >= 1, dense_shape [r].
+  static Status CheckPositions(const std::string& name, int64_t k, const Tensor& positions,
+                               const Tensor& dense_shape) {
+    if (positions.dims() != 2 || positions.dim_size(0) != k || positions.dim_size(1) < 1) {
+      return errors::InvalidArgument("lookup_sparse: ids of table '", name,
+                                     "': positions of shape ", positions.shape().DebugString(),
+                                     " for ", k, " ids (want [", k, ", rank])");
+    }
+    if (dense_shape.dims() != 1 || dense_shape.NumElements() != positions.dim_size(1)) {
+      return errors::InvalidArgument("lookup_sparse: ids of table '", name, "': dense_shape of ",
+                                     "shape ", dense_shape.shape().DebugString(),
+                                     " for indices of ", "rank ", positions.dim_size(1));
+    }
+    return OkStatus();
+  }
+
+  std::vector<std::string> names_;
 };
 
 template <typename Device>
@@ -337,7 +499,8 @@ REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_CPU), PooledCombi
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_CPU),
                         PooledCombineGradOp<CpuDevice>);
 #if GOOGLE_CUDA
-REGISTER_KERNEL_BUILDER(Name("SokUniqueKeys").Device(DEVICE_GPU), UniqueKeysOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokUniqueKeys").Device(DEVICE_GPU).HostMemory("dense_shapes"),
+                        UniqueKeysOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_GPU).HostMemory("batch_sizes"),
                         PooledCombineOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_GPU).HostMemory("num_rows"),

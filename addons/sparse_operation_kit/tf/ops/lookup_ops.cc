@@ -10,22 +10,41 @@ using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
 // Distinct keys of each table in order of first appearance, the inverse map and the counts.
+// With M == N, also checks every table's id positions (SparseTensor indices [n_i, r], or a
+// RaggedTensor's row ids as [n_i, 1]) lie within dense_shapes_i, naming the first bad table, and
+// gives segment_order_i: [0] when the samples (column 0) do not decrease, else the stable
+// permutation that lists the ids in sample order. M == 0: no checks (graphs written before).
 REGISTER_OP("SokUniqueKeys")
     .Input("keys: Tkeys")
+    .Input("positions: M * int64")
+    .Input("dense_shapes: M * int64")
     .Output("unique: Tkeys")
     .Output("inverse: N * int32")
     .Output("counts: N * int64")
+    .Output("segment_order: M * int32")
     .Attr("N: int >= 1")
+    .Attr("M: int >= 0 = 0")
     .Attr("Tkeys: list({int32, int64})")
+    .Attr("table_names: list(string) = []")  // for error messages; empty: tables by position
     .SetShapeFn([](InferenceContext* c) {
-      int n;
+      int n, m;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("M", &m));
+      if (m != 0 && m != n) {
+        return errors::InvalidArgument("SokUniqueKeys: M must be 0 or N (", n, "), got ", m);
+      }
       for (int i = 0; i < n; ++i) {
         ShapeHandle keys;
         TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &keys));
         c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
         c->set_output(n + i, keys);
         c->set_output(2 * n + i, c->Vector(InferenceContext::kUnknownDim));
+      }
+      for (int i = 0; i < m; ++i) {
+        ShapeHandle unused;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + i), 2, &unused));
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + m + i), 1, &unused));
+        c->set_output(3 * n + i, c->Vector(InferenceContext::kUnknownDim));
       }
       return OkStatus();
     });
