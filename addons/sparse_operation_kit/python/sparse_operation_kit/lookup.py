@@ -35,8 +35,9 @@ def _on_device_of(params):
 
 @compat.register_gradient("SokPooledCombine")
 def _pooled_combine_grad(op, *grads):
-    n = op.get_attr("N")
+    n, m = op.get_attr("N"), op.get_attr("M")
     rows, inverse, segments, weights = (op.inputs[i * n:(i + 1) * n] for i in range(4))
+    orders = op.inputs[4 * n:4 * n + m]
     num_rows = tf.stack([tf.shape(r, out_type=tf.int64)[0] for r in rows])
     # The gradient runs where the forward ran (see _on_device_of).
     if isinstance(op, tf.Operation):  # graphs (TF1, tf.function)
@@ -49,11 +50,13 @@ def _pooled_combine_grad(op, *grads):
             list(inverse),
             list(segments),
             list(weights),
+            list(orders),
             num_rows,
             combiners=op.get_attr("combiners"),
             table_names=op.get_attr("table_names"),
+            segments_checked=op.get_attr("segments_checked"),
         )
-    return list(row_grads) + [None] * (3 * n) + [None]
+    return list(row_grads) + [None] * (3 * n + m) + [None]
 
 
 @compat.register_gradient("SokEmbeddingVariableGather")
@@ -230,8 +233,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
             raise diverged from e
         batch_sizes = tf.stack(batches)
         with _on_device_of(tables):
-            outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, batch_sizes,
-                                          combiners=combiners, table_names=names)
+            outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, [],
+                                          batch_sizes, combiners=combiners, table_names=names)
     return outs[0] if single else list(outs)
 
 
