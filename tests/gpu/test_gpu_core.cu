@@ -1093,6 +1093,127 @@ bool test_pipeline(Combiner comb) {
   return ok;
 }
 
+// ------------------------------------------------------------------------------------------------
+// Fused multi-table pooled forward / atomic backward (segments known in range) vs the CPU core.
+
+// One table of a multi-table case: its ids, its sample order (empty: sorted) and its buffers.
+struct MultiCase {
+  LookupCase c;
+  Combiner comb = Combiner::kSum;
+  bool weighted = false;
+  std::vector<int32_t> order;
+  std::vector<float> gout, want_out, want_grad;
+  DevBuf<float> rows, w, out, gout_d, grad;
+  DevBuf<int32_t> inv, order_d;
+  DevBuf<int64_t> seg;
+};
+
+// The ids of c in a random order (the segment ids no longer sorted) and the stable permutation
+// listing them in sample order.
+void shuffle_ids(LookupCase* c, std::vector<int32_t>* order) {
+  std::vector<size_t> p(c->n);
+  std::iota(p.begin(), p.end(), 0);
+  std::shuffle(p.begin(), p.end(), g_rng);
+  LookupCase d = *c;
+  for (int64_t i = 0; i < c->n; ++i) {
+    d.seg[i] = c->seg[p[i]];
+    d.inverse[i] = c->inverse[p[i]];
+    d.weights[i] = c->weights[p[i]];
+  }
+  *c = d;
+  order->resize(c->n);
+  std::iota(order->begin(), order->end(), 0);
+  std::stable_sort(order->begin(), order->end(),
+                   [&](int32_t a, int32_t b) { return c->seg[a] < c->seg[b]; });
+}
+
+// num_tables tables cycling through dims {1, 16, 33, 128}, the three combiners, weighted or not,
+// every third one shuffled (with its order); table 2 has no ids at all, table 3 no samples.
+// bad: table 0 gets out-of-range rows and table 1 (shuffled) out-of-range order entries (the last
+// two, where they keep the view sorted), which the kernels must skip: the reference is the CPU
+// core on the remaining ids.
+bool test_pooled_multi(int num_tables, bool bad) {
+  const int64_t dims[] = {1, 16, 33, 128};
+  std::vector<MultiCase> t(num_tables);
+  std::vector<PooledTable> desc(num_tables);
+  bool ok = true;
+  for (int k = 0; k < num_tables; ++k) {
+    MultiCase& m = t[k];
+    const int64_t dim = dims[k % 4];
+    m.comb = static_cast<Combiner>(k % 3);
+    m.weighted = (k / 3) % 2 == 1;
+    m.c = k == 2 ? make_case(40, 9, dim, 0) : make_case(k == 3 ? 0 : 97 + 13 * k, 211, dim, 12);
+    if (k % 3 == 1) shuffle_ids(&m.c, &m.order);
+    std::vector<int32_t> inv = m.c.inverse, order = m.order;
+    // The ids the kernels may use (bad ones dropped), for the CPU reference.
+    std::vector<bool> keep(m.c.n, true);
+    if (bad && k == 0 && m.c.n > 2) {
+      inv[0] = -3;
+      inv[m.c.n / 2] = static_cast<int32_t>(m.c.num_rows);
+      keep[0] = keep[m.c.n / 2] = false;
+    }
+    if (bad && k == 1 && m.c.n > 2) {
+      keep[order[m.c.n - 2]] = keep[order[m.c.n - 1]] = false;
+      order[m.c.n - 2] = -1;
+      order[m.c.n - 1] = static_cast<int32_t>(m.c.n + 5);
+    }
+    LookupCase ref;
+    ref.batch = m.c.batch;
+    ref.num_rows = m.c.num_rows;
+    for (int64_t i = 0; i < m.c.n; ++i) {
+      if (!keep[i]) continue;
+      ref.seg.push_back(m.c.seg[i]);
+      ref.inverse.push_back(m.c.inverse[i]);
+      ref.weights.push_back(m.c.weights[i]);
+    }
+    ref.n = static_cast<int64_t>(ref.seg.size());
+    m.gout = randn(m.c.batch * dim, 1.f);
+    m.want_out.resize(m.c.batch * dim);
+    m.want_grad.resize(m.c.num_rows * dim);
+    const float* cw = m.weighted ? ref.weights.data() : nullptr;
+    pooled_forward(m.c.rows.data(), dim, ref.inverse.data(), ref.seg.data(), cw, ref.n, ref.batch,
+                   m.comb, m.want_out.data());
+    pooled_backward(m.gout.data(), dim, ref.inverse.data(), ref.seg.data(), cw, ref.n, ref.batch,
+                    m.comb, ref.num_rows, m.want_grad.data());
+    m.rows.upload(m.c.rows);
+    m.w.upload(m.c.weights);
+    m.inv.upload(inv);
+    m.seg.upload(m.c.seg);
+    m.order_d.upload(order);
+    m.gout_d.upload(m.gout);
+    m.out.resize(m.c.batch * dim);
+    m.grad.resize(m.c.num_rows * dim);
+    m.out.poison();
+    m.grad.poison();
+    PooledTable& d = desc[k];
+    d.inverse = m.inv.get();
+    d.segment_ids = m.seg.get();
+    d.order = order.empty() ? nullptr : m.order_d.get();
+    d.weights = m.weighted ? m.w.get() : nullptr;
+    d.n = m.c.n;
+    d.batch = m.c.batch;
+    d.num_rows = m.c.num_rows;
+    d.dim = dim;
+    d.combiner = m.comb;
+  }
+  std::vector<PooledTable> fwd = desc, bwd = desc;
+  for (int k = 0; k < num_tables; ++k) {
+    fwd[k].src = t[k].rows.get();
+    fwd[k].out = t[k].out.get();
+    bwd[k].src = t[k].gout_d.get();
+    bwd[k].out = t[k].grad.get();
+  }
+  SOK_OK(pooled_forward_multi(fwd.data(), num_tables, nullptr));
+  SOK_OK(pooled_backward_multi_unordered(bwd.data(), num_tables, nullptr));
+  for (int k = 0; k < num_tables; ++k) {
+    const std::string f = "forward of table " + std::to_string(k);
+    const std::string b = "backward of table " + std::to_string(k);
+    ok &= sok_test::expect_near(f.c_str(), t[k].out.download(), t[k].want_out, 1e-5, 1e-5);
+    ok &= sok_test::expect_near(b.c_str(), t[k].grad.download(), t[k].want_grad, 1e-5, 1e-5);
+  }
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1144,6 +1265,11 @@ int main(int argc, char** argv) {
       run(std::string("pooled fwd+bwd long samples + hot row ") + cname(c) + " weighted dim " +
               std::to_string(dim),
           [=] { return test_pooled(dim, c, true, 0, true); });
+  for (int tables : {4, 9, 37})  // 37: two launches of 32 + 5 tables
+    run("pooled multi-table fused fwd+bwd " + std::to_string(tables) + " tables",
+        [=] { return test_pooled_multi(tables, false); });
+  run("pooled multi-table fused: bad rows / order entries skipped",
+      [] { return test_pooled_multi(8, true); });
   run("bad ids / segments / row splits are reported, never read",
       [] { return test_bad_indices(); });
   for (int64_t dim : {32, 64, 128, 13})

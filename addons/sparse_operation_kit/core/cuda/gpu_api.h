@@ -165,6 +165,30 @@ Status pooled_backward_unordered(const float* grad_out, int64_t dim, const int32
                                  DeviceAllocator* alloc = nullptr);
 
 // ---------------------------------------------------------------------------------------------
+// Many tables in one call, for segment ids the caller has checked to lie in [0, batch) (the TF
+// glue's segments_checked): no error record, no host synchronisation. Device pointers, host
+// sizes. Entries that are still out of range (an order entry, a row) are skipped, never read or
+// written out of bounds.
+struct PooledTable {
+  const float* src = nullptr;  // forward: rows [num_rows, dim]; backward: grad_out [batch, dim]
+  float* out = nullptr;        // forward: [batch, dim]; backward: grad_rows [num_rows, dim]
+  const int32_t* inverse = nullptr;      // [n]: row of each id
+  const int64_t* segment_ids = nullptr;  // [n]: sample of each id
+  // null: segment_ids are non-decreasing; else [n], the ids listed in sample order (stable).
+  const int32_t* order = nullptr;
+  const float* weights = nullptr;  // [n] or null (all 1)
+  int64_t n = 0, batch = 0, num_rows = 0, dim = 0;
+  Combiner combiner = Combiner::kSum;
+};
+
+// pooled_forward for every table: one launch (per 32 tables).
+Status pooled_forward_multi(const PooledTable* tables, int count, cudaStream_t stream);
+
+// pooled_backward_unordered for every table (atomics: the order of the additions varies between
+// runs): two launches (per 32 tables), one zeroing every grad_rows, one scattering.
+Status pooled_backward_multi_unordered(const PooledTable* tables, int count, cudaStream_t stream);
+
+// ---------------------------------------------------------------------------------------------
 struct GpuTableOptions {
   // Grow (rehash into twice the capacity) before live + erased slots would pass this fraction.
   // The host keeps an upper bound of the size (+n per call that may insert) and only reads the

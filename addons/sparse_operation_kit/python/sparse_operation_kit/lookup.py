@@ -46,8 +46,9 @@ def _sizes_on_host(sizes):
 
 @compat.register_gradient("SokPooledCombine")
 def _pooled_combine_grad(op, *grads):
-    n = op.get_attr("N")
+    n, m = op.get_attr("N"), op.get_attr("M")
     rows, inverse, segments, weights = (op.inputs[i * n:(i + 1) * n] for i in range(4))
+    orders = op.inputs[4 * n:4 * n + m]
     num_rows = _sizes_on_host([(tf.shape(r, out_type=tf.int64), 0) for r in rows])
     # The gradient runs where the forward ran (see _on_device_of).
     if isinstance(op, tf.Operation):  # graphs (TF1, tf.function)
@@ -60,11 +61,13 @@ def _pooled_combine_grad(op, *grads):
             list(inverse),
             list(segments),
             list(weights),
+            list(orders),
             num_rows,
             combiners=op.get_attr("combiners"),
             table_names=op.get_attr("table_names"),
+            segments_checked=op.get_attr("segments_checked"),
         )
-    return list(row_grads) + [None] * (3 * n) + [None]
+    return list(row_grads) + [None] * (3 * n + m) + [None]
 
 
 @compat.register_gradient("SokEmbeddingVariableGather")
@@ -270,7 +273,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
             return outs[0] if single else outs
         tables = partitioned.flat_tables(params)
         with _on_device_of(tables):
-            unique, inverse, counts, _ = _unique_keys(keys, positions, dense_shapes, names)
+            unique, inverse, counts, orders = _unique_keys(keys, positions, dense_shapes, names)
         uniqueness.declare_distinct(unique)
         try:
             rows = partitioned.fetch_rows(
@@ -283,8 +286,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
             raise diverged from e
         batch_sizes = _sizes_on_host(batches)
         with _on_device_of(tables):
-            outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, batch_sizes,
-                                          combiners=combiners, table_names=names)
+            # SokUniqueKeys checked every position and gives each table's sample order.
+            outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, list(orders),
+                                          batch_sizes, segments_checked=True, combiners=combiners,
+                                          table_names=names)
     return outs[0] if single else list(outs)
 
 

@@ -26,6 +26,7 @@ struct PooledArgs {
   int64_t dim, num_rows, batch, n;
   const int32_t* inverse;
   const int64_t* segment_ids;
+  const int32_t* order;  // null: none given; else the ids in sample order (SokUniqueKeys)
   const float* weights;  // null: all 1
   sok::Combiner combiner;
   float* out;  // forward: [batch, dim]; backward: [num_rows, dim]
@@ -97,7 +98,8 @@ struct LookupSteps<CpuDevice> {
     return OkStatus();
   }
 
-  static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) {
+  // The CPU core handles unsorted segment ids itself: `checked` and the orders are not needed.
+  static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables, bool) {
     std::vector<Status> status(tables.size());
     OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
       const PooledArgs& a = tables[i];
@@ -112,7 +114,7 @@ struct LookupSteps<CpuDevice> {
   }
 
   // Bad indices are reported (as in the forward) instead of written out of bounds.
-  static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) {
+  static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables, bool) {
     std::vector<Status> status(tables.size());
     OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
       const PooledArgs& a = tables[i];
@@ -223,11 +225,16 @@ struct LookupSteps<GpuDevice> {
     return CudaCall(cudaStreamSynchronize(stream), "reading a bad index");
   }
 
-  // Bad sample indices or rows are skipped on the device and reported after every table's work
-  // is enqueued (one synchronisation), naming the table.
-  static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) {
+  // checked (segment ids known in range, each table's sample order given): every table in one
+  // launch, nothing read back. Otherwise bad sample indices or rows are skipped on the device and
+  // reported after every table's work is enqueued (one synchronisation), naming the table.
+  static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables, bool checked) {
     const int n = tables.size();
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
+    if (checked) {
+      const std::vector<sok::gpu::PooledTable> multi = MultiTables(tables);
+      return ToTf(sok::gpu::pooled_forward_multi(multi.data(), n, stream));
+    }
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
     Tensor err_t;
     sok::gpu::GpuLookupError* d_err;
@@ -247,12 +254,18 @@ struct LookupSteps<GpuDevice> {
   }
 
   // Bad indices are skipped by the core (never read or written out of bounds); the forward of
-  // the same ids reports them. Sums with atomics (a few launches per table) unless op
-  // determinism is required (tf.config.experimental.enable_op_determinism), as TF's own ops do.
-  static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) {
+  // the same ids reports them. Sums with atomics unless op determinism is required
+  // (tf.config.experimental.enable_op_determinism), as TF's own ops do: for checked segments
+  // (see Forward) two launches for all tables, else a few launches per table.
+  static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables,
+                         bool checked) {
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
     const bool deterministic = OpDeterminismRequired();
+    if (checked && !deterministic) {
+      const std::vector<sok::gpu::PooledTable> multi = MultiTables(tables);
+      return ToTf(sok::gpu::pooled_backward_multi_unordered(multi.data(), multi.size(), stream));
+    }
     for (const PooledArgs& a : tables) {
       if (!deterministic) {
         TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_backward_unordered(
@@ -267,6 +280,28 @@ struct LookupSteps<GpuDevice> {
                                          a.combiner, a.num_rows, nullptr, a.out, stream, &alloc)));
     }
     return OkStatus();
+  }
+
+ private:
+  // The core's descriptor of each table (forward: src = rows; backward: src = grads).
+  static std::vector<sok::gpu::PooledTable> MultiTables(const std::vector<PooledArgs>& tables) {
+    std::vector<sok::gpu::PooledTable> out(tables.size());
+    for (size_t i = 0; i < tables.size(); ++i) {
+      const PooledArgs& a = tables[i];
+      sok::gpu::PooledTable& t = out[i];
+      t.src = a.src;
+      t.out = a.out;
+      t.inverse = a.inverse;
+      t.segment_ids = a.segment_ids;
+      t.order = a.order;
+      t.weights = a.weights;
+      t.n = a.n;
+      t.batch = a.batch;
+      t.num_rows = a.num_rows;
+      t.dim = a.dim;
+      t.combiner = a.combiner;
+    }
+    return out;
   }
 };
 #endif  // GOOGLE_CUDA
@@ -390,6 +425,15 @@ class PooledCombineOp : public SokOpKernel<Device> {
     }
     OP_REQUIRES(c, static_cast<int>(names_.size()) == n,
                 errors::InvalidArgument(names_.size(), " table names for ", n, " tables"));
+    int m;
+    OP_REQUIRES_OK(c, c->GetAttr("M", &m));
+    OP_REQUIRES(
+        c, m == 0 || m == n,
+        errors::InvalidArgument(m, " segment orders for ", n, " tables (give 0 or ", n, ")"));
+    has_orders_ = m == n;
+    bool segments_checked;
+    OP_REQUIRES_OK(c, c->GetAttr("segments_checked", &segments_checked));
+    checked_ = has_orders_ && segments_checked;
   }
 
  protected:
@@ -400,7 +444,11 @@ class PooledCombineOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(ctx, ctx->input_list("segment_ids", &segments));
     OP_REQUIRES_OK(ctx, ctx->input_list("weights", &weights));
     const int n = rows.size();
-    const Tensor& batch_sizes = ctx->input(4 * n);  // HostMemory
+    OpInputList orders;
+    OP_REQUIRES_OK(ctx, ctx->input_list("segment_order", &orders));
+    const Tensor* batch_sizes_t;
+    OP_REQUIRES_OK(ctx, ctx->input("batch_sizes", &batch_sizes_t));  // HostMemory
+    const Tensor& batch_sizes = *batch_sizes_t;
     OP_REQUIRES(
         ctx, batch_sizes.NumElements() == n,
         errors::InvalidArgument(batch_sizes.NumElements(), " batch sizes for ", n, " tables"));
@@ -410,15 +458,16 @@ class PooledCombineOp : public SokOpKernel<Device> {
       OP_REQUIRES(ctx, rows[i].dims() == 2,
                   errors::InvalidArgument("rows of table '", names_[i], "' must be a matrix"));
       OP_REQUIRES_OK(ctx, CheckIdArrays(names_[i], m, segments[i], weights[i]));
+      OP_REQUIRES_OK(ctx, CheckOrder(names_[i], m, orders, i));
       const int64_t b = batch_sizes.flat<int64_t>()(i);
       OP_REQUIRES(ctx, b >= 0,
                   errors::InvalidArgument("table '", names_[i], "': negative batch size ", b));
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({b, rows[i].dim_size(1)}), &out));
-      tables[i] =
-          Args(i, rows[i], rows[i].dim_size(0), b, inverse[i], segments[i], weights[i], out);
+      tables[i] = Args(i, rows[i], rows[i].dim_size(0), b, inverse[i], segments[i], weights[i],
+                       orders, out);
     }
-    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Forward(ctx, tables));
+    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Forward(ctx, tables, checked_));
   }
 
  public:
@@ -436,9 +485,21 @@ class PooledCombineOp : public SokOpKernel<Device> {
     return OkStatus();
   }
 
+  // A table's sample order is empty (its segment ids are sorted) or a permutation of its m ids.
+  Status CheckOrder(const std::string& name, int64_t m, const OpInputList& orders, int i) const {
+    if (!has_orders_) return OkStatus();
+    const int64_t k = orders[i].NumElements();
+    if (k != 0 && k != m) {
+      return errors::InvalidArgument("table '", name, "': a segment order of ", k, " entries for ",
+                                     m, " ids");
+    }
+    return OkStatus();
+  }
+
  protected:
   PooledArgs Args(int i, const Tensor& src, int64_t num_rows, int64_t batch, const Tensor& inverse,
-                  const Tensor& segments, const Tensor& weights, Tensor* out) const {
+                  const Tensor& segments, const Tensor& weights, const OpInputList& orders,
+                  Tensor* out) const {
     PooledArgs a;
     a.name = &names_[i];
     a.src = src.flat<float>().data();
@@ -448,6 +509,7 @@ class PooledCombineOp : public SokOpKernel<Device> {
     a.n = inverse.NumElements();
     a.inverse = inverse.flat<int32_t>().data();
     a.segment_ids = segments.flat<int64_t>().data();
+    a.order = has_orders_ && orders[i].NumElements() ? orders[i].flat<int32_t>().data() : nullptr;
     a.weights = weights.NumElements() ? weights.flat<float>().data() : nullptr;
     a.combiner = combiners_[i];
     a.out = out->flat<float>().data();
@@ -456,6 +518,8 @@ class PooledCombineOp : public SokOpKernel<Device> {
 
   std::vector<sok::Combiner> combiners_;
   std::vector<std::string> names_;
+  bool has_orders_ = false;  // M == N
+  bool checked_ = false;     // M == N and segments_checked: the GPU skips the checks
 };
 
 // The gradient has the forward's attributes; only its inputs and outputs differ.
@@ -472,7 +536,11 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
     OP_REQUIRES_OK(ctx, ctx->input_list("segment_ids", &segments));
     OP_REQUIRES_OK(ctx, ctx->input_list("weights", &weights));
     const int n = grads.size();
-    const Tensor& num_rows = ctx->input(4 * n);  // HostMemory
+    OpInputList orders;
+    OP_REQUIRES_OK(ctx, ctx->input_list("segment_order", &orders));
+    const Tensor* num_rows_t;
+    OP_REQUIRES_OK(ctx, ctx->input("num_rows", &num_rows_t));  // HostMemory
+    const Tensor& num_rows = *num_rows_t;
     OP_REQUIRES(ctx, num_rows.NumElements() == n,
                 errors::InvalidArgument(num_rows.NumElements(), " row counts for ", n, " tables"));
     std::vector<PooledArgs> tables(n);
@@ -482,15 +550,16 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
                   errors::InvalidArgument("gradient of table '", name, "' must be a matrix"));
       OP_REQUIRES_OK(ctx,
                      this->CheckIdArrays(name, inverse[i].NumElements(), segments[i], weights[i]));
+      OP_REQUIRES_OK(ctx, this->CheckOrder(name, inverse[i].NumElements(), orders, i));
       const int64_t r = num_rows.flat<int64_t>()(i);
       OP_REQUIRES(ctx, r >= 0,
                   errors::InvalidArgument("table '", name, "': negative row count ", r));
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({r, grads[i].dim_size(1)}), &out));
       tables[i] = this->Args(i, grads[i], r, grads[i].dim_size(0), inverse[i], segments[i],
-                             weights[i], out);
+                             weights[i], orders, out);
     }
-    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Backward(ctx, tables));
+    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Backward(ctx, tables, this->checked_));
   }
 };
 

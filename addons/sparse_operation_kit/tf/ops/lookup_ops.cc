@@ -51,14 +51,21 @@ REGISTER_OP("SokUniqueKeys")
 
 // out_i[batch_i, dim_i] = combine_i over ids j of weights_i[j] * rows_i[inverse_i[j]], by sample
 // segment_ids_i[j]. An empty weights_i means all weights are 1.
+// segment_order (M = 0, or M = N: SokUniqueKeys' output): per table, shape [0] when its segment
+// ids are non-decreasing, else the stable permutation listing the ids in sample order. With
+// M = N and segments_checked (every segment id known in [0, batch_i)) the GPU kernel runs every
+// table in one launch with no error read-back (no host sync); otherwise it checks the ids.
 REGISTER_OP("SokPooledCombine")
     .Input("rows: N * float")
     .Input("inverse: N * int32")
     .Input("segment_ids: N * int64")
     .Input("weights: N * float")
+    .Input("segment_order: M * int32")
     .Input("batch_sizes: int64")  // [N]
     .Output("embeddings: N * float")
     .Attr("N: int >= 1")
+    .Attr("M: int >= 0 = 0")
+    .Attr("segments_checked: bool = false")
     .Attr("combiners: list(string)")
     .Attr("table_names: list(string)")
     .SetShapeFn([](InferenceContext* c) {
@@ -72,14 +79,18 @@ REGISTER_OP("SokPooledCombine")
       return OkStatus();
     });
 
+// The gradient; segment_order, M and segments_checked as in the forward.
 REGISTER_OP("SokPooledCombineGrad")
     .Input("grads: N * float")
     .Input("inverse: N * int32")
     .Input("segment_ids: N * int64")
     .Input("weights: N * float")
+    .Input("segment_order: M * int32")
     .Input("num_rows: int64")  // [N]
     .Output("row_grads: N * float")
     .Attr("N: int >= 1")
+    .Attr("M: int >= 0 = 0")
+    .Attr("segments_checked: bool = false")
     .Attr("combiners: list(string)")
     .Attr("table_names: list(string) = []")  // for error messages; empty: tables by position
     .SetShapeFn([](InferenceContext* c) {
