@@ -102,6 +102,14 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=10,
                    help="rounds; each times every implementation in turn, so load from other "
                         "processes hits all alike (median over all timed steps)")
+    p.add_argument(
+        "--inputs",
+        choices=("batched", "per-field"),
+        default="batched",
+        help="how a step gets its ids (same for every implementation): batched: every field of a "
+        "batch from one variable, split apart in one op (as from an input pipeline); per-field: "
+        "a variable and some eight slicing ops per field",
+    )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -274,9 +282,56 @@ class IdInputs:
         return out
 
 
+class BatchedIdInputs:
+    """Every field of every pre-built batch in one pair of non-trainable variables: a step picks
+    its batch with one slice per variable and splits the fields apart with one op each, as an
+    input pipeline's get_next hands a model every field at once. (IdInputs, --inputs per-field,
+    spends some eight ops per field on it.) sparse(which) -> per field a SparseTensor."""
+
+    def __init__(self, args, batches):
+        nb, fields = len(batches), args.fields
+        self.fields = fields
+        self.shape = tf.constant([args.batch, args.ids_per_field], tf.int64)
+        ns = np.array([[len(batches[b][f][0]) for f in range(fields)] for b in range(nb)])
+        width = _pad8(int(ns.sum(1).max()))
+        vals = np.zeros([nb, width], np.int64)
+        idx = np.zeros([nb, width, 2], np.int64)
+        for b in range(nb):
+            at = 0
+            for f in range(fields):
+                ids, splits = batches[b][f]
+                lengths = np.diff(splits)
+                end = at + len(ids)
+                vals[b, at:end] = ids
+                idx[b, at:end, 0] = np.repeat(np.arange(args.batch, dtype=np.int64), lengths)
+                idx[b, at:end, 1] = np.arange(len(ids), dtype=np.int64) - np.repeat(
+                    splits[:-1], lengths
+                )
+                at = end
+        self.values = tf.Variable(vals, trainable=False, name="ids")
+        self.indices = tf.Variable(idx, trainable=False, name="indices")
+        # Per batch: each field's id count, then the padding (SplitV takes its sizes on the host).
+        sizes = np.concatenate([ns, width - ns.sum(1, keepdims=True)], 1)
+        with tf.device("/CPU:0"):
+            self.sizes = tf.constant(sizes, tf.int64, name="field_sizes")
+
+    def sparse(self, which):
+        with tf.name_scope(INPUT_SCOPE):
+            with tf.device("/CPU:0"):
+                sizes = tf.gather(self.sizes, which)
+            values = tf.split(self.values[which], sizes, num=self.fields + 1)
+            indices = tf.split(self.indices[which], sizes, num=self.fields + 1)
+        return [tf.SparseTensor(indices[f], values[f], self.shape) for f in range(self.fields)]
+
+
+def id_inputs(args, batches):
+    return (BatchedIdInputs if args.inputs == "batched" else IdInputs)(args, batches)
+
+
 def loss_of(embs):
-    # A cheap stand-in for the dense part: every embedding gets a gradient.
-    return tf.add_n([tf.reduce_sum(tf.square(e)) for e in embs]) * 1e-3
+    # A cheap stand-in for the dense part (which takes the embeddings side by side, as DLRM's
+    # interaction or an MLP does): every embedding gets a gradient.
+    return tf.reduce_sum(tf.square(tf.concat(embs, 1))) * 1e-3
 
 
 def dump_ids(args, out_dir, batches_by_dist):
@@ -559,7 +614,7 @@ class GraphRunner(_Timed):
             tf.compat.v1.set_random_seed(args.seed)
             with tf.device("/CPU:0"):
                 self.which = tf.compat.v1.placeholder(tf.int32, [], name="batch_index")
-            sp = IdInputs(args, batches).sparse(self.which)
+            sp = id_inputs(args, batches).sparse(self.which)
             self.model = BUILDERS[impl](args)
             self.loss = loss_of(self.model.embed(sp))
             self.train_op = self.model.opt.minimize(self.loss, var_list=self.model.tables)
@@ -652,7 +707,7 @@ class FunctionRunner(_Timed):
         self.impl, self.args, self.nb, self.device = impl, args, len(batches), device
         self.placement = Placement()
         with device_scope(device):
-            inputs = IdInputs(args, batches)
+            inputs = id_inputs(args, batches)
             model = BUILDERS[impl](args)
         if init_values is not None:
             for var, value in zip(model.tables, init_values):
@@ -933,7 +988,7 @@ def main(argv=None):
     print(
         f"config={args.config} fields={args.fields} ids/sample/field={ids_label(args)} "
         f"vocab/field={args.vocab} "
-        f"dim={args.dim} batch={args.batch} hash_table={args.hash_table} "
+        f"dim={args.dim} batch={args.batch} inputs={args.inputs} hash_table={args.hash_table} "
         f"steps={args.rounds}x{args.steps} (after {args.warmup} warm-up), TF {tf.__version__}, "
         f"{os.cpu_count()} CPUs, device {device_label}, mode {args.mode}"
     )

@@ -95,3 +95,29 @@ def test_dumped_ids_are_the_benchmark_batches(tmp_path):
         )
         assert r.returncode == 0, r.stderr
         assert r.stdout.count("HARNESS_INPUT") == 2 and r.stdout.count(" ok") == 2, r.stdout
+
+
+@pytest.mark.parametrize("extra", [[], ["--ids-per-field", "4", "--min-ids-per-field", "4"]])
+def test_batched_inputs_give_each_field_its_ids(extra):
+    """--inputs batched (one variable, split per step) hands every implementation the same
+    SparseTensors as the per-field variables, for every batch."""
+    import tensorflow as tf
+
+    spec = importlib.util.spec_from_file_location("embedding_bench_run", RUN)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.parse_args([*TINY, "--num-batches", "3", *extra])
+    batches = bench.make_batches(args, "powerlaw")
+    batched, per_field = bench.BatchedIdInputs(args, batches), bench.IdInputs(args, batches)
+    for b in range(3):
+        which = tf.constant(b, tf.int32)
+        got, want = batched.sparse(which), per_field.sparse(which)
+        assert len(got) == len(want) == 3
+        for f, (g, w) in enumerate(zip(got, want)):
+            ids, splits = batches[b][f]
+            np.testing.assert_array_equal(g.values.numpy(), ids, err_msg=f"batch {b} field {f}")
+            np.testing.assert_array_equal(g.values.numpy(), w.values.numpy())
+            np.testing.assert_array_equal(g.indices.numpy(), w.indices.numpy())
+            np.testing.assert_array_equal(g.dense_shape.numpy(), w.dense_shape.numpy())
+            np.testing.assert_array_equal(
+                np.bincount(g.indices.numpy()[:, 0], minlength=64), np.diff(splits))

@@ -35,12 +35,21 @@ def _on_device_of(params):
 
 def _sizes_on_host(sizes):
     """[N] int64 from (shape vector, minus) pairs: dim 0 of each shape minus `minus`, computed on
-    the CPU. The shapes come from tf.shape next to their tensors (whose GPU kernel leaves the shape
-    in host memory); slicing them on the GPU would put the sizes in device memory, and the SOK
-    kernel that reads them from host memory would then wait for the GPU to get there (a host
-    round trip in every step)."""
+    the CPU. The shapes come from tf.shape / tf.shape_n next to their tensors (whose GPU kernels
+    leave the shape in host memory); slicing them on the GPU would put the sizes in device memory,
+    and the SOK kernel that reads them from host memory would then wait for the GPU to get there
+    (a host round trip in every step). Shapes of one rank and one `minus` take three ops for all
+    tables (concat, strided slice, subtract) instead of two per table."""
     # (Gradients may be built colocated with the SOK op: leave that colocation for these.)
     with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device("/CPU:0"):
+        ranks = {shape.shape[0] if shape.shape.rank == 1 else None for shape, _ in sizes}
+        minuses = {minus for _, minus in sizes}
+        if len(ranks) == 1 and None not in ranks and len(minuses) == 1:
+            rank, minus = ranks.pop(), minuses.pop()
+            shapes = [shape for shape, _ in sizes]
+            flat = tf.concat(shapes, 0) if len(shapes) > 1 else shapes[0]
+            firsts = flat[::rank] if rank > 1 else flat
+            return firsts - minus if minus else firsts
         return tf.stack([shape[0] - minus if minus else shape[0] for shape, minus in sizes])
 
 
@@ -49,7 +58,7 @@ def _pooled_combine_grad(op, *grads):
     n, m = op.get_attr("N"), op.get_attr("M")
     rows, inverse, segments, weights = (op.inputs[i * n:(i + 1) * n] for i in range(4))
     orders = op.inputs[4 * n:4 * n + m]
-    num_rows = _sizes_on_host([(tf.shape(r, out_type=tf.int64), 0) for r in rows])
+    num_rows = _sizes_on_host([(s, 0) for s in tf.shape_n(list(rows), out_type=tf.int64)])
     # The gradient runs where the forward ran (see _on_device_of).
     if isinstance(op, tf.Operation):  # graphs (TF1, tf.function)
         where = tf.compat.v1.colocate_with(op)
@@ -126,25 +135,32 @@ def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def _flatten_ids(ids, name):
-    """(keys, sample index of each key, batch size as (shape vector, minus), positions, dense
-    shape) of a SparseTensor, a RaggedTensor or a dense tensor of k ids per sample ([batch] for
-    k = 1, or [batch, k]; every entry is an id). SokUniqueKeys checks the positions [n, rank] lie
-    within the dense shape [rank] (a RaggedTensor's or dense tensor's: the sample of each id as
-    [n, 1] within [batch]). Sizes are sliced on the host (_sizes_on_host)."""
-    if isinstance(ids, (tf.Tensor, tf.Variable)) and ids.shape.rank in (1, 2):
-        # A few ops per table, against some thirty for a RaggedTensor's value_rowids.
+def _is_dense(ids):
+    return isinstance(ids, (tf.Tensor, tf.Variable))
+
+
+def _flatten_ids(ids, name, dense_shape=None, explicit_segments=False, empty=None):
+    """(keys, segment ids, batch size as (shape vector, minus), positions, dense shape) of a
+    SparseTensor, a RaggedTensor or a dense tensor of k ids per sample ([batch] for k = 1, or
+    [batch, k]; every entry is an id; `dense_shape` is its tf.shape). SokUniqueKeys checks the
+    positions [n, rank] lie within the dense shape [rank] (a RaggedTensor's: the sample of each
+    id as [n, 1] within [batch]). Dense ids need neither checks nor segment ids: positions [0, 0]
+    and empty segment ids (the ops' mark for "k = n / batch ids per sample, in order"), unless
+    `explicit_segments` (the stock-op serving graph) asks for the sample of each id. `empty`:
+    those marks ([0] segment ids, [0, 0] positions, [0] dense shape), made once per lookup."""
+    if _is_dense(ids):
+        if ids.shape.rank not in (1, 2):
+            raise ValueError(f"lookup_sparse: dense ids of table '{name}' must be [batch] (one id "
+                             f"per sample) or [batch, k] (k ids per sample), got shape {ids.shape}")
         keys = tf.reshape(ids, [-1])
-        shape = tf.shape(ids, out_type=tf.int64)
-        position = tf.range(tf.size(keys, out_type=tf.int64), dtype=tf.int64)
-        if ids.shape.rank == 2:
-            k = ids.shape[1] if ids.shape[1] is not None else tf.maximum(shape[1], 1)
-            position = position // k if k != 1 else position
-        return (keys, position, (shape, 0), tf.reshape(position, [-1, 1]),
-                _sizes_on_host([(shape, 0)]))
-    if isinstance(ids, (tf.Tensor, tf.Variable)):
-        raise ValueError(f"lookup_sparse: dense ids of table '{name}' must be [batch] (one id per "
-                         f"sample) or [batch, k] (k ids per sample), got shape {ids.shape}")
+        if explicit_segments:
+            segments = tf.range(tf.size(keys, out_type=tf.int64), dtype=tf.int64)
+            if ids.shape.rank == 2:
+                k = ids.shape[1] if ids.shape[1] is not None else tf.maximum(dense_shape[1], 1)
+                segments = segments // k if k != 1 else segments
+        else:
+            segments = empty[0]
+        return keys, segments, (dense_shape, 0), empty[1], empty[2]
     if isinstance(ids, tf.SparseTensor):
         return ids.values, ids.indices[:, 0], (ids.dense_shape, 0), ids.indices, ids.dense_shape
     if isinstance(ids, tf.RaggedTensor):
@@ -159,9 +175,7 @@ def _flatten_ids(ids, name):
     )
 
 
-def _flatten_weights(weights, name, num_ids):
-    if weights is None:
-        return tf.zeros([0], tf.float32)
+def _flatten_weights(weights, name):
     if isinstance(weights, (tf.Tensor, tf.Variable)):  # dense ids: weights of their shape
         values = tf.reshape(weights, [-1])
     elif isinstance(weights, tf.SparseTensor):
@@ -247,9 +261,18 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
             raise ValueError(f"lookup_sparse: unknown combiner '{c}' for table '{nm}' "
                              f"(expected one of {', '.join(COMBINERS)})")
     with tf.name_scope(name or "sok_lookup_sparse"):
+        # The shapes of every dense id tensor in one op (its GPU kernel leaves them on the host).
+        sp_ids = [tf.convert_to_tensor(i) if isinstance(i, tf.Variable) else i for i in sp_ids]
+        dense = [i for i in sp_ids if _is_dense(i) and i.shape.rank in (1, 2)]
+        dense_shape_of = dict(zip(map(id, dense), tf.shape_n(dense, out_type=tf.int64)
+                                  if dense else []))
+        empty = (tf.zeros([0], tf.int64), tf.zeros([0, 0], tf.int64), tf.zeros([0], tf.int64),
+                 tf.zeros([0], tf.float32))
         keys, segments, batches, weights, positions, dense_shapes = [], [], [], [], [], []
         for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
-            k, s, b, pos, shape = _flatten_ids(ids, nm)
+            k, s, b, pos, shape = _flatten_ids(ids, nm, dense_shape_of.get(id(ids)),
+                                               explicit_segments=True,  # until the pooled ops take dense tables
+                                               empty=empty)
             if k.dtype not in (tf.int32, tf.int64):
                 raise TypeError(
                     f"lookup_sparse: ids of table '{nm}' must be int32 or int64, got {k.dtype.name}"
@@ -263,7 +286,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
             keys.append(k)
             segments.append(tf.cast(s, tf.int64))
             batches.append(b)
-            weights.append(_flatten_weights(w, nm, None))
+            weights.append(empty[3] if w is None else _flatten_weights(w, nm))
             positions.append(tf.cast(pos, tf.int64))
             dense_shapes.append(tf.cast(shape, tf.int64))
         if serving.active():  # save_stock_saved_model is tracing: stock ops on frozen tables

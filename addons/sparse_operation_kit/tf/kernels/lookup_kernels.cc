@@ -351,7 +351,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
                                           " ids, more than 2^31 - 1"));
       UniqueArgs& a = tables[i];
       a.keys = &keys[i];
-      if (m) {
+      if (m && !DenseIds(positions[i])) {
         OP_REQUIRES_OK(ctx, CheckPositions(names_[i], k, positions[i], dense_shapes[i]));
         a.positions = &positions[i];
         a.dense_shape = &dense_shapes[i];
@@ -380,7 +380,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     }
     std::vector<OrderArgs> unordered;
     for (int i = 0; i < m; ++i) {
-      const bool ordered = tables[i].check.first_unordered < 0;
+      const bool ordered = tables[i].positions == nullptr || tables[i].check.first_unordered < 0;
       Tensor* order;
       OP_REQUIRES_OK(
           ctx, ctx->allocate_output(3 * n + i, TensorShape({ordered ? 0 : keys[i].NumElements()}),
@@ -393,6 +393,12 @@ class UniqueKeysOp : public SokOpKernel<Device> {
   }
 
  private:
+  // positions [0, 0]: the table's ids are a dense [batch, k] tensor (lookup_sparse of dense
+  // ids), in sample order and within their shape by construction: nothing to check or order.
+  static bool DenseIds(const Tensor& positions) {
+    return positions.dims() == 2 && positions.dim_size(0) == 0 && positions.dim_size(1) == 0;
+  }
+
   // positions [k, r] with r >= 1, dense_shape [r].
   static Status CheckPositions(const std::string& name, int64_t k, const Tensor& positions,
                                const Tensor& dense_shape) {

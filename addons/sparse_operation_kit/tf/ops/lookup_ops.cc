@@ -14,6 +14,7 @@ using shape_inference::ShapeHandle;
 // RaggedTensor's row ids as [n_i, 1]) lie within dense_shapes_i, naming the first bad table, and
 // gives segment_order_i: [0] when the samples (column 0) do not decrease, else the stable
 // permutation that lists the ids in sample order. M == 0: no checks (graphs written before).
+// Positions of shape [0, 0] mark a table of dense ids ([batch] or [batch, k]): no check, order [0].
 REGISTER_OP("SokUniqueKeys")
     .Input("keys: Tkeys")
     .Input("positions: M * int64")
