@@ -35,6 +35,7 @@ later `--horovod` mode plugs in by sharding `make_batches` per rank and wrapping
 import argparse
 import collections
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -154,6 +155,8 @@ def parse_args(argv=None):
         help="instead of timing, trace one step per implementation and print the K op "
         "types with the most (summed) op time (graph mode)",
     )
+    p.add_argument("--trace-out", metavar="FILE",
+                   help="with --profile: append every traced step's records (JSON lines) to FILE")
     p.add_argument("--horovod", action="store_true", help="(reserved) one rank per process")
     args = p.parse_args(argv)
     preset = CONFIGS[args.config]
@@ -684,6 +687,9 @@ class GraphRunner(_Timed):
         stats, wall = step_trace.trace(self.sess, self.train_op, {self.which: self.step % self.nb})
         self.step += 1
         recs = step_trace.records(stats, self.graph)
+        if self.args.trace_out:  # every record, for a timeline read elsewhere
+            with open(self.args.trace_out, "a") as fh:
+                fh.write(json.dumps({"impl": self.impl, "wall_ms": wall, "records": recs}) + "\n")
         busy, span = step_trace.gpu_busy_ms(recs)
         by_op = step_trace.totals(recs, key=lambda r: r[2])
         host_ms = sum(t[0] for t in by_op.values())
