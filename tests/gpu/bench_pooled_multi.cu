@@ -110,11 +110,11 @@ void bench(Layout layout, bool weighted, Combiner comb, std::mt19937_64* rng) {
       time_ms([&] { return pooled_backward_multi_unordered(bwd.data(), kTables, nullptr); });
   const char* names[] = {"sorted", "shuffled+order", "dense k=4"};
   const char* cn[] = {"sum", "mean", "sqrtn"};
-  std::printf("bench_pooled_multi %-15s %-5s %-10s %lld ids: forward %s ms, backward %s ms\n",
+  auto ms = [](float x) { return x < 0 ? std::string("unsupported") : std::to_string(x) + " ms"; };
+  std::printf("bench_pooled_multi %-15s %-5s %-10s %lld ids: forward %s, backward %s\n",
               names[static_cast<int>(layout)], cn[static_cast<int>(comb)],
-              weighted ? "weighted" : "unweighted", static_cast<long long>(total),
-              f < 0 ? "unsupported" : std::to_string(f).c_str(),
-              g < 0 ? "unsupported" : std::to_string(g).c_str());
+              weighted ? "weighted" : "unweighted", static_cast<long long>(total), ms(f).c_str(),
+              ms(g).c_str());
 }
 
 }  // namespace
