@@ -166,14 +166,16 @@ Status pooled_backward_unordered(const float* grad_out, int64_t dim, const int32
 
 // ---------------------------------------------------------------------------------------------
 // Many tables in one call, for segment ids the caller has checked to lie in [0, batch) (the TF
-// glue's segments_checked): no error record, no host synchronisation. Device pointers, host
-// sizes. Entries that are still out of range (an order entry, a row) are skipped, never read or
-// written out of bounds.
+// glue's segments_checked) or dense tables: no error record, no host synchronisation. Device
+// pointers, host sizes. Entries that are still out of range (an order entry, a row, a segment
+// id) are skipped or give a wrong range, never read or written out of bounds.
 struct PooledTable {
   const float* src = nullptr;  // forward: rows [num_rows, dim]; backward: grad_out [batch, dim]
   float* out = nullptr;        // forward: [batch, dim]; backward: grad_rows [num_rows, dim]
-  const int32_t* inverse = nullptr;      // [n]: row of each id
-  const int64_t* segment_ids = nullptr;  // [n]: sample of each id
+  const int32_t* inverse = nullptr;  // [n]: row of each id
+  // [n]: sample of each id. null: a dense table, k = n / batch ids per sample (id i belongs to
+  // sample i / k; n must be a multiple of batch, and there is no order).
+  const int64_t* segment_ids = nullptr;
   // null: segment_ids are non-decreasing; else [n], the ids listed in sample order (stable).
   const int32_t* order = nullptr;
   const float* weights = nullptr;  // [n] or null (all 1)
@@ -181,12 +183,20 @@ struct PooledTable {
   Combiner combiner = Combiner::kSum;
 };
 
-// pooled_forward for every table: one launch (per 32 tables).
-Status pooled_forward_multi(const PooledTable* tables, int count, cudaStream_t stream);
+// pooled_forward for every table: one launch (per 32 tables) after one that finds where each
+// sample's ids start (sparse tables only, into a temporary of alloc; nullptr: the default).
+Status pooled_forward_multi(const PooledTable* tables, int count, cudaStream_t stream,
+                            DeviceAllocator* alloc = nullptr);
 
 // pooled_backward_unordered for every table (atomics: the order of the additions varies between
-// runs): two launches (per 32 tables), one zeroing every grad_rows, one scattering.
-Status pooled_backward_multi_unordered(const PooledTable* tables, int count, cudaStream_t stream);
+// runs): launches as in pooled_forward_multi, plus one zeroing every grad_rows.
+Status pooled_backward_multi_unordered(const PooledTable* tables, int count, cudaStream_t stream,
+                                       DeviceAllocator* alloc = nullptr);
+
+// row_splits[batch + 1] = b * per_sample: a dense table's samples in the row_splits layout (for
+// pooled_backward's deterministic sums).
+Status dense_row_splits(int64_t batch, int64_t per_sample, int64_t* row_splits,
+                        cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 struct GpuTableOptions {

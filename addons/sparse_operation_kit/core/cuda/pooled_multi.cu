@@ -1,12 +1,14 @@
 // pooled_forward_multi / pooled_backward_multi_unordered (gpu_api.h): the pooled combine of many
 // tables in one launch, for segment ids already known in range (no error record, no host sync).
 //
-// One warp per (table, sample). The ids of sample b are found by two binary searches over the
-// table's segment ids in sample order (through `order` when the table has one). The warp is cut
-// into 32 / L groups of L lanes (L per table, from its dim); each lane holds VEC consecutive
-// columns, group k takes ids k, k + 32 / L, ... and the groups are summed with shuffles.
-// The table descriptors travel as one __grid_constant__ kernel parameter (no copy, no lifetime
-// to manage); calls with more than kTablesPerLaunch tables take one launch per chunk.
+// First one launch over every sparse table's ids writes offsets[b], where sample b starts in the
+// table's sample-ordered view (through `order` when it has one). Dense tables (no segment ids:
+// k ids per sample) need none. Then each sample is a group of G lanes (G = L * S, S groups of L
+// lanes; L per table from its dim, S from its ids per sample), 32 / G samples per warp: each lane
+// holds VEC consecutive columns, sub-group s takes ids s, s + S, ... and the sub-groups are summed
+// with shuffles. Every block belongs to one table (found by a binary search over the blocks'
+// table starts). The table descriptors travel as one __grid_constant__ kernel parameter (no copy,
+// no lifetime to manage); calls with more than kTablesPerLaunch tables take one launch per chunk.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -22,7 +24,7 @@ using namespace detail;  // NOLINT
 
 namespace {
 
-// 32 descriptors of 104 bytes: the parameters stay under the classic 4 KB limit.
+// 32 descriptors of 120 bytes: the parameters stay under the classic 4 KB limit.
 constexpr int kTablesPerLaunch = 32;
 constexpr int kWarpsPerBlock = kBlock / 32;
 
@@ -30,18 +32,33 @@ struct LaunchTable {
   const float* src;  // forward: rows [num_rows, dim]; backward: grad_out [batch, dim]
   float* out;        // forward: [batch, dim]; backward: grad_rows [num_rows, dim]
   const int32_t* inverse;
-  const int64_t* seg;
+  const int64_t* seg;    // null: dense (or no ids)
   const int32_t* order;  // null: seg is non-decreasing
   const float* weights;  // null: all 1
-  int64_t n, batch, num_rows, dim;
-  int64_t first_warp;  // warps before this table's samples
-  int32_t combiner, lanes, vec4, unused;
+  int64_t* offsets;      // [batch + 1] sample starts in the ordered view; null: per_sample ids each
+  int64_t n, batch, num_rows, dim, per_sample;
+  int32_t first_block;                         // blocks of the sample kernel before this table's
+  int32_t first_offset_block;                  // blocks of the offsets kernel before this table's
+  int32_t combiner, lanes, group_shift, vec4;  // group_shift: log2 of the lanes per sample
 };
 
 struct LaunchTables {
   LaunchTable t[kTablesPerLaunch];
   int32_t count;
 };
+
+// The table whose blocks hold block x: the last one starting at or before x (tables without
+// blocks start where the next one does, so they are passed over).
+template <int32_t LaunchTable::* kFirst>
+__device__ __forceinline__ int table_of_block(const LaunchTables& ts, int32_t x) {
+  int lo = 0, hi = ts.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (ts.t[mid].*kFirst <= x) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
 
 // Index of the id at position k of the sample-ordered view; -1 for an order entry out of range.
 __device__ __forceinline__ int64_t id_at(const LaunchTable& t, int64_t k) {
@@ -50,66 +67,104 @@ __device__ __forceinline__ int64_t id_at(const LaunchTable& t, int64_t k) {
   return (i >= 0 && i < t.n) ? i : -1;
 }
 
-// First position k of the sample-ordered view whose sample is >= b. Bounds-safe for any input
-// (an unsorted view only gives a wrong range, never an out-of-range read).
-__device__ __forceinline__ int64_t lower_bound_sample(const LaunchTable& t, int64_t b) {
-  int64_t lo = 0, hi = t.n;
-  while (lo < hi) {
-    const int64_t mid = lo + ((hi - lo) >> 1);
-    const int64_t i = id_at(t, mid);
-    const int64_t s = i < 0 ? INT64_MAX : t.seg[i];
-    if (s < b) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
 // Row of id i, or -1 when out of range.
 __device__ __forceinline__ int64_t row_of(const LaunchTable& t, int64_t i) {
   const int64_t r = t.inverse[i];
   return (r >= 0 && r < t.num_rows) ? r : -1;
 }
 
-// [a, e): the positions of sample b (even lanes search b, odd lanes b + 1).
-__device__ __forceinline__ void sample_range(const LaunchTable& t, int64_t b, int lane, int64_t* a,
-                                             int64_t* e) {
-  const int64_t x = lower_bound_sample(t, b + (lane & 1));
-  *a = __shfl_sync(0xffffffffu, x, 0);
-  *e = __shfl_sync(0xffffffffu, x, 1);
+// Sample of position k of the ordered view, clamped to [-1, batch]: k == n and bad order entries
+// give batch, so the ranges below never include them.
+__device__ __forceinline__ int64_t sample_at(const LaunchTable& t, int64_t k) {
+  if (k >= t.n) return t.batch;
+  const int64_t i = id_at(t, k);
+  if (i < 0) return t.batch;
+  const int64_t s = t.seg[i];
+  return s < -1 ? -1 : (s > t.batch ? t.batch : s);
 }
 
-// 1 (sum), 1 / sum(w) (mean) or 1 / sqrt(sum(w^2)) (sqrtn); 0 for a zero weight sum.
+// offsets[b] = k for every b in (sample(k - 1), sample(k)], k in [0, n] (sample(-1) = -1): in a
+// sorted view every b in [0, batch] is written once. An unsorted view (bad input) leaves some
+// entries unwritten or written twice: the readers clamp them, so only the ranges are wrong. (Its
+// cost grows with how often the samples go down and up again; a checked view never does.)
+__global__ void
+__launch_bounds__(kBlock) k_sample_offsets(const __grid_constant__ LaunchTables ts) {
+  const LaunchTable& t = ts.t[table_of_block<&LaunchTable::first_offset_block>(ts, blockIdx.x)];
+  const int64_t k =
+      static_cast<int64_t>(blockIdx.x - t.first_offset_block) * blockDim.x + threadIdx.x;
+  if (t.offsets == nullptr || k > t.n) return;
+  const int64_t prev = k == 0 ? -1 : sample_at(t, k - 1);
+  const int64_t cur = sample_at(t, k);
+  for (int64_t b = prev + 1; b <= cur; ++b) t.offsets[b] = k;
+}
+
+// Positions [*a, *e) of sample b in the ordered view (empty for b outside the batch).
+__device__ __forceinline__ void sample_range(const LaunchTable& t, int64_t b, int64_t* a,
+                                             int64_t* e) {
+  if (b >= t.batch) {
+    *a = *e = 0;
+  } else if (t.offsets == nullptr) {
+    const int64_t x = b * t.per_sample;
+    *a = x < t.n ? x : t.n;
+    *e = x + t.per_sample < t.n ? x + t.per_sample : t.n;
+  } else {
+    const int64_t x = t.offsets[b], y = t.offsets[b + 1];
+    *a = x < 0 ? 0 : (x > t.n ? t.n : x);
+    *e = y < *a ? *a : (y > t.n ? t.n : y);
+  }
+}
+
+// The sample of this lane's group and its lane within the group (G = 1 << group_shift lanes).
+struct Slot {
+  int64_t b;
+  int gl, G;
+};
+
+__device__ __forceinline__ Slot slot_of(const LaunchTable& t) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp =
+      static_cast<int64_t>(blockIdx.x - t.first_block) * kWarpsPerBlock + (threadIdx.x >> 5);
+  Slot s;
+  s.G = 1 << t.group_shift;
+  s.b = (warp << (5 - t.group_shift)) + (lane >> t.group_shift);
+  s.gl = lane & (s.G - 1);
+  return s;
+}
+
+// Sum over the G lanes of a group (aligned groups of a power of two: xor stays inside).
+template <typename T>
+__device__ __forceinline__ T group_sum(T x, int from, int G) {
+  for (int o = from; o < G; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+// 1 (sum), 1 / sum(w) (mean) or 1 / sqrt(sum(w^2)) (sqrtn); 0 for a zero weight sum. Every lane
+// of the warp calls it (shuffles).
 __device__ __forceinline__ float sample_scale(const LaunchTable& t, int64_t a, int64_t e,
-                                              int lane) {
+                                              const Slot& s) {
   if (t.combiner == static_cast<int32_t>(Combiner::kSum)) return 1.f;
   const bool mean = t.combiner == static_cast<int32_t>(Combiner::kMean);
   double acc = 0.0;
-  for (int64_t j = a + lane; j < e; j += 32) {
+  for (int64_t j = a + s.gl; j < e; j += s.G) {
     const int64_t i = id_at(t, j);
     if (i < 0 || row_of(t, i) < 0) continue;
     const double w = t.weights ? t.weights[i] : 1.0;
     acc += mean ? w : w * w;
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  acc = group_sum(acc, 1, s.G);
   const double denom = mean ? acc : sqrt(acc);
   return denom == 0.0 ? 0.f : static_cast<float>(1.0 / denom);
 }
 
-// The table of warp w (tables with no warps are skipped: their first_warp equals the next one's).
-__device__ __forceinline__ int table_of(const LaunchTables& ts, int64_t w) {
-  int t = 0;
-  while (t + 1 < ts.count && w >= ts.t[t + 1].first_warp) ++t;
-  return t;
-}
-
 template <int VEC>
-__device__ void forward_sample(const LaunchTable& t, int64_t b, int lane) {
+__device__ void forward_sample(const LaunchTable& t) {
   constexpr int U = 4;  // rows in flight per lane
+  const Slot s = slot_of(t);
   int64_t a, e;
-  sample_range(t, b, lane, &a, &e);
-  const float scale = sample_scale(t, a, e, lane);
-  const int L = t.lanes, S = 32 / L, sub = lane / L, l = lane % L;
+  sample_range(t, s.b, &a, &e);
+  const float scale = sample_scale(t, a, e, s);
+  const int L = t.lanes, S = s.G / L, sub = s.gl / L, l = s.gl % L;
+  const bool has_out = s.b < t.batch && sub == 0;
   for (int64_t cb = 0; cb < t.dim; cb += static_cast<int64_t>(L) * VEC) {
     const int64_t c0 = cb + l * VEC;
     const bool cv = c0 < t.dim;
@@ -146,14 +201,12 @@ __device__ void forward_sample(const LaunchTable& t, int64_t b, int lane) {
         for (int k = 0; k < VEC; ++k) acc[k] += wv[u] * x[u].v[k];
       }
     }
-    for (int o = L; o < 32; o <<= 1) {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], o);
-    }
-    if (sub == 0 && cv) {
+    for (int k = 0; k < VEC; ++k) acc[k] = group_sum(acc[k], L, s.G);
+    if (has_out && cv) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) acc[k] *= scale;
-      store_vec<VEC>(t.out + b * t.dim + c0, acc);
+      store_vec<VEC>(t.out + s.b * t.dim + c0, acc);
     }
   }
 }
@@ -177,48 +230,40 @@ __device__ __forceinline__ void add_scaled(float* dst, float w, const Vec<VEC>& 
 
 // grad_rows[row of each id of sample b] += w * scale * grad_out[b] with atomics.
 template <int VEC>
-__device__ void backward_sample(const LaunchTable& t, int64_t b, int lane) {
+__device__ void backward_sample(const LaunchTable& t) {
+  const Slot s = slot_of(t);
   int64_t a, e;
-  sample_range(t, b, lane, &a, &e);
+  sample_range(t, s.b, &a, &e);
+  // Whole warps without ids leave (the scale's shuffles need every lane of the warp).
+  if (__all_sync(0xffffffffu, a >= e)) return;
+  const float scale = sample_scale(t, a, e, s);
   if (a >= e) return;
-  const float scale = sample_scale(t, a, e, lane);
-  const int L = t.lanes, S = 32 / L, sub = lane / L, l = lane % L;
+  const int L = t.lanes, S = s.G / L, sub = s.gl / L, l = s.gl % L;
   for (int64_t cb = 0; cb < t.dim; cb += static_cast<int64_t>(L) * VEC) {
     const int64_t c0 = cb + l * VEC;
     if (c0 >= t.dim) continue;
-    const Vec<VEC> g = load_vec<VEC>(t.src + b * t.dim + c0);
+    const Vec<VEC> g = load_vec<VEC>(t.src + s.b * t.dim + c0);
     for (int64_t j = a + sub; j < e; j += S) {
       const int64_t i = id_at(t, j);
       const int64_t r = i < 0 ? -1 : row_of(t, i);
       if (r < 0) continue;
       const float w = (t.weights ? t.weights[i] : 1.f) * scale;
-      float* dst = t.out + r * t.dim + c0;
-      add_scaled<VEC>(dst, w, g);
+      add_scaled<VEC>(t.out + r * t.dim + c0, w, g);
     }
   }
 }
 
-__global__ void
-__launch_bounds__(kBlock) k_forward_multi(const __grid_constant__ LaunchTables ts,
-                                                          int64_t total_warps) {
-  const int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
-  if (w >= total_warps) return;
-  const LaunchTable& t = ts.t[table_of(ts, w)];
-  const int64_t b = w - t.first_warp;
-  const int lane = threadIdx.x & 31;
-  if (t.vec4) forward_sample<4>(t, b, lane);
-  else forward_sample<1>(t, b, lane);
+__global__ void __launch_bounds__(kBlock) k_forward_multi(const __grid_constant__ LaunchTables ts) {
+  const LaunchTable& t = ts.t[table_of_block<&LaunchTable::first_block>(ts, blockIdx.x)];
+  if (t.vec4) forward_sample<4>(t);
+  else forward_sample<1>(t);
 }
 
-__global__ void __launch_bounds__(kBlock) k_backward_multi(const __grid_constant__ LaunchTables ts,
-                                                           int64_t total_warps) {
-  const int64_t w = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> 5;
-  if (w >= total_warps) return;
-  const LaunchTable& t = ts.t[table_of(ts, w)];
-  const int64_t b = w - t.first_warp;
-  const int lane = threadIdx.x & 31;
-  if (t.vec4) backward_sample<4>(t, b, lane);
-  else backward_sample<1>(t, b, lane);
+__global__ void __launch_bounds__(kBlock)
+    k_backward_multi(const __grid_constant__ LaunchTables ts) {
+  const LaunchTable& t = ts.t[table_of_block<&LaunchTable::first_block>(ts, blockIdx.x)];
+  if (t.vec4) backward_sample<4>(t);
+  else backward_sample<1>(t);
 }
 
 // Zeroes out[num_rows, dim] of every table (grid-stride; float4 stores where aligned).
@@ -238,6 +283,11 @@ __global__ void k_zero_multi(const __grid_constant__ LaunchTables ts) {
   }
 }
 
+__global__ void k_dense_row_splits(int64_t batch, int64_t per_sample, int64_t* row_splits) {
+  const int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (b <= batch) row_splits[b] = b * per_sample;
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // Lanes per row: the next power of two of the row's columns (VEC floats each), at most 32.
@@ -247,19 +297,46 @@ int32_t lanes_for(int64_t columns) {
   return l;
 }
 
+// log2 of the lanes per sample: L lanes per row times enough sub-groups that one pass of U rows
+// each covers a sample of average length (at most the warp).
+int32_t group_shift_for(int32_t lanes, int64_t n, int64_t batch) {
+  constexpr int64_t kRowsPerLane = 4;  // forward_sample's U
+  const int64_t avg = batch > 0 ? ceil_div(n, batch) : 0;
+  int32_t g = lanes, shift = 0;
+  while ((1 << shift) < g) ++shift;
+  while (g < 32 && static_cast<int64_t>(g / lanes) * kRowsPerLane < avg) {
+    g <<= 1;
+    ++shift;
+  }
+  return shift;
+}
+
+bool is_dense(const PooledTable& p) { return p.segment_ids == nullptr; }
+
+// Sparse tables whose samples need the offsets pass.
+bool needs_offsets(const PooledTable& p) { return !is_dense(p) && p.n > 0 && p.batch > 0; }
+
 Status check_table(const PooledTable& p, int index) {
+  const std::string name = "pooled lookup: table #" + std::to_string(index);
   if (p.n < 0 || p.batch < 0 || p.num_rows < 0 || p.dim < 0)
-    return Status::Invalid("pooled lookup: negative size in table #" + std::to_string(index));
-  if (p.n > 0 && (p.inverse == nullptr || p.segment_ids == nullptr))
-    return Status::Invalid("pooled lookup: table #" + std::to_string(index) +
-                           " has ids but no inverse or segment ids");
+    return Status::Invalid(name + ": negative size");
+  if (p.n > 0 && p.inverse == nullptr) return Status::Invalid(name + " has ids but no inverse");
+  if (is_dense(p) && p.n > 0 && (p.batch == 0 || p.n % p.batch != 0 || p.order != nullptr)) {
+    return Status::Invalid(name + ": " + std::to_string(p.n) +
+                           " ids without segment ids must be k ids per sample of batch " +
+                           std::to_string(p.batch) + " (and have no order)");
+  }
   return Status::OK();
 }
 
-// Descriptors of tables [begin, end); `warps_of` gives each table's number of sample warps.
-template <typename WarpsOf>
-int64_t pack(const PooledTable* tables, int begin, int end, WarpsOf&& warps_of, LaunchTables* ts) {
-  int64_t warps = 0;
+// Descriptors of tables [begin, end); `active` says whether a table gets sample warps, and the
+// active sparse ones take batch + 1 offsets each from *offsets (advanced past them). Returns the
+// blocks of the sample kernel; *offset_blocks gets those of the offsets kernel.
+template <typename Active>
+int64_t pack(const PooledTable* tables, int begin, int end, Active&& active, int64_t** offsets,
+             LaunchTables* ts, int64_t* offset_blocks) {
+  int64_t blocks = 0;
+  *offset_blocks = 0;
   ts->count = end - begin;
   for (int k = begin; k < end; ++k) {
     const PooledTable& p = tables[k];
@@ -274,64 +351,103 @@ int64_t pack(const PooledTable* tables, int begin, int end, WarpsOf&& warps_of, 
     t.batch = p.batch;
     t.num_rows = p.num_rows;
     t.dim = p.dim;
-    t.first_warp = warps;
+    t.per_sample = p.batch > 0 ? p.n / p.batch : 0;  // dense tables (sparse ones use offsets)
     t.combiner = static_cast<int32_t>(p.combiner);
     t.vec4 = p.dim % 4 == 0 && aligned16(p.src) && aligned16(p.out);
     t.lanes = lanes_for(t.vec4 ? p.dim / 4 : p.dim);
-    t.unused = 0;
-    warps += warps_of(p);
+    t.group_shift = group_shift_for(t.lanes, p.n, p.batch);
+    t.offsets = nullptr;
+    t.first_offset_block = static_cast<int32_t>(*offset_blocks);
+    if (needs_offsets(p) && active(p)) {
+      t.offsets = *offsets;
+      *offsets += p.batch + 1;
+      *offset_blocks += ceil_div(p.n + 1, kBlock);
+    } else if (!is_dense(p)) {
+      t.per_sample = 0;  // no ids, or no sample is read
+    }
+    t.first_block = static_cast<int32_t>(blocks);
+    if (active(p)) {
+      const int64_t samples_per_warp = 32 >> t.group_shift;
+      blocks += ceil_div(ceil_div(p.batch, samples_per_warp), kWarpsPerBlock);
+    }
   }
-  return warps;
+  return blocks;
 }
 
-template <typename Body>
-Status for_each_chunk(const PooledTable* tables, int count, Body&& body) {
-  for (int k = 0; k < count; ++k) SOK_RETURN_IF_ERROR(check_table(tables[k], k));
+// Calls body(ts, sample_blocks) once per chunk of kTablesPerLaunch tables, after the offsets
+// pass of the chunk's tables (into one temporary of alloc for all chunks).
+template <typename Active, typename Body>
+Status for_each_chunk(const PooledTable* tables, int count, DeviceAllocator* alloc,
+                      cudaStream_t stream, Active&& active, Body&& body) {
+  int64_t offset_entries = 0;
+  for (int k = 0; k < count; ++k) {
+    SOK_RETURN_IF_ERROR(check_table(tables[k], k));
+    if (needs_offsets(tables[k]) && active(tables[k])) offset_entries += tables[k].batch + 1;
+  }
+  Temp offsets;
+  if (offset_entries > 0) {
+    SOK_RETURN_IF_ERROR(offsets.alloc(alloc, offset_entries * sizeof(int64_t), stream));
+  }
+  int64_t* next = offsets.as<int64_t>();
   for (int begin = 0; begin < count; begin += kTablesPerLaunch) {
     const int end = begin + kTablesPerLaunch < count ? begin + kTablesPerLaunch : count;
-    SOK_RETURN_IF_ERROR(body(begin, end));
+    LaunchTables ts;
+    int64_t offset_blocks;
+    const int64_t blocks = pack(tables, begin, end, active, &next, &ts, &offset_blocks);
+    if (blocks > 2147483647LL || offset_blocks > 2147483647LL)
+      return Status::Invalid("pooled lookup: too many samples or ids for one launch");
+    if (offset_blocks > 0) {
+      k_sample_offsets<<<static_cast<int>(offset_blocks), kBlock, 0, stream>>>(ts);
+      SOK_LAUNCH_CHECK();
+    }
+    SOK_RETURN_IF_ERROR(body(ts, blocks));
   }
   return Status::OK();
 }
 
 }  // namespace
 
-Status pooled_forward_multi(const PooledTable* tables, int count, cudaStream_t stream) {
-  return for_each_chunk(tables, count, [&](int begin, int end) {
-    LaunchTables ts;
-    const int64_t warps = pack(tables, begin, end,
-                               [](const PooledTable& p) { return p.dim > 0 ? p.batch : 0; }, &ts);
-    if (warps == 0) return Status::OK();
-    k_forward_multi<<<grid_for(warps, kWarpsPerBlock), kBlock, 0, stream>>>(ts, warps);
-    SOK_LAUNCH_CHECK();
-    return Status::OK();
-  });
+Status pooled_forward_multi(const PooledTable* tables, int count, cudaStream_t stream,
+                            DeviceAllocator* alloc) {
+  auto active = [](const PooledTable& p) { return p.dim > 0 && p.batch > 0; };
+  return for_each_chunk(tables, count, alloc, stream, active,
+                        [&](const LaunchTables& ts, int64_t blocks) {
+                          if (blocks == 0) return Status::OK();
+                          k_forward_multi<<<static_cast<int>(blocks), kBlock, 0, stream>>>(ts);
+                          SOK_LAUNCH_CHECK();
+                          return Status::OK();
+                        });
 }
 
-Status pooled_backward_multi_unordered(const PooledTable* tables, int count,
-                                       cudaStream_t stream) {
-  return for_each_chunk(tables, count, [&](int begin, int end) {
-    LaunchTables ts;
-    const int64_t warps = pack(
-        tables, begin, end,
-        [](const PooledTable& p) {
-          return p.dim > 0 && p.num_rows > 0 && p.n > 0 ? p.batch : 0;
-        },
-        &ts);
-    int64_t elements = 0;
-    for (int k = begin; k < end; ++k) elements += tables[k].num_rows * tables[k].dim;
-    if (elements == 0) return Status::OK();
-    // Enough blocks to fill the GPU; the grid-stride loop does the rest.
-    const int zero_grid = grid_for(ceil_div(elements, 4) < 4096 * kBlock ? ceil_div(elements, 4)
-                                                                         : 4096 * kBlock,
-                                   kBlock);
-    k_zero_multi<<<zero_grid, kBlock, 0, stream>>>(ts);
-    SOK_LAUNCH_CHECK();
-    if (warps == 0) return Status::OK();
-    k_backward_multi<<<grid_for(warps, kWarpsPerBlock), kBlock, 0, stream>>>(ts, warps);
-    SOK_LAUNCH_CHECK();
-    return Status::OK();
-  });
+Status pooled_backward_multi_unordered(const PooledTable* tables, int count, cudaStream_t stream,
+                                       DeviceAllocator* alloc) {
+  auto active = [](const PooledTable& p) {
+    return p.dim > 0 && p.num_rows > 0 && p.n > 0 && p.batch > 0;
+  };
+  return for_each_chunk(
+      tables, count, alloc, stream, active, [&](const LaunchTables& ts, int64_t blocks) {
+        int64_t elements = 0;
+        for (int k = 0; k < ts.count; ++k) elements += ts.t[k].num_rows * ts.t[k].dim;
+        if (elements == 0) return Status::OK();
+        // Enough blocks to fill the GPU; the grid-stride loop does the rest.
+        const int zero_grid = grid_for(
+            ceil_div(elements, 4) < 4096 * kBlock ? ceil_div(elements, 4) : 4096 * kBlock, kBlock);
+        k_zero_multi<<<zero_grid, kBlock, 0, stream>>>(ts);
+        SOK_LAUNCH_CHECK();
+        if (blocks == 0) return Status::OK();
+        k_backward_multi<<<static_cast<int>(blocks), kBlock, 0, stream>>>(ts);
+        SOK_LAUNCH_CHECK();
+        return Status::OK();
+      });
+}
+
+Status dense_row_splits(int64_t batch, int64_t per_sample, int64_t* row_splits,
+                        cudaStream_t stream) {
+  if (batch < 0 || per_sample < 0) return Status::Invalid("dense_row_splits: negative size");
+  k_dense_row_splits<<<grid_for(batch + 1, kBlock), kBlock, 0, stream>>>(batch, per_sample,
+                                                                          row_splits);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
 }
 
 }  // namespace gpu

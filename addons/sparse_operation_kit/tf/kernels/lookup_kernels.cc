@@ -25,12 +25,24 @@ struct PooledArgs {
   const float* src;  // forward: rows [num_rows, dim]; backward: grads [batch, dim]
   int64_t dim, num_rows, batch, n;
   const int32_t* inverse;
-  const int64_t* segment_ids;
-  const int32_t* order;  // null: none given; else the ids in sample order (SokUniqueKeys)
-  const float* weights;  // null: all 1
+  const int64_t* segment_ids;  // null: a dense table (or no ids), see IdsPerSample
+  const int32_t* order;        // null: none given; else the ids in sample order (SokUniqueKeys)
+  const float* weights;        // null: all 1
   sok::Combiner combiner;
   float* out;  // forward: [batch, dim]; backward: [num_rows, dim]
 };
+
+// A table without segment ids holds the same number of ids in every sample (checked by the op).
+int64_t IdsPerSample(const PooledArgs& a) { return a.batch > 0 ? a.n / a.batch : 0; }
+
+// The segment ids of a table, materialized (i / k) when it has none.
+const int64_t* SegmentIds(const PooledArgs& a, std::vector<int64_t>* storage) {
+  if (a.segment_ids != nullptr || a.n == 0) return a.segment_ids;
+  const int64_t k = IdsPerSample(a);
+  storage->resize(a.n);
+  for (int64_t i = 0; i < a.n; ++i) (*storage)[i] = i / k;
+  return storage->data();
+}
 
 // One table of SokUniqueKeys: its inputs, outputs and what the dedup found.
 struct UniqueArgs {
@@ -103,11 +115,13 @@ struct LookupSteps<CpuDevice> {
     std::vector<Status> status(tables.size());
     OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
       const PooledArgs& a = tables[i];
-      status[i] = ToTf(
-          sok::check_lookup_indices(*a.name, a.inverse, a.segment_ids, a.n, a.num_rows, a.batch));
+      std::vector<int64_t> dense;
+      const int64_t* seg = SegmentIds(a, &dense);
+      status[i] =
+          ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows, a.batch));
       if (!status[i].ok()) return;
-      sok::pooled_forward(a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch,
-                          a.combiner, a.out, exec.parallel_for);
+      sok::pooled_forward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch, a.combiner, a.out,
+                          exec.parallel_for);
     });
     for (const Status& s : status) TF_RETURN_IF_ERROR(s);
     return OkStatus();
@@ -118,11 +132,13 @@ struct LookupSteps<CpuDevice> {
     std::vector<Status> status(tables.size());
     OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
       const PooledArgs& a = tables[i];
-      status[i] = ToTf(
-          sok::check_lookup_indices(*a.name, a.inverse, a.segment_ids, a.n, a.num_rows, a.batch));
+      std::vector<int64_t> dense;
+      const int64_t* seg = SegmentIds(a, &dense);
+      status[i] =
+          ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows, a.batch));
       if (!status[i].ok()) return;
-      sok::pooled_backward(a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch,
-                           a.combiner, a.num_rows, a.out, exec.parallel_for);
+      sok::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch, a.combiner,
+                           a.num_rows, a.out, exec.parallel_for);
     });
     for (const Status& s : status) TF_RETURN_IF_ERROR(s);
     return OkStatus();
@@ -226,23 +242,29 @@ struct LookupSteps<GpuDevice> {
   }
 
   // checked (segment ids known in range, each table's sample order given): every table in one
-  // launch, nothing read back. Otherwise bad sample indices or rows are skipped on the device and
-  // reported after every table's work is enqueued (one synchronisation), naming the table.
+  // launch (after one finding the samples' starts), nothing read back. Otherwise the dense
+  // tables (in range by construction) still take that path; the others' bad sample indices or
+  // rows are skipped on the device and reported after every table's work is enqueued (one
+  // synchronisation), naming the table.
   static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables, bool checked) {
-    const int n = tables.size();
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
-    if (checked) {
-      const std::vector<sok::gpu::PooledTable> multi = MultiTables(tables);
-      return ToTf(sok::gpu::pooled_forward_multi(multi.data(), n, stream));
-    }
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
+    std::vector<PooledArgs> fused, rest;
+    Split(tables, checked, &fused, &rest);
+    if (!fused.empty()) {
+      const std::vector<sok::gpu::PooledTable> multi = MultiTables(fused);
+      TF_RETURN_IF_ERROR(
+          ToTf(sok::gpu::pooled_forward_multi(multi.data(), multi.size(), stream, &alloc)));
+    }
+    if (rest.empty()) return OkStatus();
+    const int n = rest.size();
     Tensor err_t;
     sok::gpu::GpuLookupError* d_err;
     TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &err_t, &d_err));
     TF_RETURN_IF_ERROR(ToTf(sok::gpu::reset_lookup_error(d_err, stream, n)));
     std::vector<std::string> what(n);
     for (int i = 0; i < n; ++i) {
-      const PooledArgs& a = tables[i];
+      const PooledArgs& a = rest[i];
       sok::gpu::Segments seg;
       seg.segment_ids = a.segment_ids;
       TF_RETURN_IF_ERROR(
@@ -255,26 +277,38 @@ struct LookupSteps<GpuDevice> {
 
   // Bad indices are skipped by the core (never read or written out of bounds); the forward of
   // the same ids reports them. Sums with atomics unless op determinism is required
-  // (tf.config.experimental.enable_op_determinism), as TF's own ops do: for checked segments
-  // (see Forward) two launches for all tables, else a few launches per table.
+  // (tf.config.experimental.enable_op_determinism), as TF's own ops do: for checked segments and
+  // dense tables (see Forward) a few launches for all of them, else a few launches per table.
   static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables,
                          bool checked) {
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
-    const bool deterministic = OpDeterminismRequired();
-    if (checked && !deterministic) {
-      const std::vector<sok::gpu::PooledTable> multi = MultiTables(tables);
-      return ToTf(sok::gpu::pooled_backward_multi_unordered(multi.data(), multi.size(), stream));
-    }
-    for (const PooledArgs& a : tables) {
-      if (!deterministic) {
+    if (!OpDeterminismRequired()) {
+      std::vector<PooledArgs> fused, rest;
+      Split(tables, checked, &fused, &rest);
+      if (!fused.empty()) {
+        const std::vector<sok::gpu::PooledTable> multi = MultiTables(fused);
+        TF_RETURN_IF_ERROR(ToTf(
+            sok::gpu::pooled_backward_multi_unordered(multi.data(), multi.size(), stream, &alloc)));
+      }
+      for (const PooledArgs& a : rest) {
         TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_backward_unordered(
             a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch, a.combiner, a.num_rows,
             a.out, stream, &alloc)));
-        continue;
       }
+      return OkStatus();
+    }
+    for (const PooledArgs& a : tables) {
       sok::gpu::Segments seg;
       seg.segment_ids = a.segment_ids;
+      Tensor splits_t;
+      if (a.segment_ids == nullptr) {  // dense: its samples as row splits
+        int64_t* splits;
+        TF_RETURN_IF_ERROR(DeviceScratch(ctx, a.batch + 1, &splits_t, &splits));
+        TF_RETURN_IF_ERROR(
+            ToTf(sok::gpu::dense_row_splits(a.batch, IdsPerSample(a), splits, stream)));
+        seg.row_splits = splits;
+      }
       TF_RETURN_IF_ERROR(
           ToTf(sok::gpu::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch,
                                          a.combiner, a.num_rows, nullptr, a.out, stream, &alloc)));
@@ -283,6 +317,15 @@ struct LookupSteps<GpuDevice> {
   }
 
  private:
+  // The tables of the fused path (every table when checked, else those without segment ids)
+  // and the rest.
+  static void Split(const std::vector<PooledArgs>& tables, bool checked,
+                    std::vector<PooledArgs>* fused, std::vector<PooledArgs>* rest) {
+    for (const PooledArgs& a : tables) {
+      (checked || a.segment_ids == nullptr ? fused : rest)->push_back(a);
+    }
+  }
+
   // The core's descriptor of each table (forward: src = rows; backward: src = grads).
   static std::vector<sok::gpu::PooledTable> MultiTables(const std::vector<PooledArgs>& tables) {
     std::vector<sok::gpu::PooledTable> out(tables.size());
@@ -463,11 +506,11 @@ class PooledCombineOp : public SokOpKernel<Device> {
       const int64_t m = inverse[i].NumElements();
       OP_REQUIRES(ctx, rows[i].dims() == 2,
                   errors::InvalidArgument("rows of table '", names_[i], "' must be a matrix"));
-      OP_REQUIRES_OK(ctx, CheckIdArrays(names_[i], m, segments[i], weights[i]));
-      OP_REQUIRES_OK(ctx, CheckOrder(names_[i], m, orders, i));
       const int64_t b = batch_sizes.flat<int64_t>()(i);
       OP_REQUIRES(ctx, b >= 0,
                   errors::InvalidArgument("table '", names_[i], "': negative batch size ", b));
+      OP_REQUIRES_OK(ctx, CheckIdArrays(names_[i], m, b, segments[i], weights[i]));
+      OP_REQUIRES_OK(ctx, CheckOrder(names_[i], m, segments[i], orders, i));
       Tensor* out;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({b, rows[i].dim_size(1)}), &out));
       tables[i] = Args(i, rows[i], rows[i].dim_size(0), b, inverse[i], segments[i], weights[i],
@@ -477,10 +520,16 @@ class PooledCombineOp : public SokOpKernel<Device> {
   }
 
  public:
-  // sample indices and weights must match the ids one to one.
-  static Status CheckIdArrays(const std::string& name, int64_t m, const Tensor& segments,
-                              const Tensor& weights) {
-    if (segments.NumElements() != m) {
+  // Sample indices and weights must match the ids one to one. No sample indices for m > 0 ids:
+  // a dense table, m / batch ids per sample (id j belongs to sample j / (m / batch)).
+  static Status CheckIdArrays(const std::string& name, int64_t m, int64_t batch,
+                              const Tensor& segments, const Tensor& weights) {
+    if (segments.NumElements() == 0 && m > 0 && (batch == 0 || m % batch != 0)) {
+      return errors::InvalidArgument("lookup_sparse: table '", name, "': ", m,
+                                     " ids without segment ids must be k ids per sample of batch ",
+                                     batch);
+    }
+    if (segments.NumElements() != m && segments.NumElements() != 0) {
       return errors::InvalidArgument("table '", name, "': ", segments.NumElements(),
                                      " sample indices for ", m, " ids");
     }
@@ -491,10 +540,16 @@ class PooledCombineOp : public SokOpKernel<Device> {
     return OkStatus();
   }
 
-  // A table's sample order is empty (its segment ids are sorted) or a permutation of its m ids.
-  Status CheckOrder(const std::string& name, int64_t m, const OpInputList& orders, int i) const {
+  // A table's sample order is empty (its segment ids are sorted, or it has none) or a
+  // permutation of its m ids.
+  Status CheckOrder(const std::string& name, int64_t m, const Tensor& segments,
+                    const OpInputList& orders, int i) const {
     if (!has_orders_) return OkStatus();
     const int64_t k = orders[i].NumElements();
+    if (k != 0 && segments.NumElements() == 0) {
+      return errors::InvalidArgument("table '", name, "': a segment order of ", k,
+                                     " entries for a table without segment ids");
+    }
     if (k != 0 && k != m) {
       return errors::InvalidArgument("table '", name, "': a segment order of ", k, " entries for ",
                                      m, " ids");
@@ -514,7 +569,7 @@ class PooledCombineOp : public SokOpKernel<Device> {
     a.batch = batch;
     a.n = inverse.NumElements();
     a.inverse = inverse.flat<int32_t>().data();
-    a.segment_ids = segments.flat<int64_t>().data();
+    a.segment_ids = segments.NumElements() ? segments.flat<int64_t>().data() : nullptr;
     a.order = has_orders_ && orders[i].NumElements() ? orders[i].flat<int32_t>().data() : nullptr;
     a.weights = weights.NumElements() ? weights.flat<float>().data() : nullptr;
     a.combiner = combiners_[i];
@@ -554,9 +609,9 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
       const std::string& name = this->names_[i];
       OP_REQUIRES(ctx, grads[i].dims() == 2,
                   errors::InvalidArgument("gradient of table '", name, "' must be a matrix"));
-      OP_REQUIRES_OK(ctx,
-                     this->CheckIdArrays(name, inverse[i].NumElements(), segments[i], weights[i]));
-      OP_REQUIRES_OK(ctx, this->CheckOrder(name, inverse[i].NumElements(), orders, i));
+      OP_REQUIRES_OK(ctx, this->CheckIdArrays(name, inverse[i].NumElements(), grads[i].dim_size(0),
+                                              segments[i], weights[i]));
+      OP_REQUIRES_OK(ctx, this->CheckOrder(name, inverse[i].NumElements(), segments[i], orders, i));
       const int64_t r = num_rows.flat<int64_t>()(i);
       OP_REQUIRES(ctx, r >= 0,
                   errors::InvalidArgument("table '", name, "': negative row count ", r));

@@ -51,7 +51,10 @@ REGISTER_OP("SokUniqueKeys")
     });
 
 // out_i[batch_i, dim_i] = combine_i over ids j of weights_i[j] * rows_i[inverse_i[j]], by sample
-// segment_ids_i[j]. An empty weights_i means all weights are 1.
+// segment_ids_i[j]. An empty weights_i means all weights are 1. An empty segment_ids_i for
+// n_i > 0 ids is a dense table (a [batch, k] id tensor): k = n_i / batch_i ids per sample, id j
+// in sample j / k (n_i must be a multiple of batch_i; its segment_order, if any, empty); the GPU
+// kernel takes such tables down the one-launch path whatever segments_checked says.
 // segment_order (M = 0, or M = N: SokUniqueKeys' output): per table, shape [0] when its segment
 // ids are non-decreasing, else the stable permutation listing the ids in sample order. With
 // M = N and segments_checked (every segment id known in [0, batch_i)) the GPU kernel runs every
