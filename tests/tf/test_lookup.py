@@ -392,6 +392,72 @@ def test_dense_ids_pool_like_the_same_ids_ragged(rng, mode, combiner):
             np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
 
 
+def _dense_as_sparse(ids):
+    """A [batch, c] id tensor as the SparseTensor of all its entries."""
+    batch, c = tf.shape(ids, out_type=tf.int64)[0], ids.shape[1]
+    rows = tf.repeat(tf.range(batch), c)
+    cols = tf.tile(tf.range(c, dtype=tf.int64), [batch])
+    return tf.SparseTensor(tf.stack([rows, cols], 1), tf.reshape(ids, [-1]),
+                           tf.stack([batch, tf.constant(c, tf.int64)]))
+
+
+def test_dense_ids_train_like_tf_in_a_tf1_session(rng):
+    """[batch] and [batch, k] id placeholders in a TF1 graph: three Adagrad steps through
+    sok.OptimizerWrapper give the losses and rows of tf.nn.embedding_lookup_sparse on a
+    tf.Variable with TF's Adagrad."""
+    k = 3
+    with graph_session() as sess:
+        ev1, evk = make_ev(), make_ev()
+        ids1 = tf.compat.v1.placeholder(tf.int64, [None])
+        idsk = tf.compat.v1.placeholder(tf.int64, [None, k])
+        a, b = sok.lookup_sparse([ev1, evk], [ids1, idsk], combiners=["sum", "mean"])
+        target = tf.constant(rng.normal(size=[DIM]).astype(np.float32))
+        loss = tf.reduce_sum(a * a) + tf.reduce_sum(b * target)
+        opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
+        train = opt.minimize(loss, var_list=[ev1, evk])
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run([ev1.initializer, evk.initializer])
+        refs = [tf.compat.v1.get_variable(f"ref{i}", use_resource=True,
+                                          initializer=reference_table(ev, VOCAB64, sess))
+                for i, ev in enumerate([ev1, evk])]
+        pos1 = tf.compat.v1.placeholder(tf.int64, [None])
+        posk = tf.compat.v1.placeholder(tf.int64, [None, k])
+        ref_a = tf.nn.embedding_lookup_sparse(refs[0], _dense_as_sparse(pos1[:, None]), None,
+                                              combiner="sum")
+        ref_b = tf.nn.embedding_lookup_sparse(refs[1], _dense_as_sparse(posk), None,
+                                              combiner="mean")
+        ref_loss = tf.reduce_sum(ref_a * ref_a) + tf.reduce_sum(ref_b * target)
+        ref_train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(ref_loss, var_list=refs)
+        sess.run([r.initializer for r in refs])
+        sess.run(tf.compat.v1.variables_initializer(
+            [v for v in tf.compat.v1.global_variables() if "Adagrad" in v.name]))
+        for step in range(3):
+            p1 = rng.integers(0, len(VOCAB64), 6)
+            pk = rng.integers(0, len(VOCAB64), (6, k))
+            got, _ = sess.run([loss, train], {ids1: VOCAB64[p1], idsk: VOCAB64[pk]})
+            want, _ = sess.run([ref_loss, ref_train], {pos1: p1, posk: pk})
+            np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"step {step}")
+        for ev, ref in zip([ev1, evk], refs):
+            np.testing.assert_allclose(reference_table(ev, VOCAB64, sess), sess.run(ref),
+                                       rtol=1e-5, atol=1e-6)
+
+
+def test_lookup_graph_ops_do_not_grow_per_dense_table():
+    """The graph of a lookup over dense ids adds at most two ops per table (its ids' reshape and
+    table handle): sizes, checks and segment ids are built once per call."""
+
+    def num_ops(n):
+        graph = tf.Graph()
+        with graph.as_default():
+            evs = [make_ev(name=f"t{i}") for i in range(n)]
+            ids = tf.compat.v1.placeholder(tf.int64, [None, n])
+            before = len(graph.get_operations())
+            sok.lookup_sparse(evs, tf.unstack(ids, axis=1))
+            return len(graph.get_operations()) - before
+
+    assert num_ops(10) - num_ops(2) <= 2 * 8, (num_ops(2), num_ops(10))
+
+
 def _unique_reference(keys):
     """Distinct keys in order of first appearance, the inverse map and the counts."""
     where, unique, counts = {}, [], []

@@ -271,7 +271,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
         keys, segments, batches, weights, positions, dense_shapes = [], [], [], [], [], []
         for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
             k, s, b, pos, shape = _flatten_ids(ids, nm, dense_shape_of.get(id(ids)),
-                                               explicit_segments=True,  # until the pooled ops take dense tables
+                                               explicit_segments=bool(serving.active()),
                                                empty=empty)
             if k.dtype not in (tf.int32, tf.int64):
                 raise TypeError(
