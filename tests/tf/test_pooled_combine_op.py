@@ -68,8 +68,14 @@ def tables():
     return [make_table(rng, d, w, s, b, p) for d, _, w, s, b, p in TABLES]
 
 
-def pooled(tables, variant, rows_vars):
-    """The op's outputs for variant "m0" (no orders), "unchecked" or "checked" (M = N)."""
+def as_indices(seg):
+    """SparseTensor-like indices [n, 2] whose column 0 is `seg` (column 1: anything)."""
+    return np.stack([seg, np.arange(len(seg), dtype=np.int64) % 3], axis=1).astype(np.int64)
+
+
+def pooled(tables, variant, rows_vars, indices=False):
+    """The op's outputs for variant "m0" (no orders), "unchecked" or "checked" (M = N); with
+    `indices`, each table's samples given as indices [n, 2] (column 0) instead of [n]."""
     n = len(tables)
     orders = []
     if variant != "m0":
@@ -79,7 +85,7 @@ def pooled(tables, variant, rows_vars):
     return ops.sok_pooled_combine(
         rows_vars,
         [tf.constant(t[1]) for t in tables],
-        [tf.constant(t[2]) for t in tables],
+        [tf.constant(as_indices(t[2]) if indices else t[2]) for t in tables],
         [tf.constant(t[3] if t[3] is not None else np.zeros([0], np.float32)) for t in tables],
         orders,
         tf.constant([b for _, _, _, _, b, _ in TABLES], tf.int64),
@@ -113,6 +119,33 @@ def test_values_and_gradients_eager(tables, variant):
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=f"table {i}")
         np.testing.assert_allclose(tf.convert_to_tensor(dr).numpy(), want_d, rtol=1e-5,
                                    atol=1e-6, err_msg=f"gradient of table {i}")
+
+
+@pytest.mark.parametrize("variant", ["m0", "unchecked", "checked"])
+def test_sparse_indices_as_segment_ids(tables, variant):
+    """Indices [n, rank] in place of segment ids [n] (lookup_sparse passes a SparseTensor's
+    indices as they are): the same values and gradients."""
+    grads = incoming_grads(tables)
+    rows = [tf.Variable(t[0]) for t in tables]
+    with tf.GradientTape() as tape:
+        outs = pooled(tables, variant, rows, indices=True)
+        loss = tf.add_n([tf.reduce_sum(o * g) for o, g in zip(outs, grads)])
+    drows = tape.gradient(loss, rows)
+    for i, (o, dr, (want, want_d)) in enumerate(zip(outs, drows, expected(tables, grads))):
+        np.testing.assert_allclose(o.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=f"table {i}")
+        np.testing.assert_allclose(tf.convert_to_tensor(dr).numpy(), want_d, rtol=1e-5,
+                                   atol=1e-6, err_msg=f"gradient of table {i}")
+
+
+def test_segment_ids_of_a_wrong_shape_name_the_table(tables):
+    rows = [tf.constant(t[0]) for t in tables[:1]]
+    n = len(tables[0][1])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"table 't0': sample indices of shape \[{n + 1},2\]"):
+        ops.sok_pooled_combine(
+            rows, [tf.constant(tables[0][1])], [tf.zeros([n + 1, 2], tf.int64)],
+            [tf.zeros([0])], [], tf.constant([TABLES[0][4]], tf.int64),
+            combiners=["sum"], table_names=["t0"])
 
 
 @pytest.mark.parametrize("variant", ["m0", "checked"])

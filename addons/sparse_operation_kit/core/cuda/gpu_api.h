@@ -176,6 +176,9 @@ struct PooledTable {
   // [n]: sample of each id. null: a dense table, k = n / batch ids per sample (id i belongs to
   // sample i / k; n must be a multiple of batch, and there is no order).
   const int64_t* segment_ids = nullptr;
+  // Words between the samples of consecutive ids: 1, or the rank of SparseTensor indices
+  // [n, rank] passed as they are (column 0 is the sample), which saves a column copy.
+  int32_t segment_stride = 1;
   // null: segment_ids are non-decreasing; else [n], the ids listed in sample order (stable).
   const int32_t* order = nullptr;
   const float* weights = nullptr;  // [n] or null (all 1)
@@ -183,7 +186,7 @@ struct PooledTable {
   Combiner combiner = Combiner::kSum;
 };
 
-// pooled_forward for every table: one launch (per 32 tables) after one that finds where each
+// pooled_forward for every table: one launch (per 31 tables) after one that finds where each
 // sample's ids start (sparse tables only, into a temporary of alloc; nullptr: the default).
 Status pooled_forward_multi(const PooledTable* tables, int count, cudaStream_t stream,
                             DeviceAllocator* alloc = nullptr);

@@ -24,8 +24,8 @@ using namespace detail;  // NOLINT
 
 namespace {
 
-// 32 descriptors of 120 bytes: the parameters stay under the classic 4 KB limit.
-constexpr int kTablesPerLaunch = 32;
+// 31 descriptors of 128 bytes: the parameters stay under the classic 4 KB limit.
+constexpr int kTablesPerLaunch = 31;
 constexpr int kWarpsPerBlock = kBlock / 32;
 
 struct LaunchTable {
@@ -40,12 +40,15 @@ struct LaunchTable {
   int32_t first_block;                         // blocks of the sample kernel before this table's
   int32_t first_offset_block;                  // blocks of the offsets kernel before this table's
   int32_t combiner, lanes, group_shift, vec4;  // group_shift: log2 of the lanes per sample
+  int32_t seg_stride;                          // int64 words between the samples of two ids
+  int32_t unused;
 };
 
 struct LaunchTables {
   LaunchTable t[kTablesPerLaunch];
   int32_t count;
 };
+static_assert(sizeof(LaunchTables) <= 4096, "kernel parameters beyond 4 KB");
 
 // The table whose blocks hold block x: the last one starting at or before x (tables without
 // blocks start where the next one does, so they are passed over).
@@ -79,7 +82,7 @@ __device__ __forceinline__ int64_t sample_at(const LaunchTable& t, int64_t k) {
   if (k >= t.n) return t.batch;
   const int64_t i = id_at(t, k);
   if (i < 0) return t.batch;
-  const int64_t s = t.seg[i];
+  const int64_t s = t.seg[i * t.seg_stride];
   return s < -1 ? -1 : (s > t.batch ? t.batch : s);
 }
 
@@ -345,6 +348,8 @@ int64_t pack(const PooledTable* tables, int begin, int end, Active&& active, int
     t.out = p.out;
     t.inverse = p.inverse;
     t.seg = p.segment_ids;
+    t.seg_stride = static_cast<int32_t>(p.segment_stride);
+    t.unused = 0;
     t.order = p.order;
     t.weights = p.weights;
     t.n = p.n;

@@ -198,7 +198,8 @@ Status GpuEmbeddingTable<K>::Create(const TableConfig& config, const GpuTableOpt
   }
   SOK_RETURN_IF_ERROR(m.acquire(&m.d_counters, 2 * sizeof(int64_t), "counters"));
   SOK_RETURN_IF_ERROR(m.acquire(&m.d_fail, sizeof(int), "counters"));
-  SOK_CUDA_RETURN(cudaMallocHost(&m.h_counters, 4 * sizeof(int64_t)));
+  SOK_CUDA_RETURN(cudaMallocHost(&m.h_counters, 6 * sizeof(int64_t)));
+  SOK_CUDA_RETURN(cudaEventCreateWithFlags(&m.snapshot_event, cudaEventDisableTiming));
   SOK_CUDA_RETURN(cudaMemset(m.d_counters, 0, 2 * sizeof(int64_t)));
   SOK_CUDA_RETURN(cudaMemset(m.d_fail, 0, sizeof(int)));
   const int64_t cap = capacity_for(std::max<int64_t>(config.initial_capacity, 1), options.max_load_factor);
@@ -226,7 +227,7 @@ Status GpuEmbeddingTable<K>::size(int64_t* out, cudaStream_t stream) {
   m.note_stream(stream);
   int64_t live = 0, erased = 0;
   SOK_RETURN_IF_ERROR(m.sync_counts(stream, &live, &erased));
-  m.upper = live + erased;
+  m.set_upper(live + erased);
   *out = live;
   return Status::OK();
 }

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -49,11 +50,17 @@ struct GpuEmbeddingTable<K>::Impl {
   float* d_matrix = nullptr;
   int64_t* d_counters = nullptr;  // [0] live keys, [1] erased slots
   int* d_fail = nullptr;
-  int64_t* h_counters = nullptr;  // pinned
+  int64_t* h_counters = nullptr;  // pinned: [0, 3) sync_counts' copy, [4, 6) the snapshot's
   int num_slots = 0;
   int slot_kind = -1;
   std::vector<float> slot_init;
   int64_t upper = 0;  // upper bound of live + erased
+  // An asynchronous copy of the counters (h_counters[4, 6)), enqueued when the bound gets within
+  // half the limit: once its event has passed, live + erased <= the copy + since_snapshot, a
+  // tighter bound than `upper` (which grows by every call's n, inserted or not) without a sync.
+  cudaEvent_t snapshot_event = nullptr;
+  bool snapshot_pending = false;
+  int64_t since_snapshot = 0;  // keys the calls enqueued after the snapshot may have inserted
   cudaStream_t last_stream = nullptr;
   bool used = false, mixed = false;
   std::mutex mu;
@@ -66,6 +73,7 @@ struct GpuEmbeddingTable<K>::Impl {
     release(d_counters);
     release(d_fail);
     if (h_counters) cudaFreeHost(h_counters);
+    if (snapshot_event) cudaEventDestroy(snapshot_event);
     cudaGetLastError();
   }
 
@@ -158,25 +166,53 @@ struct GpuEmbeddingTable<K>::Impl {
   // Moves every key into a table of new_cap slots (synchronises the device).
   Status rehash(int64_t new_cap, cudaStream_t s);
 
-  // Makes sure n more keys fit under the load factor, growing if needed.
+  // The exact bound after a synchronisation (a snapshot still pending is dropped).
+  void set_upper(int64_t v) {
+    upper = v;
+    snapshot_pending = false;
+    since_snapshot = 0;
+  }
+
+  // Makes sure n more keys fit under the load factor, growing if needed. Synchronises only when
+  // neither the running bound nor a finished snapshot shows room (tables of a fixed set of keys
+  // would otherwise sync every few calls: the bound counts every key of every call).
   Status prepare_insert(int64_t n, cudaStream_t s) {
     note_stream(s);
     const int64_t limit = static_cast<int64_t>(opt.max_load_factor * static_cast<double>(capacity));
+    if (upper + n > limit && snapshot_pending && !mixed) {
+      const cudaError_t q = cudaEventQuery(snapshot_event);
+      if (q == cudaSuccess) {
+        upper = std::min(upper, h_counters[4] + h_counters[5] + since_snapshot);
+        snapshot_pending = false;
+      } else if (q == cudaErrorNotReady && cudaPeekAtLastError() == cudaErrorNotReady) {
+        cudaGetLastError();  // not ready is no error
+      }
+    }
     if (upper + n <= limit) {
+      if (!snapshot_pending && !mixed && upper > limit / 2 && snapshot_event != nullptr) {
+        // Ordered after every call so far on s (one stream: mixed is false).
+        SOK_CUDA_RETURN(cudaMemcpyAsync(&h_counters[4], d_counters, 2 * sizeof(int64_t),
+                                        cudaMemcpyDeviceToHost, s));
+        SOK_CUDA_RETURN(cudaEventRecord(snapshot_event, s));
+        snapshot_pending = true;
+        since_snapshot = 0;
+      }
       upper += n;
+      since_snapshot += n;
       return Status::OK();
     }
     int64_t live = 0, erased = 0;
     SOK_RETURN_IF_ERROR(sync_counts(s, &live, &erased));
-    upper = live + erased;
+    set_upper(live + erased);
     if (upper + n > limit) {
       int64_t cap = capacity;
       while (static_cast<double>(live + n) > opt.max_load_factor * static_cast<double>(cap))
         cap *= 2;
       SOK_RETURN_IF_ERROR(rehash(cap, s));
-      upper = live;
+      set_upper(live);
     }
     upper += n;
+    since_snapshot += n;
     return Status::OK();
   }
 

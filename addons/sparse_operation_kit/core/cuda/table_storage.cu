@@ -130,7 +130,7 @@ Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t str
   m.note_stream(stream);
   int64_t live = 0, erased = 0;
   SOK_RETURN_IF_ERROR(m.sync_counts(stream, &live, &erased));
-  m.upper = live + erased;
+  m.set_upper(live + erased);
   const int64_t d = m.cfg.dim;
   const int ns = m.num_slots;
   size_t sel_bytes = 0;
@@ -217,7 +217,7 @@ Status GpuEmbeddingTable<K>::import_rows(const TableSnapshot<K>& s, cudaStream_t
   SOK_RETURN_IF_ERROR(m.alloc_arrays(cap, d * (1 + s.num_slots), &m.t, stream));
   m.capacity = cap;
   SOK_CUDA_RETURN(cudaMemsetAsync(m.d_counters, 0, 2 * sizeof(int64_t), stream));
-  m.upper = n;
+  m.set_upper(n);
   if (n == 0) {
     SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
     return Status::OK();
@@ -266,7 +266,7 @@ Status GpuEmbeddingTable<K>::reserve(int64_t num_keys, cudaStream_t stream) {
   int64_t live = 0, erased = 0;
   SOK_RETURN_IF_ERROR(m.sync_counts(stream, &live, &erased));
   SOK_RETURN_IF_ERROR(m.rehash(capacity_for(std::max(num_keys, live), m.opt.max_load_factor), stream));
-  m.upper = live;
+  m.set_upper(live);
   return Status::OK();
 }
 

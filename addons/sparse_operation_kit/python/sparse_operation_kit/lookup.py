@@ -145,8 +145,9 @@ def _flatten_ids(ids, name, dense_shape=None, explicit_segments=False, empty=Non
     [batch, k]; every entry is an id; `dense_shape` is its tf.shape). SokUniqueKeys checks the
     positions [n, rank] lie within the dense shape [rank] (a RaggedTensor's: the sample of each
     id as [n, 1] within [batch]). Dense ids need neither checks nor segment ids: positions [0, 0]
-    and empty segment ids (the ops' mark for "k = n / batch ids per sample, in order"), unless
-    `explicit_segments` (the stock-op serving graph) asks for the sample of each id. `empty`:
+    and empty segment ids (the ops' mark for "k = n / batch ids per sample, in order"); a
+    SparseTensor's segment ids are its indices [n, rank] (the ops read column 0). Unless
+    `explicit_segments` (the stock-op serving graph) asks for the sample of each id as [n]. `empty`:
     those marks ([0] segment ids, [0, 0] positions, [0] dense shape), made once per lookup."""
     if _is_dense(ids):
         if ids.shape.rank not in (1, 2):
@@ -162,7 +163,9 @@ def _flatten_ids(ids, name, dense_shape=None, explicit_segments=False, empty=Non
             segments = empty[0]
         return keys, segments, (dense_shape, 0), empty[1], empty[2]
     if isinstance(ids, tf.SparseTensor):
-        return ids.values, ids.indices[:, 0], (ids.dense_shape, 0), ids.indices, ids.dense_shape
+        # The pooled ops read the samples from column 0 of the indices themselves.
+        segments = ids.indices[:, 0] if explicit_segments else ids.indices
+        return ids.values, segments, (ids.dense_shape, 0), ids.indices, ids.dense_shape
     if isinstance(ids, tf.RaggedTensor):
         if ids.ragged_rank != 1:
             ids = ids.merge_dims(1, -1)

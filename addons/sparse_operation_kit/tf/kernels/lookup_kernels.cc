@@ -26,6 +26,7 @@ struct PooledArgs {
   int64_t dim, num_rows, batch, n;
   const int32_t* inverse;
   const int64_t* segment_ids;  // null: a dense table (or no ids), see IdsPerSample
+  int32_t segment_stride;      // 1, or r for SparseTensor indices [n, r] (column 0: the sample)
   const int32_t* order;        // null: none given; else the ids in sample order (SokUniqueKeys)
   const float* weights;        // null: all 1
   sok::Combiner combiner;
@@ -35,11 +36,16 @@ struct PooledArgs {
 // A table without segment ids holds the same number of ids in every sample (checked by the op).
 int64_t IdsPerSample(const PooledArgs& a) { return a.batch > 0 ? a.n / a.batch : 0; }
 
-// The segment ids of a table, materialized (i / k) when it has none.
+// The segment ids of a table as [n] on the host, materialized when it has none (i / k) or
+// when they are column 0 of indices [n, r].
 const int64_t* SegmentIds(const PooledArgs& a, std::vector<int64_t>* storage) {
-  if (a.segment_ids != nullptr || a.n == 0) return a.segment_ids;
-  const int64_t k = IdsPerSample(a);
+  if (a.n == 0 || (a.segment_ids != nullptr && a.segment_stride == 1)) return a.segment_ids;
   storage->resize(a.n);
+  if (a.segment_ids != nullptr) {
+    for (int64_t i = 0; i < a.n; ++i) (*storage)[i] = a.segment_ids[i * a.segment_stride];
+    return storage->data();
+  }
+  const int64_t k = IdsPerSample(a);
   for (int64_t i = 0; i < a.n; ++i) (*storage)[i] = i / k;
   return storage->data();
 }
@@ -257,6 +263,8 @@ struct LookupSteps<GpuDevice> {
           ToTf(sok::gpu::pooled_forward_multi(multi.data(), multi.size(), stream, &alloc)));
     }
     if (rest.empty()) return OkStatus();
+    std::vector<Tensor> columns;
+    TF_RETURN_IF_ERROR(ContiguousSegments(ctx, &rest, &columns));
     const int n = rest.size();
     Tensor err_t;
     sok::gpu::GpuLookupError* d_err;
@@ -291,6 +299,8 @@ struct LookupSteps<GpuDevice> {
         TF_RETURN_IF_ERROR(ToTf(
             sok::gpu::pooled_backward_multi_unordered(multi.data(), multi.size(), stream, &alloc)));
       }
+      std::vector<Tensor> columns;
+      TF_RETURN_IF_ERROR(ContiguousSegments(ctx, &rest, &columns));
       for (const PooledArgs& a : rest) {
         TF_RETURN_IF_ERROR(ToTf(sok::gpu::pooled_backward_unordered(
             a.src, a.dim, a.inverse, a.segment_ids, a.weights, a.n, a.batch, a.combiner, a.num_rows,
@@ -298,7 +308,10 @@ struct LookupSteps<GpuDevice> {
       }
       return OkStatus();
     }
-    for (const PooledArgs& a : tables) {
+    std::vector<PooledArgs> ordered = tables;
+    std::vector<Tensor> columns;
+    TF_RETURN_IF_ERROR(ContiguousSegments(ctx, &ordered, &columns));
+    for (const PooledArgs& a : ordered) {
       sok::gpu::Segments seg;
       seg.segment_ids = a.segment_ids;
       Tensor splits_t;
@@ -317,6 +330,27 @@ struct LookupSteps<GpuDevice> {
   }
 
  private:
+  // The per-table core calls read segment ids [n]: column 0 of indices [n, r] is copied out
+  // (one strided copy per table) into `columns`, which must outlive the calls.
+  static Status ContiguousSegments(OpKernelContext* ctx, std::vector<PooledArgs>* tables,
+                                   std::vector<Tensor>* columns) {
+    columns->reserve(tables->size());
+    for (PooledArgs& a : *tables) {
+      if (a.segment_ids == nullptr || a.segment_stride == 1 || a.n == 0) continue;
+      columns->emplace_back();
+      int64_t* column;
+      TF_RETURN_IF_ERROR(DeviceScratch(ctx, a.n, &columns->back(), &column));
+      TF_RETURN_IF_ERROR(
+          CudaCall(cudaMemcpy2DAsync(column, sizeof(int64_t), a.segment_ids,
+                                     a.segment_stride * sizeof(int64_t), sizeof(int64_t), a.n,
+                                     cudaMemcpyDeviceToDevice, OnDevice<GpuDevice>::Stream(ctx)),
+                   "copying sample indices"));
+      a.segment_ids = column;
+      a.segment_stride = 1;
+    }
+    return OkStatus();
+  }
+
   // The tables of the fused path (every table when checked, else those without segment ids)
   // and the rest.
   static void Split(const std::vector<PooledArgs>& tables, bool checked,
@@ -336,6 +370,7 @@ struct LookupSteps<GpuDevice> {
       t.out = a.out;
       t.inverse = a.inverse;
       t.segment_ids = a.segment_ids;
+      t.segment_stride = a.segment_stride;
       t.order = a.order;
       t.weights = a.weights;
       t.n = a.n;
@@ -529,9 +564,13 @@ class PooledCombineOp : public SokOpKernel<Device> {
                                      " ids without segment ids must be k ids per sample of batch ",
                                      batch);
     }
-    if (segments.NumElements() != m && segments.NumElements() != 0) {
-      return errors::InvalidArgument("table '", name, "': ", segments.NumElements(),
-                                     " sample indices for ", m, " ids");
+    if (segments.dims() == 2 && segments.dim_size(0) == m && segments.dim_size(1) >= 1) {
+      // SparseTensor indices [m, r]: column 0 holds the samples.
+    } else if (segments.dims() > 1 ||
+               (segments.NumElements() != m && segments.NumElements() != 0)) {
+      return errors::InvalidArgument("table '", name, "': sample indices of shape ",
+                                     segments.shape().DebugString(), " for ", m, " ids (want [", m,
+                                     "] or indices [", m, ", rank])");
     }
     if (weights.NumElements() != 0 && weights.NumElements() != m) {
       return errors::InvalidArgument("table '", name, "': ", weights.NumElements(), " weights for ",
@@ -570,6 +609,7 @@ class PooledCombineOp : public SokOpKernel<Device> {
     a.n = inverse.NumElements();
     a.inverse = inverse.flat<int32_t>().data();
     a.segment_ids = segments.NumElements() ? segments.flat<int64_t>().data() : nullptr;
+    a.segment_stride = segments.dims() == 2 ? static_cast<int32_t>(segments.dim_size(1)) : 1;
     a.order = has_orders_ && orders[i].NumElements() ? orders[i].flat<int32_t>().data() : nullptr;
     a.weights = weights.NumElements() ? weights.flat<float>().data() : nullptr;
     a.combiner = combiners_[i];
