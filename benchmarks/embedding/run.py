@@ -322,9 +322,16 @@ class BatchedIdInputs:
         with tf.name_scope(INPUT_SCOPE):
             with tf.device("/CPU:0"):
                 sizes = tf.gather(self.sizes, which)
-            values = tf.split(self.values[which], sizes, num=self.fields + 1)
-            indices = tf.split(self.indices[which], sizes, num=self.fields + 1)
+            values = self._split(self.values[which], sizes)
+            indices = self._split(self.indices[which], sizes)
         return [tf.SparseTensor(indices[f], values[f], self.shape) for f in range(self.fields)]
+
+    def _split(self, x, sizes):
+        # TensorFlow has no GPU SplitV for int64: the split ran on the CPU, with a copy to the
+        # host and one back per field (s4run5's timeline). The same bits as float64 split on the
+        # GPU (a split only moves bytes).
+        parts = tf.split(tf.bitcast(x, tf.float64), sizes, num=self.fields + 1)
+        return [tf.bitcast(p, tf.int64) for p in parts[: self.fields]]
 
 
 def id_inputs(args, batches):
