@@ -69,6 +69,40 @@ TEST(pooled_forward_and_backward_match_naive) {
   }
 }
 
+TEST(pooled_reads_samples_from_indices_with_a_stride) {
+  // Sorted and unsorted samples, as [n] and as column 0 of indices [n, 2]: the same results.
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int64_t dim = 4, rows_n = 3, batch = 3, n = 5;
+  std::vector<float> rows(rows_n * dim), g(batch * dim);
+  for (float& v : rows) v = u(rng);
+  for (float& v : g) v = u(rng);
+  const std::vector<int32_t> inverse = {0, 2, 1, 1, 0};
+  const std::vector<float> w = {0.5f, 2.f, 1.f, -0.5f, 3.f};
+  for (const std::vector<int64_t>& seg :
+       {std::vector<int64_t>{0, 0, 1, 2, 2}, std::vector<int64_t>{2, 0, 1, 0, 2}}) {
+    std::vector<int64_t> indices;
+    for (int64_t s : seg) indices.insert(indices.end(), {s, 7});
+    for (auto comb : {sok::Combiner::kSum, sok::Combiner::kMean}) {
+      std::vector<float> out1(batch * dim), out2(batch * dim), gr1(rows_n * dim), gr2(rows_n * dim);
+      sok::pooled_forward(rows.data(), dim, inverse.data(), seg.data(), w.data(), n, batch, comb,
+                          out1.data());
+      sok::pooled_forward(rows.data(), dim, inverse.data(), indices.data(), w.data(), n, batch,
+                          comb, out2.data(), sok::serial_for, 2);
+      sok::pooled_backward(g.data(), dim, inverse.data(), seg.data(), w.data(), n, batch, comb,
+                           rows_n, gr1.data());
+      sok::pooled_backward(g.data(), dim, inverse.data(), indices.data(), w.data(), n, batch, comb,
+                           rows_n, gr2.data(), sok::serial_for, 2);
+      CHECK(out1 == out2);
+      CHECK(gr1 == gr2);
+    }
+  }
+  const int64_t bad[] = {0, 7, 3, 7};  // sample 3 outside a batch of 3
+  const int32_t inv[] = {0, 0};
+  CHECK(sok::check_lookup_indices("t", inv, bad, 2, 1, 3, 2).message().find("sample 3") !=
+        std::string::npos);
+}
+
 TEST(lookup_index_check_names_the_table) {
   const int32_t inverse[] = {0, 5};
   const int64_t seg[] = {0, 0};

@@ -114,13 +114,14 @@ void stable_sample_order(const int64_t* positions, int64_t n, int rank, int32_t*
 }
 
 Status check_lookup_indices(const std::string& table, const int32_t* inverse,
-                            const int64_t* segment_ids, int64_t n, int64_t num_rows,
-                            int64_t batch) {
+                            const int64_t* segment_ids, int64_t n, int64_t num_rows, int64_t batch,
+                            int64_t segment_stride) {
   for (int64_t i = 0; i < n; ++i) {
-    if (segment_ids[i] < 0 || segment_ids[i] >= batch) {
+    const int64_t s = segment_ids[i * segment_stride];
+    if (s < 0 || s >= batch) {
       return Status::Invalid("lookup of table '" + table + "': id " + std::to_string(i) +
-                             " belongs to sample " + std::to_string(segment_ids[i]) +
-                             ", outside a batch of " + std::to_string(batch));
+                             " belongs to sample " + std::to_string(s) + ", outside a batch of " +
+                             std::to_string(batch));
     }
     if (inverse[i] < 0 || inverse[i] >= num_rows) {
       return Status::Invalid("lookup of table '" + table + "': id " + std::to_string(i) +
@@ -134,14 +135,14 @@ Status check_lookup_indices(const std::string& table, const int32_t* inverse,
 namespace {
 
 // Per-sample factor that turns the weighted sum into the requested combiner.
-std::vector<float> segment_scales(const int64_t* segment_ids, const float* weights, int64_t n,
-                                  int64_t batch, Combiner combiner) {
+std::vector<float> segment_scales(const int64_t* segment_ids, int64_t stride, const float* weights,
+                                  int64_t n, int64_t batch, Combiner combiner) {
   std::vector<float> scale(batch, 1.f);
   if (combiner == Combiner::kSum) return scale;
   std::vector<double> acc(batch, 0.0);
   for (int64_t i = 0; i < n; ++i) {
     const double w = weights ? weights[i] : 1.0;
-    acc[segment_ids[i]] += combiner == Combiner::kMean ? w : w * w;
+    acc[segment_ids[i * stride]] += combiner == Combiner::kMean ? w : w * w;
   }
   for (int64_t b = 0; b < batch; ++b) {
     const double denom = combiner == Combiner::kMean ? acc[b] : std::sqrt(acc[b]);
@@ -203,24 +204,35 @@ inline void set_row(float* __restrict__ dst, const float* __restrict__ src, int6
   }
 }
 
-bool is_sorted(const int64_t* segment_ids, int64_t n) {
+bool is_sorted(const int64_t* segment_ids, int64_t stride, int64_t n) {
   for (int64_t i = 1; i < n; ++i)
-    if (segment_ids[i] < segment_ids[i - 1]) return false;
+    if (segment_ids[i * stride] < segment_ids[(i - 1) * stride]) return false;
   return true;
+}
+
+// The first i in [lo, hi) whose sample is >= s (samples sorted), else hi.
+int64_t first_sample_at_least(const int64_t* segment_ids, int64_t stride, int64_t lo, int64_t hi,
+                              int64_t s) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (segment_ids[mid * stride] < s) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
 }  // namespace
 
 void pooled_forward(const float* rows, int64_t dim, const int32_t* inverse,
                     const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
-                    Combiner combiner, float* out, const ParallelFor& pf) {
-  const std::vector<float> scale = segment_scales(segment_ids, weights, n, batch, combiner);
+                    Combiner combiner, float* out, const ParallelFor& pf, int64_t stride) {
+  const std::vector<float> scale = segment_scales(segment_ids, stride, weights, n, batch, combiner);
   // Unweighted sums skip the multiply by w == 1 (bit-identical: 1 * x == x).
   const bool unit = weights == nullptr && combiner == Combiner::kSum;
-  if (!is_sorted(segment_ids, n)) {
+  if (!is_sorted(segment_ids, stride, n)) {
     std::memset(out, 0, sizeof(float) * batch * dim);
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t s = segment_ids[i];
+      const int64_t s = segment_ids[i * stride];
       const float w = (weights ? weights[i] : 1.f) * scale[s];
       const float* src = rows + static_cast<int64_t>(inverse[i]) * dim;
       float* dst = out + s * dim;
@@ -235,14 +247,14 @@ void pooled_forward(const float* rows, int64_t dim, const int32_t* inverse,
     const int64_t d = D ? D : dim;
     pf(batch, 8 * d * std::max<int64_t>(1, n / std::max<int64_t>(1, batch)),
        [&](int64_t sb, int64_t se) {
-         int64_t i = std::lower_bound(segment_ids, segment_ids + n, sb) - segment_ids;
-         const int64_t e = std::lower_bound(segment_ids + i, segment_ids + n, se) - segment_ids;
+         int64_t i = first_sample_at_least(segment_ids, stride, 0, n, sb);
+         const int64_t e = first_sample_at_least(segment_ids, stride, i, n, se);
          constexpr int64_t kAhead = 8;
          for (int64_t j = i; j < std::min(e, i + kAhead); ++j) prefetch_read(rows + inverse[j] * d);
          for (int64_t s = sb; s < se; ++s) {
            float* dst = out + s * d;
            std::fill(dst, dst + d, 0.f);
-           for (; i < e && segment_ids[i] == s; ++i) {
+           for (; i < e && segment_ids[i * stride] == s; ++i) {
              if (i + kAhead < e)
                prefetch_read(rows + static_cast<int64_t>(inverse[i + kAhead]) * d);
              const float* src = rows + static_cast<int64_t>(inverse[i]) * d;
@@ -257,8 +269,9 @@ void pooled_forward(const float* rows, int64_t dim, const int32_t* inverse,
 
 void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
                      const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
-                     Combiner combiner, int64_t num_rows, float* grad_rows, const ParallelFor& pf) {
-  const std::vector<float> scale = segment_scales(segment_ids, weights, n, batch, combiner);
+                     Combiner combiner, int64_t num_rows, float* grad_rows, const ParallelFor& pf,
+                     int64_t stride) {
+  const std::vector<float> scale = segment_scales(segment_ids, stride, weights, n, batch, combiner);
   const bool unit = weights == nullptr && combiner == Combiner::kSum;  // w == 1: skip the multiply
   // Each worker owns a range of output rows and scans every id: no two write the same row.
   dispatch_dim(dim, [&](auto dim_tag) {
@@ -276,7 +289,7 @@ void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
              prefetch_write(grad_rows + static_cast<int64_t>(inverse[i + kAhead]) * d);
            const int64_t r = inverse[i];
            if (r < rb || r >= re) continue;
-           const int64_t s = segment_ids[i];
+           const int64_t s = segment_ids[i * stride];
            float w = 1.f;
            if (!unit) w = (weights ? weights[i] : 1.f) * scale[s];
            float* dst = grad_rows + r * d;

@@ -46,20 +46,25 @@ void stable_sample_order(const int64_t* positions, int64_t n, int rank, int32_t*
 template <typename K>
 void bucketize_by_owner(const K* keys, int64_t n, int world_size, int64_t* order, int64_t* counts);
 
+// Sample ids: the sample of id i is segment_ids[i * segment_stride] (stride 1: [n]; stride r:
+// column 0 of SparseTensor indices [n, r], read in place).
+
 // Checks segment_ids and inverse are in range; names `table` in the message.
 Status check_lookup_indices(const std::string& table, const int32_t* inverse,
-                            const int64_t* segment_ids, int64_t n, int64_t num_rows, int64_t batch);
+                            const int64_t* segment_ids, int64_t n, int64_t num_rows, int64_t batch,
+                            int64_t segment_stride = 1);
 
 // out[batch, dim] = combine over ids of weights[i] * rows[inverse[i]]; weights may be null (1).
 // Samples without ids read zeros; a zero weight sum gives zeros (TensorFlow's div_no_nan).
 void pooled_forward(const float* rows, int64_t dim, const int32_t* inverse,
                     const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
-                    Combiner combiner, float* out, const ParallelFor& pf = serial_for);
+                    Combiner combiner, float* out, const ParallelFor& pf = serial_for,
+                    int64_t segment_stride = 1);
 
 // grad_rows[num_rows, dim] = d(loss)/d(rows) given grad_out[batch, dim] = d(loss)/d(out).
 void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
                      const int64_t* segment_ids, const float* weights, int64_t n, int64_t batch,
                      Combiner combiner, int64_t num_rows, float* grad_rows,
-                     const ParallelFor& pf = serial_for);
+                     const ParallelFor& pf = serial_for, int64_t segment_stride = 1);
 
 }  // namespace sok

@@ -36,15 +36,11 @@ struct PooledArgs {
 // A table without segment ids holds the same number of ids in every sample (checked by the op).
 int64_t IdsPerSample(const PooledArgs& a) { return a.batch > 0 ? a.n / a.batch : 0; }
 
-// The segment ids of a table as [n] on the host, materialized when it has none (i / k) or
-// when they are column 0 of indices [n, r].
+// The segment ids of a table on the host (read with a.segment_stride), materialized (i / k, stride
+// 1) when it has none.
 const int64_t* SegmentIds(const PooledArgs& a, std::vector<int64_t>* storage) {
-  if (a.n == 0 || (a.segment_ids != nullptr && a.segment_stride == 1)) return a.segment_ids;
+  if (a.segment_ids != nullptr || a.n == 0) return a.segment_ids;
   storage->resize(a.n);
-  if (a.segment_ids != nullptr) {
-    for (int64_t i = 0; i < a.n; ++i) (*storage)[i] = a.segment_ids[i * a.segment_stride];
-    return storage->data();
-  }
   const int64_t k = IdsPerSample(a);
   for (int64_t i = 0; i < a.n; ++i) (*storage)[i] = i / k;
   return storage->data();
@@ -123,11 +119,11 @@ struct LookupSteps<CpuDevice> {
       const PooledArgs& a = tables[i];
       std::vector<int64_t> dense;
       const int64_t* seg = SegmentIds(a, &dense);
-      status[i] =
-          ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows, a.batch));
+      status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows, a.batch,
+                                                 a.segment_stride));
       if (!status[i].ok()) return;
       sok::pooled_forward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch, a.combiner, a.out,
-                          exec.parallel_for);
+                          exec.parallel_for, a.segment_stride);
     });
     for (const Status& s : status) TF_RETURN_IF_ERROR(s);
     return OkStatus();
@@ -140,11 +136,11 @@ struct LookupSteps<CpuDevice> {
       const PooledArgs& a = tables[i];
       std::vector<int64_t> dense;
       const int64_t* seg = SegmentIds(a, &dense);
-      status[i] =
-          ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows, a.batch));
+      status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows, a.batch,
+                                                 a.segment_stride));
       if (!status[i].ok()) return;
       sok::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch, a.combiner,
-                           a.num_rows, a.out, exec.parallel_for);
+                           a.num_rows, a.out, exec.parallel_for, a.segment_stride);
     });
     for (const Status& s : status) TF_RETURN_IF_ERROR(s);
     return OkStatus();
