@@ -226,6 +226,13 @@ def _pad8(n):
     return max(8, (n + 7) // 8 * 8)  # rows of 8 int64 keep every batch's slice 64-byte aligned
 
 
+def _sparse_indices(splits):
+    """[n, 2] SparseTensor indices (sample, position in the sample) of ids with row_splits."""
+    lengths = np.diff(splits)
+    rows = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    return np.stack([rows, np.arange(splits[-1], dtype=np.int64) - splits[:-1][rows]], 1)
+
+
 class IdInputs:
     """The ids of every pre-built batch in non-trainable variables on the current device (graph or
     eager); sparse(which) -> per field a SparseTensor [batch, ids_per_field] of batch `which`
@@ -252,12 +259,8 @@ class IdInputs:
             idx = np.zeros([nb, width, 2], np.int64)
             for b in range(nb):
                 ids, splits = batches[b][f]
-                lengths = np.diff(splits)
                 vals[b, : ns[b]] = ids
-                idx[b, : ns[b], 0] = np.repeat(np.arange(args.batch, dtype=np.int64), lengths)
-                idx[b, : ns[b], 1] = np.arange(ns[b], dtype=np.int64) - np.repeat(
-                    splits[:-1], lengths
-                )
+                idx[b, : ns[b]] = _sparse_indices(splits)
             self.values.append(tf.Variable(vals, trainable=False, name=f"ids_{f}"))
             self.indices.append(tf.Variable(idx, trainable=False, name=f"indices_{f}"))
             with tf.device("/CPU:0"):  # slice sizes are host-side inputs of Slice
@@ -303,13 +306,9 @@ class BatchedIdInputs:
             at = 0
             for f in range(fields):
                 ids, splits = batches[b][f]
-                lengths = np.diff(splits)
                 end = at + len(ids)
                 vals[b, at:end] = ids
-                idx[b, at:end, 0] = np.repeat(np.arange(args.batch, dtype=np.int64), lengths)
-                idx[b, at:end, 1] = np.arange(len(ids), dtype=np.int64) - np.repeat(
-                    splits[:-1], lengths
-                )
+                idx[b, at:end] = _sparse_indices(splits)
                 at = end
         self.values = tf.Variable(vals, trainable=False, name="ids")
         self.indices = tf.Variable(idx, trainable=False, name="indices")

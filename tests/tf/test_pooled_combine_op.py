@@ -107,34 +107,30 @@ def incoming_grads(tables):
     return [rng.normal(size=(b, d)).astype(np.float32) for d, _, _, _, b, _ in TABLES]
 
 
-@pytest.mark.parametrize("variant", ["m0", "unchecked", "checked"])
-def test_values_and_gradients_eager(tables, variant):
+def check_eager(tables, variant, indices):
+    """Eager values and gradients of the op against the numpy reference."""
     grads = incoming_grads(tables)
     rows = [tf.Variable(t[0]) for t in tables]
     with tf.GradientTape() as tape:
-        outs = pooled(tables, variant, rows)
+        outs = pooled(tables, variant, rows, indices=indices)
         loss = tf.add_n([tf.reduce_sum(o * g) for o, g in zip(outs, grads)])
     drows = tape.gradient(loss, rows)
     for i, (o, dr, (want, want_d)) in enumerate(zip(outs, drows, expected(tables, grads))):
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=f"table {i}")
         np.testing.assert_allclose(tf.convert_to_tensor(dr).numpy(), want_d, rtol=1e-5,
                                    atol=1e-6, err_msg=f"gradient of table {i}")
+
+
+@pytest.mark.parametrize("variant", ["m0", "unchecked", "checked"])
+def test_values_and_gradients_eager(tables, variant):
+    check_eager(tables, variant, indices=False)
 
 
 @pytest.mark.parametrize("variant", ["m0", "unchecked", "checked"])
 def test_sparse_indices_as_segment_ids(tables, variant):
     """Indices [n, rank] in place of segment ids [n] (lookup_sparse passes a SparseTensor's
     indices as they are): the same values and gradients."""
-    grads = incoming_grads(tables)
-    rows = [tf.Variable(t[0]) for t in tables]
-    with tf.GradientTape() as tape:
-        outs = pooled(tables, variant, rows, indices=True)
-        loss = tf.add_n([tf.reduce_sum(o * g) for o, g in zip(outs, grads)])
-    drows = tape.gradient(loss, rows)
-    for i, (o, dr, (want, want_d)) in enumerate(zip(outs, drows, expected(tables, grads))):
-        np.testing.assert_allclose(o.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=f"table {i}")
-        np.testing.assert_allclose(tf.convert_to_tensor(dr).numpy(), want_d, rtol=1e-5,
-                                   atol=1e-6, err_msg=f"gradient of table {i}")
+    check_eager(tables, variant, indices=True)
 
 
 def test_segment_ids_of_a_wrong_shape_name_the_table(tables):
