@@ -1038,6 +1038,89 @@ bool test_optimizer(OptimizerKind kind, int64_t dim, bool unique_ids) {
   return expect_same_table(gpu_export(*gpu), cpu.export_rows(), 1e-5, atol);
 }
 
+// find_or_insert_many / apply_gradients_many over many tables (more than one launch's worth,
+// dims with and without float4 rows, a table named twice in one call, an empty entry) vs one
+// CPU call per entry in order.
+template <typename K>
+bool test_many_tables(int num_tables, bool keys_unique) {
+  const int64_t dims[] = {16, 5, 32, 1, 33, 8};
+  const InitKind inits[] = {InitKind::kUniform, InitKind::kConstant, InitKind::kMatrix};
+  std::vector<std::unique_ptr<EmbeddingTable<K>>> cpu;
+  std::vector<std::unique_ptr<GpuEmbeddingTable<K>>> gpu;
+  for (int t = 0; t < num_tables; ++t) {
+    TableConfig cfg = make_cfg(dims[t % 6], inits[t % 3]);
+    cfg.name = "t" + std::to_string(t);
+    cpu.emplace_back(new EmbeddingTable<K>(cfg));
+    gpu.push_back(make_gpu<K>(cfg));
+  }
+  // Entries: every table once, then table 1 again; the entry of table 2 has no keys.
+  std::vector<int> table_of(num_tables);
+  std::iota(table_of.begin(), table_of.end(), 0);
+  table_of.push_back(1);
+  const std::vector<K> pool = key_pool<K>(2000);
+  OptimizerParams p;
+  p.kind = OptimizerKind::kAdagrad;
+  p.lr = 0.05f;
+  p.initial_accumulator = 0.1f;
+  bool ok = true;
+  for (int s = 1; s <= 4 && ok; ++s) {
+    std::vector<std::vector<K>> keys(table_of.size());
+    std::vector<std::vector<float>> grads(table_of.size());
+    std::vector<DevBuf<K>> dkeys;
+    std::vector<DevBuf<float>> dgrads, douts;
+    std::vector<typename GpuEmbeddingTable<K>::Keys> reads, updates;
+    for (size_t e = 0; e < table_of.size(); ++e) {
+      const int t = table_of[e];
+      const int64_t dim = gpu[t]->dim();
+      keys[e] = t == 2 ? std::vector<K>() : draw(pool, 100 + 37 * e);
+      if (keys_unique) {
+        std::unordered_set<K> seen;
+        std::vector<K> u;
+        for (K k : keys[e])
+          if (seen.insert(k).second) u.push_back(k);
+        keys[e] = u;
+      }
+      grads[e] = randn(keys[e].size() * dim, 0.5f);
+      dkeys.push_back(to_device(keys[e]));
+      dgrads.push_back(to_device(grads[e]));
+      douts.emplace_back(std::max<size_t>(keys[e].size() * dim, 1));
+      douts.back().poison();
+    }
+    for (size_t e = 0; e < table_of.size(); ++e) {
+      typename GpuEmbeddingTable<K>::Keys c;
+      c.table = gpu[table_of[e]].get();
+      c.keys = dkeys[e].get();
+      c.n = static_cast<int64_t>(keys[e].size());
+      c.out = douts[e].get();
+      reads.push_back(c);
+      c.out = nullptr;
+      c.grads = dgrads[e].get();
+      updates.push_back(c);
+    }
+    SOK_OK(GpuEmbeddingTable<K>::find_or_insert_many(reads, nullptr));
+    for (size_t e = 0; e < table_of.size() && ok; ++e) {
+      const int t = table_of[e];
+      std::vector<float> want(keys[e].size() * gpu[t]->dim());
+      cpu[t]->find_or_insert(keys[e].data(), keys[e].size(), want.data());
+      std::vector<float> got = douts[e].download();
+      got.resize(want.size());
+      ok &= sok_test::expect_near(("rows of entry " + std::to_string(e)).c_str(), got, want, 1e-6,
+                                  1e-7);
+    }
+    p.step = s;
+    SOK_OK(GpuEmbeddingTable<K>::apply_gradients_many(updates, p, 100 + s, nullptr, keys_unique));
+    for (size_t e = 0; e < table_of.size(); ++e) {
+      SOK_OK(cpu[table_of[e]]->apply_gradients(keys[e].data(), keys[e].size(), grads[e].data(), p,
+                                               100 + s));
+    }
+  }
+  for (int t = 0; t < num_tables && ok; ++t)
+    ok &= expect_same_table(gpu_export(*gpu[t]), cpu[t]->export_rows(), 1e-5, 1e-6);
+  // An empty call does nothing.
+  SOK_OK(GpuEmbeddingTable<K>::find_or_insert_many({}, nullptr));
+  return ok;
+}
+
 // The whole single-GPU training step with device counts (no host round trip) vs the CPU steps.
 template <typename K>
 bool test_pipeline(Combiner comb) {
@@ -1402,6 +1485,14 @@ int main(int argc, char** argv) {
               (u ? "unique ids" : "repeated ids"),
           [=] { return test_optimizer<int32_t>(o, 5, u); });
     }
+  }
+  for (bool u : {false, true}) {
+    run(std::string("find_or_insert_many / apply_gradients_many 20 tables int64 ") +
+            (u ? "unique ids" : "repeated ids"),
+        [u] { return test_many_tables<int64_t>(20, u); });
+    run(std::string("find_or_insert_many / apply_gradients_many 3 tables int32 ") +
+            (u ? "unique ids" : "repeated ids"),
+        [u] { return test_many_tables<int32_t>(3, u); });
   }
   for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
     run(std::string("training step pipeline vs CPU int64 ") + cname(c),

@@ -235,6 +235,17 @@ class GpuEmbeddingTable {
   // Number of keys; synchronises `stream` (and the device if other streams were used).
   Status size(int64_t* out, cudaStream_t stream);
 
+  // One table's keys in a call over several tables (find_or_insert_many, apply_gradients_many).
+  struct Keys {
+    GpuEmbeddingTable* table = nullptr;
+    const K* keys = nullptr;
+    int64_t n = 0;
+    float* out = nullptr;             // find_or_insert: [n, dim] or null
+    const int64_t* counts = nullptr;  // find_or_insert: or null (1 each)
+    const float* grads = nullptr;     // apply_gradients: [n, dim]
+    const int64_t* d_n = nullptr;     // optional device count <= n
+  };
+
   // Read-only lookup: out[n, dim]. Missing keys read their initial value (initializer.h) or,
   // under a counter filter, default_value_no_permission (also for keys not yet admitted).
   Status find(const K* keys, int64_t n, float* out, cudaStream_t stream,
@@ -245,6 +256,11 @@ class GpuEmbeddingTable {
   // counts is null) to each key's frequency. out may be null (insert/count only).
   Status find_or_insert(const K* keys, int64_t n, float* out, const int64_t* counts,
                         cudaStream_t stream, const int64_t* d_n = nullptr);
+
+  // find_or_insert of every entry in few launches (one per 16 tables; an entry whose table is
+  // already in the launch starts the next one): the results of one call per entry, in order.
+  // All tables on one device.
+  static Status find_or_insert_many(const std::vector<Keys>& calls, cudaStream_t stream);
 
   // Overwrites the values (inserting missing keys, slots at their initial value).
   Status insert_or_assign(const K* keys, int64_t n, const float* values, cudaStream_t stream);
@@ -262,6 +278,12 @@ class GpuEmbeddingTable {
   Status apply_gradients(const K* keys, int64_t n, const float* grads, const OptimizerParams& p,
                          int64_t global_step, cudaStream_t stream, bool keys_unique = false,
                          const int64_t* d_n = nullptr);
+
+  // apply_gradients of every entry (the same optimizer and step), launched as in
+  // find_or_insert_many.
+  static Status apply_gradients_many(const std::vector<Keys>& calls, const OptimizerParams& p,
+                                     int64_t global_step, cudaStream_t stream,
+                                     bool keys_unique = false);
 
   // Everything, in slot order, to host memory (synchronises).
   Status export_rows(TableSnapshot<K>* out, cudaStream_t stream);
@@ -309,6 +331,7 @@ class GpuTable final : public Table<K> {
   Status import_rows(const ExecContext& e, const TableSnapshot<K>& snapshot) override {
     return t_->import_rows(snapshot, s(e));
   }
+  GpuEmbeddingTable<K>* gpu_table() const { return t_.get(); }
 
  private:
   static cudaStream_t s(const ExecContext& e) { return static_cast<cudaStream_t>(e.stream); }

@@ -16,6 +16,7 @@
 #include "addons/sparse_operation_kit/core/cuda/runtime.h"
 #include "addons/sparse_operation_kit/core/cuda/table_impl.cuh"
 #include "addons/sparse_operation_kit/core/cuda/table_layout.cuh"
+#include "addons/sparse_operation_kit/core/cuda/table_many.cuh"
 #include "addons/sparse_operation_kit/core/initializer.h"
 
 namespace sok {
@@ -47,21 +48,38 @@ __launch_bounds__(kBlock, MINB) k_find(DevTable t, RowInit ri, const K* keys, in
   }
 }
 
+// One table's keys in a find_or_insert launch.
+template <typename K>
+struct InsertPart {
+  DevTable t;
+  RowInit ri;
+  const K* keys;
+  const int64_t* d_n;
+  float* out;
+  const int64_t* counts;
+  int64_t* counters;
+  int* fail;
+  int64_t n;
+};
+static_assert(sizeof(PartsLaunch<InsertPart<int64_t>>) <= 4096, "kernel parameters beyond 4 KB");
+
 template <typename K, bool V4>
-__global__ void __launch_bounds__(kBlock) k_find_or_insert(DevTable t, RowInit ri, const K* keys,
-                                                           int64_t n, const int64_t* d_n, float* out,
-                                                           const int64_t* counts, int64_t* counters,
-                                                           int* fail) {
+__global__ void __launch_bounds__(kBlock)
+    k_find_or_insert(const __grid_constant__ PartsLaunch<InsertPart<K>> L) {
+  const int part = part_of_block(L, blockIdx.x);
+  const InsertPart<K>& q = L.part[part];
+  const DevTable& t = q.t;
+  const RowInit& ri = q.ri;
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
-  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  const int64_t i = key_of_thread(L.first_block[part]);
   const int lane = tile.thread_rank();
   int inserted = 0;
-  if (i < effective_n(n, d_n)) {
-    const int64_t key = static_cast<int64_t>(keys[i]);
+  if (i < effective_n(q.n, q.d_n)) {
+    const int64_t key = static_cast<int64_t>(q.keys[i]);
     const uint64_t h = hash_key(key);
-    const int64_t cnt = counts ? counts[i] : 1;
-    const Claim r = probe_insert(tile, t, key, h, fail);
-    float* o = out ? out + i * t.dim : nullptr;
+    const int64_t cnt = q.counts ? q.counts[i] : 1;
+    const Claim r = probe_insert(tile, t, key, h, q.fail);
+    float* o = q.out ? q.out + i * t.dim : nullptr;
     if (r.slot < 0) {
       if (o) fill_row<V4>(tile, 0.f, o, t.dim);
     } else if (r.fresh) {
@@ -94,7 +112,7 @@ __global__ void __launch_bounds__(kBlock) k_find_or_insert(DevTable t, RowInit r
       }
     }
   }
-  add_count(counters, inserted);
+  add_count(q.counters, inserted);
 }
 
 template <typename K>
@@ -253,21 +271,49 @@ Status GpuEmbeddingTable<K>::find(const K* keys, int64_t n, float* out, cudaStre
 template <typename K>
 Status GpuEmbeddingTable<K>::find_or_insert(const K* keys, int64_t n, float* out, const int64_t* counts,
                                             cudaStream_t stream, const int64_t* d_n) {
-  if (n <= 0) return Status::OK();
-  Impl& m = *impl_;
-  DeviceGuard g(m.device);
-  std::lock_guard<std::mutex> l(m.mu);
-  SOK_RETURN_IF_ERROR(m.prepare_insert(n, stream));
-  const bool v4 = m.cfg.dim % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  const int grid = grid_for(n * kTile, kBlock);
-  if (v4)
-    k_find_or_insert<K, true><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out, counts,
-                                                           m.d_counters, m.d_fail);
-  else
-    k_find_or_insert<K, false><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), keys, n, d_n, out, counts,
-                                                            m.d_counters, m.d_fail);
-  SOK_LAUNCH_CHECK();
-  return Status::OK();
+  Keys call;
+  call.table = this;
+  call.keys = keys;
+  call.n = n;
+  call.out = out;
+  call.counts = counts;
+  call.d_n = d_n;
+  return find_or_insert_many({call}, stream);
+}
+
+template <typename K>
+Status GpuEmbeddingTable<K>::find_or_insert_many(const std::vector<Keys>& calls, cudaStream_t stream) {
+  if (calls.empty()) return Status::OK();
+  std::vector<Impl*> impls;
+  for (const Keys& c : calls) impls.push_back(c.table->impl_.get());
+  SOK_RETURN_IF_ERROR(same_device(impls));
+  DeviceGuard g(impls[0]->device);
+  TablesLock<Impl> lock(impls);
+  // Growth (which may synchronise and move the arrays) first: the parts copy the arrays' addresses.
+  for (size_t i = 0; i < calls.size(); ++i)
+    if (calls[i].n > 0) SOK_RETURN_IF_ERROR(impls[i]->prepare_insert(calls[i].n, stream));
+  return for_each_launch(impls, [&](int begin, int end) -> Status {
+    PartsLaunch<InsertPart<K>> L;
+    L.count = end - begin;
+    int64_t blocks = 0;
+    bool v4 = true;
+    for (int i = begin; i < end; ++i) {
+      const Keys& c = calls[i];
+      Impl& m = *impls[i];
+      L.part[i - begin] = InsertPart<K>{m.t, m.row_init(), c.keys, c.d_n, c.out, c.counts,
+                                        m.d_counters, m.d_fail, std::max<int64_t>(c.n, 0)};
+      L.first_block[i - begin] = static_cast<int32_t>(blocks);
+      blocks += blocks_for_keys(c.n);
+      v4 = v4 && m.cfg.dim % 4 == 0 && reinterpret_cast<uintptr_t>(c.out) % 16 == 0;
+    }
+    if (blocks == 0) return Status::OK();
+    if (blocks > 2147483647LL) return Status::Invalid("find_or_insert: too many keys in one call");
+    const int grid = static_cast<int>(blocks);
+    if (v4) k_find_or_insert<K, true><<<grid, kBlock, 0, stream>>>(L);
+    else k_find_or_insert<K, false><<<grid, kBlock, 0, stream>>>(L);
+    SOK_LAUNCH_CHECK();
+    return Status::OK();
+  });
 }
 
 template <typename K>

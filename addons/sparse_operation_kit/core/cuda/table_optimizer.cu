@@ -5,6 +5,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "addons/sparse_operation_kit/core/cuda/runtime.h"
 #include "addons/sparse_operation_kit/core/cuda/table_impl.cuh"
 #include "addons/sparse_operation_kit/core/cuda/table_layout.cuh"
+#include "addons/sparse_operation_kit/core/cuda/table_many.cuh"
 #include "addons/sparse_operation_kit/core/optimizer.h"
 
 namespace sok {
@@ -26,21 +28,51 @@ namespace cg = cooperative_groups;
 
 namespace {
 
+// One table's keys in an optimizer launch.
+template <typename K>
+struct ApplyPart {
+  DevTable t;
+  RowInit ri;
+  const K* keys;
+  const int64_t* d_n;
+  const float* grads;
+  int64_t* counters;
+  int* fail;
+  int64_t n;
+};
+struct ApplyStep {
+  OptimizerParams p;
+  float alpha;
+  int64_t step;
+};
+template <typename K>
+struct ApplyLaunch : PartsLaunch<ApplyPart<K>> {
+  ApplyStep s;
+};
+static_assert(sizeof(ApplyLaunch<int64_t>) <= 4096, "kernel parameters beyond 4 KB");
+
 // One optimizer step per (unique) key; apply_element from optimizer.h on a one-element view
 // of the row (dim 1, column 0), so the math is the CPU's, element by element.
 // NC > 0: float4 columns, NC chunks of 32 columns loaded before the math (more bytes in flight,
 // more registers); NC == 0: scalar columns (dim % 4 != 0).
 template <typename K, int NC>
 __global__ void
-__launch_bounds__(kBlock) k_apply(DevTable t, RowInit ri, const K* keys, int64_t n,
-                                                  const int64_t* d_n, const float* grads,
-                                                  OptimizerParams p, float alpha, int64_t step,
-                                                  int64_t* counters, int* fail) {
+__launch_bounds__(kBlock) k_apply(const __grid_constant__ ApplyLaunch<K> L) {
+  const int part = part_of_block(L, blockIdx.x);
+  const ApplyPart<K>& q = L.part[part];
+  const DevTable& t = q.t;
+  const RowInit& ri = q.ri;
+  const OptimizerParams& p = L.s.p;
+  const float alpha = L.s.alpha;
+  const int64_t step = L.s.step;
+  const K* keys = q.keys;
+  const float* grads = q.grads;
+  int* fail = q.fail;
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
-  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  const int64_t i = key_of_thread(L.first_block[part]);
   const int lane = tile.thread_rank();
   int inserted = 0;
-  if (i < effective_n(n, d_n)) {
+  if (i < effective_n(q.n, q.d_n)) {
     const int64_t key = static_cast<int64_t>(keys[i]);
     const uint64_t h = hash_key(key);
     const Claim r = probe_insert(tile, t, key, h, fail);
@@ -117,7 +149,7 @@ __launch_bounds__(kBlock) k_apply(DevTable t, RowInit ri, const K* keys, int64_t
       }
     }
   }
-  add_count(counters, inserted);
+  add_count(q.counters, inserted);
 }
 
 // [value | old slots] -> [value | new slots at their initial value], every slot position.
@@ -172,52 +204,85 @@ template <typename K>
 Status GpuEmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float* grads,
                                              const OptimizerParams& p, int64_t global_step,
                                              cudaStream_t stream, bool keys_unique, const int64_t* d_n) {
-  Impl& m = *impl_;
-  DeviceGuard g(m.device);
-  std::lock_guard<std::mutex> l(m.mu);
-  m.note_stream(stream);
-  SOK_RETURN_IF_ERROR(m.ensure_slots(p, stream));
-  if (n <= 0) return Status::OK();
-  const int64_t dim = m.cfg.dim;
-  const K* ukeys = keys;
-  const float* ugrads = grads;
-  const int64_t* un = d_n;
-  Temp tmp;
-  if (!keys_unique) {
+  Keys call;
+  call.table = this;
+  call.keys = keys;
+  call.n = n;
+  call.grads = grads;
+  call.d_n = d_n;
+  return apply_gradients_many({call}, p, global_step, stream, keys_unique);
+}
+
+template <typename K>
+Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls, const OptimizerParams& p,
+                                                  int64_t global_step, cudaStream_t stream, bool keys_unique) {
+  if (calls.empty()) return Status::OK();
+  const size_t count = calls.size();
+  std::vector<Impl*> impls;
+  for (const Keys& c : calls) impls.push_back(c.table->impl_.get());
+  SOK_RETURN_IF_ERROR(same_device(impls));
+  DeviceGuard g(impls[0]->device);
+  TablesLock<Impl> lock(impls);
+  for (Impl* m : impls) {
+    m->note_stream(stream);
+    SOK_RETURN_IF_ERROR(m->ensure_slots(p, stream));
+  }
+  // Repeated keys summed first (one dedup per table), unless the caller's keys are distinct.
+  std::vector<Temp> tmp(count);
+  std::vector<Keys> distinct = calls;
+  for (size_t i = 0; i < count; ++i) {
+    const Keys& c = calls[i];
+    if (keys_unique || c.n <= 0) continue;
+    if (c.d_n != nullptr)
+      return Status::Invalid("apply_gradients: a device count needs keys_unique (run unique_keys first)");
+    const int64_t n = c.n, dim = impls[i]->cfg.dim;
     K* uniq;
     int32_t* inverse;
     float* summed;
     int64_t* num;
-    SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
+    SOK_RETURN_IF_ERROR(carve_temp(impls[i]->alloc, stream, &tmp[i], [&](Workspace& ws) {
       uniq = ws.take<K>(n);
       inverse = ws.take<int32_t>(n);
       summed = ws.take<float>(static_cast<size_t>(n) * dim);
       num = ws.take<int64_t>(1);
     }));
-    if (d_n != nullptr)
-      return Status::Invalid("apply_gradients: a device count needs keys_unique (run unique_keys first)");
-    SOK_RETURN_IF_ERROR(unique_keys<K>(keys, n, uniq, inverse, nullptr, num, stream, m.alloc));
-    SOK_RETURN_IF_ERROR(sum_rows_by_group(grads, dim, inverse, nullptr, 0, nullptr, nullptr, n, n, num,
-                                          summed, stream, m.alloc));
-    ukeys = uniq;
-    ugrads = summed;
-    un = num;
+    SOK_RETURN_IF_ERROR(unique_keys<K>(c.keys, n, uniq, inverse, nullptr, num, stream, impls[i]->alloc));
+    SOK_RETURN_IF_ERROR(sum_rows_by_group(c.grads, dim, inverse, nullptr, 0, nullptr, nullptr, n, n, num,
+                                          summed, stream, impls[i]->alloc));
+    distinct[i].keys = uniq;
+    distinct[i].grads = summed;
+    distinct[i].d_n = num;
   }
-  SOK_RETURN_IF_ERROR(m.prepare_insert(n, stream));
-  const float alpha = p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f;
-  const bool v4 = dim % 4 == 0 && reinterpret_cast<uintptr_t>(ugrads) % 16 == 0;
-  const int grid = grid_for(n * kTile, kBlock);
-  // Column chunks in flight per lane, measured best on H200 (benchmarks/gpu/RESULTS.md).
-  const int nc = v4 ? (dim <= 32 ? 1 : 2) : 0;
-#define SOK_APPLY(NC)                                                                                \
-  k_apply<K, NC><<<grid, kBlock, 0, stream>>>(m.t, m.row_init(), ukeys, n, un, ugrads, p, alpha, \
-                                              global_step, m.d_counters, m.d_fail)
-  if (nc == 1) SOK_APPLY(1);
-  else if (nc == 2) SOK_APPLY(2);
-  else SOK_APPLY(0);
-#undef SOK_APPLY
-  SOK_LAUNCH_CHECK();
-  return Status::OK();
+  for (size_t i = 0; i < count; ++i)
+    if (calls[i].n > 0) SOK_RETURN_IF_ERROR(impls[i]->prepare_insert(calls[i].n, stream));
+  ApplyStep s{p, p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f, global_step};
+  return for_each_launch(impls, [&](int begin, int end) -> Status {
+    ApplyLaunch<K> L;
+    L.count = end - begin;
+    L.s = s;
+    int64_t blocks = 0, max_dim = 0;
+    bool v4 = true;
+    for (int i = begin; i < end; ++i) {
+      const Keys& c = distinct[i];
+      Impl& m = *impls[i];
+      L.part[i - begin] = ApplyPart<K>{m.t, m.row_init(), c.keys, c.d_n, c.grads,
+                                       m.d_counters, m.d_fail, std::max<int64_t>(c.n, 0)};
+      L.first_block[i - begin] = static_cast<int32_t>(blocks);
+      blocks += blocks_for_keys(c.n);
+      max_dim = std::max(max_dim, m.cfg.dim);
+      v4 = v4 && m.cfg.dim % 4 == 0 && reinterpret_cast<uintptr_t>(c.grads) % 16 == 0;
+    }
+    if (blocks == 0) return Status::OK();
+    if (blocks > 2147483647LL) return Status::Invalid("apply_gradients: too many keys in one call");
+    const int grid = static_cast<int>(blocks);
+    // Column chunks in flight per lane, measured best on H200 (benchmarks/gpu/RESULTS.md).
+    const int nc = v4 ? (max_dim <= 32 ? 1 : 2) : 0;
+    if (nc == 1) k_apply<K, 1><<<grid, kBlock, 0, stream>>>(L);
+    else if (nc == 2) k_apply<K, 2><<<grid, kBlock, 0, stream>>>(L);
+    else k_apply<K, 0><<<grid, kBlock, 0, stream>>>(L);
+    SOK_LAUNCH_CHECK();
+    return Status::OK();
+  });
 }
 
 template Status GpuEmbeddingTable<int32_t>::Impl::ensure_slots(const OptimizerParams&, cudaStream_t);
@@ -228,6 +293,13 @@ template Status GpuEmbeddingTable<int32_t>::apply_gradients(const int32_t*, int6
 template Status GpuEmbeddingTable<int64_t>::apply_gradients(const int64_t*, int64_t, const float*,
                                                             const OptimizerParams&, int64_t, cudaStream_t,
                                                             bool, const int64_t*);
+
+template Status GpuEmbeddingTable<int32_t>::apply_gradients_many(const std::vector<Keys>&,
+                                                                 const OptimizerParams&, int64_t,
+                                                                 cudaStream_t, bool);
+template Status GpuEmbeddingTable<int64_t>::apply_gradients_many(const std::vector<Keys>&,
+                                                                 const OptimizerParams&, int64_t,
+                                                                 cudaStream_t, bool);
 
 }  // namespace gpu
 }  // namespace sok

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "addons/sparse_operation_kit/core/table.h"
 #include "tensorflow/core/framework/allocator.h"
@@ -75,6 +76,17 @@ class SokOpKernel : public OpKernel {
   virtual void ComputeOnDevice(OpKernelContext* ctx) = 0;
 };
 
+// One table's share of an op over N tables (Gather, SparseApply).
+template <typename K>
+struct TableCall {
+  sok::Table<K>* table = nullptr;
+  const K* keys = nullptr;
+  int64_t n = 0;
+  float* out = nullptr;             // Gather: [n, dim]
+  const int64_t* counts = nullptr;  // Gather: or null (1 each)
+  const float* grads = nullptr;     // SparseApply: [n, dim]
+};
+
 template <typename Device>
 struct OnDevice;
 
@@ -105,10 +117,42 @@ struct OnDevice<CpuDevice> {
     });
   }
 
+  // The evaluation read / training read / optimizer step of every table, tables in parallel.
+  template <typename K>
+  static Status Find(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {
+    return EachCall(ctx, calls, [](const TableCall<K>& c, const sok::ExecContext& e) {
+      return c.table->find(e, c.keys, c.n, c.out);
+    });
+  }
+  template <typename K>
+  static Status FindOrInsert(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {
+    return EachCall(ctx, calls, [](const TableCall<K>& c, const sok::ExecContext& e) {
+      return c.table->find_or_insert(e, c.keys, c.n, c.out, c.counts);
+    });
+  }
+  template <typename K>
+  static Status Apply(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls,
+                      const sok::OptimizerParams& p, int64_t step, bool keys_unique) {
+    return EachCall(ctx, calls, [&](const TableCall<K>& c, const sok::ExecContext& e) {
+      return c.table->apply_gradients(e, c.keys, c.n, c.grads, p, step, keys_unique);
+    });
+  }
+
   template <typename K>
   static Status NewTable(OpKernelContext*, const sok::TableConfig& config,
                          std::unique_ptr<sok::Table<K>>* out, std::shared_ptr<void>*) {
     out->reset(new sok::CpuTable<K>(config));
+    return OkStatus();
+  }
+
+ private:
+  template <typename K, typename Fn>
+  static Status EachCall(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls, Fn fn) {
+    std::vector<sok::Status> status(calls.size());
+    ForEachTable(ctx, static_cast<int>(calls.size()),
+                 [&](int i, const sok::ExecContext& e) { status[i] = fn(calls[i], e); });
+    for (size_t i = 0; i < calls.size(); ++i)
+      TF_RETURN_IF_ERROR(ToTf(status[i], calls[i].table->name()));
     return OkStatus();
   }
 };
@@ -175,6 +219,27 @@ struct OnDevice<GpuDevice> {
     for (int i = 0; i < n; ++i) fn(i, e);
   }
 
+  // The evaluation read: one launch per table.
+  template <typename K>
+  static Status Find(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {
+    const sok::ExecContext e = Exec(ctx);
+    for (const TableCall<K>& c : calls)
+      TF_RETURN_IF_ERROR(ToTf(c.table->find(e, c.keys, c.n, c.out), c.table->name()));
+    return OkStatus();
+  }
+  // The training read / the optimizer step of every table in few launches (the core fuses up to
+  // 16 tables per launch: one op of 26 tables costs the host two launches, not 26).
+  template <typename K>
+  static Status FindOrInsert(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {
+    return ToTf(sok::gpu::GpuEmbeddingTable<K>::find_or_insert_many(GpuCalls(calls), Stream(ctx)));
+  }
+  template <typename K>
+  static Status Apply(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls,
+                      const sok::OptimizerParams& p, int64_t step, bool keys_unique) {
+    return ToTf(sok::gpu::GpuEmbeddingTable<K>::apply_gradients_many(GpuCalls(calls), p, step,
+                                                                     Stream(ctx), keys_unique));
+  }
+
   // A table in the memory of the kernel's device, allocated through TensorFlow's allocator
   // (`keep_alive` owns the allocator wrapper; the resource keeps it beyond the table).
   template <typename K>
@@ -192,6 +257,23 @@ struct OnDevice<GpuDevice> {
     out->reset(new sok::gpu::GpuTable<K>(std::move(table)));
     *keep_alive = alloc;
     return OkStatus();
+  }
+
+ private:
+  // Every table a GPU kernel sees was made by NewTable above: a sok::gpu::GpuTable.
+  template <typename K>
+  static std::vector<typename sok::gpu::GpuEmbeddingTable<K>::Keys> GpuCalls(
+      const std::vector<TableCall<K>>& calls) {
+    std::vector<typename sok::gpu::GpuEmbeddingTable<K>::Keys> out(calls.size());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      out[i].table = static_cast<sok::gpu::GpuTable<K>*>(calls[i].table)->gpu_table();
+      out[i].keys = calls[i].keys;
+      out[i].n = calls[i].n;
+      out[i].out = calls[i].out;
+      out[i].counts = calls[i].counts;
+      out[i].grads = calls[i].grads;
+    }
+    return out;
   }
 };
 #endif  // GOOGLE_CUDA

@@ -95,28 +95,49 @@ class SizeOp : public SokOpKernel<Device> {
   }
 };
 
-// One table's share of Gather, dispatched on its key dtype.
+// The tables of an op's handles whose keys are K, looked up (and kept alive) for the call.
 template <typename K>
-Status GatherOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys,
-                 const Tensor& counts, int64_t dim, bool training, Tensor* out,
-                 const sok::ExecContext& exec) {
-  core::RefCountPtr<Resource<K>> res;
-  TF_RETURN_IF_ERROR(LookupTable(ctx, handle, &res));
-  sok::Table<K>* table = res->table();
+struct OpTables {
+  std::vector<core::RefCountPtr<Resource<K>>> resources;
+  std::vector<TableCall<K>> calls;
+
+  Status Add(OpKernelContext* ctx, const ResourceHandle& handle, TableCall<K>* call) {
+    core::RefCountPtr<Resource<K>> res;
+    TF_RETURN_IF_ERROR(LookupTable(ctx, handle, &res));
+    call->table = res->table();
+    resources.push_back(std::move(res));
+    return OkStatus();
+  }
+};
+
+// One table's share of Gather, checked.
+template <typename K>
+Status AddGather(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys,
+                 const Tensor& counts, int64_t dim, Tensor* out, OpTables<K>* tables) {
+  TableCall<K> call;
+  TF_RETURN_IF_ERROR(tables->Add(ctx, handle, &call));
+  const sok::Table<K>* table = call.table;
   if (table->dim() != dim) {
     return errors::InvalidArgument("Embedding Variable '", table->name(), "' has dimension ",
                                    table->dim(), " but the lookup expects ", dim);
   }
-  const int64_t n = keys.NumElements();
-  if (counts.NumElements() != 0 && counts.NumElements() != n) {
+  call.n = keys.NumElements();
+  if (counts.NumElements() != 0 && counts.NumElements() != call.n) {
     return errors::InvalidArgument("lookup of '", table->name(), "': ", counts.NumElements(),
-                                   " counts for ", n, " keys");
+                                   " counts for ", call.n, " keys");
   }
-  const K* k = keys.flat<K>().data();
-  float* o = out->flat<float>().data();
-  if (!training) return ToTf(table->find(exec, k, n, o), table->name());
-  const int64_t* c = counts.NumElements() ? counts.flat<int64_t>().data() : nullptr;
-  return ToTf(table->find_or_insert(exec, k, n, o, c), table->name());
+  call.keys = keys.flat<K>().data();
+  call.out = out->flat<float>().data();
+  call.counts = counts.NumElements() ? counts.flat<int64_t>().data() : nullptr;
+  tables->calls.push_back(call);
+  return OkStatus();
+}
+
+template <typename Device, typename K>
+Status GatherTables(OpKernelContext* ctx, const OpTables<K>& tables, bool training) {
+  if (tables.calls.empty()) return OkStatus();
+  if (training) return OnDevice<Device>::FindOrInsert(ctx, tables.calls);
+  return OnDevice<Device>::Find(ctx, tables.calls);
 }
 
 template <typename Device>
@@ -135,20 +156,19 @@ class GatherOp : public SokOpKernel<Device> {
     const int n = keys.size();
     OP_REQUIRES(ctx, static_cast<int>(dims_.size()) == n,
                 errors::InvalidArgument(dims_.size(), " dims for ", n, " tables"));
-    std::vector<Tensor*> outs(n);
+    OpTables<int64_t> tables64;
+    OpTables<int32_t> tables32;
     for (int i = 0; i < n; ++i) {
-      OP_REQUIRES_OK(
-          ctx, ctx->allocate_output(i, TensorShape({keys[i].NumElements(), dims_[i]}), &outs[i]));
-    }
-    std::vector<Status> status(n);
-    OnDevice<Device>::ForEachTable(ctx, n, [&](int i, const sok::ExecContext& exec) {
+      Tensor* out;
+      OP_REQUIRES_OK(ctx,
+                     ctx->allocate_output(i, TensorShape({keys[i].NumElements(), dims_[i]}), &out));
       const ResourceHandle& h = HandleFromInput(ctx, i);
-      status[i] =
-          keys[i].dtype() == DT_INT64
-              ? GatherOne<int64_t>(ctx, h, keys[i], counts[i], dims_[i], training_, outs[i], exec)
-              : GatherOne<int32_t>(ctx, h, keys[i], counts[i], dims_[i], training_, outs[i], exec);
-    });
-    for (const Status& s : status) OP_REQUIRES_OK(ctx, s);
+      OP_REQUIRES_OK(ctx, keys[i].dtype() == DT_INT64
+                              ? AddGather(ctx, h, keys[i], counts[i], dims_[i], out, &tables64)
+                              : AddGather(ctx, h, keys[i], counts[i], dims_[i], out, &tables32));
+    }
+    OP_REQUIRES_OK(ctx, GatherTables<Device>(ctx, tables64, training_));
+    OP_REQUIRES_OK(ctx, GatherTables<Device>(ctx, tables32, training_));
   }
 
  private:
@@ -181,22 +201,23 @@ class AssignOp : public SokOpKernel<Device> {
   }
 };
 
+// One table's share of SparseApply, checked.
 template <typename K>
-Status ApplyOne(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys,
-                const Tensor& grads, const sok::OptimizerParams& p, int64_t step, bool keys_unique,
-                const sok::ExecContext& exec) {
-  core::RefCountPtr<Resource<K>> res;
-  TF_RETURN_IF_ERROR(LookupTable(ctx, handle, &res));
-  sok::Table<K>* table = res->table();
-  const int64_t n = keys.NumElements();
-  if (grads.dims() != 2 || grads.dim_size(0) != n || grads.dim_size(1) != table->dim()) {
+Status AddApply(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor& keys,
+                const Tensor& grads, OpTables<K>* tables) {
+  TableCall<K> call;
+  TF_RETURN_IF_ERROR(tables->Add(ctx, handle, &call));
+  const sok::Table<K>* table = call.table;
+  call.n = keys.NumElements();
+  if (grads.dims() != 2 || grads.dim_size(0) != call.n || grads.dim_size(1) != table->dim()) {
     return errors::InvalidArgument("update of '", table->name(), "': gradient of shape ",
-                                   grads.shape().DebugString(), " for ", n, " keys of dimension ",
-                                   table->dim());
+                                   grads.shape().DebugString(), " for ", call.n,
+                                   " keys of dimension ", table->dim());
   }
-  return ToTf(table->apply_gradients(exec, keys.flat<K>().data(), n, grads.flat<float>().data(), p,
-                                     step, keys_unique),
-              table->name());
+  call.keys = keys.flat<K>().data();
+  call.grads = grads.flat<float>().data();
+  tables->calls.push_back(call);
+  return OkStatus();
 }
 
 template <typename Device>
@@ -216,14 +237,18 @@ class SparseApplyOp : public SokOpKernel<Device> {
     p.lr = ctx->input(3 * n).scalar<float>()();                      // HostMemory
     const int64_t step = ctx->input(3 * n + 1).scalar<int64_t>()();  // HostMemory
     p.step = step + 1;
-    std::vector<Status> status(n);
-    OnDevice<Device>::ForEachTable(ctx, n, [&](int i, const sok::ExecContext& exec) {
+    OpTables<int64_t> tables64;
+    OpTables<int32_t> tables32;
+    for (int i = 0; i < n; ++i) {
       const ResourceHandle& h = HandleFromInput(ctx, i);
-      status[i] = keys[i].dtype() == DT_INT64
-                      ? ApplyOne<int64_t>(ctx, h, keys[i], grads[i], p, step, keys_unique_, exec)
-                      : ApplyOne<int32_t>(ctx, h, keys[i], grads[i], p, step, keys_unique_, exec);
-    });
-    for (const Status& s : status) OP_REQUIRES_OK(ctx, s);
+      OP_REQUIRES_OK(ctx, keys[i].dtype() == DT_INT64
+                              ? AddApply(ctx, h, keys[i], grads[i], &tables64)
+                              : AddApply(ctx, h, keys[i], grads[i], &tables32));
+    }
+    if (!tables64.calls.empty())
+      OP_REQUIRES_OK(ctx, OnDevice<Device>::Apply(ctx, tables64.calls, p, step, keys_unique_));
+    if (!tables32.calls.empty())
+      OP_REQUIRES_OK(ctx, OnDevice<Device>::Apply(ctx, tables32.calls, p, step, keys_unique_));
   }
 
  private:
