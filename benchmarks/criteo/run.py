@@ -196,6 +196,13 @@ def build_parser():
         "forward/backward/update, dense) on the GPU and on the host (also in metrics.jsonl)",
     )
     a(
+        "--xla",
+        action="store_true",
+        help="let XLA compile the dense part (TensorFlow's auto-clustering, global_jit_level ON_1): "
+        "the MLPs, interaction and loss run as a few fused kernels instead of ~250 ops; SOK's "
+        "ops stay as they are",
+    )
+    a(
         "--save",
         action="store_true",
         help="also write a checkpoint (out_dir/checkpoint) and a serving SavedModel (out_dir/serving)",
@@ -425,6 +432,8 @@ def main(argv=None):
     if args.threads:
         config.intra_op_parallelism_threads = args.threads
         config.inter_op_parallelism_threads = args.threads
+    if args.xla:
+        config.graph_options.optimizer_options.global_jit_level = tf.compat.v1.OptimizerOptions.ON_1
     sess = tf.compat.v1.Session(graph=g.graph, config=config)
     sess.run(g.init_op)
     if g.input_init is not None:
