@@ -391,3 +391,26 @@ def test_keras_adam_inside_tf_function_matches_eager():
     assert tables[0].keys() == tables[1].keys()
     for k in tables[0]:
         np.testing.assert_allclose(tables[1][k], tables[0][k], rtol=1e-6, atol=1e-7)
+
+
+def test_update_ops_do_not_grow_per_table():
+    """OptimizerWrapper's update of lookup_sparse's gradients adds no op per table beyond the
+    gradient itself: the [n, dim] gradients go to the one fused update as they are."""
+
+    def num_ops(n):
+        graph = tf.Graph()
+        with graph.as_default():
+            evs = [
+                sok.get_embedding_variable(f"upd{n}_{i}", 4, key_dtype=tf.int64) for i in range(n)
+            ]
+            ids = tf.compat.v1.placeholder(tf.int64, [None, n])
+            loss = tf.add_n(
+                [tf.reduce_sum(e) for e in sok.lookup_sparse(evs, tf.unstack(ids, axis=1))]
+            )
+            opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
+            grads = opt.compute_gradients(loss)
+            before = len(graph.get_operations())
+            opt.apply_gradients(grads)
+            return len(graph.get_operations()) - before
+
+    assert num_ops(10) == num_ops(2), (num_ops(2), num_ops(10))

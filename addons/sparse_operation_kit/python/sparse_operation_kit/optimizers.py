@@ -139,7 +139,12 @@ class _SparseUpdater:
                     f"the variable has dimension {v.embedding_dim}"
                 )
             keys.append(tf.cast(g.indices, v.key_dtype))
-            grads.append(tf.reshape(tf.cast(g.values, tf.float32), [-1, v.embedding_dim]))
+            values = tf.cast(g.values, tf.float32)
+            # [n, dim] already (lookup_sparse's gradients): no reshape op per table; the kernel
+            # checks the shape against the keys and the table.
+            if values.shape.rank != 2:
+                values = tf.reshape(values, [-1, v.embedding_dim])
+            grads.append(values)
         h = self.hyper
         lr = _value(h["learning_rate"])
         l2 = float(h.get("l2", 0.0))
