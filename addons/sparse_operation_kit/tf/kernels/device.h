@@ -212,13 +212,6 @@ struct OnDevice<GpuDevice> {
     e.stream = Stream(ctx);
     return e;
   }
-  // Tables one after another: each call only enqueues work on the stream.
-  static void ForEachTable(OpKernelContext* ctx, int n,
-                           const std::function<void(int, const sok::ExecContext&)>& fn) {
-    const sok::ExecContext e = Exec(ctx);
-    for (int i = 0; i < n; ++i) fn(i, e);
-  }
-
   // The evaluation read: one launch per table.
   template <typename K>
   static Status Find(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {

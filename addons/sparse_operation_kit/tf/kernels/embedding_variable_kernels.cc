@@ -220,6 +220,13 @@ Status AddApply(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor
   return OkStatus();
 }
 
+template <typename Device, typename K>
+Status ApplyTables(OpKernelContext* ctx, const OpTables<K>& tables, const sok::OptimizerParams& p,
+                   int64_t step, bool keys_unique) {
+  if (tables.calls.empty()) return OkStatus();
+  return OnDevice<Device>::Apply(ctx, tables.calls, p, step, keys_unique);
+}
+
 template <typename Device>
 class SparseApplyOp : public SokOpKernel<Device> {
  public:
@@ -245,10 +252,8 @@ class SparseApplyOp : public SokOpKernel<Device> {
                               ? AddApply(ctx, h, keys[i], grads[i], &tables64)
                               : AddApply(ctx, h, keys[i], grads[i], &tables32));
     }
-    if (!tables64.calls.empty())
-      OP_REQUIRES_OK(ctx, OnDevice<Device>::Apply(ctx, tables64.calls, p, step, keys_unique_));
-    if (!tables32.calls.empty())
-      OP_REQUIRES_OK(ctx, OnDevice<Device>::Apply(ctx, tables32.calls, p, step, keys_unique_));
+    OP_REQUIRES_OK(ctx, ApplyTables<Device>(ctx, tables64, p, step, keys_unique_));
+    OP_REQUIRES_OK(ctx, ApplyTables<Device>(ctx, tables32, p, step, keys_unique_));
   }
 
  private:
