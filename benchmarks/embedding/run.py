@@ -105,11 +105,13 @@ def parse_args(argv=None):
                         "processes hits all alike (median over all timed steps)")
     p.add_argument(
         "--inputs",
-        choices=("batched", "per-field"),
+        choices=("batched", "per-field", "resident"),
         default="batched",
         help="how a step gets its ids (same for every implementation): batched: every field of a "
         "batch from one variable, split apart in one op (as from an input pipeline); per-field: "
-        "a variable and some eight slicing ops per field",
+        "a variable and some eight slicing ops per field; resident: every field of every batch in "
+        "its own variables and a step graph per batch (reads only: the step is the embedding "
+        "work and the loss)",
     )
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
@@ -333,8 +335,34 @@ class BatchedIdInputs:
         return [tf.bitcast(p, tf.int64) for p in parts[: self.fields]]
 
 
+class ResidentIdInputs:
+    """Every field of every pre-built batch in its own non-trainable variables (values, indices):
+    sparse(b) takes the batch as a Python int, so each batch gets its own step graph (TF1) or
+    trace (tf.function), which reads its ids with one ReadVariableOp per tensor and slices or
+    splits nothing (BatchedIdInputs spends some 60 ops per step on that, as much host time as
+    SOK's whole embedding step on a GPU)."""
+
+    per_batch = True
+
+    def __init__(self, args, batches):
+        self.shape = tf.constant([args.batch, args.ids_per_field], tf.int64)
+        self.values, self.indices = [], []
+        for b, fields in enumerate(batches):
+            self.values.append([tf.Variable(ids, trainable=False, name=f"ids_{b}_{f}")
+                                for f, (ids, _) in enumerate(fields)])
+            self.indices.append([tf.Variable(_sparse_indices(splits), trainable=False,
+                                             name=f"indices_{b}_{f}")
+                                 for f, (_, splits) in enumerate(fields)])
+
+    def sparse(self, which):
+        with tf.name_scope(INPUT_SCOPE):
+            return [tf.SparseTensor(i, v, self.shape)
+                    for i, v in zip(self.indices[which], self.values[which])]
+
+
 def id_inputs(args, batches):
-    return (BatchedIdInputs if args.inputs == "batched" else IdInputs)(args, batches)
+    kinds = {"batched": BatchedIdInputs, "per-field": IdInputs, "resident": ResidentIdInputs}
+    return kinds[args.inputs](args, batches)
 
 
 def loss_of(embs):
@@ -621,12 +649,17 @@ class GraphRunner(_Timed):
         self.graph = tf.Graph()
         with self.graph.as_default(), device_scope(device):
             tf.compat.v1.set_random_seed(args.seed)
-            with tf.device("/CPU:0"):
-                self.which = tf.compat.v1.placeholder(tf.int32, [], name="batch_index")
-            sp = id_inputs(args, batches).sparse(self.which)
+            inputs = id_inputs(args, batches)
             self.model = BUILDERS[impl](args)
-            self.loss = loss_of(self.model.embed(sp))
-            self.train_op = self.model.opt.minimize(self.loss, var_list=self.model.tables)
+            if getattr(inputs, "per_batch", False):  # a step graph per batch, nothing fed
+                self.which = None
+                self.losses = [loss_of(self.model.embed(inputs.sparse(b))) for b in range(self.nb)]
+            else:
+                with tf.device("/CPU:0"):
+                    self.which = tf.compat.v1.placeholder(tf.int32, [], name="batch_index")
+                self.losses = [loss_of(self.model.embed(inputs.sparse(self.which)))]
+            self.train_ops = [self.model.opt.minimize(loss, var_list=self.model.tables)
+                              for loss in self.losses]
             init = [tf.compat.v1.global_variables_initializer()]
             init += [
                 op for op in self.graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
@@ -657,13 +690,20 @@ class GraphRunner(_Timed):
         cpu, gpu = (int(x) for x in counts.sum(axis=0))
         return {"CPU": cpu, "GPU": gpu}
 
+    def _step_of(self, step):
+        """(loss, train op, feed) of step `step`."""
+        b = step % self.nb
+        if self.which is None:
+            return self.losses[b], self.train_ops[b], None
+        return self.losses[0], self.train_ops[0], {self.which: b}
+
     def one_step(self):
-        self.sess.run(self.train_op, feed_dict={self.which: self.step % self.nb})
+        _, train_op, feed = self._step_of(self.step)
+        self.sess.run(train_op, feed_dict=feed)
 
     def loss_step(self):
-        loss, _ = self.sess.run(
-            [self.loss, self.train_op], feed_dict={self.which: self.step % self.nb}
-        )
+        loss, train_op, feed = self._step_of(self.step)
+        loss, _ = self.sess.run([loss, train_op], feed_dict=feed)
         self.step += 1
         return float(loss)
 
@@ -674,12 +714,8 @@ class GraphRunner(_Timed):
         """One (untimed) step that returns the partitioned graphs: the device of every node."""
         opts = tf.compat.v1.RunOptions(output_partition_graphs=True)
         meta = tf.compat.v1.RunMetadata()
-        self.sess.run(
-            self.train_op,
-            feed_dict={self.which: self.step % self.nb},
-            options=opts,
-            run_metadata=meta,
-        )
+        _, train_op, feed = self._step_of(self.step)
+        self.sess.run(train_op, feed_dict=feed, options=opts, run_metadata=meta)
         self.step += 1
         for g in meta.partition_graphs:
             self.placement.add_nodes(g.node)
@@ -690,7 +726,8 @@ class GraphRunner(_Timed):
         and the number of launches: whether the step waits on the host or on the GPU."""
         self.one_step()
         self.step += 1
-        stats, wall = step_trace.trace(self.sess, self.train_op, {self.which: self.step % self.nb})
+        _, train_op, feed = self._step_of(self.step)
+        stats, wall = step_trace.trace(self.sess, train_op, feed)
         self.step += 1
         recs = step_trace.records(stats, self.graph)
         if self.args.trace_out:  # every record, for a timeline read elsewhere
@@ -743,8 +780,11 @@ class FunctionRunner(_Timed):
             return loss
 
         self.fn = train_step
-        with tf.device("/CPU:0"):
-            self.whiches = [tf.constant(b, tf.int32) for b in range(self.nb)]
+        if getattr(inputs, "per_batch", False):  # Python ints: a trace per batch
+            self.whiches = list(range(self.nb))
+        else:
+            with tf.device("/CPU:0"):
+                self.whiches = [tf.constant(b, tf.int32) for b in range(self.nb)]
         self.step, self.times, self.cpu_times = 0, [], []
         # The first call traces and instantiates the function: record its partitioned graphs.
         from tensorflow.python.eager import context  # no public API returns a function's placement

@@ -34,8 +34,9 @@ def run(*args, timeout=600):
     return r.stdout
 
 
-def test_all_implementations_agree_in_both_modes():
-    out = run("--check", "3", "--mode", "both")
+@pytest.mark.parametrize("inputs", ["batched", "resident"])
+def test_all_implementations_agree_in_both_modes(inputs):
+    out = run("--check", "3", "--mode", "both", "--inputs", inputs)
     lines = [line for line in out.splitlines() if line.startswith("CHECK")]
     assert len(lines) == 2 * 2 * 3, out  # dists x modes x implementations
     assert all(line.endswith("OK") for line in lines), out
@@ -99,8 +100,9 @@ def test_dumped_ids_are_the_benchmark_batches(tmp_path):
 
 @pytest.mark.parametrize("extra", [[], ["--ids-per-field", "4", "--min-ids-per-field", "4"]])
 def test_batched_inputs_give_each_field_its_ids(extra):
-    """--inputs batched (one variable, split per step) hands every implementation the same
-    SparseTensors as the per-field variables, for every batch."""
+    """--inputs batched (one variable, split per step) and resident (variables per batch and
+    field) hand every implementation the same SparseTensors as the per-field variables, for
+    every batch."""
     import tensorflow as tf
 
     spec = importlib.util.spec_from_file_location("embedding_bench_run", RUN)
@@ -109,9 +111,13 @@ def test_batched_inputs_give_each_field_its_ids(extra):
     args = bench.parse_args([*TINY, "--num-batches", "3", *extra])
     batches = bench.make_batches(args, "powerlaw")
     batched, per_field = bench.BatchedIdInputs(args, batches), bench.IdInputs(args, batches)
-    for b in range(3):
-        which = tf.constant(b, tf.int32)
-        got, want = batched.sparse(which), per_field.sparse(which)
+    resident = bench.ResidentIdInputs(args, batches)
+    for b, (got, want) in enumerate(
+        [(batched.sparse(tf.constant(b, tf.int32)), per_field.sparse(tf.constant(b, tf.int32)))
+         for b in range(3)]
+        + [(resident.sparse(b), per_field.sparse(tf.constant(b, tf.int32))) for b in range(3)]
+    ):
+        b %= 3
         assert len(got) == len(want) == 3
         for f, (g, w) in enumerate(zip(got, want)):
             ids, splits = batches[b][f]

@@ -1041,6 +1041,71 @@ bool test_optimizer(OptimizerKind kind, int64_t dim, bool unique_ids) {
 // find_or_insert_many / apply_gradients_many over many tables (more than one launch's worth,
 // dims with and without float4 rows, a table named twice in one call, an empty entry) vs one
 // CPU call per entry in order.
+// Many calls of find_or_insert_many / apply_gradients_many whose keys mostly repeat while new
+// ones trickle in: the tables' bounds then go through the shared counter snapshots (one copy and
+// one event per call) and through growth; no key is lost or doubled, no table overflows.
+bool test_many_tables_snapshots() {
+  const int num_tables = 20;
+  std::vector<std::unique_ptr<GpuEmbeddingTable<int64_t>>> gpu;
+  std::vector<std::vector<int64_t>> pools;
+  for (int t = 0; t < num_tables; ++t) {
+    TableConfig cfg = make_cfg(4, InitKind::kConstant, 0, 0, /*cap=*/16);
+    cfg.name = "s" + std::to_string(t);
+    gpu.push_back(make_gpu<int64_t>(cfg));
+    pools.push_back(key_pool<int64_t>(600 * (t % 4 + 1) + 50));
+  }
+  std::vector<int> table_of(num_tables);
+  std::iota(table_of.begin(), table_of.end(), 0);
+  table_of.push_back(3);  // a table twice in one call
+  std::vector<std::unordered_set<int64_t>> seen(num_tables);
+  OptimizerParams p;
+  p.kind = OptimizerKind::kSGD;
+  p.lr = 0.f;  // rows keep their initial value: the finds below check them
+  for (int r = 0; r < 60; ++r) {
+    std::vector<DevBuf<int64_t>> dkeys;
+    std::vector<DevBuf<float>> dgrads;
+    std::vector<GpuEmbeddingTable<int64_t>::Keys> calls;
+    for (int t : table_of) {
+      // Round r draws from the first (r + 1) / 60 of the table's pool.
+      const size_t avail = std::max<size_t>(1, pools[t].size() * (r + 1) / 60);
+      const std::vector<int64_t> prefix(pools[t].begin(), pools[t].begin() + avail);
+      const std::vector<int64_t> keys = draw(prefix, 500);
+      seen[t].insert(keys.begin(), keys.end());
+      dkeys.push_back(to_device(keys));
+      dgrads.push_back(to_device(std::vector<float>(keys.size() * 4, 1.f)));
+    }
+    for (size_t e = 0; e < table_of.size(); ++e) {
+      GpuEmbeddingTable<int64_t>::Keys c;
+      c.table = gpu[table_of[e]].get();
+      c.keys = dkeys[e].get();
+      c.n = 500;
+      c.grads = dgrads[e].get();
+      calls.push_back(c);
+    }
+    if (r % 2 == 0) SOK_OK(GpuEmbeddingTable<int64_t>::find_or_insert_many(calls, nullptr));
+    else SOK_OK(GpuEmbeddingTable<int64_t>::apply_gradients_many(calls, p, r, nullptr));
+  }
+  for (int t = 0; t < num_tables; ++t) {
+    int64_t size = 0;
+    SOK_OK(gpu[t]->size(&size, nullptr));
+    if (size != static_cast<int64_t>(seen[t].size()))
+      return FAIL("table %d: size %lld, want %zu", t, (long long)size, seen[t].size());
+    // A bound gone wrong grows far past the keys (or overflows the table, an error above).
+    if (gpu[t]->capacity() > 4 * 4 * static_cast<int64_t>(seen[t].size()) + 64)
+      return FAIL("table %d: capacity %lld for %zu keys", t, (long long)gpu[t]->capacity(),
+                  seen[t].size());
+    const std::vector<int64_t> all(seen[t].begin(), seen[t].end());
+    DevBuf<int64_t> da = to_device(all);
+    DevBuf<float> df(all.size() * 4);
+    df.poison();
+    SOK_OK(gpu[t]->find(da.get(), all.size(), df.get(), nullptr));
+    const std::vector<float> f = df.download();
+    for (size_t i = 0; i < f.size(); ++i)
+      if (f[i] != 0.125f) return FAIL("table %d: key %zu reads %g", t, i / 4, f[i]);
+  }
+  return true;
+}
+
 template <typename K>
 bool test_many_tables(int num_tables, bool keys_unique) {
   const int64_t dims[] = {16, 5, 32, 1, 33, 8};
@@ -1494,6 +1559,8 @@ int main(int argc, char** argv) {
             (u ? "unique ids" : "repeated ids"),
         [u] { return test_many_tables<int32_t>(3, u); });
   }
+  run("find_or_insert_many / apply_gradients_many: bounds through shared snapshots, growth",
+      [] { return test_many_tables_snapshots(); });
   for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn}) {
     run(std::string("training step pipeline vs CPU int64 ") + cname(c),
         [c] { return test_pipeline<int64_t>(c); });

@@ -181,7 +181,39 @@ __global__ void __launch_bounds__(kBlock) k_erase(DevTable t, const K* keys, int
   }
 }
 
+// Up to 64 tables' counter copies in one kernel parameter (1 KB).
+struct CounterCopies {
+  static constexpr int kMax = 64;
+  const int64_t* src[kMax];
+  int64_t* dst[kMax];
+  int count;
+};
+
+__global__ void k_copy_counters(const __grid_constant__ CounterCopies c) {
+  const int i = threadIdx.x >> 1;
+  if (i < c.count) c.dst[i][threadIdx.x & 1] = c.src[i][threadIdx.x & 1];
+}
+
 }  // namespace
+
+namespace detail {
+
+Status copy_counters(const std::vector<const int64_t*>& src, const std::vector<int64_t*>& dst,
+                     cudaStream_t s) {
+  for (size_t begin = 0; begin < src.size(); begin += CounterCopies::kMax) {
+    CounterCopies c;
+    c.count = static_cast<int>(std::min<size_t>(CounterCopies::kMax, src.size() - begin));
+    for (int i = 0; i < c.count; ++i) {
+      c.src[i] = src[begin + i];
+      c.dst[i] = dst[begin + i];
+    }
+    k_copy_counters<<<1, 2 * CounterCopies::kMax, 0, s>>>(c);
+    SOK_LAUNCH_CHECK();
+  }
+  return Status::OK();
+}
+
+}  // namespace detail
 
 template <typename K>
 GpuEmbeddingTable<K>::GpuEmbeddingTable() : impl_(new Impl) {}
@@ -217,7 +249,6 @@ Status GpuEmbeddingTable<K>::Create(const TableConfig& config, const GpuTableOpt
   SOK_RETURN_IF_ERROR(m.acquire(&m.d_counters, 2 * sizeof(int64_t), "counters"));
   SOK_RETURN_IF_ERROR(m.acquire(&m.d_fail, sizeof(int), "counters"));
   SOK_CUDA_RETURN(cudaMallocHost(&m.h_counters, 6 * sizeof(int64_t)));
-  SOK_CUDA_RETURN(cudaEventCreateWithFlags(&m.snapshot_event, cudaEventDisableTiming));
   SOK_CUDA_RETURN(cudaMemset(m.d_counters, 0, 2 * sizeof(int64_t)));
   SOK_CUDA_RETURN(cudaMemset(m.d_fail, 0, sizeof(int)));
   const int64_t cap = capacity_for(std::max<int64_t>(config.initial_capacity, 1), options.max_load_factor);
@@ -290,8 +321,9 @@ Status GpuEmbeddingTable<K>::find_or_insert_many(const std::vector<Keys>& calls,
   DeviceGuard g(impls[0]->device);
   TablesLock<Impl> lock(impls);
   // Growth (which may synchronise and move the arrays) first: the parts copy the arrays' addresses.
-  for (size_t i = 0; i < calls.size(); ++i)
-    if (calls[i].n > 0) SOK_RETURN_IF_ERROR(impls[i]->prepare_insert(calls[i].n, stream));
+  std::vector<int64_t> ns;
+  for (const Keys& c : calls) ns.push_back(c.n);
+  SOK_RETURN_IF_ERROR(prepare_inserts(impls, ns, stream));
   return for_each_launch(impls, [&](int begin, int end) -> Status {
     PartsLaunch<InsertPart<K>> L;
     L.count = end - begin;
@@ -323,7 +355,7 @@ Status GpuEmbeddingTable<K>::insert_or_assign(const K* keys, int64_t n, const fl
   Impl& m = *impl_;
   DeviceGuard g(m.device);
   std::lock_guard<std::mutex> l(m.mu);
-  SOK_RETURN_IF_ERROR(m.prepare_insert(n, stream));
+  SOK_RETURN_IF_ERROR(prepare_inserts<Impl>({&m}, {n}, stream));
   k_insert_or_assign<K><<<grid_for(n * kTile, kBlock), kBlock, 0, stream>>>(m.t, m.row_init(), keys, n,
                                                                            values, m.d_counters, m.d_fail);
   SOK_LAUNCH_CHECK();

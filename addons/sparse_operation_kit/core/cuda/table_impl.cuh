@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -36,6 +38,48 @@ class DeviceGuard {
   bool restore_ = false;
 };
 
+// The event after one copy of several tables' counters (each into its own pinned h_counters[4, 6)),
+// shared by those tables: a call over 26 tables enqueues one copy and one event, not 26 of each.
+class SnapshotEvent {
+ public:
+  SnapshotEvent() = default;
+  SnapshotEvent(const SnapshotEvent&) = delete;
+  SnapshotEvent& operator=(const SnapshotEvent&) = delete;
+  ~SnapshotEvent() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  Status record(cudaStream_t s) {
+    if (event_ == nullptr)
+      SOK_CUDA_RETURN(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    SOK_CUDA_RETURN(cudaEventRecord(event_, s));
+    recorded_ = true;
+    return Status::OK();
+  }
+  // True once the stream has passed the copy (an event never recorded has not).
+  bool passed() {
+    if (passed_.load(std::memory_order_acquire)) return true;
+    if (!recorded_) return false;
+    const cudaError_t q = cudaEventQuery(event_);
+    if (q == cudaSuccess) {
+      passed_.store(true, std::memory_order_release);
+      return true;
+    }
+    if (q == cudaErrorNotReady && cudaPeekAtLastError() == cudaErrorNotReady)
+      cudaGetLastError();  // not ready is no error
+    return false;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+  bool recorded_ = false;
+  std::atomic<bool> passed_{false};
+};
+
+// dst[i][0, 2) = src[i][0, 2) in stream order, for every i in one launch (dst: pinned host memory,
+// which the device writes directly under unified addressing).
+Status copy_counters(const std::vector<const int64_t*>& src, const std::vector<int64_t*>& dst,
+                     cudaStream_t s);
+
 }  // namespace detail
 
 template <typename K>
@@ -58,8 +102,8 @@ struct GpuEmbeddingTable<K>::Impl {
   // An asynchronous copy of the counters (h_counters[4, 6)), enqueued when the bound gets within
   // half the limit: once its event has passed, live + erased <= the copy + since_snapshot, a
   // tighter bound than `upper` (which grows by every call's n, inserted or not) without a sync.
-  cudaEvent_t snapshot_event = nullptr;
-  bool snapshot_pending = false;
+  // Null: none pending.
+  std::shared_ptr<detail::SnapshotEvent> snapshot;
   int64_t since_snapshot = 0;  // keys the calls enqueued after the snapshot may have inserted
   cudaStream_t last_stream = nullptr;
   bool used = false, mixed = false;
@@ -72,8 +116,8 @@ struct GpuEmbeddingTable<K>::Impl {
     release(d_matrix);
     release(d_counters);
     release(d_fail);
+    snapshot.reset();
     if (h_counters) cudaFreeHost(h_counters);
-    if (snapshot_event) cudaEventDestroy(snapshot_event);
     cudaGetLastError();
   }
 
@@ -169,34 +213,25 @@ struct GpuEmbeddingTable<K>::Impl {
   // The exact bound after a synchronisation (a snapshot still pending is dropped).
   void set_upper(int64_t v) {
     upper = v;
-    snapshot_pending = false;
+    snapshot.reset();
     since_snapshot = 0;
   }
 
   // Makes sure n more keys fit under the load factor, growing if needed. Synchronises only when
   // neither the running bound nor a finished snapshot shows room (tables of a fixed set of keys
   // would otherwise sync every few calls: the bound counts every key of every call).
-  Status prepare_insert(int64_t n, cudaStream_t s) {
+  // *want_snapshot: a copy of the counters should precede this call's launch (prepare_inserts
+  // enqueues it for every table of a call at once).
+  Status prepare_insert(int64_t n, cudaStream_t s, bool* want_snapshot) {
+    *want_snapshot = false;
     note_stream(s);
     const int64_t limit = static_cast<int64_t>(opt.max_load_factor * static_cast<double>(capacity));
-    if (upper + n > limit && snapshot_pending && !mixed) {
-      const cudaError_t q = cudaEventQuery(snapshot_event);
-      if (q == cudaSuccess) {
-        upper = std::min(upper, h_counters[4] + h_counters[5] + since_snapshot);
-        snapshot_pending = false;
-      } else if (q == cudaErrorNotReady && cudaPeekAtLastError() == cudaErrorNotReady) {
-        cudaGetLastError();  // not ready is no error
-      }
+    if (upper + n > limit && snapshot && !mixed && snapshot->passed()) {
+      upper = std::min(upper, h_counters[4] + h_counters[5] + since_snapshot);
+      snapshot.reset();
     }
     if (upper + n <= limit) {
-      if (!snapshot_pending && !mixed && upper > limit / 2 && snapshot_event != nullptr) {
-        // Ordered after every call so far on s (one stream: mixed is false).
-        SOK_CUDA_RETURN(cudaMemcpyAsync(&h_counters[4], d_counters, 2 * sizeof(int64_t),
-                                        cudaMemcpyDeviceToHost, s));
-        SOK_CUDA_RETURN(cudaEventRecord(snapshot_event, s));
-        snapshot_pending = true;
-        since_snapshot = 0;
-      }
+      *want_snapshot = !snapshot && !mixed && upper > limit / 2;
       upper += n;
       since_snapshot += n;
       return Status::OK();
@@ -220,5 +255,33 @@ struct GpuEmbeddingTable<K>::Impl {
   Status ensure_slots(const OptimizerParams& p, cudaStream_t s);
 };
 
+namespace detail {
+
+// prepare_insert of every call's table (impls[i] gets ns[i] keys; a table may come more than
+// once), then the counter snapshots they want in one launch and one event, ordered before the
+// call's own launches.
+template <typename Impl>
+Status prepare_inserts(const std::vector<Impl*>& impls, const std::vector<int64_t>& ns,
+                       cudaStream_t s) {
+  std::shared_ptr<SnapshotEvent> event;
+  std::vector<const int64_t*> src;
+  std::vector<int64_t*> dst;
+  for (size_t i = 0; i < impls.size(); ++i) {
+    if (ns[i] <= 0) continue;
+    bool want = false;
+    SOK_RETURN_IF_ERROR(impls[i]->prepare_insert(ns[i], s, &want));
+    if (!want) continue;
+    if (!event) event = std::make_shared<SnapshotEvent>();
+    impls[i]->snapshot = event;        // not passed() before record() below
+    impls[i]->since_snapshot = ns[i];  // the copy precedes this call's keys
+    src.push_back(impls[i]->d_counters);
+    dst.push_back(impls[i]->h_counters + 4);
+  }
+  if (!event) return Status::OK();
+  SOK_RETURN_IF_ERROR(copy_counters(src, dst, s));
+  return event->record(s);
+}
+
+}  // namespace detail
 }  // namespace gpu
 }  // namespace sok

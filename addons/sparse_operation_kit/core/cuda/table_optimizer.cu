@@ -253,8 +253,9 @@ Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls
     distinct[i].grads = summed;
     distinct[i].d_n = num;
   }
-  for (size_t i = 0; i < count; ++i)
-    if (calls[i].n > 0) SOK_RETURN_IF_ERROR(impls[i]->prepare_insert(calls[i].n, stream));
+  std::vector<int64_t> ns;
+  for (const Keys& c : calls) ns.push_back(c.n);
+  SOK_RETURN_IF_ERROR(prepare_inserts(impls, ns, stream));
   ApplyStep s{p, p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f, global_step};
   return for_each_launch(impls, [&](int begin, int end) -> Status {
     ApplyLaunch<K> L;
