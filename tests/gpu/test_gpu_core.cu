@@ -1043,7 +1043,8 @@ bool test_optimizer(OptimizerKind kind, int64_t dim, bool unique_ids) {
 // CPU call per entry in order.
 // Many calls of find_or_insert_many / apply_gradients_many whose keys mostly repeat while new
 // ones trickle in: the tables' bounds then go through the shared counter snapshots (one copy and
-// one event per call) and through growth; no key is lost or doubled, no table overflows.
+// one event per call) and through growth, updates after a lookup of the same keys reserve no room
+// (keys_present); no key is lost or doubled, no table overflows.
 bool test_many_tables_snapshots() {
   const int num_tables = 20;
   std::vector<std::unique_ptr<GpuEmbeddingTable<int64_t>>> gpu;
@@ -1082,8 +1083,12 @@ bool test_many_tables_snapshots() {
       c.grads = dgrads[e].get();
       calls.push_back(c);
     }
-    if (r % 2 == 0) SOK_OK(GpuEmbeddingTable<int64_t>::find_or_insert_many(calls, nullptr));
-    else SOK_OK(GpuEmbeddingTable<int64_t>::apply_gradients_many(calls, p, r, nullptr));
+    // Every 4th round the update alone inserts; otherwise a lookup first, then the update of
+    // the same keys (keys_present: the lookup inserted them).
+    const bool looked_up = r % 4 != 3;
+    if (looked_up) SOK_OK(GpuEmbeddingTable<int64_t>::find_or_insert_many(calls, nullptr));
+    SOK_OK(
+        GpuEmbeddingTable<int64_t>::apply_gradients_many(calls, p, r, nullptr, false, looked_up));
   }
   for (int t = 0; t < num_tables; ++t) {
     int64_t size = 0;

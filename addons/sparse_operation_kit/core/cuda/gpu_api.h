@@ -280,10 +280,12 @@ class GpuEmbeddingTable {
                          const int64_t* d_n = nullptr);
 
   // apply_gradients of every entry (the same optimizer and step), launched as in
-  // find_or_insert_many.
+  // find_or_insert_many. keys_present: the caller vouches that an earlier find_or_insert on this
+  // stream inserted every key (lookup_sparse's keys of the same step): no room is reserved for
+  // them, so the growth bound does not count them twice (a key evicted since is still inserted).
   static Status apply_gradients_many(const std::vector<Keys>& calls, const OptimizerParams& p,
                                      int64_t global_step, cudaStream_t stream,
-                                     bool keys_unique = false);
+                                     bool keys_unique = false, bool keys_present = false);
 
   // Everything, in slot order, to host memory (synchronises).
   Status export_rows(TableSnapshot<K>* out, cudaStream_t stream);

@@ -267,6 +267,7 @@ Status prepare_inserts(const std::vector<Impl*>& impls, const std::vector<int64_
   std::vector<const int64_t*> src;
   std::vector<int64_t*> dst;
   for (size_t i = 0; i < impls.size(); ++i) {
+    impls[i]->note_stream(s);
     if (ns[i] <= 0) continue;
     bool want = false;
     SOK_RETURN_IF_ERROR(impls[i]->prepare_insert(ns[i], s, &want));

@@ -215,7 +215,8 @@ Status GpuEmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const flo
 
 template <typename K>
 Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls, const OptimizerParams& p,
-                                                  int64_t global_step, cudaStream_t stream, bool keys_unique) {
+                                                  int64_t global_step, cudaStream_t stream, bool keys_unique,
+                                                  bool keys_present) {
   if (calls.empty()) return Status::OK();
   const size_t count = calls.size();
   std::vector<Impl*> impls;
@@ -254,7 +255,7 @@ Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls
     distinct[i].d_n = num;
   }
   std::vector<int64_t> ns;
-  for (const Keys& c : calls) ns.push_back(c.n);
+  for (const Keys& c : calls) ns.push_back(keys_present ? 0 : c.n);
   SOK_RETURN_IF_ERROR(prepare_inserts(impls, ns, stream));
   ApplyStep s{p, p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f, global_step};
   return for_each_launch(impls, [&](int begin, int end) -> Status {
@@ -297,10 +298,10 @@ template Status GpuEmbeddingTable<int64_t>::apply_gradients(const int64_t*, int6
 
 template Status GpuEmbeddingTable<int32_t>::apply_gradients_many(const std::vector<Keys>&,
                                                                  const OptimizerParams&, int64_t,
-                                                                 cudaStream_t, bool);
+                                                                 cudaStream_t, bool, bool);
 template Status GpuEmbeddingTable<int64_t>::apply_gradients_many(const std::vector<Keys>&,
                                                                  const OptimizerParams&, int64_t,
-                                                                 cudaStream_t, bool);
+                                                                 cudaStream_t, bool, bool);
 
 }  // namespace gpu
 }  // namespace sok

@@ -300,7 +300,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
         tables = partitioned.flat_tables(params)
         with _on_device_of(tables):
             unique, inverse, counts, orders = _unique_keys(keys, positions, dense_shapes, names)
-        uniqueness.declare_distinct(unique)
+        # A training Gather of these keys inserts them (the update's keys when they reach it as
+        # they are: one process, unpartitioned tables).
+        uniqueness.declare_distinct(unique, inserted=bool(training))
         try:
             rows = partitioned.fetch_rows(
                 params, list(unique), list(counts), training=training, names=names

@@ -174,6 +174,7 @@ class _SparseUpdater:
             l2=l2,
             lr_power=float(h.get("lr_power", -0.5)),
             keys_unique=all(uniqueness.is_distinct(g.indices) for g, _ in pairs),
+            keys_present=all(uniqueness.is_inserted(g.indices) for g, _ in pairs),
         )
         if not own_step:
             return update

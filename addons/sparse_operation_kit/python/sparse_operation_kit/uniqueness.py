@@ -2,27 +2,39 @@
 
 lookup_sparse dedups its ids once (SokUniqueKeys); in one process the gradient of each Embedding
 Variable is keyed by exactly those keys, so the fused optimizer update may skip its own dedup.
-The declaration is kept per graph (TF1 graphs, tf.function) and goes away with the graph; eager
-updates always dedup (cheap next to an eager step).
+A training lookup that hands those keys straight to the table's Gather has also inserted them: the
+update then reserves no room for them again (the GPU tables' growth bound would otherwise count
+every key twice a step and synchronise far more often). The declarations are kept per graph
+(TF1 graphs, tf.function) and go away with the graph; eager updates always dedup (cheap next to
+an eager step).
 """
 import weakref
 
 import tensorflow as tf
 
 _distinct = weakref.WeakKeyDictionary()  # graph -> {tensor name}
+_inserted = weakref.WeakKeyDictionary()  # graph -> {tensor name}
 
 
 def _graph_tensor(t):
     return tf.is_symbolic_tensor(t)
 
 
-def declare_distinct(tensors):
-    """Records that each graph tensor of `tensors` holds distinct keys."""
+def declare_distinct(tensors, inserted=False):
+    """Records that each graph tensor of `tensors` holds distinct keys, and with `inserted` that
+    the step's training lookup inserted every one of them into its table."""
     for t in tensors:
         if _graph_tensor(t):
             _distinct.setdefault(t.graph, set()).add(t.name)
+            if inserted:
+                _inserted.setdefault(t.graph, set()).add(t.name)
 
 
 def is_distinct(t) -> bool:
     """True when `t` was declared to hold distinct keys (a cast or concat of it was not)."""
     return _graph_tensor(t) and t.name in _distinct.get(t.graph, ())
+
+
+def is_inserted(t) -> bool:
+    """True when `t` was declared inserted by a training lookup of the same step."""
+    return _graph_tensor(t) and t.name in _inserted.get(t.graph, ())

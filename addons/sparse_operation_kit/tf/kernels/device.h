@@ -132,7 +132,8 @@ struct OnDevice<CpuDevice> {
   }
   template <typename K>
   static Status Apply(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls,
-                      const sok::OptimizerParams& p, int64_t step, bool keys_unique) {
+                      const sok::OptimizerParams& p, int64_t step, bool keys_unique,
+                      bool /*keys_present: growth on the CPU needs no bound*/) {
     return EachCall(ctx, calls, [&](const TableCall<K>& c, const sok::ExecContext& e) {
       return c.table->apply_gradients(e, c.keys, c.n, c.grads, p, step, keys_unique);
     });
@@ -228,9 +229,10 @@ struct OnDevice<GpuDevice> {
   }
   template <typename K>
   static Status Apply(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls,
-                      const sok::OptimizerParams& p, int64_t step, bool keys_unique) {
-    return ToTf(sok::gpu::GpuEmbeddingTable<K>::apply_gradients_many(GpuCalls(calls), p, step,
-                                                                     Stream(ctx), keys_unique));
+                      const sok::OptimizerParams& p, int64_t step, bool keys_unique,
+                      bool keys_present) {
+    return ToTf(sok::gpu::GpuEmbeddingTable<K>::apply_gradients_many(
+        GpuCalls(calls), p, step, Stream(ctx), keys_unique, keys_present));
   }
 
   // A table in the memory of the kernel's device, allocated through TensorFlow's allocator

@@ -222,9 +222,9 @@ Status AddApply(OpKernelContext* ctx, const ResourceHandle& handle, const Tensor
 
 template <typename Device, typename K>
 Status ApplyTables(OpKernelContext* ctx, const OpTables<K>& tables, const sok::OptimizerParams& p,
-                   int64_t step, bool keys_unique) {
+                   int64_t step, bool keys_unique, bool keys_present) {
   if (tables.calls.empty()) return OkStatus();
-  return OnDevice<Device>::Apply(ctx, tables.calls, p, step, keys_unique);
+  return OnDevice<Device>::Apply(ctx, tables.calls, p, step, keys_unique, keys_present);
 }
 
 template <typename Device>
@@ -232,6 +232,7 @@ class SparseApplyOp : public SokOpKernel<Device> {
  public:
   explicit SparseApplyOp(OpKernelConstruction* c) : SokOpKernel<Device>(c) {
     OP_REQUIRES_OK(c, ParseOptimizerParams(c, &params_, &keys_unique_));
+    OP_REQUIRES_OK(c, c->GetAttr("keys_present", &keys_present_));
   }
 
  protected:
@@ -252,13 +253,14 @@ class SparseApplyOp : public SokOpKernel<Device> {
                               ? AddApply(ctx, h, keys[i], grads[i], &tables64)
                               : AddApply(ctx, h, keys[i], grads[i], &tables32));
     }
-    OP_REQUIRES_OK(ctx, ApplyTables<Device>(ctx, tables64, p, step, keys_unique_));
-    OP_REQUIRES_OK(ctx, ApplyTables<Device>(ctx, tables32, p, step, keys_unique_));
+    OP_REQUIRES_OK(ctx, ApplyTables<Device>(ctx, tables64, p, step, keys_unique_, keys_present_));
+    OP_REQUIRES_OK(ctx, ApplyTables<Device>(ctx, tables32, p, step, keys_unique_, keys_present_));
   }
 
  private:
   sok::OptimizerParams params_;
   bool keys_unique_ = false;
+  bool keys_present_ = false;
 };
 
 template <typename Device, typename K>

@@ -115,6 +115,9 @@ REGISTER_OP("SokEmbeddingVariableSparseApply")
     // The caller guarantees each table's keys are distinct (e.g. they are SokUniqueKeys' output):
     // the dedup before the update is skipped.
     .Attr("keys_unique: bool = false")
+    // The caller guarantees a training lookup of the same step inserted every key (lookup_sparse's
+    // keys): the GPU tables reserve no room for them again.
+    .Attr("keys_present: bool = false")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 
