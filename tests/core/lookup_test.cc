@@ -124,6 +124,15 @@ TEST(check_positions_finds_the_first_bad_and_unordered_ids) {
   const int64_t rows[] = {0, 3};  // rank 1 (a RaggedTensor's row ids) within [3]
   const int64_t nrows[] = {3};
   CHECK(sok::check_positions(rows, 2, 1, nrows).first_outside == 1);
+  // Rank 3, every index within its shape, samples out of order from id 2 on.
+  const int64_t cube[] = {0, 1, 1, 1, 0, 2, 0, 1, 0, 1, 1, 2};
+  const int64_t cube_shape[] = {2, 2, 3};
+  c = sok::check_positions(cube, 4, 3, cube_shape);
+  CHECK(c.first_outside == -1 && c.first_unordered == 2);
+  // A negative dimension: every index lies outside it.
+  const int64_t negative[] = {3, -1};
+  c = sok::check_positions(positions, 2, 2, negative);
+  CHECK(c.first_outside == 0 && c.first_unordered == -1);
 }
 
 TEST(stable_sample_order_keeps_the_id_order_of_a_sample) {

@@ -112,15 +112,19 @@ struct LookupSteps<CpuDevice> {
     return OkStatus();
   }
 
-  // The CPU core handles unsorted segment ids itself: `checked` and the orders are not needed.
-  static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables, bool) {
+  // The CPU core handles unsorted segment ids itself: the orders are not needed. checked
+  // (lookup_sparse: SokUniqueKeys checked the segments and made the inverse): no second pass over
+  // every id to check them again (a pass each way costs as much as a light table's pooling).
+  static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables, bool checked) {
     std::vector<Status> status(tables.size());
     OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
       const PooledArgs& a = tables[i];
       std::vector<int64_t> dense;
       const int64_t* seg = SegmentIds(a, &dense);
-      status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows, a.batch,
-                                                 a.segment_stride));
+      if (!checked) {
+        status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows,
+                                                   a.batch, a.segment_stride));
+      }
       if (!status[i].ok()) return;
       sok::pooled_forward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch, a.combiner, a.out,
                           exec.parallel_for, a.segment_stride);
@@ -130,14 +134,17 @@ struct LookupSteps<CpuDevice> {
   }
 
   // Bad indices are reported (as in the forward) instead of written out of bounds.
-  static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables, bool) {
+  static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables,
+                         bool checked) {
     std::vector<Status> status(tables.size());
     OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
       const PooledArgs& a = tables[i];
       std::vector<int64_t> dense;
       const int64_t* seg = SegmentIds(a, &dense);
-      status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows, a.batch,
-                                                 a.segment_stride));
+      if (!checked) {
+        status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows,
+                                                   a.batch, a.segment_stride));
+      }
       if (!status[i].ok()) return;
       sok::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch, a.combiner,
                            a.num_rows, a.out, exec.parallel_for, a.segment_stride);
