@@ -93,8 +93,8 @@ void bucketize_by_owner(const K* keys, int64_t n, int world_size, int64_t* order
 namespace {
 
 // Whether any index lies outside [0, dense_shape) or any sample is below its predecessor's: one
-// branch-free pass (unsigned compares catch negative indices) the compiler can vectorise; it runs
-// on every id of every lookup, where the exact search below would cost ~3 ns an id.
+// branch-free pass (unsigned compares catch negative indices). It runs on every id of every
+// lookup: ~1 ns an id (memory-bound) where the exact search below takes ~3.4.
 template <int R>
 bool any_bad_position(const int64_t* positions, int64_t n, int rank, const int64_t* dense_shape) {
   const int r = R > 0 ? R : rank;

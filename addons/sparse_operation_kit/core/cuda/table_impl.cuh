@@ -221,10 +221,9 @@ struct GpuEmbeddingTable<K>::Impl {
   // neither the running bound nor a finished snapshot shows room (tables of a fixed set of keys
   // would otherwise sync every few calls: the bound counts every key of every call).
   // *want_snapshot: a copy of the counters should precede this call's launch (prepare_inserts
-  // enqueues it for every table of a call at once).
+  // enqueues it for every table of a call at once, and notes the stream).
   Status prepare_insert(int64_t n, cudaStream_t s, bool* want_snapshot) {
     *want_snapshot = false;
-    note_stream(s);
     const int64_t limit = static_cast<int64_t>(opt.max_load_factor * static_cast<double>(capacity));
     if (upper + n > limit && snapshot && !mixed && snapshot->passed()) {
       upper = std::min(upper, h_counters[4] + h_counters[5] + since_snapshot);

@@ -112,19 +112,23 @@ struct LookupSteps<CpuDevice> {
     return OkStatus();
   }
 
-  // The CPU core handles unsorted segment ids itself: the orders are not needed. checked
-  // (lookup_sparse: SokUniqueKeys checked the segments and made the inverse): no second pass over
-  // every id to check them again (a pass each way costs as much as a light table's pooling).
+  // The segment ids and inverse entries of table a in range, unless `checked` (lookup_sparse:
+  // SokUniqueKeys checked the segments and made the inverse): no second pass over every id (a
+  // pass each way costs as much as a light table's pooling).
+  static Status CheckIndices(const PooledArgs& a, const int64_t* seg, bool checked) {
+    if (checked) return OkStatus();
+    return ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows, a.batch,
+                                          a.segment_stride));
+  }
+
+  // The CPU core handles unsorted segment ids itself: the orders are not needed.
   static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables, bool checked) {
     std::vector<Status> status(tables.size());
     OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
       const PooledArgs& a = tables[i];
       std::vector<int64_t> dense;
       const int64_t* seg = SegmentIds(a, &dense);
-      if (!checked) {
-        status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows,
-                                                   a.batch, a.segment_stride));
-      }
+      status[i] = CheckIndices(a, seg, checked);
       if (!status[i].ok()) return;
       sok::pooled_forward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch, a.combiner, a.out,
                           exec.parallel_for, a.segment_stride);
@@ -141,10 +145,7 @@ struct LookupSteps<CpuDevice> {
       const PooledArgs& a = tables[i];
       std::vector<int64_t> dense;
       const int64_t* seg = SegmentIds(a, &dense);
-      if (!checked) {
-        status[i] = ToTf(sok::check_lookup_indices(*a.name, a.inverse, seg, a.n, a.num_rows,
-                                                   a.batch, a.segment_stride));
-      }
+      status[i] = CheckIndices(a, seg, checked);
       if (!status[i].ok()) return;
       sok::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch, a.combiner,
                            a.num_rows, a.out, exec.parallel_for, a.segment_stride);
