@@ -56,6 +56,10 @@ def concat_raw(blocks):
 
 def take(batch, index):
     """Rows `index` (a slice, an index array or a mask) of a Batch / Raw."""
+    if isinstance(index, np.ndarray) and index.dtype.kind in "iu":
+        # np.take copies whole rows: ~4x faster than fancy indexing of a 2-D array, and the
+        # training input (tf.data) gathers a batch per step with it.
+        return type(batch)(*(np.take(a, index, axis=0) for a in batch))
     return type(batch)(*(a[index] for a in batch))
 
 
