@@ -235,6 +235,13 @@ def _sparse_indices(splits):
     return np.stack([rows, np.arange(splits[-1], dtype=np.int64) - splits[:-1][rows]], 1)
 
 
+def _dense_shape(args):
+    """The SparseTensors' dense shape, in host memory as a fed or tf.shape-made one is: a shape in
+    GPU memory costs every implementation copies to the host (output sizes are host values)."""
+    with tf.device("/CPU:0"):
+        return tf.constant([args.batch, args.ids_per_field], tf.int64)
+
+
 class IdInputs:
     """The ids of every pre-built batch in non-trainable variables on the current device (graph or
     eager); sparse(which) -> per field a SparseTensor [batch, ids_per_field] of batch `which`
@@ -244,7 +251,7 @@ class IdInputs:
         nb = len(batches)
         self.args = args
         self.fixed = args.min_ids_per_field == args.ids_per_field
-        self.shape = tf.constant([args.batch, args.ids_per_field], tf.int64)
+        self.shape = _dense_shape(args)
         self.values, self.indices, self.nnz = [], [], []
         if self.fixed:
             rows = np.repeat(np.arange(args.batch, dtype=np.int64), args.ids_per_field)
@@ -299,7 +306,7 @@ class BatchedIdInputs:
     def __init__(self, args, batches):
         nb, fields = len(batches), args.fields
         self.fields = fields
-        self.shape = tf.constant([args.batch, args.ids_per_field], tf.int64)
+        self.shape = _dense_shape(args)
         ns = np.array([[len(batches[b][f][0]) for f in range(fields)] for b in range(nb)])
         width = _pad8(int(ns.sum(1).max()))
         vals = np.zeros([nb, width], np.int64)
@@ -345,7 +352,7 @@ class ResidentIdInputs:
     per_batch = True
 
     def __init__(self, args, batches):
-        self.shape = tf.constant([args.batch, args.ids_per_field], tf.int64)
+        self.shape = _dense_shape(args)
         self.values, self.indices = [], []
         for b, fields in enumerate(batches):
             self.values.append([tf.Variable(ids, trainable=False, name=f"ids_{b}_{f}")
