@@ -797,6 +797,7 @@ class FunctionRunner(_Timed):
         from tensorflow.python.eager import context  # no public API returns a function's placement
         ctx = context.context()
         ctx.enable_run_metadata()
+        ctx.export_run_metadata()  # drops what earlier runners' functions left in the context
         try:
             self.first_loss = self.loss_step()  # a warm-up step (--check compares its loss)
             meta = ctx.export_run_metadata()
