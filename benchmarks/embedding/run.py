@@ -22,8 +22,10 @@ per step of each implementation, the ratios tf/sok, hash/sok and sok/harness, th
 of all threads per step (a cross-check that suffers less from other processes' load), where each
 implementation ran, and under the table the details: devices of the tables, ops per device in the
 partitioned step graph, SOK kernel runs per device during the timed steps.
---profile K (graph mode) traces steps instead; --check N compares the losses of N steps of all
-implementations from identical initial values instead of timing; --dump-ids DIR writes the ids.
+--profile K traces steps instead (graph mode: RunOptions.FULL_TRACE; function mode: TensorFlow's
+profiler, with when the function started and the GPU first and last worked); --check N compares
+the losses of N steps of all implementations from identical initial values instead of timing;
+--dump-ids DIR writes the ids.
 
     PYTHONPATH=addons/sparse_operation_kit/python .venv/bin/python benchmarks/embedding/run.py
     python benchmarks/embedding/run.py --config criteo26 --mode both \\
@@ -52,6 +54,7 @@ import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 import step_trace  # noqa: E402
+import xplane_trace  # noqa: E402
 
 IMPLS = ("sok", "tf", "hash")
 # Shapes of the benchmark; explicit flags override them.
@@ -154,8 +157,8 @@ def parse_args(argv=None):
         type=int,
         default=0,
         metavar="K",
-        help="instead of timing, trace one step per implementation and print the K op "
-        "types with the most (summed) op time (graph mode)",
+        help="instead of timing, trace steps of each implementation and print the K op "
+        "types with the most (summed) op time",
     )
     p.add_argument("--trace-out", metavar="FILE",
                    help="with --profile: append every traced step's records (JSON lines) to FILE")
@@ -170,8 +173,6 @@ def parse_args(argv=None):
             setattr(args, key, value)
     if not 1 <= args.min_ids_per_field <= args.ids_per_field:
         p.error("need 1 <= --min-ids-per-field <= --ids-per-field")
-    if args.profile and args.mode != "graph":
-        p.error("--profile traces graph mode only (--mode graph)")
     return args
 
 
@@ -647,6 +648,27 @@ class _Timed:
             self.placement.add_kernels(before, self.kernel_counts())
 
 
+def print_profile(impl, wall, recs, top, landmarks=""):
+    """One traced step's summary: per op type, the time its kernels held the executor (host:
+    compute or enqueue) and the time of its GPU kernels, the GPU's busy time and the launches."""
+    busy, span = step_trace.gpu_busy_ms(recs)
+    by_op = step_trace.totals(recs, key=lambda r: r[2])
+    host_ms = sum(t[0] for t in by_op.values())
+    print(f"[{impl}] traced step {wall:.2f} ms wall; GPU: "
+          f"{sum(t[3] for t in by_op.values())} kernels and copies, busy {busy:.2f} ms of a "
+          f"{span:.2f} ms span; host op time {host_ms:.2f} ms over "
+          f"{sum(t[1] for t in by_op.values())} ops (summed over executor threads){landmarks}")
+    print(f"    {'op type':<36} {'host ms':>8} {'ops':>5} {'GPU ms':>8} {'kernels':>8}")
+    for op, t in sorted(by_op.items(), key=lambda kv: -max(kv[1][0], kv[1][2]))[:top]:
+        print(f"    {op[:36]:<36} {t[0]:8.3f} {t[1]:5d} {t[2]:8.3f} {t[3]:8d}")
+
+
+def write_trace(args, impl, wall, recs):
+    if args.trace_out:  # every record, for a timeline read elsewhere
+        with open(args.trace_out, "a") as fh:
+            fh.write(json.dumps({"impl": impl, "wall_ms": wall, "records": recs}) + "\n")
+
+
 class GraphRunner(_Timed):
     """One implementation in its own graph and session (TF1)."""
 
@@ -737,22 +759,14 @@ class GraphRunner(_Timed):
         stats, wall = step_trace.trace(self.sess, train_op, feed)
         self.step += 1
         recs = step_trace.records(stats, self.graph)
-        if self.args.trace_out:  # every record, for a timeline read elsewhere
-            with open(self.args.trace_out, "a") as fh:
-                fh.write(json.dumps({"impl": self.impl, "wall_ms": wall, "records": recs}) + "\n")
-        busy, span = step_trace.gpu_busy_ms(recs)
-        by_op = step_trace.totals(recs, key=lambda r: r[2])
-        host_ms = sum(t[0] for t in by_op.values())
-        print(f"[{self.impl}] traced step {wall:.2f} ms wall; GPU: "
-              f"{sum(t[3] for t in by_op.values())} kernels and copies, busy {busy:.2f} ms of a "
-              f"{span:.2f} ms span; host op time {host_ms:.2f} ms over "
-              f"{sum(t[1] for t in by_op.values())} ops (summed over executor threads)")
-        print(f"    {'op type':<36} {'host ms':>8} {'ops':>5} {'GPU ms':>8} {'kernels':>8}")
-        for op, t in sorted(by_op.items(), key=lambda kv: -max(kv[1][0], kv[1][2]))[:top]:
-            print(f"    {op[:36]:<36} {t[0]:8.3f} {t[1]:5d} {t[2]:8.3f} {t[3]:8d}")
+        write_trace(self.args, self.impl, wall, recs)
+        print_profile(self.impl, wall, recs, top)
 
     def close(self):
         self.sess.close()
+
+
+STEP_FUNCTION = "train_step"  # the step's tf.function: the profiler's host event of each call
 
 
 class FunctionRunner(_Timed):
@@ -828,6 +842,38 @@ class FunctionRunner(_Timed):
 
     def find_placement(self):
         pass  # recorded at the first call
+
+    def profile(self, top):
+        """One step traced by TensorFlow's profiler (after an untraced one): the graph-mode table
+        (host time of CPU ops only: the profiler names no GPU op's enqueueing) and when, after the
+        Python call began, the runtime started the function and the GPU first and last worked."""
+        with device_scope(self.device):
+            self.one_step()
+            self.step += 1
+            walls = []
+
+            def timed_step():
+                t0 = time.perf_counter()
+                self.one_step()
+                walls.append((time.perf_counter() - t0) * 1e3)
+
+            with tempfile.TemporaryDirectory() as logdir:
+                path = xplane_trace.trace(timed_step, 1, logdir)
+                steps = xplane_trace.step_records(path, STEP_FUNCTION)
+            wall = walls[-1]
+            self.step += 1
+        if not steps:
+            print(f"[{self.impl}] the trace holds no '{STEP_FUNCTION}' step")
+            return
+        s = steps[-1]
+        ms = {k: (v / 1e3 if v is not None else float("nan")) for k, v in s.items()
+              if k.endswith("_us")}
+        landmarks = f"; from the call: the runtime starts the function at {ms['runtime_start_us']:.2f} ms"
+        if s["first_gpu_us"] is not None:
+            landmarks += (f", the GPU works from {ms['first_gpu_us']:.2f} to "
+                          f"{ms['last_gpu_us']:.2f} ms")
+        write_trace(self.args, self.impl, wall, s["records"])
+        print_profile(self.impl, wall, s["records"], top, landmarks)
 
     def close(self):
         self.fn = None

@@ -127,3 +127,23 @@ def test_batched_inputs_give_each_field_its_ids(extra):
             np.testing.assert_array_equal(g.dense_shape.numpy(), w.dense_shape.numpy())
             np.testing.assert_array_equal(
                 np.bincount(g.indices.numpy()[:, 0], minlength=64), np.diff(splits))
+
+
+@pytest.mark.parametrize("mode", ["graph", "function"])
+def test_profile_names_each_implementations_ops(mode, tmp_path):
+    """--profile in either mode: per implementation a traced step and its op table (SOK's fused
+    ops by name), the records written to --trace-out; function mode adds when the runtime started
+    the function."""
+    trace = tmp_path / "trace.jsonl"
+    out = run("--mode", mode, "--profile", "30", "--warmup", "1", "--dists", "uniform",
+              "--inputs", "resident", "--trace-out", str(trace))
+    for impl in ("sok", "tf", "hash"):
+        assert f"[{impl}] traced step" in out, out
+    assert "SokUniqueKeys" in out and "SokEmbeddingVariableSparseApply" in out, out
+    assert ("runtime starts the function at" in out) == (mode == "function"), out
+    import json
+
+    records = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert {r["impl"] for r in records} == {"sok", "tf", "hash"}
+    sok_ops = {rec[2] for r in records if r["impl"] == "sok" for rec in r["records"]}
+    assert {"SokUniqueKeys", "SokPooledCombine", "SokEmbeddingVariableGather"} <= sok_ops, sok_ops
