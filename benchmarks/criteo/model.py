@@ -87,16 +87,23 @@ class DLRM:
         return len(self._tril)
 
     def _field_ids(self, ids):
-        """[B, 26] int64 -> one [B] id tensor per field (one id per sample; offset by field for
-        shared tables). One transpose, then rows of [26, B]: unstacking dim 0 shares the buffer
-        (no copy), where tf.unstack(axis=1) of int64 on the GPU took ~7 ms at batch 65,536 (H200,
-        s3run7) and 26 column slices launch 26 copies."""
+        """[B, 26] int64, or a list of 26 [B] int64 (the training input's), -> one [B] id tensor
+        per field (one id per sample; offset by field for shared tables). A matrix takes one
+        transpose, then rows of [26, B]: tf.unstack(axis=1) of int64 on the GPU took ~7 ms at
+        batch 65,536 (H200, s3run7) and 26 column slices launch 26 copies; int64 Unpack itself
+        runs on the host (fine for fed evaluation batches, which come from the host)."""
+        if isinstance(ids, (list, tuple)):
+            if len(ids) != NUM_CAT:
+                raise ValueError(f"DLRM: {len(ids)} id tensors for {NUM_CAT} fields")
+            if not self.shared:
+                return list(ids)
+            return [i + (f << FIELD_SHIFT) for f, i in enumerate(ids)]
         if self.shared:
             ids = ids + tf.constant(np.arange(NUM_CAT, dtype=np.int64) << FIELD_SHIFT)
         return tf.unstack(tf.transpose(ids), num=NUM_CAT, axis=0)
 
     def __call__(self, dense, ids, training):
-        """Logits [B] of dense [B, 13] float32 and ids [B, 26] int64."""
+        """Logits [B] of dense [B, 13] float32 and ids [B, 26] int64 (or 26 [B] int64)."""
         with tf.compat.v1.variable_scope(self.name, reuse=tf.compat.v1.AUTO_REUSE):
             x = mlp(dense, self.bottom_sizes, "bottom_mlp", self.seed + 100)
             embs = sok.lookup_sparse(

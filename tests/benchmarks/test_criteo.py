@@ -205,10 +205,13 @@ def test_short_training_run_learns(capsys, tmp_path):
     assert result["samples_per_sec"] > 0 and result["table_rows"] > 0
 
 
-def test_tf_data_input_trains_exactly_like_feed_dict(capsys, tmp_path):
+@pytest.mark.parametrize("tables", [[], ["--num_tables", "4"]])
+def test_tf_data_input_trains_exactly_like_feed_dict(capsys, tmp_path, tables):
+    """The tf.data input (one id tensor per field) and feed_dict (an [B, 26] matrix) train the
+    same model bit for bit, with a table per field and with tables shared by fields."""
     import run as criteo_run
 
-    common = [
+    common = tables + [
         "--out_dir",
         str(tmp_path),
         "--no_plot",
