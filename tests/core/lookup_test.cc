@@ -16,6 +16,30 @@ TEST(unique_keeps_first_appearance_order) {
   CHECK((counts == std::vector<int64_t>{3, 2, 1}));
 }
 
+TEST(unique_into_buffers_returns_the_distinct_count_and_grows_its_set) {
+  // 5,000 ids over 1,500 values: the open-addressing set doubles several times mid-call.
+  std::mt19937 rng(11);
+  std::vector<int64_t> keys(5000);
+  for (int64_t& k : keys) k = static_cast<int64_t>(rng() % 1500) * 7919 - 3000000;
+  std::vector<int64_t> uniq(keys.size(), -1), counts(keys.size(), -1);
+  std::vector<int32_t> inverse(keys.size());
+  const int64_t u = sok::unique_keys(keys.data(), static_cast<int64_t>(keys.size()), uniq.data(),
+                                     inverse.data(), counts.data());
+  std::vector<int64_t> want_uniq, want_counts;
+  std::vector<int32_t> want_inverse(keys.size());
+  sok::unique_keys(keys.data(), static_cast<int64_t>(keys.size()), &want_uniq, want_inverse.data(),
+                   &want_counts);
+  CHECK(u == static_cast<int64_t>(want_uniq.size()));
+  CHECK((std::vector<int64_t>(uniq.begin(), uniq.begin() + u) == want_uniq));
+  CHECK((std::vector<int64_t>(counts.begin(), counts.begin() + u) == want_counts));
+  CHECK(inverse == want_inverse);
+  CHECK(uniq[u] == -1 && counts[u] == -1);  // nothing written past the distinct keys
+  int64_t total = 0;
+  for (int64_t i = 0; i < u; ++i) total += counts[i];
+  CHECK(total == static_cast<int64_t>(keys.size()));
+  for (size_t i = 0; i < keys.size(); ++i) CHECK(uniq[inverse[i]] == keys[i]);
+}
+
 TEST(bucketize_by_owner_uses_floor_mod) {
   const int64_t keys[] = {4, -1, 3, 0, 5, -4};
   std::vector<int64_t> order(6), counts(3);

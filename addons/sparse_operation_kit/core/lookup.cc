@@ -16,8 +16,7 @@ bool parse_combiner(const std::string& name, Combiner* out) {
 }
 
 template <typename K>
-void unique_keys(const K* keys, int64_t n, std::vector<K>* unique, int32_t* inverse,
-                 std::vector<int64_t>* counts) {
+int64_t unique_keys(const K* keys, int64_t n, K* unique, int32_t* inverse, int64_t* counts) {
   // Open addressing over positions into `unique`; -1 is empty, so every key value is legal.
   // The set is sized by the distinct keys seen so far (it doubles at half load), not by n: with
   // repeated ids it stays a few times smaller and cache-resident. Slots come from a
@@ -30,8 +29,7 @@ void unique_keys(const K* keys, int64_t n, std::vector<K>* unique, int32_t* inve
   int bits = 0;
   int64_t cap = 0;
   int32_t* slots = nullptr;
-  unique->clear();
-  if (counts) counts->clear();
+  int32_t num_unique = 0;
   auto slot_of = [&bits](K key) {
     const uint64_t x = static_cast<uint64_t>(static_cast<int64_t>(key));
     return ((x ^ (x >> 32)) * 0x9E3779B97F4A7C15ull) >> (64 - bits);
@@ -44,8 +42,8 @@ void unique_keys(const K* keys, int64_t n, std::vector<K>* unique, int32_t* inve
     slots = storage.data();
     std::fill(slots, slots + cap, -1);
     const uint64_t mask = static_cast<uint64_t>(cap - 1);
-    for (int32_t u = 0; u < static_cast<int32_t>(unique->size()); ++u) {
-      uint64_t pos = slot_of((*unique)[u]);
+    for (int32_t u = 0; u < num_unique; ++u) {
+      uint64_t pos = slot_of(unique[u]);
       while (slots[pos] >= 0) pos = (pos + 1) & mask;
       slots[pos] = u;
     }
@@ -60,25 +58,26 @@ void unique_keys(const K* keys, int64_t n, std::vector<K>* unique, int32_t* inve
     while (true) {
       const int32_t u = slots[pos];
       if (u < 0) {
-        const int32_t nu = static_cast<int32_t>(unique->size());
+        const int32_t nu = num_unique++;
         slots[pos] = nu;
         inverse[i] = nu;
-        unique->push_back(key);
-        if (counts) counts->push_back(1);
+        unique[nu] = key;
+        if (counts) counts[nu] = 1;
         if (2 * (static_cast<int64_t>(nu) + 1) > cap) {  // keep the load at most 1/2
           resize(bits + 1);
           mask = static_cast<uint64_t>(cap - 1);
         }
         break;
       }
-      if ((*unique)[u] == key) {
+      if (unique[u] == key) {
         inverse[i] = u;
-        if (counts) ++(*counts)[u];
+        if (counts) ++counts[u];
         break;
       }
       pos = (pos + 1) & mask;
     }
   }
+  return num_unique;
 }
 
 template <typename K>
@@ -336,10 +335,8 @@ void pooled_backward(const float* grad_out, int64_t dim, const int32_t* inverse,
   });
 }
 
-template void unique_keys<int32_t>(const int32_t*, int64_t, std::vector<int32_t>*, int32_t*,
-                                   std::vector<int64_t>*);
-template void unique_keys<int64_t>(const int64_t*, int64_t, std::vector<int64_t>*, int32_t*,
-                                   std::vector<int64_t>*);
+template int64_t unique_keys<int32_t>(const int32_t*, int64_t, int32_t*, int32_t*, int64_t*);
+template int64_t unique_keys<int64_t>(const int64_t*, int64_t, int64_t*, int32_t*, int64_t*);
 template void bucketize_by_owner<int32_t>(const int32_t*, int64_t, int, int64_t*, int64_t*);
 template void bucketize_by_owner<int64_t>(const int64_t*, int64_t, int, int64_t*, int64_t*);
 

@@ -22,10 +22,23 @@ enum class Combiner : int32_t { kSum = 0, kMean = 1, kSqrtn = 2 };
 bool parse_combiner(const std::string& name, Combiner* out);
 
 // Distinct keys in order of first appearance, inverse[i] = position of keys[i] among them,
-// and (if counts is not null) how often each distinct key appeared.
+// and (if counts is not null) how often each distinct key appeared. unique and counts have room
+// for n entries (the GPU's unique_keys takes the same buffers); returns the number of distinct
+// keys, the leading entries written.
+template <typename K>
+int64_t unique_keys(const K* keys, int64_t n, K* unique, int32_t* inverse, int64_t* counts);
+
+// The same into vectors (sized to the distinct keys).
 template <typename K>
 void unique_keys(const K* keys, int64_t n, std::vector<K>* unique, int32_t* inverse,
-                 std::vector<int64_t>* counts);
+                 std::vector<int64_t>* counts) {
+  unique->resize(n);
+  if (counts) counts->resize(n);
+  const int64_t u =
+      unique_keys(keys, n, unique->data(), inverse, counts ? counts->data() : nullptr);
+  unique->resize(u);
+  if (counts) counts->resize(u);
+}
 
 // Where each id of a table sits in its SparseTensor: positions[n, rank] (row-major; column 0 is
 // the sample), to lie within dense_shape[rank]. A RaggedTensor's ids are rank 1: their row ids

@@ -75,13 +75,9 @@ struct LookupSteps<CpuDevice> {
       UniqueArgs& a = (*tables)[i];
       auto run = [&](auto tag) {
         using K = decltype(tag);
-        std::vector<K> u;
-        std::vector<int64_t> c;
-        sok::unique_keys(a.keys->flat<K>().data(), a.keys->NumElements(), &u,
-                         a.inverse->flat<int32_t>().data(), &c);
-        a.num_unique = static_cast<int64_t>(u.size());
-        std::copy(u.begin(), u.end(), a.uniq.flat<K>().data());
-        std::copy(c.begin(), c.end(), a.counts.flat<int64_t>().data());
+        a.num_unique = sok::unique_keys(a.keys->flat<K>().data(), a.keys->NumElements(),
+                                        a.uniq.flat<K>().data(), a.inverse->flat<int32_t>().data(),
+                                        a.counts.flat<int64_t>().data());
       };
       if (a.keys->dtype() == DT_INT64) run(int64_t());
       else run(int32_t());
