@@ -98,8 +98,7 @@ class Graph:
                 with tf.device(gpus[0].name if gpus else None):
                     it = tf.compat.v1.data.make_initializable_iterator(ds)
                 self.input_init = it.initializer
-                dense, ids, labels = it.get_next()
-                ids = list(ids)
+                dense, ids, labels = it.get_next()  # ids: one tensor per field
             logits = self.model(dense, ids, training=True)
             self.loss = tf.reduce_mean(
                 tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)

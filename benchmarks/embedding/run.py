@@ -51,8 +51,11 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 # The sibling modules (inputs, impls, runners), from any cwd and when loaded by file location;
-# names unused here (F401) stay for callers that reach them through this module.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# names unused here (F401) stay for callers that reach them through this module. Appended, not
+# put first: a process that also imports benchmarks/criteo's `run` must keep finding that one.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.append(_HERE)
 from impls import _initializer  # noqa: E402
 from inputs import BatchedIdInputs, IdInputs, ResidentIdInputs, dump_ids, make_batches  # noqa: E402, F401
 from runners import RUNNERS, FunctionRunner, GraphRunner, device_scope  # noqa: E402, F401

@@ -2,6 +2,7 @@
     .venv/bin/python -m pytest -q tests/benchmarks/test_embedding_run.py
 Each run is a subprocess (graph mode switches eager execution off for the whole process)."""
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -141,8 +142,6 @@ def test_profile_names_each_implementations_ops(mode, tmp_path):
         assert f"[{impl}] traced step" in out, out
     assert "SokUniqueKeys" in out and "SokEmbeddingVariableSparseApply" in out, out
     assert ("runtime starts the function at" in out) == (mode == "function"), out
-    import json
-
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     assert {r["impl"] for r in records} == {"sok", "tf", "hash"}
     sok_ops = {rec[2] for r in records if r["impl"] == "sok" for rec in r["records"]}
