@@ -492,19 +492,6 @@ def main(argv=None):
             elapsed_s=train_s,
         )
     ran = {d: n - before[d] for d, n in sok.kernel_run_counts().items()}
-    if args.profile and dataset is not None:
-        import profile as criteo_profile  # noqa: E402  (benchmarks/criteo/profile.py)
-
-        stages, wall_ms, busy_ms = criteo_profile.profile_steps(
-            sess, [g.report_loss, g.train_op], g.graph
-        )
-        for line in criteo_profile.format_profile(stages, wall_ms, busy_ms):
-            log(line)
-        metrics.write("profile", wall_ms=wall_ms, gpu_busy_ms=busy_ms,
-                      stages={s: dict(zip(("gpu_ms", "kernels", "host_ms", "ops"), v))
-                              for s, v in stages.items()})
-    elif args.profile:
-        log("profile:    needs --input dataset (feed_dict steps are not traced)")
     log(
         f"device:     GPUs visible to TensorFlow: {gpus or 'none'}; SOK kernels run in training: "
         f"{ran['GPU']} on the GPU, {ran['CPU']} on the CPU"
@@ -518,6 +505,21 @@ def main(argv=None):
     eval_auc, eval_loss, eval_rows = evaluate(sess, g, evals, args, rank, size, criteo_model.auc)
     eval_s = time.time() - t0
     metrics.write("eval", step=steps, auc=eval_auc, loss=eval_loss, rows=eval_rows)
+    table_rows = int(sess.run(g.table_size))
+    # After the evaluation: the traced steps train too; what the run reports is of --steps steps.
+    if args.profile and dataset is not None:
+        import profile as criteo_profile  # noqa: E402  (benchmarks/criteo/profile.py)
+
+        stages, wall_ms, busy_ms = criteo_profile.profile_steps(
+            sess, [g.report_loss, g.train_op], g.graph
+        )
+        for line in criteo_profile.format_profile(stages, wall_ms, busy_ms):
+            log(line)
+        metrics.write("profile", wall_ms=wall_ms, gpu_busy_ms=busy_ms,
+                      stages={s: dict(zip(("gpu_ms", "kernels", "host_ms", "ops"), v))
+                              for s, v in stages.items()})
+    elif args.profile:
+        log("profile:    needs --input dataset (feed_dict steps are not traced)")
     tail = max(1, min(50, len(losses) // 5))
     result = {
         "samples_per_sec": samples_per_sec,
@@ -530,7 +532,7 @@ def main(argv=None):
         "steps": steps,
         "train_s": t_end - progress.t0 - progress.paused_s,  # evaluations left out
         "eval_s": eval_s,
-        "table_rows": int(sess.run(g.table_size)),
+        "table_rows": table_rows,
     }
     saved = None
     if args.save:

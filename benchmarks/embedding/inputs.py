@@ -175,22 +175,24 @@ class BatchedIdInputs:
 
 
 class ResidentIdInputs:
-    """Every field of every pre-built batch in its own non-trainable variables (values, indices):
-    sparse(b) takes the batch as a Python int, so each batch gets its own step graph (TF1) or
-    trace (tf.function), which reads its ids with one ReadVariableOp per tensor and slices or
-    splits nothing (BatchedIdInputs spends some 60 ops per step on that, as much host time as
-    SOK's whole embedding step on a GPU)."""
+    """Every field of every pre-built batch in device memory: sparse(b) takes the batch as a
+    Python int, so each batch gets its own step graph (TF1) or trace (tf.function), which reads
+    its ids and slices or splits nothing (BatchedIdInputs spends some 60 ops per step on that, as
+    much host time as SOK's whole embedding step on a GPU). A TF1 graph reads them from
+    non-trainable variables (one ReadVariableOp per tensor); a tf.function (`eager`) captures them
+    as tensors, its inputs as an iterator's get_next hands them over: 52 variable reads cost SOK's
+    criteo26 step about 0.45 ms in function mode (s8run4)."""
 
     per_batch = True
 
-    def __init__(self, args, batches):
+    def __init__(self, args, batches, eager=False):
         self.shape = _dense_shape(args)
+        hold = tf.constant if eager else (lambda x, name: tf.Variable(x, trainable=False, name=name))
         self.values, self.indices = [], []
         for b, fields in enumerate(batches):
-            self.values.append([tf.Variable(ids, trainable=False, name=f"ids_{b}_{f}")
+            self.values.append([hold(ids, name=f"ids_{b}_{f}")
                                 for f, (ids, _) in enumerate(fields)])
-            self.indices.append([tf.Variable(_sparse_indices(splits), trainable=False,
-                                             name=f"indices_{b}_{f}")
+            self.indices.append([hold(_sparse_indices(splits), name=f"indices_{b}_{f}")
                                  for f, (_, splits) in enumerate(fields)])
 
     def sparse(self, which):
@@ -199,8 +201,11 @@ class ResidentIdInputs:
                     for i, v in zip(self.indices[which], self.values[which])]
 
 
-def id_inputs(args, batches):
-    kinds = {"batched": BatchedIdInputs, "per-field": IdInputs, "resident": ResidentIdInputs}
+def id_inputs(args, batches, eager=False):
+    """The --inputs kind's ids; `eager`: for a tf.function (resident ids as captured tensors)."""
+    if args.inputs == "resident":
+        return ResidentIdInputs(args, batches, eager=eager)
+    kinds = {"batched": BatchedIdInputs, "per-field": IdInputs}
     return kinds[args.inputs](args, batches)
 
 

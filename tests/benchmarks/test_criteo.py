@@ -239,6 +239,24 @@ def test_tf_data_input_trains_exactly_like_feed_dict(capsys, tmp_path, tables):
         assert streamed[key] == fed[key], key
 
 
+def test_profile_traces_steps_after_what_it_reports(capsys, tmp_path):
+    """--profile prints its stage table, and the run reports the same training and evaluation as
+    without it (the traced steps come after the evaluation)."""
+    import run as criteo_run
+
+    common = ["--out_dir", str(tmp_path), "--no_plot", "--steps", "6", "--batch_size", "256",
+              "--synthetic_eval_samples", "2048", "--warmup_steps", "2", "--bottom_mlp", "16",
+              "--top_mlp", "16", "--seed", "5", "--log_every", "0", "--input", "dataset"]
+    plain = criteo_run.main(common)
+    capsys.readouterr()
+    profiled = criteo_run.main(common + ["--profile"])
+    out = capsys.readouterr().out
+    assert "profile:    traced step" in out and "embedding forward" in out
+    assert out.index("profile:    traced step") > out.index("device:")
+    for key in ("train_loss_first", "train_loss", "eval_loss", "eval_auc", "table_rows"):
+        assert profiled[key] == plain[key], key
+
+
 def test_training_with_shared_tables_and_adam(capsys, tmp_path):
     import run as criteo_run
 

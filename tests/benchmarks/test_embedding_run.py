@@ -102,8 +102,8 @@ def test_dumped_ids_are_the_benchmark_batches(tmp_path):
 @pytest.mark.parametrize("extra", [[], ["--ids-per-field", "4", "--min-ids-per-field", "4"]])
 def test_batched_inputs_give_each_field_its_ids(extra):
     """--inputs batched (one variable, split per step) and resident (variables per batch and
-    field) hand every implementation the same SparseTensors as the per-field variables, for
-    every batch."""
+    field, or tensors for a tf.function) hand every implementation the same SparseTensors as the
+    per-field variables, for every batch."""
     import tensorflow as tf
 
     spec = importlib.util.spec_from_file_location("embedding_bench_run", RUN)
@@ -113,10 +113,12 @@ def test_batched_inputs_give_each_field_its_ids(extra):
     batches = bench.make_batches(args, "powerlaw")
     batched, per_field = bench.BatchedIdInputs(args, batches), bench.IdInputs(args, batches)
     resident = bench.ResidentIdInputs(args, batches)
+    captured = bench.ResidentIdInputs(args, batches, eager=True)  # function mode's: tensors
     for b, (got, want) in enumerate(
         [(batched.sparse(tf.constant(b, tf.int32)), per_field.sparse(tf.constant(b, tf.int32)))
          for b in range(3)]
         + [(resident.sparse(b), per_field.sparse(tf.constant(b, tf.int32))) for b in range(3)]
+        + [(captured.sparse(b), per_field.sparse(tf.constant(b, tf.int32))) for b in range(3)]
     ):
         b %= 3
         assert len(got) == len(want) == 3

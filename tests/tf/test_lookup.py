@@ -493,8 +493,10 @@ def _unique_keys_case(rng):
     return keys, positions, shapes
 
 
-def _check_unique_keys_outputs(keys, positions, outs):
-    unique, inverse, counts, order = outs
+def _check_unique_keys_outputs(keys, positions, outs, shapes=None):
+    unique, inverse, counts, order = outs[:4]
+    if shapes is not None:  # batch_sizes: dim 0 of each dense shape, in host memory
+        np.testing.assert_array_equal(np.asarray(outs[4]), [np.asarray(s)[0] for s in shapes])
     for t, k in enumerate(keys):
         want_u, want_inv, want_c = _unique_reference(np.asarray(k))
         np.testing.assert_array_equal(np.asarray(unique[t]), want_u)
@@ -518,12 +520,13 @@ def test_unique_keys_op_many_tables_eager_function_and_session(rng):
     n = len(keys)
     names = [f"t{i}" for i in range(n)]
     _check_unique_keys_outputs(
-        keys, positions, ops.sok_unique_keys(keys, positions, shapes, N=n, table_names=names)
+        keys, positions, ops.sok_unique_keys(keys, positions, shapes, N=n, table_names=names),
+        shapes
     )
     fn = tf.function(lambda: ops.sok_unique_keys(keys, positions, shapes, N=n, table_names=names))
-    _check_unique_keys_outputs(keys, positions, fn())
+    _check_unique_keys_outputs(keys, positions, fn(), shapes)
     unchecked = ops.sok_unique_keys(keys, [], [], N=n)  # M == 0: no checks, no order outputs
-    assert len(unchecked) == 4 and len(unchecked[3]) == 0
+    assert len(unchecked) == 5 and len(unchecked[3]) == 0 and unchecked[4].shape == [0]
     _check_unique_keys_outputs(keys, positions, list(unchecked[:3]) + [[
         np.zeros([0]) if np.all(np.diff(np.asarray(p)[:, 0]) >= 0)
         else np.argsort(np.asarray(p)[:, 0], kind="stable") for p in positions]])
@@ -532,4 +535,19 @@ def test_unique_keys_op_many_tables_eager_function_and_session(rng):
         ph = [tf.compat.v1.placeholder(tf.as_dtype(v.dtype), [None] * v.ndim) for v in values]
         out = ops.sok_unique_keys(ph[:n], ph[n:2 * n], ph[2 * n:], N=n, table_names=names)
         got = sess.run(list(out), feed_dict=dict(zip(ph, values)))
-    _check_unique_keys_outputs(values[:n], values[n:2 * n], got)
+    _check_unique_keys_outputs(values[:n], values[n:2 * n], got, values[2 * n:])
+
+
+def test_unique_keys_batch_sizes_of_dense_tables():
+    """Dense tables (positions [0, 0]) give dim 0 of the shape passed as their dense shape; an
+    empty one (graphs written before) gives -1, which SokPooledCombine refuses as a negative
+    batch size."""
+    keys = [tf.constant([3, 1, 3], tf.int64), tf.constant([5, 5], tf.int64)]
+    positions = [tf.zeros([0, 0], tf.int64)] * 2
+    shapes = [tf.constant([3], tf.int64), tf.zeros([0], tf.int64)]
+    out = ops.sok_unique_keys(keys, positions, shapes, N=2, table_names=["a", "b"])
+    assert out.batch_sizes.numpy().tolist() == [3, -1]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 'b': negative batch size -1"):
+        ops.sok_pooled_combine([tf.ones([2, 4]), tf.ones([1, 4])], list(out.inverse),
+                               [tf.zeros([0], tf.int64)] * 2, [tf.zeros([0])] * 2, [],
+                               out.batch_sizes, combiners=["sum"] * 2, table_names=["a", "b"])

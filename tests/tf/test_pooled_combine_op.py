@@ -82,7 +82,7 @@ def pooled(tables, variant, rows_vars, indices=False):
         # Sorted tables give an empty order, like SokUniqueKeys.
         orders = [tf.constant(o if not s else np.zeros([0], np.int32), tf.int32)
                   for (_, _, _, _, o), (_, _, _, s, _, _) in zip(tables, TABLES)]
-    return ops.sok_pooled_combine(
+    out = ops.sok_pooled_combine(
         rows_vars,
         [tf.constant(t[1]) for t in tables],
         [tf.constant(as_indices(t[2]) if indices else t[2]) for t in tables],
@@ -93,6 +93,15 @@ def pooled(tables, variant, rows_vars, indices=False):
         table_names=[f"t{i}" for i in range(n)],
         segments_checked=variant == "checked",
     )
+    check_num_rows(out, rows_vars)
+    return out.embeddings
+
+
+def check_num_rows(out, rows):
+    """The op's last output: each table's row count (in host memory; its gradient's num_rows)."""
+    assert out.num_rows.shape == [len(rows)]
+    if tf.executing_eagerly():
+        np.testing.assert_array_equal(out.num_rows.numpy(), [r.shape[0] for r in rows])
 
 
 def expected(tables, grads):
@@ -241,7 +250,7 @@ def dense_call(tables, rows, variant, op=None):
         orders = [tf.constant(a[4] if not dense and a[4] is not None else np.zeros([0], np.int32))
                   for _, a, dense in tables]
     empty_seg = np.zeros([0], np.int64)
-    return ops.sok_pooled_combine(
+    out = ops.sok_pooled_combine(
         rows,
         [tf.constant(a[1]) for _, a, _ in tables],
         [tf.constant(empty_seg if dense else a[2]) for _, a, dense in tables],
@@ -253,6 +262,8 @@ def dense_call(tables, rows, variant, op=None):
         table_names=[f"t{i}" for i in range(len(tables))],
         segments_checked=variant == "checked",
     )
+    check_num_rows(out, rows)
+    return out.embeddings
 
 
 @pytest.mark.parametrize("only_dense", [True, False])

@@ -33,32 +33,23 @@ def _on_device_of(params):
     return tf.compat.v1.colocate_with(first.handle if hasattr(first, "handle") else first)
 
 
-def _sizes_on_host(sizes):
-    """[N] int64 from (shape vector, minus) pairs: dim 0 of each shape minus `minus`, computed on
-    the CPU. The shapes come from tf.shape / tf.shape_n next to their tensors (whose GPU kernels
-    leave the shape in host memory); slicing them on the GPU would put the sizes in device memory,
-    and the SOK kernel that reads them from host memory would then wait for the GPU to get there
-    (a host round trip in every step). Shapes of one rank and one `minus` take three ops for all
-    tables (concat, strided slice, subtract) instead of two per table."""
-    # (Gradients may be built colocated with the SOK op: leave that colocation for these.)
+def _ragged_dense_shape(row_splits):
+    """[1] int64: the row count of a RaggedTensor (its "dense shape" for SokUniqueKeys, a host
+    memory input). tf.shape's GPU kernel leaves the shape in host memory; the subtraction runs on
+    the CPU, as on the GPU it would put the count in device memory and cost a copy to the host in
+    every step."""
+    splits = tf.shape(row_splits, out_type=tf.int64)
     with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device("/CPU:0"):
-        ranks = {shape.shape[0] if shape.shape.rank == 1 else None for shape, _ in sizes}
-        minuses = {minus for _, minus in sizes}
-        if len(ranks) == 1 and None not in ranks and len(minuses) == 1:
-            rank, minus = ranks.pop(), minuses.pop()
-            shapes = [shape for shape, _ in sizes]
-            flat = tf.concat(shapes, 0) if len(shapes) > 1 else shapes[0]
-            firsts = flat[::rank] if rank > 1 else flat
-            return firsts - minus if minus else firsts
-        return tf.stack([shape[0] - minus if minus else shape[0] for shape, minus in sizes])
+        return splits - 1
 
 
 @compat.register_gradient("SokPooledCombine")
 def _pooled_combine_grad(op, *grads):
     n, m = op.get_attr("N"), op.get_attr("M")
-    rows, inverse, segments, weights = (op.inputs[i * n:(i + 1) * n] for i in range(4))
+    inverse, segments, weights = (op.inputs[i * n:(i + 1) * n] for i in range(1, 4))
     orders = op.inputs[4 * n:4 * n + m]
-    num_rows = _sizes_on_host([(s, 0) for s in tf.shape_n(list(rows), out_type=tf.int64)])
+    grads = grads[:n]  # the last output, num_rows (the rows' dim 0, in host memory), has none
+    num_rows = op.outputs[n]
     # The gradient runs where the forward ran (see _on_device_of).
     if isinstance(op, tf.Operation):  # graphs (TF1, tf.function)
         where = tf.compat.v1.colocate_with(op)
@@ -140,15 +131,16 @@ def _is_dense(ids):
 
 
 def _flatten_ids(ids, name, dense_shape=None, explicit_segments=False, empty=None):
-    """(keys, segment ids, batch size as (shape vector, minus), positions, dense shape) of a
+    """(keys, segment ids, positions, dense shape: dim 0 the batch size) of a
     SparseTensor, a RaggedTensor or a dense tensor of k ids per sample ([batch] for k = 1, or
     [batch, k]; every entry is an id; `dense_shape` is its tf.shape). SokUniqueKeys checks the
     positions [n, rank] lie within the dense shape [rank] (a RaggedTensor's: the sample of each
     id as [n, 1] within [batch]). Dense ids need neither checks nor segment ids: positions [0, 0]
-    and empty segment ids (the ops' mark for "k = n / batch ids per sample, in order"); a
-    SparseTensor's segment ids are its indices [n, rank] (the ops read column 0). Unless
-    `explicit_segments` (the stock-op serving graph) asks for the sample of each id as [n]. `empty`:
-    those marks ([0] segment ids, [0, 0] positions, [0] dense shape), made once per lookup."""
+    and empty segment ids (the ops' mark for "k = n / batch ids per sample, in order"), and their
+    shape as the dense shape (SokUniqueKeys reads the batch from it); a SparseTensor's segment ids
+    are its indices [n, rank] (the ops read column 0). Unless `explicit_segments` (the stock-op
+    serving graph) asks for the sample of each id as [n]. `empty`: those marks ([0] segment ids,
+    [0, 0] positions), made once per lookup."""
     if _is_dense(ids):
         if ids.shape.rank not in (1, 2):
             raise ValueError(f"lookup_sparse: dense ids of table '{name}' must be [batch] (one id "
@@ -161,17 +153,17 @@ def _flatten_ids(ids, name, dense_shape=None, explicit_segments=False, empty=Non
                 segments = segments // k if k != 1 else segments
         else:
             segments = empty[0]
-        return keys, segments, (dense_shape, 0), empty[1], empty[2]
+        return keys, segments, empty[1], dense_shape
     if isinstance(ids, tf.SparseTensor):
         # The pooled ops read the samples from column 0 of the indices themselves.
         segments = ids.indices[:, 0] if explicit_segments else ids.indices
-        return ids.values, segments, (ids.dense_shape, 0), ids.indices, ids.dense_shape
+        return ids.values, segments, ids.indices, ids.dense_shape
     if isinstance(ids, tf.RaggedTensor):
         if ids.ragged_rank != 1:
             ids = ids.merge_dims(1, -1)
         rows = tf.cast(ids.value_rowids(), tf.int64)
-        nrows = (tf.shape(ids.row_splits, out_type=tf.int64), 1)
-        return ids.values, rows, nrows, tf.reshape(rows, [-1, 1]), _sizes_on_host([nrows])
+        shape = _ragged_dense_shape(ids.row_splits)
+        return ids.values, rows, tf.reshape(rows, [-1, 1]), shape
     raise TypeError(
         f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor, a tf.RaggedTensor or a "
         f"[batch] / [batch, k] tensor, got {type(ids).__name__}"
@@ -269,11 +261,12 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
         dense = [i for i in sp_ids if _is_dense(i) and i.shape.rank in (1, 2)]
         dense_shape_of = dict(zip(map(id, dense), tf.shape_n(dense, out_type=tf.int64)
                                   if dense else []))
-        empty = (tf.zeros([0], tf.int64), tf.zeros([0, 0], tf.int64), tf.zeros([0], tf.int64),
-                 tf.zeros([0], tf.float32))
-        keys, segments, batches, weights, positions, dense_shapes = [], [], [], [], [], []
+        # The ops take a dense table's shape as its "dense shape" (unchecked: positions [0, 0]
+        # mark it) and SokUniqueKeys gives every table's dim 0 to SokPooledCombine.
+        empty = (tf.zeros([0], tf.int64), tf.zeros([0, 0], tf.int64), tf.zeros([0], tf.float32))
+        keys, segments, weights, positions, dense_shapes = [], [], [], [], []
         for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
-            k, s, b, pos, shape = _flatten_ids(ids, nm, dense_shape_of.get(id(ids)),
+            k, s, pos, shape = _flatten_ids(ids, nm, dense_shape_of.get(id(ids)),
                                                explicit_segments=bool(serving.active()),
                                                empty=empty)
             if k.dtype not in (tf.int32, tf.int64):
@@ -288,18 +281,18 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
                 )
             keys.append(k)
             segments.append(tf.cast(s, tf.int64))
-            batches.append(b)
-            weights.append(empty[3] if w is None else _flatten_weights(w, nm))
+            weights.append(empty[2] if w is None else _flatten_weights(w, nm))
             positions.append(tf.cast(pos, tf.int64))
             dense_shapes.append(tf.cast(shape, tf.int64))
         if serving.active():  # save_stock_saved_model is tracing: stock ops on frozen tables
             outs = serving.pooled_lookup(params, keys, segments,
-                                         [shape[0] - minus for shape, minus in batches], weights,
+                                         [shape[0] for shape in dense_shapes], weights,
                                          combiners)
             return outs[0] if single else outs
         tables = partitioned.flat_tables(params)
         with _on_device_of(tables):
-            unique, inverse, counts, orders = _unique_keys(keys, positions, dense_shapes, names)
+            unique, inverse, counts, orders, batch_sizes = _unique_keys(keys, positions,
+                                                                        dense_shapes, names)
         # A training Gather of these keys inserts them (the update's keys when they reach it as
         # they are: one process, unpartitioned tables).
         uniqueness.declare_distinct(unique, inserted=bool(training))
@@ -312,12 +305,11 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
             if diverged is e:
                 raise
             raise diverged from e
-        batch_sizes = _sizes_on_host(batches)
         with _on_device_of(tables):
             # SokUniqueKeys checked every position and gives each table's sample order.
-            outs = ops.sok_pooled_combine(rows, list(inverse), segments, weights, list(orders),
-                                          batch_sizes, segments_checked=True, combiners=combiners,
-                                          table_names=names)
+            outs, _ = ops.sok_pooled_combine(rows, list(inverse), segments, weights, list(orders),
+                                             batch_sizes, segments_checked=True,
+                                             combiners=combiners, table_names=names)
     return outs[0] if single else list(outs)
 
 
@@ -326,7 +318,7 @@ def all2all_dense_embedding(param, indices) -> tf.Tensor:
     sharded over ranks, differentiable, returned in the shape of `indices` + [dim]."""
     indices = tf.convert_to_tensor(indices)
     flat = tf.reshape(indices, [-1])
-    unique, inverse, counts, _ = ops.sok_unique_keys([flat], [], [], N=1)
+    unique, inverse, counts, _, _ = ops.sok_unique_keys([flat], [], [], N=1)
     uniqueness.declare_distinct(unique)
     rows = exchange.fetch_rows([param], [unique[0]], [counts[0]], True, [table_name(param)])[0]
     out = tf.gather(rows, inverse[0])

@@ -1,6 +1,9 @@
 """Optimizers for SOK variables: fused sparse updates of the touched Embedding Variable rows and
 their co-located slots, or the generic path (generic_optimizer) for optimizers without a fused
 kernel; dense variables go to the wrapped TensorFlow/Keras optimizer."""
+import contextlib
+
+import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit import compat, generic_optimizer, keras_support, slots, uniqueness
@@ -83,10 +86,23 @@ def _refuse(optimizer):
     )
 
 
+@contextlib.contextmanager
+def _on_host():
+    """Where the update's host-memory inputs (learning rate, step) are made: on the CPU. Made on a
+    GPU, a constant or variable lives in device memory and costs a copy to the host, waited for,
+    in every step."""
+    with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device("/CPU:0"):
+        yield
+
+
 def _value(x):
-    """A learning rate given as number, tensor, variable or callable -> float32 tensor."""
+    """A learning rate given as number, tensor, variable or callable -> float32 tensor (a number
+    becomes a constant on the CPU: see _on_host)."""
     if callable(x) and not isinstance(x, (tf.Variable, tf.Tensor)):
         x = x()
+    if isinstance(x, (int, float, np.integer, np.floating)):
+        with _on_host():
+            return tf.constant(float(x), tf.float32)
     return tf.cast(tf.convert_to_tensor(x), tf.float32)
 
 
@@ -105,7 +121,7 @@ class _SparseUpdater:
 
     def _step_var(self):
         if self._step is None:
-            with tf.init_scope():
+            with tf.init_scope(), _on_host():
                 self._step = tf.Variable(
                     0, dtype=tf.int64, trainable=False, name="sok_optimizer_step"
                 )

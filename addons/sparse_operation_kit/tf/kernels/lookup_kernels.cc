@@ -205,6 +205,7 @@ struct LookupSteps<GpuDevice> {
     TF_RETURN_IF_ERROR(ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc,
                                                         staging_t.flat<int8>().data())));
     std::vector<sok::gpu::UniqueTableReport> reports(n);
+    tsl::profiler::TraceMe wait("SokUniqueKeys waits for the distinct counts");
     TF_RETURN_IF_ERROR(
         CudaCall(cudaMemcpyAsync(reports.data(), d_reports, n * sizeof(sok::gpu::UniqueTableReport),
                                  cudaMemcpyDeviceToHost, stream),
@@ -435,9 +436,8 @@ class UniqueKeysOp : public SokOpKernel<Device> {
         a.dense_shape = &dense_shapes[i];
       }
       OP_REQUIRES_OK(ctx, ctx->allocate_output(n + i, TensorShape({k}), &a.inverse));
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(keys[i].dtype(), TensorShape({k}), &a.uniq));
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({k}), &a.counts));
     }
+    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, keys, &tables));
     OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, &tables));
     for (int i = 0; i < m; ++i) {  // the first bad table, as lookup_sparse reported it before
       if (tables[i].check.first_outside < 0) continue;
@@ -468,6 +468,12 @@ class UniqueKeysOp : public SokOpKernel<Device> {
       }
     }
     if (!unordered.empty()) OP_REQUIRES_OK(ctx, LookupSteps<Device>::Order(ctx, unordered));
+    Tensor* batch_sizes;  // HostMemory
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3 * n + m, TensorShape({m}), &batch_sizes));
+    for (int i = 0; i < m; ++i) {
+      batch_sizes->flat<int64_t>()(i) =
+          dense_shapes[i].NumElements() > 0 ? dense_shapes[i].flat<int64_t>()(0) : -1;
+    }
   }
 
  private:
@@ -475,6 +481,48 @@ class UniqueKeysOp : public SokOpKernel<Device> {
   // ids), in sample order and within their shape by construction: nothing to check or order.
   static bool DenseIds(const Tensor& positions) {
     return positions.dims() == 2 && positions.dim_size(0) == 0 && positions.dim_size(1) == 0;
+  }
+
+  // Every table's distinct keys and counts go to parts of one buffer per dtype (three
+  // allocations instead of two per table); each part starts 64-byte aligned, so the outputs,
+  // views of their leading entries, are aligned tensors.
+  static Status AllocateScratch(OpKernelContext* ctx, const OpInputList& keys,
+                                std::vector<UniqueArgs>* tables) {
+    constexpr int64_t kAlign = 64;
+    auto part = [](int64_t k, int64_t elem) { return (k * elem + kAlign - 1) / kAlign * kAlign; };
+    const int n = keys.size();
+    std::vector<int64_t> uniq_at(n), counts_at(n);
+    int64_t uniq_bytes[2] = {0, 0}, counts_bytes = 0;  // uniq: [0] int32 keys, [1] int64 keys
+    for (int i = 0; i < n; ++i) {
+      const int64_t k = keys[i].NumElements();
+      const bool k64 = keys[i].dtype() == DT_INT64;
+      uniq_at[i] = uniq_bytes[k64];
+      uniq_bytes[k64] += part(k, k64 ? 8 : 4);
+      counts_at[i] = counts_bytes;
+      counts_bytes += part(k, 8);
+    }
+    Tensor uniq[2], counts;
+    for (int k64 = 0; k64 < 2; ++k64) {
+      if (uniq_bytes[k64] == 0) continue;
+      const int64_t elem = k64 ? 8 : 4;
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(k64 ? DT_INT64 : DT_INT32,
+                                            TensorShape({uniq_bytes[k64] / elem}), &uniq[k64]));
+    }
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(
+        DT_INT64, TensorShape({std::max<int64_t>(counts_bytes / 8, 1)}), &counts));
+    for (int i = 0; i < n; ++i) {
+      const int64_t k = keys[i].NumElements();
+      const bool k64 = keys[i].dtype() == DT_INT64;
+      const int64_t at = uniq_at[i] / (k64 ? 8 : 4);
+      UniqueArgs& a = (*tables)[i];
+      if (k > 0) {
+        a.uniq = uniq[k64].Slice(at, at + k);
+      } else {
+        TF_RETURN_IF_ERROR(ctx->allocate_temp(keys[i].dtype(), TensorShape({0}), &a.uniq));
+      }
+      a.counts = counts.Slice(counts_at[i] / 8, counts_at[i] / 8 + k);
+    }
+    return OkStatus();
   }
 
   // positions [k, r] with r >= 1, dense_shape [r].
@@ -551,6 +599,9 @@ class PooledCombineOp : public SokOpKernel<Device> {
       tables[i] = Args(i, rows[i], rows[i].dim_size(0), b, inverse[i], segments[i], weights[i],
                        orders, out);
     }
+    Tensor* num_rows;  // HostMemory
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(n, TensorShape({n}), &num_rows));
+    for (int i = 0; i < n; ++i) num_rows->flat<int64_t>()(i) = rows[i].dim_size(0);
     OP_REQUIRES_OK(ctx, LookupSteps<Device>::Forward(ctx, tables, checked_));
   }
 
@@ -669,10 +720,12 @@ REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_CPU), PooledCombi
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_CPU),
                         PooledCombineGradOp<CpuDevice>);
 #if GOOGLE_CUDA
-REGISTER_KERNEL_BUILDER(Name("SokUniqueKeys").Device(DEVICE_GPU).HostMemory("dense_shapes"),
-                        UniqueKeysOp<GpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_GPU).HostMemory("batch_sizes"),
-                        PooledCombineOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(
+    Name("SokUniqueKeys").Device(DEVICE_GPU).HostMemory("dense_shapes").HostMemory("batch_sizes"),
+    UniqueKeysOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(
+    Name("SokPooledCombine").Device(DEVICE_GPU).HostMemory("batch_sizes").HostMemory("num_rows"),
+    PooledCombineOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_GPU).HostMemory("num_rows"),
                         PooledCombineGradOp<GpuDevice>);
 #endif

@@ -15,6 +15,8 @@ using shape_inference::ShapeHandle;
 // gives segment_order_i: [0] when the samples (column 0) do not decrease, else the stable
 // permutation that lists the ids in sample order. M == 0: no checks (graphs written before).
 // Positions of shape [0, 0] mark a table of dense ids ([batch] or [batch, k]): no check, order [0].
+// batch_sizes [M] (host memory): dim 0 of each dense shape (-1 for an empty one), the batch sizes
+// SokPooledCombine takes, so that no op on the CPU computes them in a GPU step.
 REGISTER_OP("SokUniqueKeys")
     .Input("keys: Tkeys")
     .Input("positions: M * int64")
@@ -23,6 +25,7 @@ REGISTER_OP("SokUniqueKeys")
     .Output("inverse: N * int32")
     .Output("counts: N * int64")
     .Output("segment_order: M * int32")
+    .Output("batch_sizes: int64")
     .Attr("N: int >= 1")
     .Attr("M: int >= 0 = 0")
     .Attr("Tkeys: list({int32, int64})")
@@ -47,6 +50,7 @@ REGISTER_OP("SokUniqueKeys")
         TF_RETURN_IF_ERROR(c->WithRank(c->input(n + m + i), 1, &unused));
         c->set_output(3 * n + i, c->Vector(InferenceContext::kUnknownDim));
       }
+      c->set_output(3 * n + m, c->Vector(m));
       return OkStatus();
     });
 
@@ -59,6 +63,8 @@ REGISTER_OP("SokUniqueKeys")
 // ids are non-decreasing, else the stable permutation listing the ids in sample order. With
 // M = N and segments_checked (every segment id known in [0, batch_i)) the GPU kernel runs every
 // table in one launch with no error read-back (no host sync); otherwise it checks the ids.
+// num_rows [N] (host memory): dim 0 of each rows_i, the gradient's num_rows (read on the host
+// here, it needs no shape ops on the CPU in a GPU step).
 REGISTER_OP("SokPooledCombine")
     .Input("rows: N * float")
     .Input("inverse: N * int32")
@@ -67,6 +73,7 @@ REGISTER_OP("SokPooledCombine")
     .Input("segment_order: M * int32")
     .Input("batch_sizes: int64")  // [N]
     .Output("embeddings: N * float")
+    .Output("num_rows: int64")
     .Attr("N: int >= 1")
     .Attr("M: int >= 0 = 0")
     .Attr("segments_checked: bool = false")
@@ -80,6 +87,7 @@ REGISTER_OP("SokPooledCombine")
         TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &rows));
         c->set_output(i, c->Matrix(InferenceContext::kUnknownDim, c->Dim(rows, 1)));
       }
+      c->set_output(n, c->Vector(n));
       return OkStatus();
     });
 
