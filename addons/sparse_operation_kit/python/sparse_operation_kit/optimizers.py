@@ -194,10 +194,14 @@ class _SparseUpdater:
         )
         if not own_step:
             return update
-        with tf.control_dependencies([update]):
-            return (
-                step_var.assign_add(1).op if not tf.executing_eagerly() else step_var.assign_add(1)
-            )
+        # The increment follows the step's read, not the update: both live on the CPU, and a CPU
+        # op that waits for a GPU op waits for the GPU to finish it (a sync at the end of every
+        # step, s8run3's trace). The update has the value it read.
+        with tf.control_dependencies([step_value]):
+            increment = step_var.assign_add(1, read_value=False)
+        if tf.executing_eagerly():
+            return None
+        return tf.group(update, increment)
 
 
 def make_updater(optimizer, max_touched_rows=None, tracker=None):
