@@ -180,3 +180,34 @@ def test_gradients_under_op_determinism_are_bitwise_repeatable_and_match_the_def
     np.testing.assert_array_equal(det[0], det[1])  # bit-for-bit repeatable
     np.testing.assert_allclose(default[0], det[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(default[1], det[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(TEST_DEVICE != "gpu", reason="a GPU step's partition graphs (SOK_TEST_DEVICE=gpu)")
+def test_a_tf1_gpu_training_step_sends_nothing_from_the_gpu_to_the_host():
+    """The step's partition graphs hold no device-to-host copy (a _Send on the GPU received by a
+    _HostRecv: what TensorFlow inserts when a host-memory input is made on the GPU) and no CPU
+    op but variables, constants and transfers: a size computed on the CPU for the GPU is a round
+    trip each step. (SokUniqueKeys' read of the distinct counts is inside the op.)"""
+    with graph_session() as sess:
+        sparse = [tf.compat.v1.sparse_placeholder(tf.int64) for _ in range(3)]
+        dense = tf.compat.v1.placeholder(tf.int64, [None, 2])
+        evs = [sok.get_embedding_variable(unique_name(), 4) for _ in range(4)]
+        embs = sok.lookup_sparse(evs, sparse + [dense], combiners=["sum", "mean", "sqrtn", "sum"])
+        loss = tf.add_n([tf.reduce_sum(e) for e in embs])
+        train = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(loss)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        feed = {s: sparse_value([[1, 2], [3]]) for s in sparse}
+        feed[dense] = np.array([[4, 5], [6, 4]])
+        meta = tf.compat.v1.RunMetadata()
+        sess.run(train, feed, options=tf.compat.v1.RunOptions(output_partition_graphs=True),
+                 run_metadata=meta)
+    nodes = [n for g in meta.partition_graphs for n in g.node]
+    gpu = [n for n in nodes if "GPU" in n.device]
+    assert any(n.op == "SokUniqueKeys" for n in gpu)
+    sent = {n.attr["tensor_name"].s for n in gpu if n.op == "_Send"}
+    copies = [n.name for n in gpu if n.op == "_HostRecv" and n.attr["tensor_name"].s in sent]
+    assert not copies, copies
+    transfers = {"_Arg", "_Retval", "_Send", "_Recv", "_HostSend", "_HostRecv", "NoOp", "Identity"}
+    variables = {"Const", "VarHandleOp", "ReadVariableOp", "AssignAddVariableOp", "Placeholder"}
+    cpu_ops = sorted({n.op for n in nodes if "GPU" not in n.device} - transfers - variables)
+    assert not cpu_ops, cpu_ops

@@ -174,7 +174,11 @@ class _SparseUpdater:
             l2 = l2 + float(h["beta"]) / (2.0 * float(lr_now))
         own_step = step is None
         step_var = self._step_var() if own_step else None
-        step_value = tf.cast(step_var.read_value() if own_step else step, tf.int64)
+        if own_step:
+            with _on_host():  # its read too: TF1 would place the read's Identity on the GPU
+                step_value = step_var.read_value()
+        else:
+            step_value = tf.cast(step, tf.int64)
         update = ops.sok_embedding_variable_sparse_apply(
             [v.handle for _, v in pairs],
             keys,
