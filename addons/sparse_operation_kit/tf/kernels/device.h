@@ -80,6 +80,37 @@ class SokOpKernel : public OpKernel {
   virtual void ComputeOnDevice(OpKernelContext* ctx) = 0;
 };
 
+// Outputs [first, first + shapes.size()), all of `dtype` in device memory, as parts of one
+// buffer: one allocation instead of one per table (a GPU step's host time is mostly per-op,
+// per-table work). Each part starts 64-byte aligned, so every output is an aligned tensor; the
+// buffer lives until the last of them is released.
+inline Status AllocateOutputsTogether(OpKernelContext* ctx, int first, DataType dtype,
+                                      const std::vector<TensorShape>& shapes,
+                                      std::vector<Tensor*>* outs) {
+  constexpr int64_t kAlign = 64;
+  const int64_t elem = DataTypeSize(dtype);
+  std::vector<int64_t> at(shapes.size());
+  int64_t elems = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    at[i] = elems;
+    elems += (shapes[i].num_elements() * elem + kAlign - 1) / kAlign * kAlign / elem;
+  }
+  Tensor buffer;
+  TF_RETURN_IF_ERROR(
+      ctx->allocate_temp(dtype, TensorShape({std::max<int64_t>(elems, 1)}), &buffer));
+  outs->resize(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Tensor part;
+    if (!part.CopyFrom(buffer.Slice(at[i], at[i] + shapes[i].num_elements()), shapes[i])) {
+      return errors::Internal("output ", first + i, ": a part of ", shapes[i].num_elements(),
+                              " elements cannot take shape ", shapes[i].DebugString());
+    }
+    ctx->set_output(first + static_cast<int>(i), part);
+    (*outs)[i] = ctx->mutable_output(first + static_cast<int>(i));
+  }
+  return OkStatus();
+}
+
 // One table's share of an op over N tables (Gather, SparseApply).
 template <typename K>
 struct TableCall {

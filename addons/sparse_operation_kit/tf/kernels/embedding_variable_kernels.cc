@@ -158,14 +158,16 @@ class GatherOp : public SokOpKernel<Device> {
                 errors::InvalidArgument(dims_.size(), " dims for ", n, " tables"));
     OpTables<int64_t> tables64;
     OpTables<int32_t> tables32;
+    std::vector<TensorShape> shapes;
+    for (int i = 0; i < n; ++i) shapes.push_back(TensorShape({keys[i].NumElements(), dims_[i]}));
+    std::vector<Tensor*> outs;
+    OP_REQUIRES_OK(ctx, AllocateOutputsTogether(ctx, 0, DT_FLOAT, shapes, &outs));
     for (int i = 0; i < n; ++i) {
-      Tensor* out;
-      OP_REQUIRES_OK(ctx,
-                     ctx->allocate_output(i, TensorShape({keys[i].NumElements(), dims_[i]}), &out));
       const ResourceHandle& h = HandleFromInput(ctx, i);
-      OP_REQUIRES_OK(ctx, keys[i].dtype() == DT_INT64
-                              ? AddGather(ctx, h, keys[i], counts[i], dims_[i], out, &tables64)
-                              : AddGather(ctx, h, keys[i], counts[i], dims_[i], out, &tables32));
+      OP_REQUIRES_OK(ctx,
+                     keys[i].dtype() == DT_INT64
+                         ? AddGather(ctx, h, keys[i], counts[i], dims_[i], outs[i], &tables64)
+                         : AddGather(ctx, h, keys[i], counts[i], dims_[i], outs[i], &tables32));
     }
     OP_REQUIRES_OK(ctx, GatherTables<Device>(ctx, tables64, training_));
     OP_REQUIRES_OK(ctx, GatherTables<Device>(ctx, tables32, training_));

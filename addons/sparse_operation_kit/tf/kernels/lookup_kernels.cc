@@ -423,6 +423,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
                 errors::InvalidArgument("SokUniqueKeys: ", m, " position tensors for ", n,
                                         " tables (0 or one per table)"));
     std::vector<UniqueArgs> tables(n);
+    std::vector<TensorShape> inverse_shapes;
     for (int i = 0; i < n; ++i) {
       const int64_t k = keys[i].NumElements();
       OP_REQUIRES(ctx, k <= std::numeric_limits<int32_t>::max(),
@@ -435,8 +436,11 @@ class UniqueKeysOp : public SokOpKernel<Device> {
         a.positions = &positions[i];
         a.dense_shape = &dense_shapes[i];
       }
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(n + i, TensorShape({k}), &a.inverse));
+      inverse_shapes.push_back(TensorShape({k}));
     }
+    std::vector<Tensor*> inverse;
+    OP_REQUIRES_OK(ctx, AllocateOutputsTogether(ctx, n, DT_INT32, inverse_shapes, &inverse));
+    for (int i = 0; i < n; ++i) tables[i].inverse = inverse[i];
     OP_REQUIRES_OK(ctx, AllocateScratch(ctx, keys, &tables));
     OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, &tables));
     for (int i = 0; i < m; ++i) {  // the first bad table, as lookup_sparse reported it before
@@ -585,6 +589,7 @@ class PooledCombineOp : public SokOpKernel<Device> {
         ctx, batch_sizes.NumElements() == n,
         errors::InvalidArgument(batch_sizes.NumElements(), " batch sizes for ", n, " tables"));
     std::vector<PooledArgs> tables(n);
+    std::vector<TensorShape> shapes;
     for (int i = 0; i < n; ++i) {
       const int64_t m = inverse[i].NumElements();
       OP_REQUIRES(ctx, rows[i].dims() == 2,
@@ -594,10 +599,13 @@ class PooledCombineOp : public SokOpKernel<Device> {
                   errors::InvalidArgument("table '", names_[i], "': negative batch size ", b));
       OP_REQUIRES_OK(ctx, CheckIdArrays(names_[i], m, b, segments[i], weights[i]));
       OP_REQUIRES_OK(ctx, CheckOrder(names_[i], m, segments[i], orders, i));
-      Tensor* out;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({b, rows[i].dim_size(1)}), &out));
-      tables[i] = Args(i, rows[i], rows[i].dim_size(0), b, inverse[i], segments[i], weights[i],
-                       orders, out);
+      shapes.push_back(TensorShape({b, rows[i].dim_size(1)}));
+    }
+    std::vector<Tensor*> outs;
+    OP_REQUIRES_OK(ctx, AllocateOutputsTogether(ctx, 0, DT_FLOAT, shapes, &outs));
+    for (int i = 0; i < n; ++i) {
+      tables[i] = Args(i, rows[i], rows[i].dim_size(0), shapes[i].dim_size(0), inverse[i],
+                       segments[i], weights[i], orders, outs[i]);
     }
     Tensor* num_rows;  // HostMemory
     OP_REQUIRES_OK(ctx, ctx->allocate_output(n, TensorShape({n}), &num_rows));
@@ -696,6 +704,7 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
     OP_REQUIRES(ctx, num_rows.NumElements() == n,
                 errors::InvalidArgument(num_rows.NumElements(), " row counts for ", n, " tables"));
     std::vector<PooledArgs> tables(n);
+    std::vector<TensorShape> shapes;
     for (int i = 0; i < n; ++i) {
       const std::string& name = this->names_[i];
       OP_REQUIRES(ctx, grads[i].dims() == 2,
@@ -706,10 +715,13 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
       const int64_t r = num_rows.flat<int64_t>()(i);
       OP_REQUIRES(ctx, r >= 0,
                   errors::InvalidArgument("table '", name, "': negative row count ", r));
-      Tensor* out;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(i, TensorShape({r, grads[i].dim_size(1)}), &out));
-      tables[i] = this->Args(i, grads[i], r, grads[i].dim_size(0), inverse[i], segments[i],
-                             weights[i], orders, out);
+      shapes.push_back(TensorShape({r, grads[i].dim_size(1)}));
+    }
+    std::vector<Tensor*> outs;
+    OP_REQUIRES_OK(ctx, AllocateOutputsTogether(ctx, 0, DT_FLOAT, shapes, &outs));
+    for (int i = 0; i < n; ++i) {
+      tables[i] = this->Args(i, grads[i], shapes[i].dim_size(0), grads[i].dim_size(0), inverse[i],
+                             segments[i], weights[i], orders, outs[i]);
     }
     OP_REQUIRES_OK(ctx, LookupSteps<Device>::Backward(ctx, tables, this->checked_));
   }
