@@ -161,7 +161,7 @@ class GatherOp : public SokOpKernel<Device> {
     std::vector<TensorShape> shapes;
     for (int i = 0; i < n; ++i) shapes.push_back(TensorShape({keys[i].NumElements(), dims_[i]}));
     std::vector<Tensor*> outs;
-    OP_REQUIRES_OK(ctx, AllocateOutputsTogether(ctx, 0, DT_FLOAT, shapes, &outs));
+    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &outs));
     for (int i = 0; i < n; ++i) {
       const ResourceHandle& h = HandleFromInput(ctx, i);
       OP_REQUIRES_OK(ctx,

@@ -439,7 +439,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
       inverse_shapes.push_back(TensorShape({k}));
     }
     std::vector<Tensor*> inverse;
-    OP_REQUIRES_OK(ctx, AllocateOutputsTogether(ctx, n, DT_INT32, inverse_shapes, &inverse));
+    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, n, DT_INT32, inverse_shapes, &inverse));
     for (int i = 0; i < n; ++i) tables[i].inverse = inverse[i];
     OP_REQUIRES_OK(ctx, AllocateScratch(ctx, keys, &tables));
     OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, &tables));
@@ -487,11 +487,20 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     return positions.dims() == 2 && positions.dim_size(0) == 0 && positions.dim_size(1) == 0;
   }
 
-  // Every table's distinct keys and counts go to parts of one buffer per dtype (three
+  // On the GPU every table's distinct keys and counts go to parts of one buffer per dtype (three
   // allocations instead of two per table); each part starts 64-byte aligned, so the outputs,
-  // views of their leading entries, are aligned tensors.
+  // views of their leading entries, are aligned tensors. On the CPU one allocation each (see
+  // AllocateTableOutputs).
   static Status AllocateScratch(OpKernelContext* ctx, const OpInputList& keys,
                                 std::vector<UniqueArgs>* tables) {
+    if (std::is_same<Device, CpuDevice>::value) {
+      for (int i = 0; i < keys.size(); ++i) {
+        const TensorShape shape({keys[i].NumElements()});
+        TF_RETURN_IF_ERROR(ctx->allocate_temp(keys[i].dtype(), shape, &(*tables)[i].uniq));
+        TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, shape, &(*tables)[i].counts));
+      }
+      return OkStatus();
+    }
     constexpr int64_t kAlign = 64;
     auto part = [](int64_t k, int64_t elem) { return (k * elem + kAlign - 1) / kAlign * kAlign; };
     const int n = keys.size();
@@ -602,7 +611,7 @@ class PooledCombineOp : public SokOpKernel<Device> {
       shapes.push_back(TensorShape({b, rows[i].dim_size(1)}));
     }
     std::vector<Tensor*> outs;
-    OP_REQUIRES_OK(ctx, AllocateOutputsTogether(ctx, 0, DT_FLOAT, shapes, &outs));
+    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &outs));
     for (int i = 0; i < n; ++i) {
       tables[i] = Args(i, rows[i], rows[i].dim_size(0), shapes[i].dim_size(0), inverse[i],
                        segments[i], weights[i], orders, outs[i]);
@@ -718,7 +727,7 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
       shapes.push_back(TensorShape({r, grads[i].dim_size(1)}));
     }
     std::vector<Tensor*> outs;
-    OP_REQUIRES_OK(ctx, AllocateOutputsTogether(ctx, 0, DT_FLOAT, shapes, &outs));
+    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &outs));
     for (int i = 0; i < n; ++i) {
       tables[i] = this->Args(i, grads[i], shapes[i].dim_size(0), grads[i].dim_size(0), inverse[i],
                              segments[i], weights[i], orders, outs[i]);
