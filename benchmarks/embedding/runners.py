@@ -345,8 +345,9 @@ class FunctionRunner(_Timed):
 
     def profile(self, top):
         """One step traced by TensorFlow's profiler (after an untraced one): the graph-mode table
-        (host time of CPU ops only: the profiler names no GPU op's enqueueing) and when, after the
-        Python call began, the runtime started the function and the GPU first and last worked."""
+        (host time of CPU ops and SOK's ops: TensorFlow traces no other GPU op on the host) and
+        when, after the Python call began, the runtime started the function and the GPU first
+        and last worked."""
         with device_scope(self.device):
             self.one_step()
             self.step += 1
