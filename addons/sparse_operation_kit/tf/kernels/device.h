@@ -13,7 +13,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/table.h"
@@ -33,9 +32,11 @@ namespace sok_kernels {
 
 struct CpuDevice {
   static constexpr int kIndex = 0;
+  static constexpr bool kTablesShareABuffer = false;  // see AllocateTableTensors
 };
 struct GpuDevice {
   static constexpr int kIndex = 1;
+  static constexpr bool kTablesShareABuffer = true;
 };
 
 // A core error as a TensorFlow one, named after the table it concerns.
@@ -81,11 +82,22 @@ class SokOpKernel : public OpKernel {
   virtual void ComputeOnDevice(OpKernelContext* ctx) = 0;
 };
 
-// Outputs [first, first + shapes.size()) as 64-byte aligned parts of one buffer (see
-// AllocateTableOutputs).
-inline Status AllocateOutputsTogether(OpKernelContext* ctx, int first, DataType dtype,
-                                      const std::vector<TensorShape>& shapes,
-                                      std::vector<Tensor*>* outs) {
+// One tensor per table, of `shapes`, all of `dtype`. On the GPU they are parts of one buffer: one
+// allocation instead of one per table (a GPU step's host time is mostly per-op, per-table work);
+// each part starts 64-byte aligned, so every tensor is aligned, and the buffer lives until the
+// last of them is released. On the CPU each gets its own allocation: one buffer of every table's
+// rows is a fresh mapping of tens of MB there, its pages faulted in on every call (the fields100
+// step ran 30% slower).
+template <typename Device>
+Status AllocateTableTensors(OpKernelContext* ctx, DataType dtype,
+                            const std::vector<TensorShape>& shapes, std::vector<Tensor>* parts) {
+  parts->resize(shapes.size());
+  if (!Device::kTablesShareABuffer) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(dtype, shapes[i], &(*parts)[i]));
+    }
+    return OkStatus();
+  }
   constexpr int64_t kAlign = 64;
   const int64_t elem = DataTypeSize(dtype);
   std::vector<int64_t> at(shapes.size());
@@ -97,36 +109,27 @@ inline Status AllocateOutputsTogether(OpKernelContext* ctx, int first, DataType 
   Tensor buffer;
   TF_RETURN_IF_ERROR(
       ctx->allocate_temp(dtype, TensorShape({std::max<int64_t>(elems, 1)}), &buffer));
-  outs->resize(shapes.size());
   for (size_t i = 0; i < shapes.size(); ++i) {
-    Tensor part;
-    if (!part.CopyFrom(buffer.Slice(at[i], at[i] + shapes[i].num_elements()), shapes[i])) {
-      return errors::Internal("output ", first + i, ": a part of ", shapes[i].num_elements(),
+    if (!(*parts)[i].CopyFrom(buffer.Slice(at[i], at[i] + shapes[i].num_elements()), shapes[i])) {
+      return errors::Internal("a part of ", shapes[i].num_elements(),
                               " elements cannot take shape ", shapes[i].DebugString());
     }
-    ctx->set_output(first + static_cast<int>(i), part);
-    (*outs)[i] = ctx->mutable_output(first + static_cast<int>(i));
   }
   return OkStatus();
 }
 
-// Outputs [first, first + shapes.size()) of `dtype`, one per table. On the GPU they are parts of
-// one buffer: one allocation instead of one per table (a GPU step's host time is mostly per-op,
-// per-table work); each part starts 64-byte aligned, so every output is an aligned tensor, and the
-// buffer lives until the last of them is released. On the CPU each gets its own allocation: one
-// buffer of every table's rows is a fresh mapping of tens of MB there, its pages faulted in on
-// every call (the fields100 step ran 30% slower).
+// Outputs [first, first + shapes.size()): AllocateTableTensors' tensors, set as the outputs.
 template <typename Device>
 Status AllocateTableOutputs(OpKernelContext* ctx, int first, DataType dtype,
                             const std::vector<TensorShape>& shapes, std::vector<Tensor*>* outs) {
-  if (std::is_same<Device, CpuDevice>::value) {
-    outs->resize(shapes.size());
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      TF_RETURN_IF_ERROR(ctx->allocate_output(first + static_cast<int>(i), shapes[i], &(*outs)[i]));
-    }
-    return OkStatus();
+  std::vector<Tensor> parts;
+  TF_RETURN_IF_ERROR(AllocateTableTensors<Device>(ctx, dtype, shapes, &parts));
+  outs->resize(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    ctx->set_output(first + static_cast<int>(i), parts[i]);
+    (*outs)[i] = ctx->mutable_output(first + static_cast<int>(i));
   }
-  return AllocateOutputsTogether(ctx, first, dtype, shapes, outs);
+  return OkStatus();
 }
 
 // One table's share of an op over N tables (Gather, SparseApply).

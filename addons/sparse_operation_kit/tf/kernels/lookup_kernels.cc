@@ -487,54 +487,29 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     return positions.dims() == 2 && positions.dim_size(0) == 0 && positions.dim_size(1) == 0;
   }
 
-  // On the GPU every table's distinct keys and counts go to parts of one buffer per dtype (three
-  // allocations instead of two per table); each part starts 64-byte aligned, so the outputs,
-  // views of their leading entries, are aligned tensors. On the CPU one allocation each (see
-  // AllocateTableOutputs).
+  // Every table's distinct keys and counts (AllocateTableTensors: on the GPU one buffer for the
+  // int32 keys, one for the int64 keys and one for the counts); the outputs are views of their
+  // leading entries.
   static Status AllocateScratch(OpKernelContext* ctx, const OpInputList& keys,
                                 std::vector<UniqueArgs>* tables) {
-    if (std::is_same<Device, CpuDevice>::value) {
-      for (int i = 0; i < keys.size(); ++i) {
-        const TensorShape shape({keys[i].NumElements()});
-        TF_RETURN_IF_ERROR(ctx->allocate_temp(keys[i].dtype(), shape, &(*tables)[i].uniq));
-        TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, shape, &(*tables)[i].counts));
-      }
-      return OkStatus();
-    }
-    constexpr int64_t kAlign = 64;
-    auto part = [](int64_t k, int64_t elem) { return (k * elem + kAlign - 1) / kAlign * kAlign; };
-    const int n = keys.size();
-    std::vector<int64_t> uniq_at(n), counts_at(n);
-    int64_t uniq_bytes[2] = {0, 0}, counts_bytes = 0;  // uniq: [0] int32 keys, [1] int64 keys
-    for (int i = 0; i < n; ++i) {
-      const int64_t k = keys[i].NumElements();
+    std::vector<int> of_dtype[2];  // the tables of int32 and of int64 keys
+    std::vector<TensorShape> shapes[2], all;
+    for (int i = 0; i < keys.size(); ++i) {
       const bool k64 = keys[i].dtype() == DT_INT64;
-      uniq_at[i] = uniq_bytes[k64];
-      uniq_bytes[k64] += part(k, k64 ? 8 : 4);
-      counts_at[i] = counts_bytes;
-      counts_bytes += part(k, 8);
+      of_dtype[k64].push_back(i);
+      shapes[k64].push_back(TensorShape({keys[i].NumElements()}));
+      all.push_back(shapes[k64].back());
     }
-    Tensor uniq[2], counts;
     for (int k64 = 0; k64 < 2; ++k64) {
-      if (uniq_bytes[k64] == 0) continue;
-      const int64_t elem = k64 ? 8 : 4;
-      TF_RETURN_IF_ERROR(ctx->allocate_temp(k64 ? DT_INT64 : DT_INT32,
-                                            TensorShape({uniq_bytes[k64] / elem}), &uniq[k64]));
+      if (of_dtype[k64].empty()) continue;
+      std::vector<Tensor> uniq;
+      TF_RETURN_IF_ERROR(
+          AllocateTableTensors<Device>(ctx, k64 ? DT_INT64 : DT_INT32, shapes[k64], &uniq));
+      for (size_t j = 0; j < uniq.size(); ++j) (*tables)[of_dtype[k64][j]].uniq = uniq[j];
     }
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(
-        DT_INT64, TensorShape({std::max<int64_t>(counts_bytes / 8, 1)}), &counts));
-    for (int i = 0; i < n; ++i) {
-      const int64_t k = keys[i].NumElements();
-      const bool k64 = keys[i].dtype() == DT_INT64;
-      const int64_t at = uniq_at[i] / (k64 ? 8 : 4);
-      UniqueArgs& a = (*tables)[i];
-      if (k > 0) {
-        a.uniq = uniq[k64].Slice(at, at + k);
-      } else {
-        TF_RETURN_IF_ERROR(ctx->allocate_temp(keys[i].dtype(), TensorShape({0}), &a.uniq));
-      }
-      a.counts = counts.Slice(counts_at[i] / 8, counts_at[i] / 8 + k);
-    }
+    std::vector<Tensor> counts;
+    TF_RETURN_IF_ERROR(AllocateTableTensors<Device>(ctx, DT_INT64, all, &counts));
+    for (int i = 0; i < keys.size(); ++i) (*tables)[i].counts = counts[i];
     return OkStatus();
   }
 
