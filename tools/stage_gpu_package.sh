@@ -4,8 +4,21 @@
 # Bazel-built ops library (with its GPU kernels) in build/sok_pkg, to put on PYTHONPATH there.
 #   bash tools/stage_gpu_package.sh        (after tools/setup.sh or bazel build)
 #   SOK_STAGE_FROM=HEAD bash tools/stage_gpu_package.sh   (the committed Python sources)
+#   bash tools/stage_gpu_package.sh --horovod PY312   (also build/horovod: Horovod's wheel for the
+#       device's Python and its dependencies' wheels; PY312 is a python3.12 venv's interpreter
+#       with tensorflow-cpu 2.21, e.g. made with `python3.12 -m venv`; the first build takes
+#       minutes and is cached)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--horovod" ]; then
+  py=${2:?usage: $0 --horovod /path/to/python3.12-venv/bin/python}
+  bash tools/install_horovod.sh "$py"
+  tag=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+  rm -rf build/horovod && mkdir -p build/horovod
+  cp "${SOK_CACHE_DIR:-$HOME/.cache/sok}"/wheels/horovod-*-"$tag"/horovod-*.whl build/horovod/
+  "$py" -m pip download -q --only-binary=:all: -d build/horovod cloudpickle psutil pyyaml packaging
+  echo "build/horovod: $(ls build/horovod | tr '\n' ' ')"
+fi
 bazel build --noshow_progress --ui_event_filters=-info,-warning //addons/sparse_operation_kit/tf:_sparse_operation_kit_ops.so
 out=build/sok_pkg
 rm -rf "$out" && mkdir -p "$out"

@@ -21,8 +21,9 @@ def make_batches(args, dist, rank=0, world_size=1):
     another, and int64 row_splits [batch + 1] (sample s has ids[row_splits[s]:row_splits[s+1]]).
     Each sample has ids_per_field ids, or, when min_ids_per_field is lower, a length drawn
     uniformly from [min, max] per sample. Power-law ids are ranked by a random permutation per
-    field so hot ids are spread over the id space. A multi-rank run would draw a different stream
-    per rank. (Fixed lengths draw exactly the ids of earlier versions of this script.)"""
+    field so hot ids are spread over the id space. Under --horovod each rank draws its own
+    stream (the seed offset by the rank), so ranks look up different ids; world_size is unused.
+    (Fixed lengths draw exactly the ids of earlier versions of this script.)"""
     rng = np.random.default_rng(args.seed + 7919 * rank)
     perms = [rng.permutation(args.vocab) for _ in range(args.fields)]
     if dist == "powerlaw":
@@ -50,6 +51,17 @@ def make_batches(args, dist, rank=0, world_size=1):
             np.cumsum(lengths, out=splits[1:])
             fields.append((ids.astype(np.int64), splits))
         out.append(fields)
+    return out
+
+
+def keys_per_owner(batches, world):
+    """[batches, world]: per batch, the distinct (field, id) keys each rank owns, which is what
+    SOK's lookup sends that rank (it dedups per table first). Owner as in SOK's default placement
+    (target_gpu -1): id k lives on rank k mod world."""
+    out = np.zeros([len(batches), world], np.int64)
+    for b, fields in enumerate(batches):
+        for ids, _ in fields:
+            out[b] += np.bincount(np.unique(ids) % world, minlength=world)
     return out
 
 

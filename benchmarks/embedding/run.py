@@ -34,8 +34,22 @@ the losses of N steps of all implementations from identical initial values inste
 The code: inputs.py (the id batches and how a step reads them), impls.py (the three
 implementations), runners.py (timing and tracing a step); run.py: flags, check, harness, table.
 
-Multi-rank: the implementations take the per-rank inputs and the runners only time the step; a
-later `--horovod` mode plugs in by sharding `make_batches` per rank and wrapping the optimizers.
+--horovod (under horovodrun, one rank per process and GPU): SOK only, its Embedding Variables
+sharded over all ranks (sok.init under Horovod; target_gpu -1: id k on rank k mod N), one
+lookup_sparse exchanging keys and rows between ranks. --batch is PER RANK (weak scaling: a step
+of N ranks trains N x --batch samples); each rank draws its own ids (seed offset by its rank).
+Every rank times the same steps; rank 0 prints per mode and distribution one line
+  HOROVOD mode= dist= ranks= batch_per_rank= step_ms= samples_per_s= sent_MB_per_rank= ...
+step_ms: median over steps of the slowest rank's time (gathered over the ranks); samples_per_s:
+N x --batch / step_ms; sent_MB_per_rank: bytes a rank sends the others per step (the largest
+rank's, from the ids: 24 B per distinct key sent to its owner, dim x 4 B per row sent back and
+per row gradient sent to the owner). Embedding gradients need no all-reduce (the exchange's
+backward sums them at the owner); the step has no dense variables (the loss is a weightless
+stand-in), so there is nothing for sok.all_reduce to average. tf and hash keep whole tables in
+one process and are refused, as are --check, --profile, --harness and --dump-ids.
+
+    horovodrun -np 8 -H localhost:8 python benchmarks/embedding/run.py --horovod \\
+        --config criteo26 --batch 65536 --mode both
 """
 import argparse
 import os
@@ -57,7 +71,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.append(_HERE)
 from impls import _initializer  # noqa: E402
-from inputs import BatchedIdInputs, IdInputs, ResidentIdInputs, dump_ids, make_batches  # noqa: E402, F401
+from inputs import (  # noqa: E402, F401
+    BatchedIdInputs,
+    IdInputs,
+    ResidentIdInputs,
+    dump_ids,
+    keys_per_owner,
+    make_batches,
+)
 from runners import RUNNERS, FunctionRunner, GraphRunner, device_scope  # noqa: E402, F401
 
 IMPLS = ("sok", "tf", "hash")
@@ -96,10 +117,13 @@ def parse_args(argv=None):
     )
     p.add_argument("--vocab", type=int, help="distinct ids per field")
     p.add_argument("--dim", type=int)
-    p.add_argument("--batch", type=int)
+    p.add_argument("--batch", type=int,
+                   help="samples per step; under --horovod per rank (weak scaling: N ranks step "
+                   "through N x --batch samples)")
     p.add_argument("--dists", default="uniform,powerlaw", help="comma list of uniform, powerlaw")
     p.add_argument("--zipf", type=float, default=1.1, help="power-law exponent: p(rank k) ~ 1/k^a")
-    p.add_argument("--impls", default=",".join(IMPLS), help="comma list of " + ", ".join(IMPLS))
+    p.add_argument("--impls", help="comma list of " + ", ".join(IMPLS) + " (default: all; "
+                   "under --horovod only sok)")
     p.add_argument("--hash-table", choices=("mutable", "dense"), default="mutable")
     p.add_argument("--num-batches", type=int, default=4, help="pre-built batches cycled through")
     p.add_argument("--warmup", type=int, default=5, help="steps before timing (per implementation)")
@@ -163,8 +187,15 @@ def parse_args(argv=None):
     )
     p.add_argument("--trace-out", metavar="FILE",
                    help="with --profile: append every traced step's records (JSON lines) to FILE")
-    p.add_argument("--horovod", action="store_true", help="(reserved) one rank per process")
+    p.add_argument(
+        "--horovod",
+        action="store_true",
+        help="one rank per process under horovodrun: sok only, its tables sharded over the "
+        "ranks, each rank its own ids and --batch samples; rank 0 prints a HOROVOD line per "
+        "mode and distribution (no --check, --profile, --harness or --dump-ids)",
+    )
     args = p.parse_args(argv)
+    check_horovod_args(p, args)
     preset = CONFIGS[args.config]
     for key, value in preset.items():
         if getattr(args, key) is None:
@@ -177,6 +208,23 @@ def parse_args(argv=None):
     return args
 
 
+def check_horovod_args(p, args):
+    """Resolves --impls; under --horovod refuses what has no multi-rank meaning."""
+    if not args.horovod:
+        args.impls = args.impls or ",".join(IMPLS)
+        return
+    args.impls = args.impls or "sok"
+    others = [i for i in args.impls.split(",") if i and i != "sok"]
+    if others:
+        # tf and hash keep whole tables in one process: per rank they would time N unsharded
+        # copies, which says nothing about scaling.
+        p.error(f"--horovod: only the sok implementation is sharded over ranks, not "
+                f"{','.join(others)} (pass --impls sok)")
+    for flag in ("check", "profile", "harness", "dump_ids"):
+        if getattr(args, flag):
+            p.error(f"--horovod times steps only: --{flag.replace('_', '-')} is single-process")
+
+
 def ids_label(args):
     if args.min_ids_per_field == args.ids_per_field:
         return str(args.ids_per_field)
@@ -186,6 +234,8 @@ def ids_label(args):
 # Benchmark, check, harness
 # ---------------------------------------------------------------------------------------------
 def bench(args, mode, batches, device, impls):
+    """Per implementation: median wall and CPU ms per step, placement, and every timed step's
+    wall time in seconds (--horovod gathers those over the ranks); None under --profile."""
     runners = {}
     for impl in impls:
         runners[impl] = RUNNERS[mode](impl, args, batches, device)
@@ -203,9 +253,10 @@ def bench(args, mode, batches, device, impls):
     med = {impl: statistics.median(r.times) * 1e3 for impl, r in runners.items()}
     cpu = {impl: statistics.median(r.cpu_times) * 1e3 for impl, r in runners.items()}
     placement = {impl: r.placement for impl, r in runners.items()}
+    times = {impl: list(r.times) for impl, r in runners.items()}
     for r in runners.values():
         r.close()
-    return med, cpu, placement
+    return med, cpu, placement, times
 
 
 def sok_initial_values(args):
@@ -366,13 +417,104 @@ def select_device(args):
     return "/GPU:0", f"GPU:0 ({name})"
 
 
+# ---------------------------------------------------------------------------------------------
+# --horovod: SOK's tables sharded over the ranks, each rank its own ids
+# ---------------------------------------------------------------------------------------------
+KEY_ROW_BYTES = 24  # [key, table id, count], int64 each, per distinct key sent to its owner
+
+
+def init_horovod():
+    """Horovod, then SOK on it; before any TensorFlow op runs, so sok.init can pin each rank to
+    its own GPU."""
+    import horovod.tensorflow as hvd
+
+    import sparse_operation_kit as sok
+
+    # sok.init sets Horovod's stall shutdown only when it initialises Horovod itself; without it
+    # a rank that died would leave the others waiting forever.
+    os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "300")
+    hvd.init()
+    sok.init(use_horovod=True)
+    return hvd
+
+
+def collectives_kind():
+    try:
+        from sparse_operation_kit import collectives
+    except ImportError:  # a package without NCCL collectives exchanges through Horovod
+        return "horovod"
+    return collectives.kind() or "none"
+
+
+def allgather(hvd, array, name):
+    """Every rank's numpy `array`, concatenated along dim 0 in rank order. In a throwaway graph and
+    CPU session: works alike in graph and function mode and stays out of the timed steps."""
+    with tf.Graph().as_default(), tf.device("/CPU:0"):
+        out = hvd.allgather(tf.constant(array), name=name)
+        config = tf.compat.v1.ConfigProto(device_count={"GPU": 0})
+        with tf.compat.v1.Session(config=config) as sess:
+            return sess.run(out)
+
+
+def exchange_bytes(counts, dim):
+    """[ranks, batches]: bytes each rank sends the other ranks in a step, from counts[r, b, j]
+    (rank r's distinct keys of batch b that rank j owns). Forward: keys to their owners, float32
+    rows back to the requesters; backward: the rows' gradients to the owners. Plus one header row
+    per destination."""
+    world = counts.shape[0]
+    others = 1 - np.eye(world, dtype=np.int64)  # a rank's keys to itself stay local
+    row = 4 * dim
+    asked = np.einsum("rbj,rj->rb", counts, others)  # keys rank r sends other owners
+    served = np.einsum("ibr,ir->rb", counts, others)  # keys other ranks ask rank r for
+    return asked * (KEY_ROW_BYTES + row) + served * row + (world - 1) * KEY_ROW_BYTES
+
+
+def horovod_line(args, mode, dist, world, times, sent, ran):
+    """The summary a driver greps. times [ranks, steps] in s: a step ends on every rank when the
+    slowest one's exchange completes, so the step time is the slowest rank's."""
+    step_ms = float(np.median(times.max(axis=0))) * 1e3
+    per_rank = ",".join(fmt_ms(float(np.median(t)) * 1e3) for t in times)
+    return (f"HOROVOD mode={mode} dist={dist} ranks={world} batch_per_rank={args.batch} "
+            f"step_ms={fmt_ms(step_ms)} samples_per_s={world * args.batch / step_ms * 1e3:.0f} "
+            f"sent_MB_per_rank={sent / 1e6:.3f} rank_step_ms={per_rank} "
+            f"collectives={collectives_kind()} ran_on={ran} steps={times.shape[1]}")
+
+
+def horovod_main(args, dists, modes):
+    """--horovod: every rank times the same SOK steps on its own ids; rank 0 prints the
+    slowest rank's median step, global samples/s and the bytes each rank sends per step."""
+    device, device_label = select_device(args)  # before sok.init: --device cpu hides the GPUs
+    hvd = init_horovod()
+    rank, world = hvd.rank(), hvd.size()
+    if args.mode == "graph":
+        tf.compat.v1.disable_eager_execution()
+    if rank == 0:
+        print(f"horovod: {world} ranks, config={args.config} fields={args.fields} "
+              f"ids/sample/field={ids_label(args)} vocab/field={args.vocab} dim={args.dim} "
+              f"batch/rank={args.batch} inputs={args.inputs} steps={args.rounds}x{args.steps} "
+              f"(after {args.warmup} warm-up), TF {tf.__version__}, device {device_label} per "
+              f"rank, collectives {collectives_kind()}", flush=True)
+    for dist in dists:
+        batches = make_batches(args, dist, rank, world)
+        counts = allgather(hvd, keys_per_owner(batches, world)[None], f"bench_keys_{dist}")
+        # The steps cycle through the batches: the mean over batches is the mean per step.
+        sent = float(exchange_bytes(counts, args.dim).mean(axis=1).max())
+        for mode in modes:
+            _, _, placement, times = bench(args, mode, batches, device, ["sok"])
+            gathered = allgather(hvd, np.asarray(times["sok"])[None], f"bench_times_{mode}_{dist}")
+            if rank == 0:
+                print(horovod_line(args, mode, dist, world, gathered, sent,
+                                   placement["sok"].short()), flush=True)
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
-    if args.horovod:
-        sys.exit("--horovod: not implemented yet (see the module docstring)")
     impls = [i for i in args.impls.split(",") if i]
     dists = [d for d in args.dists.split(",") if d]
     modes = ("graph", "function") if args.mode == "both" else (args.mode,)
+    if args.horovod:
+        return horovod_main(args, dists, modes)
     batches_by_dist = {dist: make_batches(args, dist) for dist in dists}
     if args.dump_ids:
         dump_ids(args, args.dump_ids, batches_by_dist)
@@ -419,7 +561,7 @@ def main(argv=None):
             res = bench(args, mode, batches, device, impls)
             if res is None:
                 continue
-            med, cpu, placement = res
+            med, cpu, placement, _ = res
             for kind, vals in (("wall", med), ("cpu", cpu)):
                 vals = dict(vals)
                 if kind == "wall" and h is not None:

@@ -148,3 +148,59 @@ def test_profile_names_each_implementations_ops(mode, tmp_path):
     assert {r["impl"] for r in records} == {"sok", "tf", "hash"}
     sok_ops = {rec[2] for r in records if r["impl"] == "sok" for rec in r["records"]}
     assert {"SokUniqueKeys", "SokPooledCombine", "SokEmbeddingVariableGather"} <= sok_ops, sok_ops
+
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("embedding_bench_run", RUN)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_horovod_flags_refuse_single_process_parts():
+    bench = load_bench()
+    assert bench.parse_args(["--horovod"]).impls == "sok"
+    assert bench.parse_args([]).impls == "sok,tf,hash"
+    for extra in (["--impls", "sok,tf"], ["--check", "2"], ["--profile", "5"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--horovod", *extra])
+
+
+def test_horovod_exchange_bytes_count_keys_rows_and_gradients():
+    """Two ranks, dim 2: rank 0 asks rank 1 for ids 1, 3 (distinct per field: 3 twice in one field
+    is one key), rank 1 asks rank 0 for id 2 and keeps id 5."""
+    bench = load_bench()
+    splits = np.array([0, 3], np.int64)
+    counts = np.stack([
+        bench.keys_per_owner([[(np.array([1, 3, 3]), splits)]], 2),
+        bench.keys_per_owner([[(np.array([2, 5, 5]), splits)]], 2),
+    ])
+    np.testing.assert_array_equal(counts[:, 0], [[0, 2], [1, 1]])
+    sent = bench.exchange_bytes(counts, 2)[:, 0]
+    row, header = 8, 24
+    # Rank 0: 2 keys + their gradients out, 1 row back to rank 1; rank 1: 1 key + gradient, 2 rows.
+    assert list(sent) == [2 * (24 + row) + row + header, (24 + row) + 2 * row + header]
+
+
+@pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="no horovodrun next to the interpreter")
+def test_horovod_mode_on_two_cpu_ranks():
+    """--horovod under horovodrun -np 2 (Gloo, CPU): SOK's tables sharded over the two ranks, each
+    rank its own ids; rank 0 prints one HOROVOD line per mode."""
+    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, RUN,
+           "--horovod", *TINY, "--device", "cpu", "--mode", "both", "--dists", "uniform",
+           "--rounds", "1", "--steps", "2", "--warmup", "1"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    # horovodrun prefixes each rank's lines ("[0]<stdout>:"): the summary starts after that.
+    lines = [line.split("HOROVOD ", 1)[1] for line in r.stdout.splitlines() if "HOROVOD " in line]
+    assert len(lines) == 2, r.stdout
+    for mode, line in zip(("graph", "function"), lines):
+        kv = dict(w.split("=", 1) for w in line.split())
+        assert kv["mode"] == mode and kv["dist"] == "uniform", line
+        assert kv["ranks"] == "2" and kv["batch_per_rank"] == "64", line
+        assert float(kv["step_ms"]) > 0 and float(kv["samples_per_s"]) > 0, line
+        assert float(kv["sent_MB_per_rank"]) > 0 and len(kv["rank_step_ms"].split(",")) == 2

@@ -1,4 +1,5 @@
-"""Model parallelism under real `horovodrun -np 2` and `-np 3` (Gloo, CPU) against one process.
+"""Model parallelism under real `horovodrun -np 2` and `-np 3` against one process: Gloo on CPUs;
+NCCL with SOK_TEST_DEVICE=gpu on a machine with a GPU per rank.
 
 Each horovodrun job runs tests/distributed/workers/model_parallel.py (or another worker there);
 every rank checks its own results against a plain-TensorFlow reference it computes alone (whole
@@ -7,84 +8,16 @@ ends the job. The tests assert the exit code and that every rank reported every 
 
     2 ranks: exchange bytes, TF2 eager (Keras SGD/Adagrad/Adam), TF1 Session (v1 optimizers),
              SOK 2.x-style code, errors, sok.dump (2-rank checkpoint), a SOK 2.x program
-    3 ranks: the same, plus sok.load of the 2-rank checkpoint, sok.dump (3-rank checkpoint)
+    3 ranks (SOK_TEST_MORE_RANKS): the same, plus sok.load of the 2-rank checkpoint, sok.dump
     2 ranks: sok.load of the 3-rank checkpoint, then a rank leaves early; one process: sok.load
              of both checkpoints; a rank that never joins
 """
-import importlib.util
 import os
 import re
-import subprocess
 import sys
-import time
 
 import pytest
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKERS = os.path.join(HERE, "workers")
-BIN = os.path.dirname(sys.executable)
-HOROVODRUN = os.path.join(BIN, "horovodrun")
-JOB_TIMEOUT = 420  # seconds for one horovodrun job: a hang fails the test, it does not stall CI
-
-
-def _sok_pythonpath():
-    """The directory holding the sparse_operation_kit package this interpreter imports (source
-    tree or installed wheel), found without importing TensorFlow."""
-    spec = importlib.util.find_spec("sparse_operation_kit")
-    assert spec is not None and spec.origin, "sparse_operation_kit is not importable"
-    return os.path.dirname(os.path.dirname(spec.origin))
-
-
-def _env(gloo_timeout=60):
-    env = dict(os.environ)
-    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [_sok_pythonpath()] + [p for p in [env.get("PYTHONPATH")] if p]
-    )
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(gloo_timeout)
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")
-    return env
-
-
-def horovodrun(np_, script, *args, gloo_timeout=60, timeout=JOB_TIMEOUT):
-    """Runs `horovodrun -np N --gloo -H localhost:N python workers/script args`; returns
-    (exit code, output, seconds). A job over `timeout` is killed and reported as a hang."""
-    if not os.path.exists(HOROVODRUN):
-        pytest.skip(
-            f"horovodrun not found next to {sys.executable} (bash tools/install_horovod.sh)"
-        )
-    cmd = [
-        HOROVODRUN,
-        "-np",
-        str(np_),
-        "--gloo",
-        "-H",
-        f"localhost:{np_}",
-        sys.executable,
-        os.path.join(WORKERS, script),
-        *args,
-    ]
-    start = time.time()
-    try:
-        proc = subprocess.run(cmd, cwd=WORKERS, env=_env(gloo_timeout), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
-        pytest.fail(
-            f"horovodrun -np {np_} {script} {' '.join(args)} hung for more than {timeout} s:\n"
-            f"{_tail(out)}"
-        )
-    return proc.returncode, proc.stdout, time.time() - start
-
-
-_NOISE = re.compile(r"(W0000|I0000|E0000|WARNING: All log messages|To enable the following|"
-                    r"cuda_platform|cudart_stub|^\[\d+\]<stderr>:$)")
-
-
-def _tail(out, lines=80):
-    kept = [ln for ln in out.splitlines() if not _NOISE.search(ln)]
-    return "\n".join(kept[-lines:])
+from launch import WORKERS, _tail, horovodrun
 
 
 def _assert_ok(np_, rc, out, phases):
@@ -95,6 +28,9 @@ def _assert_ok(np_, rc, out, phases):
             assert re.search(rf"\[rank {r}/{np_}\] OK {re.escape(phase)}", out), \
                 f"rank {r} did not report 'OK {phase}':\n{_tail(out)}"
 
+
+# The second world size: 3 (odd) by default; 4 on a 4-GPU machine (one GPU per rank).
+MORE = int(os.environ.get("SOK_TEST_MORE_RANKS", "3"))
 
 MAIN_PHASES = [
     "tf2 sgd", "tf2 adagrad", "tf2 adam", "tf1 sgd", "tf1 adagrad", "tf1 adam", "sok2x", "errors",
@@ -111,18 +47,18 @@ def run_two(ckpt_root):
     """-np 2: everything, and a 2-rank sok.dump."""
     dump = ckpt_root / "from2"
     rc, out, secs = horovodrun(
-        2, "model_parallel.py", "bytes", "tf2", "tf1", "sok2x", "errors", f"dump={dump}",
+        2, "model_parallel.py", "bytes", "collectives", "tf2", "tf1", "sok2x", "errors", f"dump={dump}",
         f"sok2program={ckpt_root / 'sok2_program'}",
     )
     return rc, out, dump
 
 
 @pytest.fixture(scope="module")
-def run_three(ckpt_root, run_two):
-    """-np 3: everything, the 2-rank dump loaded into 3 ranks, and a 3-rank sok.dump."""
-    dump = ckpt_root / "from3"
+def run_more(ckpt_root, run_two):
+    """-np MORE: everything, the 2-rank dump loaded into MORE ranks, and a MORE-rank sok.dump."""
+    dump = ckpt_root / f"from{MORE}"
     rc, out, secs = horovodrun(
-        3,
+        MORE,
         "model_parallel.py",
         f"load={run_two[2]}",
         "tf2",
@@ -139,7 +75,8 @@ def test_two_ranks_match_one_process(run_two):
     target_gpu=-1, target_gpu=k and both in one lookup_sparse call equal one process's; SOK
     2.x-style code runs unchanged; errors are the same, clear, on every rank."""
     rc, out, _ = run_two
-    _assert_ok(2, rc, out, MAIN_PHASES + ["bytes", "checkpoint: sok.dump from 2 ranks"])
+    _assert_ok(2, rc, out, MAIN_PHASES + ["bytes", "collectives: sok.all_reduce sum/mean, eager and TF1",
+                                          "checkpoint: sok.dump from 2 ranks"])
 
 
 def test_sok2_program_on_two_ranks(run_two):
@@ -150,32 +87,32 @@ def test_sok2_program_on_two_ranks(run_two):
     _assert_ok(2, rc, out, ["sok2 program", "optimizer families on sharded tables"])
 
 
-def test_three_ranks_match_one_process(run_three):
-    """The same with an odd world size (3 ranks: owners k mod 3, a table on rank 2)."""
-    rc, out, _ = run_three
-    _assert_ok(3, rc, out, MAIN_PHASES + ["checkpoint: sok.dump from 3 ranks"])
+def test_more_ranks_match_one_process(run_more):
+    """The same with MORE ranks (3 on CPUs: an odd world, owners k mod 3, a table on rank 2)."""
+    rc, out, _ = run_more
+    _assert_ok(MORE, rc, out, MAIN_PHASES + [f"checkpoint: sok.dump from {MORE} ranks"])
 
 
-def test_checkpoint_two_to_three_ranks(run_three):
-    rc, out, _ = run_three
-    _assert_ok(3, rc, out, ["checkpoint: sok.load of a 2-rank dump into 3 ranks"])
+def test_checkpoint_two_to_more_ranks(run_more):
+    rc, out, _ = run_more
+    _assert_ok(MORE, rc, out, [f"checkpoint: sok.load of a 2-rank dump into {MORE} ranks"])
 
 
 @pytest.fixture(scope="module")
-def run_three_to_two(run_three):
-    """-np 2: the 3-rank dump loaded into 2 ranks; then rank 1 leaves early (a launch saved)."""
-    return horovodrun(2, "mp_checkpoint.py", f"load={run_three[2]}", "leave", gloo_timeout=10)
+def run_more_to_two(run_more):
+    """-np 2: the MORE-rank dump loaded into 2 ranks; then rank 1 leaves early (a launch saved)."""
+    return horovodrun(2, "mp_checkpoint.py", f"load={run_more[2]}", "leave", gloo_timeout=10)
 
 
-def test_checkpoint_three_to_two_ranks(run_three_to_two):
-    rc, out, _ = run_three_to_two
+def test_checkpoint_more_to_two_ranks(run_more_to_two):
+    rc, out, _ = run_more_to_two
     for r in range(2):
         assert re.search(
-            rf"\[rank {r}/2\] OK checkpoint: sok.load of a 3-rank dump into 2 ranks", out
+            rf"\[rank {r}/2\] OK checkpoint: sok.load of a {MORE}-rank dump into 2 ranks", out
         ), f"rank {r} (exit code {rc}):\n{_tail(out)}"
 
 
-def test_checkpoint_into_one_process(run_two, run_three, capsys):
+def test_checkpoint_into_one_process(run_two, run_more, capsys):
     """Both dumps load into one process without Horovod (in this process: no launch needed)."""
     sys.path.insert(0, WORKERS)
     try:
@@ -183,21 +120,21 @@ def test_checkpoint_into_one_process(run_two, run_three, capsys):
         import mp_common
         _, rank, world = mp_common.setup(use_horovod=False)
         assert (rank, world) == (0, 1)
-        for dump in (run_two[2], run_three[2]):
+        for dump in (run_two[2], run_more[2]):
             assert dump.exists(), f"no dump at {dump} (see the multi-rank tests)"
             mp_checkpoint.load_and_continue(str(dump), None, 0, 1)
     finally:
         sys.path.remove(WORKERS)
     out = capsys.readouterr().out
     assert "OK checkpoint: sok.load of a 2-rank dump into 1 rank" in out
-    assert "OK checkpoint: sok.load of a 3-rank dump into 1 rank" in out
+    assert f"OK checkpoint: sok.load of a {MORE}-rank dump into 1 rank" in out
 
 
-def test_rank_that_leaves_early_is_an_error_not_a_hang(run_three_to_two):
+def test_rank_that_leaves_early_is_an_error_not_a_hang(run_more_to_two):
     """After the checkpoint test, the last rank exits: the other's next lookup_sparse fails with
     Horovod's shutdown error and the job ends with a non-zero exit code (no hang: the job has a
     timeout; a lookup that kept working would fail the check too)."""
-    rc, out, _ = run_three_to_two
+    rc, out, _ = run_more_to_two
     assert rc != 0, _tail(out)
     assert "[rank 1] leaves early" in out
     assert re.search(r"\[rank 0\] lookup_sparse failed after .*Horovod has been shut down", out), (

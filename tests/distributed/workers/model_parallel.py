@@ -536,44 +536,74 @@ def run_errors(hvd, rank, world):
 # ---------------------------------------------------------------------------------------------
 # Bytes on the wire: the exchange_bytes model checked against what the all-to-alls really send
 # ---------------------------------------------------------------------------------------------
+def run_collectives(hvd, rank, world):
+    """sok.all_reduce (sum and mean; float and int64; an empty tensor) in eager and TF1 code equals
+    the reduction of every rank's values, computed locally."""
+    base = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ranks = np.arange(1, world + 1)
+
+    def inputs():
+        return [tf.constant(base * (rank + 1)), tf.constant([rank + 1, 3], tf.int64),
+                tf.zeros([0, 4], tf.float32)]
+
+    want_sum = [base * ranks.sum(), np.array([ranks.sum(), 3 * world]), np.zeros([0, 4])]
+    got = [t.numpy() for t in sok.all_reduce(inputs(), op="sum")]
+    for what, g, w in zip(["float", "int64", "empty"], got, want_sum, strict=True):
+        close(f"eager all_reduce sum ({what})", g, w)
+    mean = sok.all_reduce(inputs()[::2], op="mean")
+    close("eager all_reduce mean", mean[0].numpy(), base * ranks.mean())
+    with tf.Graph().as_default():
+        outs = sok.all_reduce(inputs(), op="sum") + sok.all_reduce(inputs()[:1], op="mean")
+        with tf.compat.v1.Session() as sess:
+            for _ in range(3):
+                res = sess.run(outs)
+                close("TF1 all_reduce sum", res[0], want_sum[0])
+                close("TF1 all_reduce sum (int64)", res[1], want_sum[1])
+                close("TF1 all_reduce mean", res[3], base * ranks.mean())
+    try:
+        sok.all_reduce([tf.constant([1, 2], tf.int64)], op="mean")
+        raise AssertionError("all_reduce mean of int64 did not fail")
+    except ValueError as e:
+        assert "mean" in str(e) and "int64" in str(e), e
+    done("collectives: sok.all_reduce sum/mean, eager and TF1")
+
+
 def run_bytes(hvd, rank, world, per_rank=64, dim=16):
     import exchange_bytes
 
-    from sparse_operation_kit.context import context
+    from sparse_operation_kit import collectives
 
     keys = exchange_bytes.criteo_keys(
         world, per_rank * world
     )  # every rank's keys, computed locally
     tables = [sok.get_embedding_variable(f"bytes_C{f + 1}", dim) for f in range(len(keys[rank]))]
     sent = []
+    all_to_all = collectives.all_to_all
 
-    class Recorder:
-        """context.hvd with alltoall counting the bytes this rank sends to other ranks."""
-
-        def __getattr__(self, item):
-            return getattr(hvd, item)
-
-        def alltoall(self, tensor, splits=None, **kwargs):
-            counts = splits.numpy()
-            per_row = int(np.prod(tensor.shape[1:])) * tensor.dtype.size
-            sent.append(int(counts.sum() - counts[rank]) * per_row)
-            return hvd.alltoall(tensor, splits=splits, **kwargs)
+    def recorded(tensor, counts, device=""):
+        """collectives.all_to_all, counting the bytes this rank sends to other ranks."""
+        c = counts.numpy()
+        per_row = int(np.prod(tensor.shape[1:])) * tensor.dtype.size
+        sent.append(int(c.sum() - c[rank]) * per_row)
+        return all_to_all(tensor, counts, device)
 
     ids = [tf.RaggedTensor.from_tensor(tf.constant(k[:, None])) for k in keys[rank]]
-    context.hvd = Recorder()
+    collectives.all_to_all = recorded
     try:
         with tf.GradientTape() as tape:
             loss = tf.add_n([tf.reduce_sum(e) for e in sok.lookup_sparse(tables, ids)])
         tape.gradient(loss, tables)
     finally:
-        context.hvd = hvd
-    assert len(sent) == 2, (
-        f"one lookup_sparse call of {len(tables)} tables made {len(sent)} all-to-alls"
+        collectives.all_to_all = all_to_all
+    assert len(sent) == 3, (
+        f"one lookup_sparse call of {len(tables)} tables and its gradient made {len(sent)} "
+        "all-to-alls (want keys, rows, row gradients)"
     )
     measured = hvd.allreduce(tf.constant(sent, tf.int64), op=hvd.Sum).numpy()
     model = exchange_bytes.exchange_bytes(keys, [dim] * len(tables))
     assert measured[0] == model["requests"] + model["headers"], (measured, model)
     assert measured[1] == model["rows"], (measured, model)
+    assert measured[2] == model["rows"], (measured, model)  # the rows' gradients
     done(
         f"bytes: {len(tables)} tables, {per_rank} samples per rank: keys {measured[0]:,} B + rows "
         f"{measured[1]:,} B "
@@ -595,6 +625,8 @@ def main():
             run_sok2x(hvd, rank, world)
         elif arg == "bytes":
             run_bytes(hvd, rank, world)
+        elif arg == "collectives":
+            run_collectives(hvd, rank, world)
         elif arg == "errors":
             run_errors(hvd, rank, world)
         elif arg.startswith("dump="):

@@ -27,7 +27,32 @@ def setup(use_horovod=True):
         import horovod.tensorflow as hvd
         hvd.init()
     sok.init()
+    if use_horovod and os.environ.get("SOK_TEST_DEVICE", "cpu").lower() == "gpu":
+        import atexit
+
+        from sparse_operation_kit import collectives
+
+        assert collectives.kind() == "nccl", f"rank {sok.rank()}: collectives {collectives.kind()}"
+        atexit.register(_check_ran_on_gpu)
     return hvd, sok.rank(), sok.num_ranks()
+
+
+STEP_OPS = ("SokUniqueKeys", "SokEmbeddingVariableGather", "SokPooledCombine",
+            "SokPooledCombineGrad", "SokEmbeddingVariableSparseApply", "SokAllToAll",
+            "SokAllReduce")
+
+
+def _check_ran_on_gpu():
+    """SOK_TEST_DEVICE=gpu: the kernels of a training step ran on the GPU only, the all-to-alls
+    among them."""
+    counts = sok.kernel_run_counts(by_op=True)
+    on_cpu = {op: c["CPU"] for op, c in counts.items() if c["CPU"] and op in STEP_OPS}
+    ran = counts.get("SokAllToAll", {}).get("GPU", 0)
+    if on_cpu or not ran:
+        print(f"[rank {sok.rank()}] FAILED device check: on the CPU {on_cpu}; "
+              f"SokAllToAll on the GPU {ran} times", flush=True)
+        os._exit(3)
+    log(f"OK device: SOK kernels on the GPU, {ran} NCCL all-to-alls")
 
 
 def log(msg):

@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from sparse_operation_kit import feature_column, layers
 from sparse_operation_kit import meta_graph as _meta_graph  # noqa: F401  registers EV meta graph protos
+from sparse_operation_kit.collectives import all_reduce
 from sparse_operation_kit.communication import set_comm_tool
 from sparse_operation_kit.context import init, num_ranks, rank
 from sparse_operation_kit.devices import gpu_kernels_built, kernel_run_counts
@@ -52,6 +53,7 @@ __all__ = [
     "init",
     "rank",
     "num_ranks",
+    "all_reduce",
     "get_embedding_variable",
     "EmbeddingVariable",
     "EmbeddingVariableOption",

@@ -26,6 +26,23 @@ AutoTrackable = tf.__internal__.tracking.AutoTrackable
 ResourceVariable = _resource_variable_ops.ResourceVariable
 
 
+class TableRef:
+    """What tf.Variable.ref() gives: a hashable reference to a table, by identity (TensorFlow's
+    own code, e.g. tf.custom_gradient in graph mode, calls .ref() on every global variable)."""
+
+    def __init__(self, table):
+        self._table = table
+
+    def deref(self):
+        return self._table
+
+    def __hash__(self):
+        return id(self._table)
+
+    def __eq__(self, other):
+        return isinstance(other, TableRef) and other._table is self._table
+
+
 class TableResource(tf.saved_model.experimental.TrackableResource):
     """A TrackableResource that reads like a resource variable and checkpoints named tensors.
 
@@ -46,6 +63,9 @@ class TableResource(tf.saved_model.experimental.TrackableResource):
             raise AttributeError("_should_act_as_resource_variable")
         return True
 
+    def ref(self):
+        return TableRef(self)
+
     def _serialize_to_tensors(self):
         return self.checkpoint_tensors()
 
@@ -62,6 +82,9 @@ class TensorsTrackable(tf.__internal__.tracking.Trackable):
     """A checkpointable object (no resource of its own, e.g. a partitioned table whose parts are
     resources) with TableResource's public hooks: checkpoint_tensors(),
     restore_checkpoint_tensors(tensors) and name."""
+
+    def ref(self):
+        return TableRef(self)
 
     def _serialize_to_tensors(self):
         return self.checkpoint_tensors()

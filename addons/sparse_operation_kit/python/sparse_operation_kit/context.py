@@ -4,6 +4,7 @@ import os
 
 import tensorflow as tf
 
+from sparse_operation_kit import collectives
 from sparse_operation_kit.keras_version import keras_is_v3
 
 # Collectives that wait longer than this end every rank with an error (ranks that diverged: a
@@ -32,7 +33,7 @@ context = _Context()
 
 
 def init(use_horovod=None, comm_tool="horovod", use_legacy_optimizer=True,
-         collective_timeout_s=None):
+         collective_timeout_s=None, pin_gpu=True):
     """Initialises SOK, and Horovod under horovodrun if the program has not (NVIDIA SOK 2.x's
     sok.init() does the same); with Horovod already initialised (hvd.init() first) it uses it.
 
@@ -40,6 +41,9 @@ def init(use_horovod=None, comm_tool="horovod", use_legacy_optimizer=True,
     collective that waits this long shuts Horovod down and every rank's pending call fails with an
     error instead of hanging. Horovod reads it at hvd.init(): if the program initialised Horovod
     itself, set HOROVOD_STALL_SHUTDOWN_TIME_SECONDS in the environment instead.
+    Under Horovod with several ranks on a GPU machine, each rank gets GPU `local_rank` (pin_gpu;
+    not if the program chose its GPUs) and the exchange between ranks runs on NCCL (see
+    collectives.py; $SOK_COLLECTIVES=horovod keeps Horovod's). Call it before any TensorFlow op runs.
     In one process without Horovod it is a no-op apart from bookkeeping, so scripts written for
     several workers also run alone. comm_tool: "horovod" (the only one). use_legacy_optimizer
     (NVIDIA SOK 2.x): with tf_keras as tf.keras (TF_USE_LEGACY_KERAS=1), `tf.keras.optimizers`
@@ -73,6 +77,11 @@ def init(use_horovod=None, comm_tool="horovod", use_legacy_optimizer=True,
                                    "process was not started by horovodrun")
     context.hvd = hvd
     context.collective_timeout_s = _configured_timeout() if hvd is not None else None
+    collectives.reset()
+    if hvd is not None and hvd.size() > 1:
+        if pin_gpu:
+            collectives.pin_rank_to_gpu(hvd)
+        collectives.setup(hvd, context.collective_timeout_s or timeout)
     if hvd is not None and context.collective_timeout_s is None:
         logging.getLogger("sparse_operation_kit").warning(
             "Horovod was initialised before sok.init() without %s: collectives wait forever when "

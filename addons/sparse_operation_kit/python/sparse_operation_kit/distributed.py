@@ -12,11 +12,13 @@ TensorFlow differentiates through both exchanges (Horovod registers the all-to-a
 the backward pass sends per-key gradients to the owners, where the gather's gradient becomes a
 tf.IndexedSlices of the owner's keys for the fused optimizer update.
 """
+import contextlib
+import types
 import zlib
 
 import tensorflow as tf
 
-from sparse_operation_kit import tables
+from sparse_operation_kit import collectives, tables
 from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 from sparse_operation_kit.local_rows import local_rows
@@ -103,6 +105,14 @@ def _checks(received_headers, params, names, sig):
     return [same, valid]
 
 
+def _not_xla_compiled():
+    """Keeps XLA's auto-clustering (--xla, tf.config.optimizer.set_jit) off the exchange: its
+    shapes change every step and its collectives run outside XLA; the gradients inherit it."""
+    if tf.executing_eagerly():
+        return contextlib.nullcontext()
+    return tf.xla.experimental.jit_scope(compile_ops=False)
+
+
 # Index helpers, each a handful of ops (eager execution pays per op; tf.repeat and
 # tf.searchsorted are a dozen each).
 def _count(ids, num):
@@ -130,87 +140,116 @@ def fetch_rows(params, keys, counts, training, names):
     The index work is vectorized over the tables (a fixed number of ops, whatever the number of
     tables): eager execution pays per op.
     """
-    hvd = context.hvd
     world = context.world_size
-    n = len(params)
-    dims = []
+    device = getattr(params[0], "device", "")
     for p, nm in zip(params, names):
         tables.check_target(target_of(p), world, "lookup_sparse", nm)
-        dims.append(_dim(p))
+    with tf.name_scope("sok_exchange"), _not_xla_compiled():
+        sent = _send_keys(params, keys, counts, names, device)
+        owned = _owned_keys(params, sent.received)
+        rows = local_rows(params, owned.keys, owned.counts, training, names)
+        return _return_rows(rows, owned, sent, [_dim(p) for p in params], device)
+
+
+def _send_keys(params, keys, counts, names, device):
+    """1. Keys to their owners: [key, table, count] rows grouped by owner rank, each group behind
+    a header row [table-list signature, n, bad-id flag] that every rank checks on arrival."""
+    n, world = len(params), context.world_size
     sig = _signature(params, names)
-    with tf.name_scope("sok_exchange"):
-        # Table n is the header rows' (dimension 0: no row travels back for them).
-        dim_of = tf.constant(dims + [0], tf.int64)
-        sizes = tf.stack([tf.size(k, out_type=tf.int64) for k in keys])
-        all_keys = tf.concat([tf.cast(k, tf.int64) for k in keys], 0)
-        all_counts = tf.concat([tf.cast(c, tf.int64) for c in counts], 0)
-        table_ids = _segment_ids(sizes, tf.size(all_keys, out_type=tf.int64))
-        key_target = tf.gather(tf.constant([target_of(p) for p in params], tf.int64), table_ids)
-        owners = tables.owner(all_keys, key_target, world)
+    sizes = tf.stack([tf.size(k, out_type=tf.int64) for k in keys])
+    all_keys = tf.concat([tf.cast(k, tf.int64) for k in keys], 0)
+    all_counts = tf.concat([tf.cast(c, tf.int64) for c in counts], 0)
+    table_ids = _segment_ids(sizes, tf.size(all_keys, out_type=tf.int64))
+    key_target = tf.gather(tf.constant([target_of(p) for p in params], tf.int64), table_ids)
+    owners = tables.owner(all_keys, key_target, world)
+    header = tf.stack([tf.constant(sig, tf.int64), tf.constant(n, tf.int64),
+                       _bad_static_ids(params, all_keys, table_ids)])
+    rows_out = tf.concat([tf.reshape(tf.tile(header, [world]), [world, 3]),
+                          tf.stack([all_keys, table_ids, all_counts], axis=1)], 0)
+    dest = tf.concat([tf.range(world, dtype=tf.int64), owners], 0)
+    order = tf.argsort(dest, stable=True)
+    received, received_splits = collectives.all_to_all(
+        tf.gather(rows_out, order), _count(dest, world), device)
+    # Every rank checks the headers of all ranks before anything depends on the keys.
+    starts = tf.cumsum(received_splits, exclusive=True)
+    with tf.control_dependencies(_checks(tf.gather(received, starts), params, names, sig)):
+        received = tf.identity(received)
+    return types.SimpleNamespace(sizes=sizes, table_ids=table_ids, order=order,
+                                 received=received, received_splits=received_splits,
+                                 starts=starts)
 
-        # 1. keys to their owners: [key, table, count] rows grouped by owner rank, each group
-        # behind a header row [table-list signature, n, bad-id flag].
-        header = tf.stack([tf.constant(sig, tf.int64), tf.constant(n, tf.int64),
-                           _bad_static_ids(params, all_keys, table_ids)])
-        rows_out = tf.concat([tf.reshape(tf.tile(header, [world]), [world, 3]),
-                              tf.stack([all_keys, table_ids, all_counts], axis=1)], 0)
-        dest = tf.concat([tf.range(world, dtype=tf.int64), owners], 0)
-        order = tf.argsort(dest, stable=True)
-        request = tf.gather(rows_out, order)
-        received, received_splits = hvd.alltoall(
-            request, splits=tf.cast(_count(dest, world), tf.int32)
-        )
 
-        # Every rank checks the headers of all ranks before anything depends on the keys.
-        received_splits = tf.cast(received_splits, tf.int64)
-        starts = tf.cumsum(received_splits, exclusive=True)
-        with tf.control_dependencies(_checks(tf.gather(received, starts), params, names, sig)):
-            received = tf.identity(received)
+def _owned_keys(params, received):
+    """2. On the owner: the received keys and counts of each table (headers are table n)."""
+    n, world = len(params), context.world_size
+    r_keys, r_tables, r_counts = tf.unstack(received, num=3, axis=1)
+    by_table = tf.argsort(r_tables, stable=True)
+    table_sizes = _count(r_tables, n + 1)
+    local_keys = tf.split(tf.gather(r_keys, by_table), table_sizes, num=n + 1)[:n]
+    local_counts = tf.split(tf.gather(r_counts, by_table), table_sizes, num=n + 1)[:n]
+    local_keys = [_local_keys(p, k, world) for p, k in zip(params, local_keys, strict=True)]
+    # A key asked for by several ranks arrives once per rank. Static shards read each row once
+    # so that their gradient (the wrapped optimizer's input) holds each row once, summed over
+    # the ranks, as one process's would (Keras 3's Adagrad, e.g., squares the values of a
+    # tf.IndexedSlices before it sums duplicates). Embedding Variables sum duplicates themselves.
+    repeat = [None] * n
+    for i, p in enumerate(params):
+        if not isinstance(p, EmbeddingVariable):
+            local_keys[i], repeat[i] = tf.unique(local_keys[i], out_idx=tf.int64)
+    return types.SimpleNamespace(keys=local_keys, counts=local_counts, repeat=repeat,
+                                 tables=r_tables, by_table=by_table)
 
-        # 2. owners read their rows, table by table, and send them back flattened in received
-        # order (dims may differ).
-        r_keys, r_tables, r_counts = tf.unstack(received, num=3, axis=1)
-        by_table = tf.argsort(r_tables, stable=True)
-        table_sizes = _count(r_tables, n + 1)
-        local_keys = tf.split(tf.gather(r_keys, by_table), table_sizes, num=n + 1)[:n]
-        local_counts = tf.split(tf.gather(r_counts, by_table), table_sizes, num=n + 1)[:n]
-        local_keys = [_local_keys(p, k, world) for p, k in zip(params, local_keys, strict=True)]
-        # A key asked for by several ranks arrives once per rank. Static shards read each row once
-        # so that their gradient (the wrapped optimizer's input) holds each row once, summed over
-        # the ranks, as one process's would (Keras 3's Adagrad, e.g., squares the values of a
-        # tf.IndexedSlices before it sums duplicates). Embedding Variables sum duplicates
-        # themselves.
-        repeat = [None] * n
-        for i, p in enumerate(params):
-            if not isinstance(p, EmbeddingVariable):
-                local_keys[i], repeat[i] = tf.unique(local_keys[i], out_idx=tf.int64)
-        rows = local_rows(params, local_keys, local_counts, training, names)
-        rows = [r if repeat[i] is None else tf.gather(r, repeat[i]) for i, r in enumerate(rows)]
-        grouped = tf.concat([tf.reshape(r, [-1]) for r in rows], 0)
-        r_dims = tf.gather(dim_of, r_tables)
-        grouped_offsets = tf.cumsum(tf.gather(r_dims, by_table), exclusive=True)
-        flat_rows = tf.gather(
-            grouped,
-            _spans(tf.gather(grouped_offsets, tf.math.invert_permutation(by_table)), r_dims),
-        )
-        float_ends = tf.concat([[0], tf.cumsum(r_dims)], 0)  # floats before each received row
-        float_splits = tf.gather(float_ends, starts + received_splits) - tf.gather(
-            float_ends, starts
-        )
-        back, _ = hvd.alltoall(flat_rows, splits=tf.cast(float_splits, tf.int32))
 
-        # 3. back on the requester, `back` holds the rows in the order the keys were sent: put
-        # them back in table order (each table's distinct keys in their order), split by table.
-        sent_offsets = tf.cumsum(
-            tf.gather(
-                dim_of,
-                tf.gather(
-                    tf.concat([tf.fill([world], tf.constant(n, tf.int64)), table_ids], 0), order
-                ),
-            ),
-            exclusive=True,
-        )
-        mine = tf.gather(sent_offsets, tf.math.invert_permutation(order))[world:]
-        flat = tf.gather(back, _spans(mine, tf.gather(dim_of, table_ids)))
-        parts = tf.split(flat, sizes * tf.constant(dims, tf.int64), num=n)
-    return [tf.reshape(part, [-1, d]) for part, d in zip(parts, dims)]
+def _return_rows(rows, owned, sent, dims, device):
+    """3. Owners send the rows back flattened in received order (dims may differ); the requester
+    puts them in table order (each table's distinct keys in their order).
+
+    A custom gradient sends each row's gradient back the same way, reversed: TensorFlow's own
+    gradients of these gathers would be clustered by XLA's auto-jit (which fails on a table
+    with no keys on a rank) and recompiled for every step's new sizes."""
+    n, world = len(dims), context.world_size
+    dim_of = tf.constant(dims + [0], tf.int64)  # table n: the headers, no row travels back
+    r_dims = tf.gather(dim_of, owned.tables)
+    grouped_offsets = tf.cumsum(tf.gather(r_dims, owned.by_table), exclusive=True)
+    pack = _spans(tf.gather(grouped_offsets, tf.math.invert_permutation(owned.by_table)), r_dims)
+    float_ends = tf.concat([[0], tf.cumsum(r_dims)], 0)  # floats before each received row
+    float_splits = (tf.gather(float_ends, sent.starts + sent.received_splits)
+                    - tf.gather(float_ends, sent.starts))
+    sent_tables = tf.gather(tf.concat([tf.fill([world], tf.constant(n, tf.int64)),
+                                       sent.table_ids], 0), sent.order)
+    sent_offsets = tf.cumsum(tf.gather(dim_of, sent_tables), exclusive=True)
+    mine = tf.gather(sent_offsets, tf.math.invert_permutation(sent.order))[world:]
+    unpack = _spans(mine, tf.gather(dim_of, sent.table_ids))
+    part_sizes = sent.sizes * tf.constant(dims, tf.int64)
+
+    @tf.custom_gradient
+    def move(*rows):
+        reps = [r if rep is None else tf.gather(r, rep) for r, rep in zip(rows, owned.repeat)]
+        grouped = tf.concat([tf.reshape(r, [-1]) for r in reps], 0)
+        back, back_counts = collectives.all_to_all(tf.gather(grouped, pack), float_splits, device)
+        parts = tf.split(tf.gather(back, unpack), part_sizes, num=n)
+        outs = [tf.reshape(part, [-1, d]) for part, d in zip(parts, dims)]
+
+        def grad(*d_outs):
+            with _not_xla_compiled():
+                d_flat = tf.concat([tf.reshape(tf.zeros_like(o) if d is None else d, [-1])
+                                    for d, o in zip(d_outs, outs)], 0)
+                d_back = tf.math.unsorted_segment_sum(d_flat, unpack,
+                                                      tf.size(back, out_type=tf.int64))
+                d_sent, _ = collectives.all_to_all(d_back, back_counts, device)
+                d_grouped = tf.math.unsorted_segment_sum(d_sent, pack,
+                                                         tf.size(grouped, out_type=tf.int64))
+                d_reps = tf.split(d_grouped, [tf.size(r, out_type=tf.int64) for r in reps],
+                                  num=n)
+                d_rows = []
+                for r, rep, d in zip(rows, owned.repeat, d_reps):
+                    d = tf.reshape(d, [-1, r.shape[-1] if r.shape[-1] is not None
+                                       else tf.shape(r)[-1]])
+                    if rep is not None:  # rows read once, sent once per asking rank
+                        d = tf.math.unsorted_segment_sum(d, rep, tf.shape(r, out_type=tf.int64)[0])
+                    d_rows.append(d)
+                return d_rows
+
+        return outs, grad
+
+    return move(*rows)

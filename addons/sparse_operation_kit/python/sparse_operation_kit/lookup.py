@@ -193,17 +193,27 @@ def _key_dtype(param):
     return None  # static tables take int32 or int64 ids
 
 
+# How a collective that not every rank joined ends: Horovod's stall shutdown, or SOK's NCCL wait
+# that timed out (core/cuda/collectives.cu).
+_DIVERGED = {
+    "Horovod has been shut down": "Horovod has been shut down",
+    "the NCCL communicator is aborted": "the NCCL communicator was aborted",
+    "NCCL failed on rank": "NCCL failed",
+}
+
+
 def _diverged(error, call_name, names):
-    """The error of an exchange that Horovod shut down (ranks diverged), naming the call."""
-    if "Horovod has been shut down" not in str(error):
+    """The error of an exchange that not every rank completed (ranks diverged), naming the call."""
+    why = next((w for k, w in _DIVERGED.items() if k in str(error)), None)
+    if why is None:
         return error
     waited = context.collective_timeout_s
     return RuntimeError(
         f"lookup_sparse '{call_name or 'sok_lookup_sparse'}' over tables {names} on rank "
         f"{context.rank}: its exchange did not complete on every rank"
         + (f" within {waited:g} s" if waited else "")
-        + ": Horovod has been shut down. The ranks diverged: one skipped this call or made a different "
-        "collective, or died or stalled (Horovod's log names the missing ranks)."
+        + f": {why}. The ranks diverged: one skipped this call or made a different "
+        "collective, or died or stalled."
     )
 
 

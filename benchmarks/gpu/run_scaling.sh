@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On one device machine with N GPUs (see tests/gpu/device_env.sh for what it needs), the
+# several-GPU figures, each on 1, 2, 4, ... GPUs of the same machine (one rank per GPU):
+#   criteo       the Criteo job at per-GPU batch 65,536, with and without --xla
+#   embedding    benchmarks/embedding's 26-field step at per-GPU batch 8,192 and 65,536
+#   collectives  SOK's and Horovod's all-to-all and all-reduce against NCCL's own (PyTorch)
+# Full logs go to $OUT (or build/gpu_logs); the summary lines go to stdout.
+#   bash benchmarks/gpu/run_scaling.sh [criteo|embedding|collectives ...]   (default: all three)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+. tests/gpu/device_env.sh
+out="${OUT:-build/gpu_logs}"; mkdir -p "$out"
+ngpu=$(nvidia-smi -L | wc -l)
+sizes=""; for n in 1 2 4 8; do [ "$n" -le "$ngpu" ] && sizes="$sizes $n"; done
+launch() {  # launch N cmd...: one process on GPU 0, or horovodrun over N GPUs
+  local n=$1; shift
+  if [ "$n" = 1 ]; then CUDA_VISIBLE_DEVICES=0 python3 "$@"
+  else horovodrun -np "$n" -H "localhost:$n" --gloo python3 "$@" --horovod; fi
+}
+
+criteo() {
+  for n in $sizes; do
+    for xla in "" --xla; do
+      log="$out/criteo_np${n}${xla:+_xla}.txt"
+      launch "$n" benchmarks/criteo/run.py --batch_size $((65536 * n)) --steps 60 \
+        --warmup_steps 20 --log_every 0 --eval_every 0 --no_plot $xla > "$log" 2>&1
+      echo "criteo gpus=$n ${xla:-no-xla} exit=$? $(grep -o 'RESULT.*' "$log" | tail -n 1)"
+    done
+  done
+}
+
+embedding() {  # under horovodrun at every size (1 rank: the one-process lookup)
+  for batch in 8192 65536; do
+    for n in $sizes; do
+      log="$out/embedding_np${n}_b${batch}.txt"
+      horovodrun -np "$n" -H "localhost:$n" --gloo python3 benchmarks/embedding/run.py --horovod \
+        --config criteo26 --device gpu --impls sok --batch "$batch" --mode both --inputs resident \
+        --rounds 3 --steps 10 > "$log" 2>&1
+      echo "embedding gpus=$n batch=$batch exit=$?"; grep -o 'HOROVOD .*' "$log"
+    done
+  done
+}
+
+collectives() {
+  for n in $sizes; do
+    [ "$n" = 1 ] && continue
+    log="$out/collectives_np$n.txt"
+    horovodrun -np "$n" -H "localhost:$n" --gloo python3 benchmarks/collectives/run.py \
+      --sizes 1MiB,16MiB,64MiB --impls sok,horovod > "$log" 2>&1
+    echo "collectives gpus=$n exit=$?"; grep -o 'COLL .*' "$log"
+    python3 -m torch.distributed.run --nproc_per_node="$n" benchmarks/collectives/torch_nccl.py \
+      --sizes 1MiB,16MiB,64MiB > "$out/collectives_nccl_np$n.txt" 2>&1
+    grep -o 'COLL .*' "$out/collectives_nccl_np$n.txt"
+  done
+}
+
+for stage in "${@:-criteo embedding collectives}"; do
+  for s in $stage; do "$s"; done
+done
