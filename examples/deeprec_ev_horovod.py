@@ -1,6 +1,7 @@
 # DeepRec's "Embedding Variable SparseOperationKit Support" user example, Horovod lines kept, on
 # stock TensorFlow: tf.get_embedding_variable -> sok.get_embedding_variable, the optimizer wrapped
-# in sok.OptimizerWrapper, TF1 graph mode switched on. Run it on N GPUs or CPUs with
+# in sok.OptimizerWrapper, TF1 graph mode switched on, the Session's ConfigProto given the rank's
+# GPU (a ConfigProto overrides tf.config's visible devices). Run it on N GPUs or CPUs with
 #     horovodrun -np N -H localhost:N python examples/deeprec_ev_horovod.py
 import horovod.tensorflow as hvd
 import tensorflow.compat.v1 as tf
@@ -41,6 +42,9 @@ loss = hvd.allreduce(loss, op=hvd.Sum)
 init = tf.global_variables_initializer()
 
 sess_config = tf.ConfigProto(allow_soft_placement=True, log_device_placement=False)
+# A Session given its own ConfigProto does not see tf.config's visible devices: the same GPU here.
+sess_config.gpu_options.visible_device_list = ",".join(
+    d.name.rsplit(":", 1)[1] for d in tf.config.experimental.get_visible_devices("GPU"))
 with tf.Session(config=sess_config) as sess:
     sess.run([init])
     print(sess.run([emb, train_op, loss]))

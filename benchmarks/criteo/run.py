@@ -429,6 +429,10 @@ def main(argv=None):
     )
 
     config = tf.compat.v1.ConfigProto()
+    # A Session's own ConfigProto overrides tf.config's visible devices (sok.init gave this rank
+    # its GPU there): the same GPUs.
+    config.gpu_options.visible_device_list = ",".join(
+        d.name.rsplit(":", 1)[1] for d in tf.config.get_visible_devices("GPU"))
     if args.threads:
         config.intra_op_parallelism_threads = args.threads
         config.inter_op_parallelism_threads = args.threads

@@ -42,7 +42,7 @@ Every rank times the same steps; rank 0 prints per mode and distribution one lin
   HOROVOD mode= dist= ranks= batch_per_rank= step_ms= samples_per_s= sent_MB_per_rank= ...
 step_ms: median over steps of the slowest rank's time (gathered over the ranks); samples_per_s:
 N x --batch / step_ms; sent_MB_per_rank: bytes a rank sends the others per step (the largest
-rank's, from the ids: 24 B per distinct key sent to its owner, dim x 4 B per row sent back and
+rank's, from the ids: 16 B per distinct key sent to its owner, dim x 4 B per row sent back and
 per row gradient sent to the owner). Embedding gradients need no all-reduce (the exchange's
 backward sums them at the owner); the step has no dense variables (the loss is a weightless
 stand-in), so there is nothing for sok.all_reduce to average. tf and hash keep whole tables in
@@ -420,7 +420,7 @@ def select_device(args):
 # ---------------------------------------------------------------------------------------------
 # --horovod: SOK's tables sharded over the ranks, each rank its own ids
 # ---------------------------------------------------------------------------------------------
-KEY_ROW_BYTES = 24  # [key, table id, count], int64 each, per distinct key sent to its owner
+KEY_ROW_BYTES = 16  # [key, count], int64 each, per distinct key sent to its owner
 
 
 def init_horovod():
@@ -456,17 +456,17 @@ def allgather(hvd, array, name):
             return sess.run(out)
 
 
-def exchange_bytes(counts, dim):
+def exchange_bytes(counts, dim, tables):
     """[ranks, batches]: bytes each rank sends the other ranks in a step, from counts[r, b, j]
     (rank r's distinct keys of batch b that rank j owns). Forward: keys to their owners, float32
-    rows back to the requesters; backward: the rows' gradients to the owners. Plus one header row
-    per destination."""
+    rows back to the requesters; backward: the rows' gradients to the owners. Plus the size
+    matrix's row per destination (a count per table, signature, bad-id flag: int64 each)."""
     world = counts.shape[0]
     others = 1 - np.eye(world, dtype=np.int64)  # a rank's keys to itself stay local
     row = 4 * dim
     asked = np.einsum("rbj,rj->rb", counts, others)  # keys rank r sends other owners
     served = np.einsum("ibr,ir->rb", counts, others)  # keys other ranks ask rank r for
-    return asked * (KEY_ROW_BYTES + row) + served * row + (world - 1) * KEY_ROW_BYTES
+    return asked * (KEY_ROW_BYTES + row) + served * row + (world - 1) * (tables + 2) * 8
 
 
 def horovod_line(args, mode, dist, world, times, sent, ran):
@@ -498,7 +498,7 @@ def horovod_main(args, dists, modes):
         batches = make_batches(args, dist, rank, world)
         counts = allgather(hvd, keys_per_owner(batches, world)[None], f"bench_keys_{dist}")
         # The steps cycle through the batches: the mean over batches is the mean per step.
-        sent = float(exchange_bytes(counts, args.dim).mean(axis=1).max())
+        sent = float(exchange_bytes(counts, args.dim, args.fields).mean(axis=1).max())
         for mode in modes:
             _, _, placement, times = bench(args, mode, batches, device, ["sok"])
             gathered = allgather(hvd, np.asarray(times["sok"])[None], f"bench_times_{mode}_{dist}")

@@ -179,10 +179,10 @@ def test_horovod_exchange_bytes_count_keys_rows_and_gradients():
         bench.keys_per_owner([[(np.array([2, 5, 5]), splits)]], 2),
     ])
     np.testing.assert_array_equal(counts[:, 0], [[0, 2], [1, 1]])
-    sent = bench.exchange_bytes(counts, 2)[:, 0]
-    row, header = 8, 24
+    sent = bench.exchange_bytes(counts, 2, 1)[:, 0]
+    row, sizes = 8, (1 + 2) * 8  # one table: its count, signature, bad-id flag
     # Rank 0: 2 keys + their gradients out, 1 row back to rank 1; rank 1: 1 key + gradient, 2 rows.
-    assert list(sent) == [2 * (24 + row) + row + header, (24 + row) + 2 * row + header]
+    assert list(sent) == [2 * (16 + row) + row + sizes, (16 + row) + 2 * row + sizes]
 
 
 @pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="no horovodrun next to the interpreter")

@@ -77,7 +77,7 @@ if not ops:
 tf.load_op_library(lib)
 # The collectives between GPUs: NCCL's bootstrap runs on the host, its collectives on the GPU.
 ONLY = {"SokNcclUniqueId": {"CPU"}, "SokNcclInit": {"CPU"}, "SokAllToAll": {"GPU"},
-        "SokAllReduce": {"GPU"}}
+        "SokAllToAllSized": {"GPU"}, "SokAllReduce": {"GPU"}}
 missing = []
 for op in ops:
     devices = {k.device_type for k in kernels.get_registered_kernels_for_op(op).kernel}

@@ -19,7 +19,6 @@ import sys
 import numpy as np
 
 KEY, FLOAT = 8, 4
-HEADER = 3 * KEY
 
 
 def _owner(keys, target, world):
@@ -32,13 +31,15 @@ def exchange_bytes(keys, dims, targets=None):
     headers, total) and allgather (keys, rows, gradients, total)."""
     world = len(keys)
     targets = targets or [-1] * len(dims)
-    out = dict(requests=0, rows=0, grads=0, headers=HEADER * world * (world - 1),
+    # The size matrix: per destination, a count per table plus [signature, bad-id flag].
+    out = dict(requests=0, rows=0, grads=0,
+               headers=(len(dims) + 2) * KEY * world * (world - 1),
                ag_keys=0, ag_rows=0, ag_grads=0)
     for r in range(world):
         for t, dim in enumerate(dims):
             distinct = np.unique(np.asarray(keys[r][t], np.int64))
             remote = int(np.sum(_owner(distinct, targets[t], world) != r))
-            out["requests"] += remote * 3 * KEY
+            out["requests"] += remote * 2 * KEY  # [key, count]
             out["rows"] += remote * dim * FLOAT
             out["grads"] += remote * dim * FLOAT
             out["ag_keys"] += (world - 1) * distinct.size * KEY

@@ -578,23 +578,32 @@ def run_bytes(hvd, rank, world, per_rank=64, dim=16):
     )  # every rank's keys, computed locally
     tables = [sok.get_embedding_variable(f"bytes_C{f + 1}", dim) for f in range(len(keys[rank]))]
     sent = []
-    all_to_all = collectives.all_to_all
+    exchange, sized = collectives.exchange, collectives.all_to_all_sized
 
-    def recorded(tensor, counts, device=""):
-        """collectives.all_to_all, counting the bytes this rank sends to other ranks."""
-        c = counts.numpy()
+    def count(tensor, rows_to):
+        """Bytes this rank sends to other ranks."""
+        c = np.asarray(rows_to)
         per_row = int(np.prod(tensor.shape[1:])) * tensor.dtype.size
         sent.append(int(c.sum() - c[rank]) * per_row)
-        return all_to_all(tensor, counts, device)
+
+    def recorded_exchange(tensor, counts, device="", row_columns=-1, **kw):
+        c = counts.numpy()
+        count(tensor, c[:, :row_columns].sum(axis=1) if c.ndim == 2 else c)
+        sent[-1] += (c.size - c.shape[-1] if c.ndim == 2 else 0) * 8  # the size matrix
+        return exchange(tensor, counts, device, row_columns, **kw)
+
+    def recorded_sized(tensor, send_rows, recv_rows, device=""):
+        count(tensor, tf.convert_to_tensor(send_rows).numpy())
+        return sized(tensor, send_rows, recv_rows, device)
 
     ids = [tf.RaggedTensor.from_tensor(tf.constant(k[:, None])) for k in keys[rank]]
-    collectives.all_to_all = recorded
+    collectives.exchange, collectives.all_to_all_sized = recorded_exchange, recorded_sized
     try:
         with tf.GradientTape() as tape:
             loss = tf.add_n([tf.reduce_sum(e) for e in sok.lookup_sparse(tables, ids)])
         tape.gradient(loss, tables)
     finally:
-        collectives.all_to_all = all_to_all
+        collectives.exchange, collectives.all_to_all_sized = exchange, sized
     assert len(sent) == 3, (
         f"one lookup_sparse call of {len(tables)} tables and its gradient made {len(sent)} "
         "all-to-alls (want keys, rows, row gradients)"

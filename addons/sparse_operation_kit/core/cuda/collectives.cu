@@ -156,7 +156,7 @@ Status Communicator::Create(const std::string& id, int rank, int world, int devi
   s = cuda_status(cudaMalloc(&d, sizeof(int64_t) * 2 * world), "cudaMalloc");
   if (s.ok()) s = cuda_status(cudaMallocHost(&h, sizeof(int64_t) * 2 * world), "cudaMallocHost");
   if (s.ok()) s = cuda_status(cudaMemsetAsync(d, 0, sizeof(int64_t) * world, stream), "memset");
-  if (s.ok()) s = c->exchange_counts(d, d + world, h, stream);
+  if (s.ok()) s = c->exchange_counts(d, d + world, 1, h, stream);
   if (s.ok()) s = cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   cudaFree(d);
   cudaFreeHost(h);
@@ -207,24 +207,27 @@ Status Communicator::wait(cudaEvent_t event, const char* what) {
   }
 }
 
-Status Communicator::exchange_counts(const int64_t* send_counts, int64_t* recv_counts,
+Status Communicator::exchange_counts(const int64_t* send_counts, int64_t* recv_counts, int k,
                                      int64_t* host_counts, cudaStream_t stream) {
   if (aborted_) return Status::Invalid("the NCCL communicator was aborted by an earlier error");
   const Nccl& n = Load();
   Status s = check(n.GroupStart(), "ncclGroupStart");
   for (int p = 0; p < world_ && s.ok(); ++p) {
-    s = check(n.Send(send_counts + p, 1, kNcclInt64, p, comm_, stream), "ncclSend of counts");
-    if (s.ok()) s = check(n.Recv(recv_counts + p, 1, kNcclInt64, p, comm_, stream), "ncclRecv");
+    s = check(n.Send(send_counts + p * k, k, kNcclInt64, p, comm_, stream), "ncclSend of counts");
+    if (s.ok()) {
+      s = check(n.Recv(recv_counts + p * k, k, kNcclInt64, p, comm_, stream), "ncclRecv");
+    }
   }
   Status end = check(n.GroupEnd(), "ncclGroupEnd");
   if (!s.ok()) return s;
   if (!end.ok()) return end;
-  const size_t bytes = sizeof(int64_t) * world_;
+  const size_t values = static_cast<size_t>(world_) * k;
+  const size_t bytes = sizeof(int64_t) * values;
   s = cuda_status(cudaMemcpyAsync(host_counts, send_counts, bytes, cudaMemcpyDeviceToHost, stream),
                   "copy of the send counts to the host");
   if (s.ok()) {
     s = cuda_status(
-        cudaMemcpyAsync(host_counts + world_, recv_counts, bytes, cudaMemcpyDeviceToHost, stream),
+        cudaMemcpyAsync(host_counts + values, recv_counts, bytes, cudaMemcpyDeviceToHost, stream),
         "copy of the receive counts to the host");
   }
   if (!s.ok()) return s;

@@ -52,11 +52,12 @@ class Communicator {
   int world() const { return world_; }
   int device() const { return device_; }
 
-  // Sends send_counts[p] to rank p and receives recv_counts[p] from every rank p (int64,
-  // device memory), then copies both to host_counts[0, 2 * world) (pinned host memory) and waits
-  // for the copy: the sizes every variable all-to-all needs on the host to allocate its output.
-  Status exchange_counts(const int64_t* send_counts, int64_t* recv_counts, int64_t* host_counts,
-                         cudaStream_t stream);
+  // Sends send_counts[p * k, (p + 1) * k) to rank p and receives recv_counts[p * k, ...) from
+  // every rank p (int64, device memory), then copies both to host_counts[0, 2 * world * k)
+  // (pinned host memory) and waits for the copy: the sizes a variable all-to-all needs on the
+  // host to allocate its output.
+  Status exchange_counts(const int64_t* send_counts, int64_t* recv_counts, int k,
+                         int64_t* host_counts, cudaStream_t stream);
   // The variable all-to-all of `row_bytes`-byte rows: send_rows[p] rows from `send` (grouped by
   // destination, rank order) to rank p; recv_rows[p] rows from rank p into `recv`, in rank order.
   // The counts are host values (exchange_counts); the rank's own part is a device copy.

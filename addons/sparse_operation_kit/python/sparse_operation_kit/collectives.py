@@ -13,6 +13,7 @@ dependency on the one created before it.
 import logging
 import os
 import threading
+import types
 import weakref
 
 import tensorflow as tf
@@ -166,14 +167,54 @@ def uses_nccl(device=""):
 
 def all_to_all(x, counts, device=""):
     """Rows of `x`, grouped by destination, counts[p] (int64) to rank p; returns the received rows
-    (in rank order) and how many came from each rank (int64)."""
+    (in rank order) and how many came from each rank (int64, in host memory on GPUs)."""
+    ex = exchange(x, counts, device)
+    return ex.rows, ex.received
+
+
+def exchange(x, counts, device="", row_columns=-1, width_mismatch=None):
+    """The all-to-all with sizes in a matrix: counts [world, k] (int64), row p for rank p, whose
+    first `row_columns` columns (-1: all) add up to the rows of `x` for rank p; the other columns
+    travel along (values every rank must see). Returns .rows (received, in rank order),
+    .received (the [world, k] values rank p sent here, row p) and .sent (`counts`), both in host
+    memory on GPUs: the wait for sizes on the host happens here. Ranks whose k differ all fail
+    with `width_mismatch` (a message) and every rank's k."""
+    counts = tf.cast(counts, tf.int64)
+    message = width_mismatch or "the ranks sent count matrices of different widths"
     if uses_nccl(device):
         with _after_previous():
-            out, received = ops.sok_all_to_all(x, tf.cast(counts, tf.int64))
+            rows, _, sent, received = ops.sok_all_to_all(
+                x, counts, row_columns=row_columns, width_mismatch=message)
+        _remember(rows)
+        return types.SimpleNamespace(rows=rows, received=received, sent=sent)
+    hvd = _job.hvd
+    if counts.shape.rank == 1:
+        rows, received = hvd.alltoall(x, splits=tf.cast(counts, tf.int32))
+        received = tf.cast(received, tf.int64)
+    else:
+        ones = tf.ones([hvd.size()], tf.int32)
+        widths, _ = hvd.alltoall(tf.fill([hvd.size()], tf.shape(counts, tf.int64)[1]), splits=ones)
+        same = tf.debugging.Assert(
+            tf.reduce_all(tf.equal(widths, tf.shape(counts, tf.int64)[1])),
+            [message + " Count columns per rank:", widths], summarize=hvd.size())
+        with tf.control_dependencies([same]):
+            rows_to = tf.reduce_sum(counts if row_columns < 0 else counts[:, :row_columns], axis=1)
+        rows, _ = hvd.alltoall(x, splits=tf.cast(rows_to, tf.int32))
+        received, _ = hvd.alltoall(counts, splits=ones)
+    return types.SimpleNamespace(rows=rows, received=received, sent=counts)
+
+
+def all_to_all_sized(x, send_rows, recv_rows, device=""):
+    """The all-to-all when both sides know the sizes: send_rows[p] rows of `x` to rank p,
+    recv_rows[p] rows from rank p (int64 [world], host values from `exchange`). On GPUs no
+    sizes are exchanged and nothing waits on the host."""
+    if uses_nccl(device):
+        with _after_previous():
+            out = ops.sok_all_to_all_sized(x, send_rows, recv_rows)
         _remember(out)
-        return out, received
-    out, received = _job.hvd.alltoall(x, splits=tf.cast(counts, tf.int32))
-    return out, tf.cast(received, tf.int64)
+        return out
+    out, _ = _job.hvd.alltoall(x, splits=tf.cast(send_rows, tf.int32))
+    return out
 
 
 def all_reduce(tensors, op="mean"):
@@ -230,12 +271,30 @@ def _remember(tensor):
 
 
 @tf.RegisterGradient("SokAllToAll")
-def _all_to_all_grad(op, grad, _):
+def _all_to_all_grad(op, grad, *_):
     """Each row's gradient goes back to the rank that sent the row."""
     with _after_previous():
-        out, _ = ops.sok_all_to_all(tf.convert_to_tensor(grad), op.outputs[1])
+        out = ops.sok_all_to_all_sized(tf.convert_to_tensor(grad), _rows(op, 3), _rows(op, 2))
     _remember(out)
     return [out, None]
+
+
+def _rows(op, i):
+    """Rows per rank of SokAllToAll's host counts output i (its row columns added up)."""
+    counts = op.outputs[i]
+    if counts.shape.rank == 1:
+        return counts
+    columns = op.get_attr("row_columns")
+    with tf.device("/CPU:0"):
+        return tf.reduce_sum(counts if columns < 0 else counts[:, :columns], axis=1)
+
+
+@tf.RegisterGradient("SokAllToAllSized")
+def _all_to_all_sized_grad(op, grad):
+    with _after_previous():
+        out = ops.sok_all_to_all_sized(tf.convert_to_tensor(grad), op.inputs[2], op.inputs[1])
+    _remember(out)
+    return [out, None, None]
 
 
 tf.no_gradient("SokAllReduce")

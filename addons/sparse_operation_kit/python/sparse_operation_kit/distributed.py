@@ -1,16 +1,17 @@
 """Model parallelism under Horovod: tables are sharded over ranks, inputs are data-parallel.
 
 Placement follows tables.py (target_gpu -1: key k on rank k mod N; k: the whole table on rank k).
-One lookup_sparse call makes exactly two all-to-alls, whatever the number of tables:
+One lookup_sparse call makes one exchange per direction, whatever the number of tables:
 
-  1. each rank sends every owner only the distinct keys that owner holds ([key, table, count]),
-     behind one header row per destination ([table-list signature, n, bad-id flag]) that lets
-     every rank check, before going on, that all ranks passed the same tables and valid ids;
-  2. owners read (training: insert) their rows and send them back, flattened (dims may differ).
+  1. each rank sends every owner only the distinct keys that owner holds ([key, count] rows, by
+     owner then table); a [world, n + 2] matrix travels first: the keys per (owner, table) and
+     [table-list signature, bad-id flag], so that every rank learns every size on the host at
+     once and checks that all ranks passed the same tables and valid ids before going on;
+  2. owners read (training: insert) their rows and send them back, flattened (dims may differ),
+     sized from that matrix: no wait on the host.
 
-TensorFlow differentiates through both exchanges (Horovod registers the all-to-all gradient), so
-the backward pass sends per-key gradients to the owners, where the gather's gradient becomes a
-tf.IndexedSlices of the owner's keys for the fused optimizer update.
+The backward pass sends each row's gradient back the same way (a custom gradient), where the
+gather's gradient becomes a tf.IndexedSlices of the owner's keys for the fused optimizer update.
 """
 import contextlib
 import types
@@ -64,26 +65,26 @@ def _bad_static_ids(params, all_keys, table_ids):
     return tf.reduce_max(tf.concat([[0], tf.where(bad, table_ids + 1, 0)], 0))
 
 
+def _mismatch(params, names, sig):
+    return (
+        "lookup_sparse: the ranks passed different tables to this lookup_sparse call. Rank "
+        f"{context.rank} passed [{_describe(params, names)}] (signature {sig}); every rank must "
+        "pass the same tables (names, dimensions, target_gpu) in the same order."
+    )
+
+
 def _checks(received_headers, params, names, sig):
     """Asserts, on every rank alike, that all ranks passed these tables and valid static ids.
 
-    Each rank sends every rank a header row in front of its keys (the first all-to-all), so every
-    rank sees what every other rank passed: a mismatch fails on every rank at once, before the
-    second all-to-all, instead of hanging in it.
+    Each rank sends every rank [signature, bad-id flag] with its sizes (the first exchange), so
+    every rank sees what every other rank passed: a mismatch fails on every rank at once, before
+    the second exchange, instead of hanging in it.
     """
-    rank, world = context.rank, context.world_size
-    sigs, _, bad = tf.unstack(received_headers, num=3, axis=1)
+    world = context.world_size
+    sigs, bad = tf.unstack(received_headers, num=2, axis=1)
     same = tf.debugging.Assert(
         tf.reduce_all(tf.equal(sigs, tf.constant(sig, tf.int64))),
-        [
-            "lookup_sparse: the ranks passed different tables to this lookup_sparse call. Rank "
-            f"{rank} passed "
-            f"[{_describe(params, names)}] (signature {sig}); every rank must pass the same "
-            "tables (names, "
-            "dimensions, target_gpu) in the same order. Table-list signatures of ranks "
-            f"0..{world - 1}:",
-            sigs,
-        ],
+        [_mismatch(params, names, sig) + f" Table-list signatures of ranks 0..{world - 1}:", sigs],
         summarize=world,
     )
     bounds = ", ".join(
@@ -127,66 +128,87 @@ def _segment_ids(lengths, total):
     return tf.cumsum(marks)
 
 
-def _spans(starts, lengths):
-    """Concatenation of range(starts[j], starts[j] + lengths[j]) over j (int64)."""
-    total = tf.reduce_sum(lengths)
-    shift = starts - tf.cumsum(lengths, exclusive=True)
-    return tf.range(total) + tf.gather(shift, _segment_ids(lengths, total))
+def _reorder(x, sizes, world, n, to_table_major):
+    """x holds one block per (rank, table), sizes[i] elements each (host), rank-major (block
+    q * n + t) when to_table_major, else table-major (block t * world + q); returns the blocks
+    concatenated in the other order."""
+    pieces = tf.split(x, sizes, num=world * n)
+    if to_table_major:
+        order = [q * n + t for t in range(n) for q in range(world)]
+    else:
+        order = [t * world + q for q in range(world) for t in range(n)]
+    return tf.concat([pieces[i] for i in order], 0)
+
+
+def _on_host():
+    """Arithmetic on sizes the exchange left in host memory stays there (no copies, no waits)."""
+    return tf.device("/CPU:0")
+
+
+def _stack_on_host(sizes):
+    """tf.size's results (host memory on a GPU too: the size ops stay by their tensors) as one
+    host vector."""
+    with _on_host():
+        return tf.stack(sizes)
 
 
 def fetch_rows(params, keys, counts, training, names):
-    """Rows of the distinct `keys[i]` of every table, fetched from their owners (two all-to-alls).
-
-    The index work is vectorized over the tables (a fixed number of ops, whatever the number of
-    tables): eager execution pays per op.
-    """
+    """Rows of the distinct `keys[i]` of every table, fetched from their owners (one exchange per
+    direction). The index work is vectorized over the tables: eager execution pays per op."""
     world = context.world_size
     device = getattr(params[0], "device", "")
     for p, nm in zip(params, names):
         tables.check_target(target_of(p), world, "lookup_sparse", nm)
     with tf.name_scope("sok_exchange"), _not_xla_compiled():
         sent = _send_keys(params, keys, counts, names, device)
-        owned = _owned_keys(params, sent.received)
+        owned = _owned_keys(params, sent)
         rows = local_rows(params, owned.keys, owned.counts, training, names)
         return _return_rows(rows, owned, sent, [_dim(p) for p in params], device)
 
 
 def _send_keys(params, keys, counts, names, device):
-    """1. Keys to their owners: [key, table, count] rows grouped by owner rank, each group behind
-    a header row [table-list signature, n, bad-id flag] that every rank checks on arrival."""
+    """1. Keys to their owners, grouped by (owner, table), behind the size matrix."""
     n, world = len(params), context.world_size
     sig = _signature(params, names)
-    sizes = tf.stack([tf.size(k, out_type=tf.int64) for k in keys])
+    sizes = _stack_on_host([tf.size(k, out_type=tf.int64) for k in keys])
     all_keys = tf.concat([tf.cast(k, tf.int64) for k in keys], 0)
     all_counts = tf.concat([tf.cast(c, tf.int64) for c in counts], 0)
-    table_ids = _segment_ids(sizes, tf.size(all_keys, out_type=tf.int64))
+    total = tf.size(all_keys, out_type=tf.int64)
+    table_ids = _segment_ids(sizes, total)
     key_target = tf.gather(tf.constant([target_of(p) for p in params], tf.int64), table_ids)
-    owners = tables.owner(all_keys, key_target, world)
-    header = tf.stack([tf.constant(sig, tf.int64), tf.constant(n, tf.int64),
-                       _bad_static_ids(params, all_keys, table_ids)])
-    rows_out = tf.concat([tf.reshape(tf.tile(header, [world]), [world, 3]),
-                          tf.stack([all_keys, table_ids, all_counts], axis=1)], 0)
-    dest = tf.concat([tf.range(world, dtype=tf.int64), owners], 0)
-    order = tf.argsort(dest, stable=True)
-    received, received_splits = collectives.all_to_all(
-        tf.gather(rows_out, order), _count(dest, world), device)
-    # Every rank checks the headers of all ranks before anything depends on the keys.
-    starts = tf.cumsum(received_splits, exclusive=True)
-    with tf.control_dependencies(_checks(tf.gather(received, starts), params, names, sig)):
-        received = tf.identity(received)
-    return types.SimpleNamespace(sizes=sizes, table_ids=table_ids, order=order,
-                                 received=received, received_splits=received_splits,
-                                 starts=starts)
+    block = tables.owner(all_keys, key_target, world) * n + table_ids  # (owner, table)
+    order = tf.argsort(block, stable=True)
+    request = tf.gather(tf.stack([all_keys, all_counts], axis=1), order)
+    header = tf.stack([tf.constant(sig, tf.int64), _bad_static_ids(params, all_keys, table_ids)])
+    matrix = tf.concat([tf.reshape(_count(block, world * n), [world, n]),
+                        tf.tile(header[None], [world, 1])], 1)
+    ex = collectives.exchange(request, matrix, device, row_columns=n,
+                              width_mismatch=_mismatch(params, names, sig))
+    with _on_host():
+        checks = _checks(ex.received[:, n:], params, names, sig)
+        sent = ex.sent[:, :n]  # keys per (owner q, table t)
+        block_start = tf.cumsum(tf.reshape(sent, [-1]), exclusive=True)
+        in_table = tf.reshape(tf.transpose(tf.cumsum(tf.transpose(sent), axis=1, exclusive=True)),
+                              [-1])
+        shift = block_start - in_table
+    # Where each key's row lands among its table's rows as they come back (blocks of owners).
+    position = tf.scatter_nd(order[:, None], tf.range(total), [total])
+    back_at = tf.split(position - tf.gather(shift, block), sizes, num=n)
+    return types.SimpleNamespace(ex=ex, checks=checks, sizes=sizes, sent=sent, back_at=back_at)
 
 
-def _owned_keys(params, received):
-    """2. On the owner: the received keys and counts of each table (headers are table n)."""
+def _owned_keys(params, sent):
+    """2. On the owner: the received keys and counts of each table."""
     n, world = len(params), context.world_size
-    r_keys, r_tables, r_counts = tf.unstack(received, num=3, axis=1)
-    by_table = tf.argsort(r_tables, stable=True)
-    table_sizes = _count(r_tables, n + 1)
-    local_keys = tf.split(tf.gather(r_keys, by_table), table_sizes, num=n + 1)[:n]
-    local_counts = tf.split(tf.gather(r_counts, by_table), table_sizes, num=n + 1)[:n]
+    with tf.control_dependencies(sent.checks):  # nothing goes on before every rank's check
+        received = tf.identity(sent.ex.rows)
+    with _on_host():
+        recv = sent.ex.received[:, :n]  # keys per (requester q, table t)
+        per_table = tf.reduce_sum(recv, axis=0)
+        blocks = tf.reshape(recv, [-1])
+    by_table = _reorder(received, blocks, world, n, to_table_major=True)
+    local_keys, local_counts = (tf.split(c, per_table, num=n)
+                                for c in tf.unstack(by_table, num=2, axis=1))
     local_keys = [_local_keys(p, k, world) for p, k in zip(params, local_keys, strict=True)]
     # A key asked for by several ranks arrives once per rank. Static shards read each row once
     # so that their gradient (the wrapped optimizer's input) holds each row once, summed over
@@ -196,58 +218,57 @@ def _owned_keys(params, received):
     for i, p in enumerate(params):
         if not isinstance(p, EmbeddingVariable):
             local_keys[i], repeat[i] = tf.unique(local_keys[i], out_idx=tf.int64)
-    return types.SimpleNamespace(keys=local_keys, counts=local_counts, repeat=repeat,
-                                 tables=r_tables, by_table=by_table)
+    return types.SimpleNamespace(keys=local_keys, counts=list(local_counts), repeat=repeat,
+                                 recv=recv)
 
 
 def _return_rows(rows, owned, sent, dims, device):
-    """3. Owners send the rows back flattened in received order (dims may differ); the requester
-    puts them in table order (each table's distinct keys in their order).
+    """3. Owners send the rows back flattened, blocks by (requester, table); the requester puts
+    them in table order (each table's distinct keys in their order).
 
-    A custom gradient sends each row's gradient back the same way, reversed: TensorFlow's own
-    gradients of these gathers would be clustered by XLA's auto-jit (which fails on a table
-    with no keys on a rank) and recompiled for every step's new sizes."""
+    A custom gradient sends each row's gradient back the same way, reversed, built outside XLA:
+    TensorFlow's own gradients of these ops would be clustered by XLA's auto-jit (which fails on
+    a table with no keys on a rank) and recompiled for every step's new sizes."""
     n, world = len(dims), context.world_size
-    dim_of = tf.constant(dims + [0], tf.int64)  # table n: the headers, no row travels back
-    r_dims = tf.gather(dim_of, owned.tables)
-    grouped_offsets = tf.cumsum(tf.gather(r_dims, owned.by_table), exclusive=True)
-    pack = _spans(tf.gather(grouped_offsets, tf.math.invert_permutation(owned.by_table)), r_dims)
-    float_ends = tf.concat([[0], tf.cumsum(r_dims)], 0)  # floats before each received row
-    float_splits = (tf.gather(float_ends, sent.starts + sent.received_splits)
-                    - tf.gather(float_ends, sent.starts))
-    sent_tables = tf.gather(tf.concat([tf.fill([world], tf.constant(n, tf.int64)),
-                                       sent.table_ids], 0), sent.order)
-    sent_offsets = tf.cumsum(tf.gather(dim_of, sent_tables), exclusive=True)
-    mine = tf.gather(sent_offsets, tf.math.invert_permutation(sent.order))[world:]
-    unpack = _spans(mine, tf.gather(dim_of, sent.table_ids))
-    part_sizes = sent.sizes * tf.constant(dims, tf.int64)
+    with _on_host():
+        dim = tf.constant(dims, tf.int64)
+        owed = owned.recv * dim  # floats per (requester, table)
+        due = sent.sent * dim  # floats per (owner, table)
+        owed_by_table, owed_by_rank = tf.reshape(tf.transpose(owed), [-1]), tf.reshape(owed, [-1])
+        due_by_table, due_by_rank = tf.reshape(tf.transpose(due), [-1]), tf.reshape(due, [-1])
+        owed_to, due_from = tf.reduce_sum(owed, axis=1), tf.reduce_sum(due, axis=1)
+        table_floats = sent.sizes * dim
 
     @tf.custom_gradient
     def move(*rows):
         reps = [r if rep is None else tf.gather(r, rep) for r, rep in zip(rows, owned.repeat)]
-        grouped = tf.concat([tf.reshape(r, [-1]) for r in reps], 0)
-        back, back_counts = collectives.all_to_all(tf.gather(grouped, pack), float_splits, device)
-        parts = tf.split(tf.gather(back, unpack), part_sizes, num=n)
-        outs = [tf.reshape(part, [-1, d]) for part, d in zip(parts, dims)]
+        flat = tf.concat([tf.reshape(r, [-1]) for r in reps], 0)
+        out = _reorder(flat, owed_by_table, world, n, to_table_major=False)
+        back = collectives.all_to_all_sized(out, owed_to, due_from, device)
+        parts = tf.split(_reorder(back, due_by_rank, world, n, to_table_major=True),
+                         table_floats, num=n)
+        outs = [tf.gather(tf.reshape(part, [-1, d]), at)
+                for part, d, at in zip(parts, dims, sent.back_at)]
 
         def grad(*d_outs):
             with _not_xla_compiled():
-                d_flat = tf.concat([tf.reshape(tf.zeros_like(o) if d is None else d, [-1])
-                                    for d, o in zip(d_outs, outs)], 0)
-                d_back = tf.math.unsorted_segment_sum(d_flat, unpack,
-                                                      tf.size(back, out_type=tf.int64))
-                d_sent, _ = collectives.all_to_all(d_back, back_counts, device)
-                d_grouped = tf.math.unsorted_segment_sum(d_sent, pack,
-                                                         tf.size(grouped, out_type=tf.int64))
-                d_reps = tf.split(d_grouped, [tf.size(r, out_type=tf.int64) for r in reps],
-                                  num=n)
+                with _on_host():
+                    each = tf.unstack(sent.sizes, num=n)
+                d_parts = [tf.reshape(tf.math.unsorted_segment_sum(
+                    tf.zeros_like(o) if g is None else g, at, size), [-1])
+                    for g, o, at, size in zip(d_outs, outs, sent.back_at, each)]
+                d_back = _reorder(tf.concat(d_parts, 0), due_by_table, world, n,
+                                  to_table_major=False)
+                d_out = collectives.all_to_all_sized(d_back, due_from, owed_to, device)
+                d_flat = _reorder(d_out, owed_by_rank, world, n, to_table_major=True)
+                rep_sizes = _stack_on_host([tf.size(r, out_type=tf.int64) for r in reps])
+                d_reps = tf.split(d_flat, rep_sizes, num=n)
                 d_rows = []
-                for r, rep, d in zip(rows, owned.repeat, d_reps):
-                    d = tf.reshape(d, [-1, r.shape[-1] if r.shape[-1] is not None
-                                       else tf.shape(r)[-1]])
+                for r, rep, g, d in zip(rows, owned.repeat, d_reps, dims):
+                    g = tf.reshape(g, [-1, d])
                     if rep is not None:  # rows read once, sent once per asking rank
-                        d = tf.math.unsorted_segment_sum(d, rep, tf.shape(r, out_type=tf.int64)[0])
-                    d_rows.append(d)
+                        g = tf.math.unsorted_segment_sum(g, rep, tf.shape(r, out_type=tf.int64)[0])
+                    d_rows.append(g)
                 return d_rows
 
         return outs, grad

@@ -341,9 +341,14 @@ class GenericSparseUpdater:
             for slot, store in state.slots.values():
                 deps.append(assign(slot, tf.pad(store.sparse_read(unique), padding)))
         deps = [d for d in deps if isinstance(d, (tf.Operation, tf.Tensor))]
-        gradient = tf.IndexedSlices(
-            summed, tf.range(n), dense_shape=tf.constant([cap, dim], tf.int64)
-        )
+        if "GPU" in (state.scratch.device or "").upper():
+            # TensorFlow has no GPU kernel for some sparse updates (Momentum's): the scratch rows
+            # past n are never written back, so a dense update of the padded rows is the same step.
+            gradient = tf.pad(summed, padding)
+        else:
+            gradient = tf.IndexedSlices(
+                summed, tf.range(n), dense_shape=tf.constant([cap, dim], tf.int64)
+            )
 
         def write_back(step):
             writes = [table.assign(unique, read(state.scratch)[:n])]

@@ -65,14 +65,32 @@ Status CommunicatorOf(OpKernelContext* ctx, Communicator** comm) {
   if (*comm == nullptr) {
     return errors::FailedPrecondition(
         "no NCCL communicator on GPU ", device,
-        " in this process: sok.init() makes one when the job runs under horovodrun with GPUs");
+        " in this process: sok.init() makes one, under horovodrun with a GPU per rank, on the GPU "
+        "tf.config shows the rank. A TF1 Session given its own ConfigProto ignores tf.config's "
+        "visible devices: set its gpu_options.visible_device_list to the same GPU");
   }
   return OkStatus();
 }
 
+// Rows of `input` as `row_bytes`-byte rows (dim 0 counts rows).
+size_t RowBytes(const Tensor& input) {
+  TensorShape row_shape = input.shape();
+  row_shape.RemoveDim(0);
+  return row_shape.num_elements() * DataTypeSize(input.dtype());
+}
+
+Status AllocateRows(OpKernelContext* ctx, const Tensor& input, int64_t rows, Tensor** out) {
+  TensorShape shape = input.shape();
+  shape.set_dim(0, rows);
+  return ctx->allocate_output(0, shape, out);
+}
+
 class AllToAllOp : public SokOpKernel<GpuDevice> {
  public:
-  using SokOpKernel::SokOpKernel;
+  explicit AllToAllOp(OpKernelConstruction* ctx) : SokOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("row_columns", &row_columns_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("width_mismatch", &width_mismatch_));
+  }
 
  protected:
   void ComputeOnDevice(OpKernelContext* ctx) override {
@@ -83,43 +101,118 @@ class AllToAllOp : public SokOpKernel<GpuDevice> {
     const int world = comm->world();
     OP_REQUIRES(ctx, input.dims() >= 1,
                 errors::InvalidArgument("SokAllToAll: the input needs a dimension of rows"));
-    OP_REQUIRES(ctx, send_counts.dims() == 1 && send_counts.NumElements() == world,
-                errors::InvalidArgument("SokAllToAll: send_counts must have one count per rank (",
-                                        world, "), got shape ", send_counts.shape().DebugString()));
-    TensorShape row_shape = input.shape();
-    row_shape.RemoveDim(0);
-    const size_t row_bytes = row_shape.num_elements() * DataTypeSize(input.dtype());
-    Tensor* recv_counts;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({world}), &recv_counts));
+    OP_REQUIRES(
+        ctx, send_counts.dims() >= 1 && send_counts.dims() <= 2 && send_counts.dim_size(0) == world,
+        errors::InvalidArgument("SokAllToAll: send_counts must have a row per rank (", world,
+                                "), got shape ", send_counts.shape().DebugString()));
+    const int k = send_counts.dims() == 2 ? static_cast<int>(send_counts.dim_size(1)) : 1;
+    const int row_columns = row_columns_ < 0 ? k : row_columns_;
+    OP_REQUIRES(ctx, row_columns <= k,
+                errors::InvalidArgument("SokAllToAll: row_columns ", row_columns, " of ", k));
+    Tensor* outs[3];
+    for (int i = 0; i < 3; ++i) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(i + 1, send_counts.shape(), &outs[i]));
+    }
     Tensor host;
     AllocatorAttributes pinned;
     pinned.set_on_host(true);
     pinned.set_gpu_compatible(true);
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({2 * world}), &host, pinned));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({2 * world * k}), &host, pinned));
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
     auto hold = comm->lock();
+    if (send_counts.dims() == 2) OP_REQUIRES_OK(ctx, CheckWidths(ctx, comm, k, stream));
     const int64_t* counts = host.flat<int64_t>().data();
     OP_REQUIRES_OK(ctx, ToTf(comm->exchange_counts(send_counts.flat<int64_t>().data(),
-                                                   recv_counts->flat<int64_t>().data(),
+                                                   outs[0]->flat<int64_t>().data(), k,
                                                    host.flat<int64_t>().data(), stream)));
+    std::copy(counts, counts + world * k, outs[1]->flat<int64_t>().data());
+    std::copy(counts + world * k, counts + 2 * world * k, outs[2]->flat<int64_t>().data());
+    std::vector<int64_t> send_rows(world, 0), recv_rows(world, 0);
     int64_t sent = 0, received = 0;
     for (int p = 0; p < world; ++p) {
-      OP_REQUIRES(ctx, counts[p] >= 0 && counts[world + p] >= 0,
+      for (int c = 0; c < row_columns; ++c) {
+        send_rows[p] += counts[p * k + c];
+        recv_rows[p] += counts[(world + p) * k + c];
+      }
+      OP_REQUIRES(ctx, send_rows[p] >= 0 && recv_rows[p] >= 0,
                   errors::InvalidArgument("SokAllToAll: negative count for rank ", p));
-      sent += counts[p];
-      received += counts[world + p];
+      sent += send_rows[p];
+      received += recv_rows[p];
     }
     OP_REQUIRES(ctx, sent == input.dim_size(0),
                 errors::InvalidArgument("SokAllToAll: send_counts sum to ", sent,
-                                        " but the input "
-                                        "has ",
-                                        input.dim_size(0), " rows"));
-    TensorShape out_shape = row_shape;
-    out_shape.InsertDim(0, received);
+                                        " but the input has ", input.dim_size(0), " rows"));
     Tensor* output;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &output));
-    OP_REQUIRES_OK(ctx, ToTf(comm->all_to_all(input.data(), counts, output->data(), counts + world,
-                                              row_bytes, stream)));
+    OP_REQUIRES_OK(ctx, AllocateRows(ctx, input, received, &output));
+    OP_REQUIRES_OK(ctx, ToTf(comm->all_to_all(input.data(), send_rows.data(), output->data(),
+                                              recv_rows.data(), RowBytes(input), stream)));
+  }
+
+ private:
+  // Every rank sends the same number of columns, or every rank fails alike (a rank that posted
+  // a different width would leave NCCL's sends and receives unmatched).
+  Status CheckWidths(OpKernelContext* ctx, Communicator* comm, int k, cudaStream_t stream) {
+    const int world = comm->world();
+    Tensor widths, host;
+    AllocatorAttributes pinned;
+    pinned.set_on_host(true);
+    pinned.set_gpu_compatible(true);
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, TensorShape({2 * world}), &widths));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, TensorShape({3 * world}), &host, pinned));
+    int64_t* h = host.flat<int64_t>().data();
+    std::fill(h, h + world, k);
+    int64_t* d = widths.flat<int64_t>().data();
+    TF_RETURN_IF_ERROR(ToTf(sok::gpu::cuda_status(
+        cudaMemcpyAsync(d, h, sizeof(int64_t) * world, cudaMemcpyHostToDevice, stream),
+        "copy of the count widths to the GPU")));
+    TF_RETURN_IF_ERROR(ToTf(comm->exchange_counts(d, d + world, 1, h + world, stream)));
+    const int64_t* got = h + 2 * world;
+    if (std::all_of(got, got + world, [k](int64_t w) { return w == k; })) return OkStatus();
+    std::string per_rank;
+    for (int p = 0; p < world; ++p) absl::StrAppend(&per_rank, p ? ", " : "", got[p]);
+    return errors::InvalidArgument(width_mismatch_, " Count columns per rank 0..", world - 1, ": [",
+                                   per_rank, "]");
+  }
+
+  int row_columns_ = -1;
+  std::string width_mismatch_;
+};
+
+class AllToAllSizedOp : public SokOpKernel<GpuDevice> {
+ public:
+  using SokOpKernel::SokOpKernel;
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
+    const Tensor& input = ctx->input(0);
+    const Tensor& send_rows = ctx->input(1);
+    const Tensor& recv_rows = ctx->input(2);
+    Communicator* comm;
+    OP_REQUIRES_OK(ctx, CommunicatorOf(ctx, &comm));
+    const int world = comm->world();
+    OP_REQUIRES(ctx, input.dims() >= 1,
+                errors::InvalidArgument("SokAllToAllSized: the input needs a dimension of rows"));
+    OP_REQUIRES(ctx, send_rows.NumElements() == world && recv_rows.NumElements() == world,
+                errors::InvalidArgument("SokAllToAllSized: send_rows and recv_rows need one "
+                                        "count per rank (",
+                                        world, ")"));
+    const int64_t* send = send_rows.flat<int64_t>().data();
+    const int64_t* recv = recv_rows.flat<int64_t>().data();
+    int64_t sent = 0, received = 0;
+    for (int p = 0; p < world; ++p) {
+      OP_REQUIRES(ctx, send[p] >= 0 && recv[p] >= 0,
+                  errors::InvalidArgument("SokAllToAllSized: negative count for rank ", p));
+      sent += send[p];
+      received += recv[p];
+    }
+    OP_REQUIRES(ctx, sent == input.dim_size(0),
+                errors::InvalidArgument("SokAllToAllSized: send_rows sum to ", sent,
+                                        " but the input has ", input.dim_size(0), " rows"));
+    Tensor* output;
+    OP_REQUIRES_OK(ctx, AllocateRows(ctx, input, received, &output));
+    auto hold = comm->lock();
+    OP_REQUIRES_OK(ctx, ToTf(comm->all_to_all(input.data(), send, output->data(), recv,
+                                              RowBytes(input), OnDevice<GpuDevice>::Stream(ctx))));
   }
 };
 
@@ -183,7 +276,14 @@ class AllReduceOp : public SokOpKernel<GpuDevice> {
 
 REGISTER_KERNEL_BUILDER(Name("SokNcclUniqueId").Device(DEVICE_CPU), NcclUniqueIdOp);
 REGISTER_KERNEL_BUILDER(Name("SokNcclInit").Device(DEVICE_CPU), NcclInitOp);
-REGISTER_KERNEL_BUILDER(Name("SokAllToAll").Device(DEVICE_GPU), AllToAllOp);
+REGISTER_KERNEL_BUILDER(Name("SokAllToAll")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("send_counts_host")
+                            .HostMemory("recv_counts_host"),
+                        AllToAllOp);
+REGISTER_KERNEL_BUILDER(
+    Name("SokAllToAllSized").Device(DEVICE_GPU).HostMemory("send_rows").HostMemory("recv_rows"),
+    AllToAllSizedOp);
 #define SOK_REGISTER_ALL_REDUCE(T)                                                        \
   REGISTER_KERNEL_BUILDER(Name("SokAllReduce").Device(DEVICE_GPU).TypeConstraint<T>("T"), \
                           AllReduceOp<T>);

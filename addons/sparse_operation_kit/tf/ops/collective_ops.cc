@@ -29,16 +29,24 @@ REGISTER_OP("SokNcclInit")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 
-// Variable all-to-all over NCCL: rows of `input` (grouped by destination rank) go
-// send_counts[p] to rank p; `output` holds the rows from every rank in rank order, recv_counts[p]
-// from rank p. Both counts are int64 [world] in device memory; the one wait on the host is for the
-// sizes, bounded by the communicator's timeout.
+// Variable all-to-all over NCCL: rows of `input` (grouped by destination rank) go to rank p,
+// as many as the first `row_columns` values of send_counts[p] add up to (-1: all of them; a 1-D
+// send_counts is one column); the other columns travel along (e.g. checks every rank must see).
+// `output` holds the rows from every rank in rank order; recv_counts[p] is what rank p sent here.
+// The counts are exchanged first and copied to the host (the one wait on the host, bounded by the
+// communicator's timeout); *_host are those copies, in host memory. With a 2-D send_counts the
+// ranks first check that they all send as many columns: if not, every rank fails with
+// `width_mismatch` and the columns each rank sends.
 REGISTER_OP("SokAllToAll")
     .Input("input: T")
     .Input("send_counts: int64")
     .Output("output: T")
     .Output("recv_counts: int64")
+    .Output("send_counts_host: int64")
+    .Output("recv_counts_host: int64")
     .Attr("T: type")
+    .Attr("row_columns: int = -1")
+    .Attr("width_mismatch: string = 'the ranks sent count matrices of different widths'")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle in, rows, out;
@@ -47,8 +55,28 @@ REGISTER_OP("SokAllToAll")
       TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(InferenceContext::kUnknownDim), rows, &out));
       c->set_output(0, out);
       ShapeHandle counts;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &counts));
-      c->set_output(1, counts);
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(1), 1, &counts));
+      TF_RETURN_IF_ERROR(c->WithRankAtMost(counts, 2, &counts));
+      for (int i = 1; i < 4; ++i) c->set_output(i, counts);
+      return OkStatus();
+    });
+
+// The all-to-all when both sides already know the sizes (rows of dim 0): send_rows[p] rows to
+// rank p, recv_rows[p] from rank p (host memory, e.g. SokAllToAll's host counts). No exchange of
+// sizes and no wait on the host.
+REGISTER_OP("SokAllToAllSized")
+    .Input("input: T")
+    .Input("send_rows: int64")
+    .Input("recv_rows: int64")
+    .Output("output: T")
+    .Attr("T: type")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle in, rows, out;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &in));
+      TF_RETURN_IF_ERROR(c->Subshape(in, 1, &rows));
+      TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(InferenceContext::kUnknownDim), rows, &out));
+      c->set_output(0, out);
       return OkStatus();
     });
 
