@@ -238,10 +238,14 @@ def _return_rows(rows, owned, sent, dims, device):
         due_by_table, due_by_rank = tf.reshape(tf.transpose(due), [-1]), tf.reshape(due, [-1])
         owed_to, due_from = tf.reduce_sum(owed, axis=1), tf.reduce_sum(due, axis=1)
         table_floats = sent.sizes * dim
+        each = tf.unstack(sent.sizes, num=n)
 
+    # The gradient's ops make no host arithmetic of their own: optimizers may colocate a
+    # gradient with its op, and one on the GPU cannot share a group with host ops.
     @tf.custom_gradient
     def move(*rows):
         reps = [r if rep is None else tf.gather(r, rep) for r, rep in zip(rows, owned.repeat)]
+        rep_sizes = _stack_on_host([tf.size(r, out_type=tf.int64) for r in reps])
         flat = tf.concat([tf.reshape(r, [-1]) for r in reps], 0)
         out = _reorder(flat, owed_by_table, world, n, to_table_major=False)
         back = collectives.all_to_all_sized(out, owed_to, due_from, device)
@@ -252,8 +256,6 @@ def _return_rows(rows, owned, sent, dims, device):
 
         def grad(*d_outs):
             with _not_xla_compiled():
-                with _on_host():
-                    each = tf.unstack(sent.sizes, num=n)
                 d_parts = [tf.reshape(tf.math.unsorted_segment_sum(
                     tf.zeros_like(o) if g is None else g, at, size), [-1])
                     for g, o, at, size in zip(d_outs, outs, sent.back_at, each)]
@@ -261,7 +263,6 @@ def _return_rows(rows, owned, sent, dims, device):
                                   to_table_major=False)
                 d_out = collectives.all_to_all_sized(d_back, due_from, owed_to, device)
                 d_flat = _reorder(d_out, owed_by_rank, world, n, to_table_major=True)
-                rep_sizes = _stack_on_host([tf.size(r, out_type=tf.int64) for r in reps])
                 d_reps = tf.split(d_flat, rep_sizes, num=n)
                 d_rows = []
                 for r, rep, g, d in zip(rows, owned.repeat, d_reps, dims):
