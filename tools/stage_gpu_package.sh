@@ -6,8 +6,8 @@
 #   SOK_STAGE_FROM=HEAD bash tools/stage_gpu_package.sh   (the committed Python sources)
 #   bash tools/stage_gpu_package.sh --horovod PY312   (also build/horovod: Horovod's wheel for the
 #       device's Python and its dependencies' wheels; PY312 is a python3.12 venv's interpreter
-#       with tensorflow-cpu 2.21, e.g. made with `python3.12 -m venv`; the first build takes
-#       minutes and is cached)
+#       with TensorFlow 2.21 (`tensorflow` for Horovod with NCCL; `tensorflow-cpu` and
+#       SOK_HOROVOD_GPU=0 for Gloo only); the first build takes minutes and is cached)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--horovod" ]; then
@@ -15,7 +15,9 @@ if [ "${1:-}" = "--horovod" ]; then
   bash tools/install_horovod.sh "$py"
   tag=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
   rm -rf build/horovod && mkdir -p build/horovod
-  cp "${SOK_CACHE_DIR:-$HOME/.cache/sok}"/wheels/horovod-*-"$tag"/horovod-*.whl build/horovod/
+  # The wheel the script just built or found (the newest of this Python's).
+  cp "$(ls -t "${SOK_CACHE_DIR:-$HOME/.cache/sok}"/wheels/horovod-*-"$tag"/horovod-*.whl | head -n 1)" \
+    build/horovod/
   "$py" -m pip download -q --only-binary=:all: -d build/horovod cloudpickle psutil pyyaml packaging
   echo "build/horovod: $(ls build/horovod | tr '\n' ' ')"
 fi
