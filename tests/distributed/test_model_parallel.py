@@ -47,7 +47,7 @@ def run_two(ckpt_root):
     """-np 2: everything, and a 2-rank sok.dump."""
     dump = ckpt_root / "from2"
     rc, out, secs = horovodrun(
-        2, "model_parallel.py", "bytes", "collectives", "tf2", "tf1", "sok2x", "errors", f"dump={dump}",
+        2, "model_parallel.py", "bytes", "collectives", "chains", "tf2", "tf1", "sok2x", "errors", f"dump={dump}",
         f"sok2program={ckpt_root / 'sok2_program'}",
     )
     return rc, out, dump
@@ -76,6 +76,7 @@ def test_two_ranks_match_one_process(run_two):
     2.x-style code runs unchanged; errors are the same, clear, on every rank."""
     rc, out, _ = run_two
     _assert_ok(2, rc, out, MAIN_PHASES + ["bytes", "collectives: sok.all_reduce sum/mean, eager and TF1",
+                                          "chains: evaluation lookups run none of the training",
                                           "checkpoint: sok.dump from 2 ranks"])
 
 

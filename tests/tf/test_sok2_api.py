@@ -1,6 +1,6 @@
 """The rest of NVIDIA SOK 2.x's public API on one CPU process, in TF2 and TF1 Sessions, against
 plain-TensorFlow references: sok.tf_version, sok.set_comm_tool, the DynamicVariable surface
-(scatter_*, indices, key_map, repr, fetch errors), DistributedVariable / LocalizedVariable,
+(scatter_*, indices, key_map, repr, Session fetches), DistributedVariable / LocalizedVariable,
 sok.sparse_read_and_evict and the incremental dump (docs/COMPATIBILITY_SOK.md)."""
 import datetime
 
@@ -79,8 +79,8 @@ def test_dynamic_variable_scatter_ops_match_tf_variable_eager():
 
 
 def test_dynamic_variable_in_a_session():
-    """TF1: scatter ops as graph ops against the reference, and a clear error for sess.run(var)
-    (SOK 2.x's DynamicVariable has no dense value either)."""
+    """TF1: scatter ops as graph ops against the reference; tf.convert_to_tensor(var) is a clear
+    error (SOK 2.x's DynamicVariable has no dense value either)."""
     with graph_session() as sess:
         v = sok.DynamicVariable(dimension=2, initializer="13", name="dyn_session")
         ref = tf.compat.v1.get_variable("ref", initializer=tf.fill([16, 2], 13.0), use_resource=True)
@@ -94,11 +94,60 @@ def test_dynamic_variable_in_a_session():
         np.testing.assert_allclose(rows, expected)
         np.testing.assert_array_equal(size, [4, 2])
         assert "<sok.DynamicVariable 'dyn_session' shape=(None, 2) dtype=float32" in repr(v)
-        with pytest.raises(TypeError, match="'dyn_session' is a hash table without a dense value.*"
-                                            "sok.export"):
-            sess.run(v)
         with pytest.raises(TypeError, match="'dyn_session' is a hash table without a dense value"):
             tf.convert_to_tensor(v)
+
+
+def _rows_by_key(keys, values):
+    order = np.argsort(keys)
+    return keys[order], values[order]
+
+
+def test_session_fetches_tables_as_variables():
+    """sess.run of a DynamicVariable, a sok.Variable, an Embedding Variable and a partitioned one,
+    alone, in lists and dicts, through make_callable and filter_variables (SOK 2.x's
+    tf1/variable/filter_variables_test.py): a table's fetch is its rows on this rank."""
+    with graph_session() as sess:
+        dense = tf.compat.v1.Variable([[0, 1, 2]])
+        static = sok.Variable([[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]])
+        dynamic = sok.DynamicVariable(dimension=3, initializer="13", name="fetch_dyn")
+        ev = sok.get_embedding_variable("fetch_ev", embedding_dim=3, initializer=tf.ones_initializer())
+        parts = sok.get_embedding_variable(
+            "fetch_parts", embedding_dim=3, initializer=tf.zeros_initializer(),
+            partitioner=tf.compat.v1.fixed_size_partitioner(2))
+        writes = [dynamic.scatter_update(tf.IndexedSlices(tf.fill([2, 3], 2.0),
+                                                          tf.constant([5, 9], tf.int64))),
+                  ev.sparse_read(tf.constant([4], tf.int64)),
+                  parts.sparse_read(tf.constant([1, 2, 3], tf.int64))]
+        sess.run(tf.compat.v1.global_variables_initializer())
+        empty = sess.run(dynamic)
+        assert empty.shape == (0, 3) and empty.dtype == np.float32
+        sess.run(writes)
+        keys, values = sess.run(sok.export(dynamic))
+        fetched = sess.run(dynamic)
+        np.testing.assert_array_equal(fetched, values)
+        np.testing.assert_array_equal(_rows_by_key(keys, fetched)[1], np.full([2, 3], 2.0))
+        got = sess.run({"static": static, "list": [dynamic, ev], "parts": parts})
+        np.testing.assert_array_equal(got["static"], [[3, 4, 5], [6, 7, 8]])
+        np.testing.assert_array_equal(got["list"][1], np.ones([1, 3]))
+        np.testing.assert_array_equal(got["parts"], np.zeros([3, 3]))
+        with tf.control_dependencies([dynamic]):
+            after = tf.constant(1)
+        assert len(after.op.control_inputs) == 1
+        fetch = sess.make_callable([dynamic, static])
+        np.testing.assert_array_equal(fetch()[0], fetched)
+        sok_vars, other_vars = sess.run(sok.filter_variables([dense, static, dynamic]))
+        assert len(sok_vars) == 2 and len(other_vars) == 1
+        before = len(tf.compat.v1.get_default_graph().get_operations())
+        sess.run(dynamic)
+        assert len(tf.compat.v1.get_default_graph().get_operations()) == before  # made once
+        unfetched = sok.DynamicVariable(dimension=3, name="fetch_late")
+        sess.run(unfetched.initializer)
+        tf.compat.v1.get_default_graph().finalize()
+        np.testing.assert_array_equal(sess.run(dynamic), fetched)
+        with pytest.raises(TypeError, match="'fetch_late': fetch it once before the graph is "
+                                            "finalized"):
+            sess.run(unfetched)
 
 
 def test_dynamic_variable_initializer_strings():

@@ -568,6 +568,41 @@ def run_collectives(hvd, rank, world):
     done("collectives: sok.all_reduce sum/mean, eager and TF1")
 
 
+def _ancestors(tensors):
+    seen, todo = set(), [t.op for t in tensors]
+    while todo:
+        op = todo.pop()
+        if op not in seen:
+            seen.add(op)
+            todo.extend([t.op for t in op.inputs] + list(op.control_inputs))
+    return seen
+
+
+def run_chains(hvd, rank, world):
+    """TF1: SOK orders its collectives with control dependencies, training ones apart from
+    lookups that do not train, so an evaluation run never runs a training step's collectives
+    (nor inserts keys)."""
+    with tf.Graph().as_default():
+        ev = sok.get_embedding_variable("chains_ev", 4)
+        ids = tf.ragged.constant([[1, 2], [3 + rank]], dtype=tf.int64)
+        opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
+        loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], training=True)[0])
+        train = opt.apply_gradients(opt.compute_gradients(loss, [ev]))
+        training_ops = {op for op in tf.compat.v1.get_default_graph().get_operations()
+                        if "lltoall" in op.type or "AllToAll" in op.type}
+        probe = tf.ragged.constant([[7, 8 + rank]], dtype=tf.int64)
+        evaluation = sok.lookup_sparse([ev], [probe], training=False)[0]
+        pulled = training_ops & _ancestors([evaluation])
+        assert not pulled, f"evaluation depends on training collectives {sorted(o.name for o in pulled)}"
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            size = sess.run(ev.size())
+            sess.run(evaluation)
+            assert sess.run(ev.size()) == size, "an evaluation lookup inserted keys"
+    done("chains: evaluation lookups run none of the training collectives")
+
+
 def run_bytes(hvd, rank, world, per_rank=64, dim=16):
     import exchange_bytes
 
@@ -592,9 +627,9 @@ def run_bytes(hvd, rank, world, per_rank=64, dim=16):
         sent[-1] += (c.size - c.shape[-1] if c.ndim == 2 else 0) * 8  # the size matrix
         return exchange(tensor, counts, device, row_columns, **kw)
 
-    def recorded_sized(tensor, send_rows, recv_rows, device=""):
+    def recorded_sized(tensor, send_rows, recv_rows, *args, **kw):
         count(tensor, tf.convert_to_tensor(send_rows).numpy())
-        return sized(tensor, send_rows, recv_rows, device)
+        return sized(tensor, send_rows, recv_rows, *args, **kw)
 
     ids = [tf.RaggedTensor.from_tensor(tf.constant(k[:, None])) for k in keys[rank]]
     collectives.exchange, collectives.all_to_all_sized = recorded_exchange, recorded_sized
@@ -636,6 +671,8 @@ def main():
             run_bytes(hvd, rank, world)
         elif arg == "collectives":
             run_collectives(hvd, rank, world)
+        elif arg == "chains":
+            run_chains(hvd, rank, world)
         elif arg == "errors":
             run_errors(hvd, rank, world)
         elif arg.startswith("dump="):

@@ -8,7 +8,10 @@
 
 Ranks must run the same collectives in the same order. Eager code and tf.function (automatic
 control dependencies of stateful ops) do; in a TF1 graph each SOK collective gets a control
-dependency on the one created before it.
+dependency on the one created before it in its chain: "train" (training lookups, their
+gradients, sok.all_reduce) or "lookup" (lookups that do not train, e.g. evaluation), so that
+running an evaluation never runs a training step's collectives. A Session.run that fetches both
+kinds at once may order them differently on different ranks: fetch them in separate runs.
 """
 import logging
 import os
@@ -23,7 +26,9 @@ from sparse_operation_kit.devices import gpu_kernels_built
 
 _log = logging.getLogger("sparse_operation_kit")
 _ENV = "SOK_COLLECTIVES"  # "horovod" forces Horovod's collectives (e.g. to compare)
-_last_in_graph = weakref.WeakKeyDictionary()  # TF1 graph -> the last SOK collective op in it
+# TF1 graph -> {chain: the last SOK collective op of that chain in it}
+_last_in_graph = weakref.WeakKeyDictionary()
+TRAIN, LOOKUP = "train", "lookup"
 
 
 class _Job:
@@ -165,14 +170,14 @@ def uses_nccl(device=""):
     return _job.kind == "nccl" and "CPU" not in (device or "").upper()
 
 
-def all_to_all(x, counts, device=""):
+def all_to_all(x, counts, device="", chain=TRAIN):
     """Rows of `x`, grouped by destination, counts[p] (int64) to rank p; returns the received rows
     (in rank order) and how many came from each rank (int64, in host memory on GPUs)."""
-    ex = exchange(x, counts, device)
+    ex = exchange(x, counts, device, chain=chain)
     return ex.rows, ex.received
 
 
-def exchange(x, counts, device="", row_columns=-1, width_mismatch=None):
+def exchange(x, counts, device="", row_columns=-1, width_mismatch=None, chain=TRAIN):
     """The all-to-all with sizes in a matrix: counts [world, k] (int64), row p for rank p, whose
     first `row_columns` columns (-1: all) add up to the rows of `x` for rank p; the other columns
     travel along (values every rank must see). Returns .rows (received, in rank order),
@@ -181,39 +186,44 @@ def exchange(x, counts, device="", row_columns=-1, width_mismatch=None):
     with `width_mismatch` (a message) and every rank's k."""
     counts = tf.cast(counts, tf.int64)
     message = width_mismatch or "the ranks sent count matrices of different widths"
-    if uses_nccl(device):
-        with _after_previous():
+    with _after_previous(chain):
+        if uses_nccl(device):
             rows, _, sent, received = ops.sok_all_to_all(
                 x, counts, row_columns=row_columns, width_mismatch=message)
-        _remember(rows)
-        return types.SimpleNamespace(rows=rows, received=received, sent=sent)
+        else:
+            rows, received, sent = _horovod_exchange(x, counts, row_columns, message)
+    _remember(rows, chain)
+    return types.SimpleNamespace(rows=rows, received=received, sent=sent)
+
+
+def _horovod_exchange(x, counts, row_columns, message):
     hvd = _job.hvd
     if counts.shape.rank == 1:
         rows, received = hvd.alltoall(x, splits=tf.cast(counts, tf.int32))
-        received = tf.cast(received, tf.int64)
-    else:
-        ones = tf.ones([hvd.size()], tf.int32)
-        widths, _ = hvd.alltoall(tf.fill([hvd.size()], tf.shape(counts, tf.int64)[1]), splits=ones)
-        same = tf.debugging.Assert(
-            tf.reduce_all(tf.equal(widths, tf.shape(counts, tf.int64)[1])),
-            [message + " Count columns per rank:", widths], summarize=hvd.size())
-        with tf.control_dependencies([same]):
-            rows_to = tf.reduce_sum(counts if row_columns < 0 else counts[:, :row_columns], axis=1)
-        rows, _ = hvd.alltoall(x, splits=tf.cast(rows_to, tf.int32))
-        received, _ = hvd.alltoall(counts, splits=ones)
-    return types.SimpleNamespace(rows=rows, received=received, sent=counts)
+        return rows, tf.cast(received, tf.int64), counts
+    ones = tf.ones([hvd.size()], tf.int32)
+    width = tf.shape(counts, tf.int64)[1]
+    widths, _ = hvd.alltoall(tf.fill([hvd.size()], width), splits=ones)
+    same = tf.debugging.Assert(tf.reduce_all(tf.equal(widths, width)),
+                               [message + " Count columns per rank:", widths],
+                               summarize=hvd.size())
+    with tf.control_dependencies([same]):
+        rows_to = tf.reduce_sum(counts if row_columns < 0 else counts[:, :row_columns], axis=1)
+    rows, _ = hvd.alltoall(x, splits=tf.cast(rows_to, tf.int32))
+    received, _ = hvd.alltoall(counts, splits=ones)
+    return rows, received, counts
 
 
-def all_to_all_sized(x, send_rows, recv_rows, device=""):
+def all_to_all_sized(x, send_rows, recv_rows, device="", chain=TRAIN):
     """The all-to-all when both sides know the sizes: send_rows[p] rows of `x` to rank p,
     recv_rows[p] rows from rank p (int64 [world], host values from `exchange`). On GPUs no
     sizes are exchanged and nothing waits on the host."""
-    if uses_nccl(device):
-        with _after_previous():
+    with _after_previous(chain):
+        if uses_nccl(device):
             out = ops.sok_all_to_all_sized(x, send_rows, recv_rows)
-        _remember(out)
-        return out
-    out, _ = _job.hvd.alltoall(x, splits=tf.cast(send_rows, tf.int32))
+        else:
+            out, _ = _job.hvd.alltoall(x, splits=tf.cast(send_rows, tf.int32))
+    _remember(out, chain)
     return out
 
 
@@ -247,13 +257,16 @@ def all_reduce(tensors, op="mean"):
 
 
 class _after_previous:
-    """In a TF1 graph: the next collective depends on the previous one (see the module doc)."""
+    """In a TF1 graph: the next collective of `chain` depends on its previous one (module doc)."""
+
+    def __init__(self, chain=TRAIN):
+        self._chain = chain
 
     def __enter__(self):
         self._ctx = None
         if not tf.executing_eagerly():
             g = tf.compat.v1.get_default_graph()
-            prev = _last_in_graph.get(g)
+            prev = _last_in_graph.get(g, {}).get(self._chain)
             if prev is not None:
                 self._ctx = tf.control_dependencies([prev])
                 self._ctx.__enter__()
@@ -265,9 +278,9 @@ class _after_previous:
         return False
 
 
-def _remember(tensor):
+def _remember(tensor, chain=TRAIN):
     if not tf.executing_eagerly():
-        _last_in_graph[tensor.graph] = tensor.op
+        _last_in_graph.setdefault(tensor.graph, {})[chain] = tensor.op
 
 
 @tf.RegisterGradient("SokAllToAll")

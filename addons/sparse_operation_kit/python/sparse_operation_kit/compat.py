@@ -192,12 +192,30 @@ def register_collection_proto(collection, proto_type, to_proto, from_proto):
                                            from_proto=from_proto)
 
 
-def refuse_session_fetch(cls, message):
-    """`Session.run(x)` (and tf.control_dependencies([x])) of an instance of `cls` raise
-    TypeError(message(x)) instead of TensorFlow's generic "Can not convert": Graph.as_graph_element
-    asks the object itself through a private protocol."""
+def fetch_as(cls, fetch_value):
+    """`Session.run(x)` of an instance of `cls` (also inside lists and dicts, through
+    Session.make_callable, and in tf.control_dependencies([x])) runs `fetch_value(x)`, as a
+    tf.Variable fetch runs its read: Graph.as_graph_element asks the object itself through a
+    private protocol. The tensor is made once per table, in the table's graph."""
 
     def _as_graph_element(self):
-        raise TypeError(message(self))
+        element = getattr(self, "_sok_fetch_element", None)
+        if element is not None:
+            return element
+        try:
+            graph = self.graph
+        except AttributeError:  # an eager table's handle has no graph
+            graph = None
+        if graph is None:
+            raise TypeError(f"table '{self.name}' was created eagerly: a Session cannot fetch it")
+        if graph.finalized:
+            raise TypeError(
+                f"table '{self.name}': fetch it once before the graph is finalized (the fetch adds "
+                "an op), or fetch sok.export(var) made before then"
+            )
+        with graph.as_default(), tf.name_scope(f"{self.name.replace(':', '_')}_fetch"):
+            element = fetch_value(self)
+        self._sok_fetch_element = element
+        return element
 
     cls._as_graph_element = _as_graph_element

@@ -160,13 +160,14 @@ def fetch_rows(params, keys, counts, training, names):
     for p, nm in zip(params, names):
         tables.check_target(target_of(p), world, "lookup_sparse", nm)
     with tf.name_scope("sok_exchange"), _not_xla_compiled():
-        sent = _send_keys(params, keys, counts, names, device)
+        chain = collectives.TRAIN if training else collectives.LOOKUP
+        sent = _send_keys(params, keys, counts, names, device, chain)
         owned = _owned_keys(params, sent)
         rows = local_rows(params, owned.keys, owned.counts, training, names)
-        return _return_rows(rows, owned, sent, [_dim(p) for p in params], device)
+        return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
 
 
-def _send_keys(params, keys, counts, names, device):
+def _send_keys(params, keys, counts, names, device, chain):
     """1. Keys to their owners, grouped by (owner, table), behind the size matrix."""
     n, world = len(params), context.world_size
     sig = _signature(params, names)
@@ -183,7 +184,7 @@ def _send_keys(params, keys, counts, names, device):
     matrix = tf.concat([tf.reshape(_count(block, world * n), [world, n]),
                         tf.tile(header[None], [world, 1])], 1)
     ex = collectives.exchange(request, matrix, device, row_columns=n,
-                              width_mismatch=_mismatch(params, names, sig))
+                              width_mismatch=_mismatch(params, names, sig), chain=chain)
     with _on_host():
         checks = _checks(ex.received[:, n:], params, names, sig)
         sent = ex.sent[:, :n]  # keys per (owner q, table t)
@@ -222,7 +223,7 @@ def _owned_keys(params, sent):
                                  recv=recv)
 
 
-def _return_rows(rows, owned, sent, dims, device):
+def _return_rows(rows, owned, sent, dims, device, chain):
     """3. Owners send the rows back flattened, blocks by (requester, table); the requester puts
     them in table order (each table's distinct keys in their order).
 
@@ -248,7 +249,7 @@ def _return_rows(rows, owned, sent, dims, device):
         rep_sizes = _stack_on_host([tf.size(r, out_type=tf.int64) for r in reps])
         flat = tf.concat([tf.reshape(r, [-1]) for r in reps], 0)
         out = _reorder(flat, owed_by_table, world, n, to_table_major=False)
-        back = collectives.all_to_all_sized(out, owed_to, due_from, device)
+        back = collectives.all_to_all_sized(out, owed_to, due_from, device, chain)
         parts = tf.split(_reorder(back, due_by_rank, world, n, to_table_major=True),
                          table_floats, num=n)
         outs = [tf.gather(tf.reshape(part, [-1, d]), at)

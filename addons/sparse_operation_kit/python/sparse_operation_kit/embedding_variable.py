@@ -490,5 +490,16 @@ class EmbeddingVariable(compat.TableResource):
         )
 
 
+def fetch_rows(table):
+    """What `sess.run(table)` returns: the [rows, dim] values of every row on this rank, in
+    sok.export's order. SOK 2.x's DynamicVariable is a tf.Variable whose fetch reads a placeholder
+    of one zero row (not the table); here a fetch gives the table's content, as a tf.Variable
+    fetch gives its value. It copies the whole table: fetch it to inspect, not every step."""
+    return tf.identity(table.export()[1], name="rows")
+
+
+compat.fetch_as(EmbeddingVariable, fetch_rows)
+
+
 def is_embedding_variable(v):
     return isinstance(v, EmbeddingVariable)

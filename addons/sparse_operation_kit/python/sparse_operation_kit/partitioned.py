@@ -251,6 +251,15 @@ class PartitionedEmbeddingVariable(compat.TensorsTrackable):
         )
 
 
+def _fetch_rows(table):
+    """sess.run(table): the rows of every part, in sok.export's order (see
+    embedding_variable.fetch_rows)."""
+    return tf.concat([p.export()[1] for p in table.parts], 0, name="rows")
+
+
+compat.fetch_as(PartitionedEmbeddingVariable, _fetch_rows)
+
+
 def is_partitioned(v):
     return isinstance(v, PartitionedEmbeddingVariable)
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sparse_operation_kit import compat
 from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import (
     EmbeddingVariable,
@@ -67,9 +66,10 @@ class DynamicVariable(EmbeddingVariable):
     max_capacity, max_hbm_for_vectors, ...) are kept in `config_dict`; `max_capacity` bounds the
     rows that sok.sparse_read_and_evict keeps.
 
-    It has no dense value: `sess.run(var)` / `tf.convert_to_tensor(var)` are errors that say to
-    read rows with `var.sparse_read(ids)` or all of them with `sok.export(var)` (as in SOK 2.x,
-    where both raise NotImplementedError).
+    It has no dense value: `tf.convert_to_tensor(var)` is an error that says to read rows with
+    `var.sparse_read(ids)` or all of them with `sok.export(var)` (SOK 2.x raises
+    NotImplementedError). `sess.run(var)` fetches every row of this rank (`sok.export(var)[1]`,
+    see embedding_variable.fetch_rows).
     """
 
     def __init__(
@@ -232,7 +232,6 @@ def _refuse_conversion(value, dtype=None, name=None, as_ref=False):
     raise TypeError(_no_dense_value(value))
 
 
-compat.refuse_session_fetch(DynamicVariable, _no_dense_value)
 tf.register_tensor_conversion_function(DynamicVariable, _refuse_conversion)
 
 _SOK2_INITIALIZERS = {"uniform": "random", "normal": tf.keras.initializers.RandomNormal(stddev=0.05)}
