@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import schema, tables, validation
+from sparse_operation_kit import compat, generic_optimizer, schema, tables, validation
 from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 
@@ -123,6 +123,45 @@ def _require_eager(what, names):
         )
 
 
+def _plain_slots(variables, optimizer, create):
+    """[(slot, primary, slot name)] of the program's own optimizer (not a sok.OptimizerWrapper) for
+    static tables and other tf.Variables: SOK 2.x programs train those with a plain optimizer."""
+    flavor = generic_optimizer.optimizer_flavor(optimizer)
+    if flavor is None:
+        raise TypeError(
+            "sok.dump/load: optimizer must be a tf.compat.v1.train, Keras or tf_keras (legacy) "
+            f"optimizer or a sok.OptimizerWrapper, got {type(optimizer).__name__}"
+        )
+    dynamic = [tables.table_name(v) for v in variables if isinstance(v, EmbeddingVariable)]
+    if dynamic:
+        # Only the wrapper knows a dynamic table's slots (the optimizer never sees its rows).
+        raise TypeError(
+            f"sok.dump/load: the dynamic tables {dynamic} are trained through sok.OptimizerWrapper; "
+            f"pass that wrapper, not the {type(optimizer).__name__} it wraps, to dump or load "
+            "their optimizer slots"
+        )
+    if create and flavor in ("v1", "keras_legacy"):
+        (compat.v1_create_slots if flavor == "v1" else compat.keras_legacy_create_slots)(
+            optimizer, variables
+        )
+    elif create and variables and not generic_optimizer.optimizer_built(optimizer):
+        # A Keras optimizer creates every slot in build; slots loaded before would be lost.
+        raise ValueError(
+            f"sok.load: the {type(optimizer).__name__} is not built yet, so its slots do not "
+            "exist; call optimizer.build(<every variable it trains>) before loading its slots"
+        )
+    out = []
+    for var in variables:
+        try:
+            found = generic_optimizer.optimizer_slots(optimizer, flavor, var)
+        except KeyError:  # a legacy optimizer's get_slot of a variable it never updated
+            found = {}
+        # tf_keras names a slot built inside apply_gradients "<optimizer>/<slot>" and one built
+        # by build() "<slot>": the dump keeps the slot's own name so either loads the other.
+        out.extend((slot, var, name.rsplit("/", 1)[-1]) for name, slot in sorted(found.items()))
+    return out
+
+
 def _with_slots(variables, optimizer, create):
     """[(variable, target, directory name)]: the variables, then the optimizer's slots of them
     ("<variable>/<slot>", placed like their variable). Slots stored in an Embedding Variable's
@@ -130,21 +169,40 @@ def _with_slots(variables, optimizer, create):
     entries = [(v, tables.target_of(v), _dir_name(tables.table_name(v))) for v in variables]
     if optimizer is None:
         return entries
-    if not hasattr(optimizer, "sok_slot_variables"):
-        raise TypeError(
-            "sok.dump/load: optimizer must be a sok.OptimizerWrapper, got "
-            f"{type(optimizer).__name__}"
-        )
-    for slot, var, slot_name in optimizer.sok_slot_variables(variables, create=create):
+    if hasattr(optimizer, "sok_slot_variables"):
+        found = optimizer.sok_slot_variables(variables, create=create)
+    else:
+        found = _plain_slots(variables, optimizer, create)
+    for slot, var, slot_name in found:
         name = _dir_name(f"{tables.table_name(var)}/{slot_name}")
         entries.append((slot, tables.target_of(var), name))
     return entries
 
 
+def _check_no_slot_left(path, variables, optimizer, entries):
+    """A plain optimizer loads the slots it has; a dumped slot it lacks for a variable (a Keras
+    optimizer built without that variable) is an error, not skipped."""
+    loaded = {n for _, _, n in entries}
+    names = {n.rsplit("/", 1)[-1] for _, _, n in _plain_slots(variables, optimizer, False)}
+    for var in variables:
+        table = tables.table_name(var)
+        for slot in sorted(names):
+            d = _dir_name(f"{table}/{slot}")
+            if d not in loaded and os.path.isdir(os.path.join(path, d)):
+                raise ValueError(
+                    f"sok.load: {path} holds the '{slot}' slot of '{table}' but the "
+                    f"{type(optimizer).__name__} has none for it: build the optimizer with that "
+                    "variable before loading"
+                )
+
+
 def dump(path: str, variables: Iterable, optimizer=None) -> None:
-    """Writes this rank's shard of each variable under `path`; with `optimizer` (a
-    sok.OptimizerWrapper) also the optimizer's slots of them (each under its own name, e.g.
-    "<table>/<slot>"). Slots stored in an Embedding Variable's rows are always included."""
+    """Writes this rank's shard of each variable under `path`; with `optimizer` also the
+    optimizer's slots of them (each under its own name, e.g. "<table>/<slot>", sharded as its
+    table). `optimizer` is a sok.OptimizerWrapper or, for static tables (sok.Variable) and other
+    tf.Variables, the program's own optimizer (tf.compat.v1.train, Keras 3, tf_keras or its
+    legacy optimizers), as in SOK 2.x. Slots stored in an Embedding Variable's rows are always
+    included."""
     _require_eager("dump", [])
     entries = _with_slots(list(variables), optimizer, create=False)
     _require_eager("dump", [n for _, _, n in entries])
@@ -184,8 +242,11 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
     """Reads every shard of each variable and keeps the keys this rank owns now; with `optimizer`
     also its slots of them (created first where they do not exist yet)."""
     _require_eager("load", [])
-    entries = _with_slots(list(variables), optimizer, create=True)
+    variables = list(variables)
+    entries = _with_slots(variables, optimizer, create=True)
     _require_eager("load", [n for _, _, n in entries])
+    if optimizer is not None and not hasattr(optimizer, "sok_slot_variables"):
+        _check_no_slot_left(path, variables, optimizer, entries)
     for var, target, name in entries:
         files = _shard_files(path, name)
         shards = [_read_shard(f, name) for f in files]

@@ -6,6 +6,7 @@ last-update steps are stored beside each row.
 """
 import itertools
 import numbers
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -16,6 +17,8 @@ from sparse_operation_kit.schema import EXPORT_FIELDS, InitKind
 
 SOK_VARIABLES = "sok_embedding_variables"
 _uid = itertools.count()
+# Live tables by `_unique_id`: SOK 2.x programs look a table's slots up by it (wrapper `_slots`).
+_BY_UNIQUE_ID = weakref.WeakValueDictionary()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,6 +250,7 @@ class EmbeddingVariable(compat.TableResource):
                 default.append(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
             for c in set(list(collections or default) + [SOK_VARIABLES]):
                 graph.add_to_collection(c, self)
+        _BY_UNIQUE_ID[self._unique_id] = self
 
     # --- resource lifecycle (TrackableResource) -----------------------------------------------
     def _create_resource(self):
@@ -280,6 +284,12 @@ class EmbeddingVariable(compat.TableResource):
     @property
     def name(self):
         return self._name
+
+    @property
+    def _unique_id(self):
+        """A string unique per table, as tf.Variable's `_unique_id` (SOK 2.x programs key the
+        optimizer's `_slots` by it); "#" keeps it apart from every tf.Variable's."""
+        return f"sok#{self._shared_name}"
 
     @property
     def op(self):

@@ -263,6 +263,12 @@ class _SlotAccess(slots.HiddenFromCheckpointSlots):
     def get_slot_names(self):
         return slots.get_slot_names(self._opt, keras_optimizer_kind(self._opt), self._sok_updater)
 
+    @property
+    def _slots(self):
+        """SOK 2.x's `optimizer._slots.get(var._unique_id)`: {slot name: slot} or None (see
+        slots.SlotsByUniqueId)."""
+        return slots.SlotsByUniqueId(self)
+
     def sok_slot_variables(self, variables, create=False):
         """[(slot, primary, slot name)] that sok.dump / sok.load store for `variables` (create:
         check that they exist; a Keras optimizer creates its slots when it is built)."""

@@ -288,6 +288,12 @@ class OptimizerWrapper(
     def get_slot_names(self):
         return slots.get_slot_names(self._opt, self._flavor, self._updater)
 
+    @property
+    def _slots(self):
+        """SOK 2.x's `optimizer._slots.get(var._unique_id)`: {slot name: slot} or None (see
+        slots.SlotsByUniqueId)."""
+        return slots.SlotsByUniqueId(self)
+
     def sok_slot_variables(self, variables, create=False):
         """[(slot, primary, slot name)] that sok.dump / sok.load store for `variables` (create:
         make missing slots first)."""

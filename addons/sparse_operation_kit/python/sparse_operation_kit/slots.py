@@ -13,7 +13,7 @@ values): the same keys in the same order as `sok.export(table)`.
 import tensorflow as tf
 
 from sparse_operation_kit import compat, generic_optimizer
-from sparse_operation_kit.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.embedding_variable import _BY_UNIQUE_ID, EmbeddingVariable
 from sparse_operation_kit.schema import Optimizer
 
 # Slot names of the fused kernels in row order; Adam's are spelled as TF1/tf_keras ("m", "v")
@@ -137,3 +137,43 @@ def slot_variables(optimizer, flavor, updater, variables):
             if slot is not None and not isinstance(slot, RowSlot):
                 out.append((slot, var, name))
     return out
+
+
+class SlotsByUniqueId:
+    """A wrapper's `_slots` as SOK 2.x programs read it: `_slots.get(var._unique_id)` gives
+    {slot name: get_slot(var, name)} of a SOK table or of a variable the wrapped optimizer keeps
+    slots for, or None where it keeps none. Read-only: the slots live in the wrapper."""
+
+    def __init__(self, wrapper):
+        self._wrapper = wrapper
+
+    def get(self, unique_id, default=None):
+        var = _BY_UNIQUE_ID.get(unique_id)
+        if var is None:
+            return self._dense(unique_id, default)
+        found = {}
+        for name in self._wrapper.get_slot_names():
+            slot = self._wrapper.get_slot(var, name)
+            if slot is not None:
+                found[name] = slot
+        return found or default
+
+    def _dense(self, unique_id, default):
+        # The wrapped optimizer keys its own slots by `_unique_id` too (tf_keras legacy:
+        # {id: {name: slot}}; tf.compat.v1 in eager mode: {name: {id: slot}}).
+        own = getattr(self._wrapper.optimizer, "_slots", None)
+        if not isinstance(own, dict):
+            return default
+        if isinstance(own.get(unique_id), dict):  # tf_keras legacy
+            return dict(own[unique_id]) or default
+        found = {n: d[unique_id] for n, d in own.items() if isinstance(d, dict) and unique_id in d}
+        return found or default
+
+    def __getitem__(self, unique_id):
+        found = self.get(unique_id)
+        if found is None:
+            raise KeyError(unique_id)
+        return found
+
+    def __contains__(self, unique_id):
+        return self.get(unique_id) is not None
