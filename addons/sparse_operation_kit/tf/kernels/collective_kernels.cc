@@ -85,6 +85,28 @@ Status AllocateRows(OpKernelContext* ctx, const Tensor& input, int64_t rows, Ten
   return ctx->allocate_output(0, shape, out);
 }
 
+// The rows' half of both all-to-alls: the counts checked, the output (input 0's rows) allocated,
+// send[p] rows sent to rank p and recv[p] received from it. `what` names the op's counts.
+Status SendRows(OpKernelContext* ctx, Communicator* comm, const int64_t* send, const int64_t* recv,
+                const char* what, cudaStream_t stream) {
+  const Tensor& input = ctx->input(0);
+  int64_t sent = 0, received = 0;
+  for (int p = 0; p < comm->world(); ++p) {
+    if (send[p] < 0 || recv[p] < 0) {
+      return errors::InvalidArgument(what, ": negative count for rank ", p);
+    }
+    sent += send[p];
+    received += recv[p];
+  }
+  if (sent != input.dim_size(0)) {
+    return errors::InvalidArgument(what, " sum to ", sent, " but the input has ", input.dim_size(0),
+                                   " rows");
+  }
+  Tensor* output;
+  TF_RETURN_IF_ERROR(AllocateRows(ctx, input, received, &output));
+  return ToTf(comm->all_to_all(input.data(), send, output->data(), recv, RowBytes(input), stream));
+}
+
 class AllToAllOp : public SokOpKernel<GpuDevice> {
  public:
   explicit AllToAllOp(OpKernelConstruction* ctx) : SokOpKernel(ctx) {
@@ -128,24 +150,16 @@ class AllToAllOp : public SokOpKernel<GpuDevice> {
     std::copy(counts, counts + world * k, outs[1]->flat<int64_t>().data());
     std::copy(counts + world * k, counts + 2 * world * k, outs[2]->flat<int64_t>().data());
     std::vector<int64_t> send_rows(world, 0), recv_rows(world, 0);
-    int64_t sent = 0, received = 0;
     for (int p = 0; p < world; ++p) {
       for (int c = 0; c < row_columns; ++c) {
         send_rows[p] += counts[p * k + c];
         recv_rows[p] += counts[(world + p) * k + c];
       }
-      OP_REQUIRES(ctx, send_rows[p] >= 0 && recv_rows[p] >= 0,
-                  errors::InvalidArgument("SokAllToAll: negative count for rank ", p));
-      sent += send_rows[p];
-      received += recv_rows[p];
     }
-    OP_REQUIRES(ctx, sent == input.dim_size(0),
-                errors::InvalidArgument("SokAllToAll: send_counts sum to ", sent,
-                                        " but the input has ", input.dim_size(0), " rows"));
-    Tensor* output;
-    OP_REQUIRES_OK(ctx, AllocateRows(ctx, input, received, &output));
-    OP_REQUIRES_OK(ctx, ToTf(comm->all_to_all(input.data(), send_rows.data(), output->data(),
-                                              recv_rows.data(), RowBytes(input), stream)));
+    OP_REQUIRES_OK(ctx, SendRows(ctx, comm, send_rows.data(), recv_rows.data(),
+                                 "SokAllToAll: "
+                                 "send_counts",
+                                 stream));
   }
 
  private:
@@ -196,23 +210,10 @@ class AllToAllSizedOp : public SokOpKernel<GpuDevice> {
                 errors::InvalidArgument("SokAllToAllSized: send_rows and recv_rows need one "
                                         "count per rank (",
                                         world, ")"));
-    const int64_t* send = send_rows.flat<int64_t>().data();
-    const int64_t* recv = recv_rows.flat<int64_t>().data();
-    int64_t sent = 0, received = 0;
-    for (int p = 0; p < world; ++p) {
-      OP_REQUIRES(ctx, send[p] >= 0 && recv[p] >= 0,
-                  errors::InvalidArgument("SokAllToAllSized: negative count for rank ", p));
-      sent += send[p];
-      received += recv[p];
-    }
-    OP_REQUIRES(ctx, sent == input.dim_size(0),
-                errors::InvalidArgument("SokAllToAllSized: send_rows sum to ", sent,
-                                        " but the input has ", input.dim_size(0), " rows"));
-    Tensor* output;
-    OP_REQUIRES_OK(ctx, AllocateRows(ctx, input, received, &output));
     auto hold = comm->lock();
-    OP_REQUIRES_OK(ctx, ToTf(comm->all_to_all(input.data(), send, output->data(), recv,
-                                              RowBytes(input), OnDevice<GpuDevice>::Stream(ctx))));
+    OP_REQUIRES_OK(
+        ctx, SendRows(ctx, comm, send_rows.flat<int64_t>().data(), recv_rows.flat<int64_t>().data(),
+                      "SokAllToAllSized: send_rows", OnDevice<GpuDevice>::Stream(ctx)));
   }
 };
 

@@ -29,6 +29,16 @@ REGISTER_OP("SokNcclInit")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 
+// Output 0 of an all-to-all: input 0's rows, as many as arrive.
+Status SetReceivedRowsShape(InferenceContext* c) {
+  ShapeHandle in, rows, out;
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &in));
+  TF_RETURN_IF_ERROR(c->Subshape(in, 1, &rows));
+  TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(InferenceContext::kUnknownDim), rows, &out));
+  c->set_output(0, out);
+  return OkStatus();
+}
+
 // Variable all-to-all over NCCL: rows of `input` (grouped by destination rank) go to rank p,
 // as many as the first `row_columns` values of send_counts[p] add up to (-1: all of them; a 1-D
 // send_counts is one column); the other columns travel along (e.g. checks every rank must see).
@@ -49,11 +59,7 @@ REGISTER_OP("SokAllToAll")
     .Attr("width_mismatch: string = 'the ranks sent count matrices of different widths'")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle in, rows, out;
-      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &in));
-      TF_RETURN_IF_ERROR(c->Subshape(in, 1, &rows));
-      TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(InferenceContext::kUnknownDim), rows, &out));
-      c->set_output(0, out);
+      TF_RETURN_IF_ERROR(SetReceivedRowsShape(c));
       ShapeHandle counts;
       TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(1), 1, &counts));
       TF_RETURN_IF_ERROR(c->WithRankAtMost(counts, 2, &counts));
@@ -72,11 +78,7 @@ REGISTER_OP("SokAllToAllSized")
     .Attr("T: type")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle in, rows, out;
-      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &in));
-      TF_RETURN_IF_ERROR(c->Subshape(in, 1, &rows));
-      TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(InferenceContext::kUnknownDim), rows, &out));
-      c->set_output(0, out);
+      TF_RETURN_IF_ERROR(SetReceivedRowsShape(c));
       return OkStatus();
     });
 
