@@ -30,7 +30,9 @@ def records(step_stats, graph):
         for ns in dev.node_stats:
             node = ns.node_name.split(":")[0]
             op = op_of.get(node)
-            if op is None:  # Grappler's nodes: "name = Op(inputs)"
+            if on_gpu and "MEMCPY" in ns.timeline_label.upper():  # "MEMCPYDtoH ..." etc.
+                op = ns.timeline_label.split()[0]
+            elif op is None:  # Grappler's nodes: "name = Op(inputs)"
                 label = ns.timeline_label.split(" = ", 1)
                 op = label[1].split("(", 1)[0] if len(label) == 2 else node
             out.append(("gpu" if on_gpu else "host", node, op, ns.all_start_micros,

@@ -49,7 +49,21 @@ def profile_steps(sess, fetches, graph, steps=3):
             per_stage[s].append(t.get(s, [0.0, 0, 0.0, 0]))
     out = {s: tuple(statistics.median(v[i] for v in vals) for i in (2, 3, 0, 1))
            for s, vals in per_stage.items()}
-    return out, statistics.median(walls), statistics.median(busys)
+    return out, statistics.median(walls), statistics.median(busys), recs
+
+
+def top_ops(recs, count=25):
+    """Lines of the op types that took the most host and GPU time in the last traced step, and
+    every host<->device copy (what a step waits for)."""
+    by_op = step_trace.totals(recs, lambda r: (stage_of(r), r[2]))
+    lines = [f"  {'stage':<20} {'op':<40} {'host ms':>8} {'ops':>5} {'GPU ms':>8} {'recs':>5}"]
+    for (stage, op), (h, n, g, k) in sorted(by_op.items(), key=lambda kv: -max(kv[1][0],
+                                                                              kv[1][2]))[:count]:
+        lines.append(f"  {stage:<20} {op[:40]:<40} {h:8.3f} {n:5d} {g:8.3f} {k:5d}")
+    copies = [r for r in recs if r[0] == "gpu" and "MEMCPY" in r[2].upper()]
+    for r in copies:
+        lines.append(f"  copy {r[2]} {r[1]} {r[4] / 1e3:.3f} ms")
+    return lines
 
 
 def format_profile(stages, wall_ms, busy_ms):

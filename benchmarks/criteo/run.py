@@ -514,10 +514,12 @@ def main(argv=None):
     if args.profile and dataset is not None:
         import profile as criteo_profile  # noqa: E402  (benchmarks/criteo/profile.py)
 
-        stages, wall_ms, busy_ms = criteo_profile.profile_steps(
+        stages, wall_ms, busy_ms, recs = criteo_profile.profile_steps(
             sess, [g.report_loss, g.train_op], g.graph
         )
         for line in criteo_profile.format_profile(stages, wall_ms, busy_ms):
+            log(line)
+        for line in criteo_profile.top_ops(recs):
             log(line)
         metrics.write("profile", wall_ms=wall_ms, gpu_busy_ms=busy_ms,
                       stages={s: dict(zip(("gpu_ms", "kernels", "host_ms", "ops"), v))
