@@ -5,6 +5,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 from launch import TEST_DEVICE, _tail, horovodrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,3 +73,12 @@ def test_criteo_job_on_two_ranks_equals_one_process(tmp_path):
     xla_env = None if TEST_DEVICE == "gpu" else {"TF_XLA_FLAGS": "--tf_xla_cpu_global_jit"}
     two_xla, out = _criteo(2, tmp_path, "--xla", env=xla_env)
     assert abs(two_xla - one) < 0.002, (one, two_xla)
+
+
+@pytest.mark.skipif(TEST_DEVICE != "gpu", reason="partition graphs of GPU ranks (SOK_TEST_DEVICE=gpu)")
+def test_a_multi_gpu_training_step_copies_nothing_to_the_host():
+    """workers/step_copies.py on 2 ranks: no GPU-to-host copy in the step, the exchange's kernels
+    on the GPUs."""
+    rc, out, _ = horovodrun(2, "step_copies.py")
+    assert rc == 0, _tail(out)
+    assert out.count("OK step copies") == 2, _tail(out)

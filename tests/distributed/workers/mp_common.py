@@ -39,7 +39,9 @@ def setup(use_horovod=True):
 
 STEP_OPS = ("SokUniqueKeys", "SokEmbeddingVariableGather", "SokPooledCombine",
             "SokPooledCombineGrad", "SokEmbeddingVariableSparseApply", "SokAllToAll",
-            "SokAllReduce")
+            "SokAllReduce", "SokExchangePlan", "SokExchangeSplitReceived",
+            "SokExchangeRowsToBlocks", "SokExchangeGatherRows", "SokExchangeScatterRows",
+            "SokExchangeRowsFromBlocks")
 
 
 def _check_ran_on_gpu():

@@ -1,6 +1,7 @@
 """Model parallelism under Horovod: tables are sharded over ranks, inputs are data-parallel.
 
-Placement follows tables.py (target_gpu -1: key k on rank k mod N; k: the whole table on rank k).
+Placement follows tables.py (target_gpu -1: key k on rank k mod N; k: the whole table on rank k);
+the exchange's index work is a few fused ops over all tables (core/exchange.h).
 One lookup_sparse call makes one exchange per direction, whatever the number of tables:
 
   1. each rank sends every owner only the distinct keys that owner holds ([key, count] rows, by
@@ -19,19 +20,13 @@ import zlib
 
 import tensorflow as tf
 
-from sparse_operation_kit import collectives, tables
+from sparse_operation_kit import collectives, tables, uniqueness
+from sparse_operation_kit._ops import ops
 from sparse_operation_kit.context import context
 from sparse_operation_kit.embedding_variable import EmbeddingVariable
 from sparse_operation_kit.local_rows import local_rows
 from sparse_operation_kit.tables import dim_of as _dim
 from sparse_operation_kit.tables import global_rows, target_of
-
-
-def _local_keys(param, keys, world):
-    """Owner-side row of a key: an Embedding Variable keeps the key, a static shard its row."""
-    if isinstance(param, EmbeddingVariable):
-        return tf.cast(keys, param.key_dtype)
-    return tables.local_row(keys, target_of(param), world)
 
 
 def _describe(params, names):
@@ -49,20 +44,6 @@ def _signature(params, names):
         for p, nm in zip(params, names)
     ]
     return zlib.crc32("|".join(parts).encode()) & 0x7FFFFFFF
-
-
-def _bad_static_ids(params, all_keys, table_ids):
-    """1 + index of a static table given an id outside [0, global rows) on this rank, else 0."""
-    if all(isinstance(p, EmbeddingVariable) for p in params):
-        return tf.constant(0, tf.int64)
-    rows = tf.gather(
-        tf.constant(
-            [-1 if isinstance(p, EmbeddingVariable) else global_rows(p) for p in params], tf.int64
-        ),
-        table_ids,
-    )
-    bad = tf.logical_and(rows >= 0, tf.logical_or(all_keys < 0, all_keys >= rows))
-    return tf.reduce_max(tf.concat([[0], tf.where(bad, table_ids + 1, 0)], 0))
 
 
 def _mismatch(params, names, sig):
@@ -114,42 +95,15 @@ def _not_xla_compiled():
     return tf.xla.experimental.jit_scope(compile_ops=False)
 
 
-# Index helpers, each a handful of ops (eager execution pays per op; tf.repeat and
-# tf.searchsorted are a dozen each).
-def _count(ids, num):
-    """How often each of 0..num-1 occurs in `ids` (int64)."""
-    return tf.math.unsorted_segment_sum(tf.ones_like(ids), ids, num)
-
-
-def _segment_ids(lengths, total):
-    """[0] * lengths[0] + [1] * lengths[1] + ... (int64, `total` = sum of lengths)."""
-    ends = tf.cumsum(lengths)
-    marks = _count(tf.where(ends < total, ends, -1), total)  # negative ids are dropped
-    return tf.cumsum(marks)
-
-
-def _reorder(x, sizes, world, n, to_table_major):
-    """x holds one block per (rank, table), sizes[i] elements each (host), rank-major (block
-    q * n + t) when to_table_major, else table-major (block t * world + q); returns the blocks
-    concatenated in the other order."""
-    pieces = tf.split(x, sizes, num=world * n)
-    if to_table_major:
-        order = [q * n + t for t in range(n) for q in range(world)]
-    else:
-        order = [t * world + q for q in range(world) for t in range(n)]
-    return tf.concat([pieces[i] for i in order], 0)
-
-
 def _on_host():
     """Arithmetic on sizes the exchange left in host memory stays there (no copies, no waits)."""
     return tf.device("/CPU:0")
 
 
-def _stack_on_host(sizes):
-    """tf.size's results (host memory on a GPU too: the size ops stay by their tensors) as one
-    host vector."""
-    with _on_host():
-        return tf.stack(sizes)
+def _specs(params):
+    """The exchange ops' per-table attributes (core/exchange.h's TableSpec)."""
+    rows = [-1 if isinstance(p, EmbeddingVariable) else global_rows(p) for p in params]
+    return dict(targets=[target_of(p) for p in params], rows=rows)
 
 
 def fetch_rows(params, keys, counts, training, names):
@@ -163,54 +117,39 @@ def fetch_rows(params, keys, counts, training, names):
         chain = collectives.TRAIN if training else collectives.LOOKUP
         sent = _send_keys(params, keys, counts, names, device, chain)
         owned = _owned_keys(params, sent)
+        if training:  # the update then reserves no room for keys the Gather below inserts
+            uniqueness.declare_inserted(
+                [k for k, p in zip(owned.keys, params) if isinstance(p, EmbeddingVariable)])
         rows = local_rows(params, owned.keys, owned.counts, training, names)
         return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
 
 
 def _send_keys(params, keys, counts, names, device, chain):
-    """1. Keys to their owners, grouped by (owner, table), behind the size matrix."""
-    n, world = len(params), context.world_size
+    """1. Keys to their owners, grouped by (owner, table), behind the size matrix (one op plans
+    it: core/exchange.h)."""
+    n = len(params)
     sig = _signature(params, names)
-    sizes = _stack_on_host([tf.size(k, out_type=tf.int64) for k in keys])
-    all_keys = tf.concat([tf.cast(k, tf.int64) for k in keys], 0)
-    all_counts = tf.concat([tf.cast(c, tf.int64) for c in counts], 0)
-    total = tf.size(all_keys, out_type=tf.int64)
-    table_ids = _segment_ids(sizes, total)
-    key_target = tf.gather(tf.constant([target_of(p) for p in params], tf.int64), table_ids)
-    block = tables.owner(all_keys, key_target, world) * n + table_ids  # (owner, table)
-    order = tf.argsort(block, stable=True)
-    request = tf.gather(tf.stack([all_keys, all_counts], axis=1), order)
-    header = tf.stack([tf.constant(sig, tf.int64), _bad_static_ids(params, all_keys, table_ids)])
-    matrix = tf.concat([tf.reshape(_count(block, world * n), [world, n]),
-                        tf.tile(header[None], [world, 1])], 1)
+    request, matrix, row_at, sizes = ops.sok_exchange_plan(
+        [tf.cast(k, tf.int64) for k in keys], [tf.cast(c, tf.int64) for c in counts],
+        world=context.world_size, dims=[_dim(p) for p in params], signature=sig,
+        **_specs(params))
     ex = collectives.exchange(request, matrix, device, row_columns=n,
                               width_mismatch=_mismatch(params, names, sig), chain=chain)
     with _on_host():
         checks = _checks(ex.received[:, n:], params, names, sig)
-        sent = ex.sent[:, :n]  # keys per (owner q, table t)
-        block_start = tf.cumsum(tf.reshape(sent, [-1]), exclusive=True)
-        in_table = tf.reshape(tf.transpose(tf.cumsum(tf.transpose(sent), axis=1, exclusive=True)),
-                              [-1])
-        shift = block_start - in_table
-    # Where each key's row lands among its table's rows as they come back (blocks of owners).
-    position = tf.scatter_nd(order[:, None], tf.range(total), [total])
-    back_at = tf.split(position - tf.gather(shift, block), sizes, num=n)
-    return types.SimpleNamespace(ex=ex, checks=checks, sizes=sizes, sent=sent, back_at=back_at)
+    return types.SimpleNamespace(ex=ex, checks=checks, sizes=sizes, row_at=row_at)
 
 
 def _owned_keys(params, sent):
-    """2. On the owner: the received keys and counts of each table."""
-    n, world = len(params), context.world_size
+    """2. On the owner: the received keys and counts of each table (static shards: local rows)."""
+    n = len(params)
     with tf.control_dependencies(sent.checks):  # nothing goes on before every rank's check
         received = tf.identity(sent.ex.rows)
-    with _on_host():
-        recv = sent.ex.received[:, :n]  # keys per (requester q, table t)
-        per_table = tf.reduce_sum(recv, axis=0)
-        blocks = tf.reshape(recv, [-1])
-    by_table = _reorder(received, blocks, world, n, to_table_major=True)
-    local_keys, local_counts = (tf.split(c, per_table, num=n)
-                                for c in tf.unstack(by_table, num=2, axis=1))
-    local_keys = [_local_keys(p, k, world) for p, k in zip(params, local_keys, strict=True)]
+    split = ops.sok_exchange_split_received(received, sent.ex.received, N=n, **_specs(params))
+    local_keys, local_counts = list(split[0]), list(split[1])
+    for i, p in enumerate(params):
+        if isinstance(p, EmbeddingVariable):
+            local_keys[i] = tf.cast(local_keys[i], p.key_dtype)
     # A key asked for by several ranks arrives once per rank. Static shards read each row once
     # so that their gradient (the wrapped optimizer's input) holds each row once, summed over
     # the ranks, as one process's would (Keras 3's Adagrad, e.g., squares the values of a
@@ -219,60 +158,46 @@ def _owned_keys(params, sent):
     for i, p in enumerate(params):
         if not isinstance(p, EmbeddingVariable):
             local_keys[i], repeat[i] = tf.unique(local_keys[i], out_idx=tf.int64)
-    return types.SimpleNamespace(keys=local_keys, counts=list(local_counts), repeat=repeat,
-                                 recv=recv)
+    return types.SimpleNamespace(keys=local_keys, counts=local_counts, repeat=repeat)
 
 
 def _return_rows(rows, owned, sent, dims, device, chain):
-    """3. Owners send the rows back flattened, blocks by (requester, table); the requester puts
-    them in table order (each table's distinct keys in their order).
+    """3. Owners send the rows back flattened, blocks by (requester, table); each requester
+    takes its keys' rows out of what comes back (row_at).
 
     A custom gradient sends each row's gradient back the same way, reversed, built outside XLA:
-    TensorFlow's own gradients of these ops would be clustered by XLA's auto-jit (which fails on
-    a table with no keys on a rank) and recompiled for every step's new sizes."""
-    n, world = len(dims), context.world_size
+    XLA's auto-jit would recompile for every step's new sizes."""
+    n = len(dims)
+    recv, sent_counts = sent.ex.received, sent.ex.sent  # [world, n + 2] each, host
     with _on_host():
         dim = tf.constant(dims, tf.int64)
-        owed = owned.recv * dim  # floats per (requester, table)
-        due = sent.sent * dim  # floats per (owner, table)
-        owed_by_table, owed_by_rank = tf.reshape(tf.transpose(owed), [-1]), tf.reshape(owed, [-1])
-        due_by_table, due_by_rank = tf.reshape(tf.transpose(due), [-1]), tf.reshape(due, [-1])
-        owed_to, due_from = tf.reduce_sum(owed, axis=1), tf.reduce_sum(due, axis=1)
-        table_floats = sent.sizes * dim
-        each = tf.unstack(sent.sizes, num=n)
+        owed_to = tf.reduce_sum(recv[:, :n] * dim, axis=1)  # floats per requester
+        due_from = tf.reduce_sum(sent_counts[:, :n] * dim, axis=1)  # floats per owner
 
     # The gradient's ops make no host arithmetic of their own: optimizers may colocate a
     # gradient with its op, and one on the GPU cannot share a group with host ops.
     @tf.custom_gradient
     def move(*rows):
         reps = [r if rep is None else tf.gather(r, rep) for r, rep in zip(rows, owned.repeat)]
-        rep_sizes = _stack_on_host([tf.size(r, out_type=tf.int64) for r in reps])
-        flat = tf.concat([tf.reshape(r, [-1]) for r in reps], 0)
-        out = _reorder(flat, owed_by_table, world, n, to_table_major=False)
-        back = collectives.all_to_all_sized(out, owed_to, due_from, device, chain)
-        parts = tf.split(_reorder(back, due_by_rank, world, n, to_table_major=True),
-                         table_floats, num=n)
-        outs = [tf.gather(tf.reshape(part, [-1, d]), at)
-                for part, d, at in zip(parts, dims, sent.back_at)]
+        flat = ops.sok_exchange_rows_to_blocks(reps, recv, dims=dims)
+        back = collectives.all_to_all_sized(flat, owed_to, due_from, device, chain)
+        outs = ops.sok_exchange_gather_rows(back, sent.row_at, sent.sizes, N=n, dims=dims)
 
         def grad(*d_outs):
             with _not_xla_compiled():
-                d_parts = [tf.reshape(tf.math.unsorted_segment_sum(
-                    tf.zeros_like(o) if g is None else g, at, size), [-1])
-                    for g, o, at, size in zip(d_outs, outs, sent.back_at, each)]
-                d_back = _reorder(tf.concat(d_parts, 0), due_by_table, world, n,
-                                  to_table_major=False)
-                d_out = collectives.all_to_all_sized(d_back, due_from, owed_to, device)
-                d_flat = _reorder(d_out, owed_by_rank, world, n, to_table_major=True)
-                d_reps = tf.split(d_flat, rep_sizes, num=n)
+                d_outs = [tf.zeros_like(o) if g is None else tf.convert_to_tensor(g)
+                          for g, o in zip(d_outs, outs)]
+                d_back = ops.sok_exchange_scatter_rows(d_outs, sent.row_at, sent.sizes,
+                                                       dims=dims)
+                d_flat = collectives.all_to_all_sized(d_back, due_from, owed_to, device)
+                d_reps = ops.sok_exchange_rows_from_blocks(d_flat, recv, N=n, dims=dims)
                 d_rows = []
-                for r, rep, g, d in zip(rows, owned.repeat, d_reps, dims):
-                    g = tf.reshape(g, [-1, d])
+                for r, rep, g in zip(rows, owned.repeat, d_reps):
                     if rep is not None:  # rows read once, sent once per asking rank
                         g = tf.math.unsorted_segment_sum(g, rep, tf.shape(r, out_type=tf.int64)[0])
                     d_rows.append(g)
                 return d_rows
 
-        return outs, grad
+        return list(outs), grad
 
     return move(*rows)

@@ -1,0 +1,363 @@
+// The exchange's index work on the GPU (exchange.h). Every function is a few launches over all
+// tables of a lookup: up to kGroupTables tables per launch travel in one __grid_constant__
+// parameter (their pointers and block starts), so no argument is copied to the device and
+// nothing waits for the device.
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include "addons/sparse_operation_kit/core/cuda/exchange.h"
+#include "addons/sparse_operation_kit/core/cuda/runtime.h"
+
+namespace sok {
+namespace gpu {
+namespace exchange {
+namespace {
+
+using detail::carve_temp;
+using detail::grid_for;
+using detail::kBlock;
+using detail::Temp;
+using detail::Workspace;
+
+constexpr int kGroupTables = 16;
+constexpr int kGroupBlocks = 128;  // world * tables of one launch
+
+// The tables [first, first + tables) of one launch.
+struct Group {
+  int first = 0, tables = 0, world = 1, n = 0;
+  int64_t elem_start[kGroupTables + 1];  // first element of table g on the tables' side
+  int64_t dim[kGroupTables];
+  void* tensor[kGroupTables];   // rows / keys of table g
+  void* tensor2[kGroupTables];  // counts of table g (split_received, plan)
+  int64_t target[kGroupTables], rows[kGroupTables];
+  int64_t key_start[kGroupTables];  // entry of table g's first key in row_at
+  int64_t table_row[kGroupBlocks];  // [g * world + q]: first row of block (q, t) in table t
+  int64_t flat_elem[kGroupBlocks];  // [g * world + q]: first element of block (q, t), flat
+};
+
+int tables_per_launch(int world) {
+  return std::max(1, std::min(kGroupTables, kGroupBlocks / world));
+}
+
+__device__ __forceinline__ int table_of(const Group& g, int64_t e) {
+  int t = 0;
+  while (t + 1 < g.tables && g.elem_start[t + 1] <= e) ++t;
+  return t;
+}
+
+// The block (q, t) holding row `row` of table t: the last q whose block starts at or before it.
+__device__ __forceinline__ int block_of(const Group& g, int t, int64_t row) {
+  int q = g.world - 1;
+  while (q > 0 && g.table_row[t * g.world + q] > row) --q;
+  return t * g.world + q;
+}
+
+// Calls launch(group) for each group of tables; per_table(group, g, t) fills table t's part and
+// returns its element count (rows * dim on the tables' side).
+template <typename PerTable, typename Launch>
+Status for_groups(int n, int world, PerTable per_table, Launch launch) {
+  const int step = tables_per_launch(world);
+  for (int first = 0; first < n; first += step) {
+    Group g;
+    g.first = first;
+    g.world = world;
+    g.n = n;
+    g.tables = std::min(step, n - first);
+    g.elem_start[0] = 0;
+    for (int i = 0; i < g.tables; ++i) {
+      g.elem_start[i + 1] = g.elem_start[i] + per_table(&g, i, first + i);
+    }
+    if (g.elem_start[g.tables] == 0) continue;
+    SOK_RETURN_IF_ERROR(launch(g, g.elem_start[g.tables]));
+  }
+  return Status::OK();
+}
+
+void set_blocks(Group* g, int i, int t, const BlockLayout& l) {
+  for (int q = 0; q < l.world; ++q) {
+    g->table_row[i * l.world + q] = l.table_row[q * l.n + t];
+    g->flat_elem[i * l.world + q] = l.flat_elem[q * l.n + t];
+  }
+}
+
+template <bool kToBlocks>
+__global__ void move_blocks_kernel(const __grid_constant__ Group g, float* flat, int64_t total) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int t = table_of(g, e);
+    const int64_t at = e - g.elem_start[t], dim = g.dim[t], row = at / dim;
+    const int b = block_of(g, t, row);
+    const int64_t f = g.flat_elem[b] + (row - g.table_row[b]) * dim + at % dim;
+    float* r = static_cast<float*>(g.tensor[t]);
+    if (kToBlocks) {
+      flat[f] = r[at];
+    } else {
+      r[at] = flat[f];
+    }
+  }
+}
+
+template <bool kToBlocks>
+Status move_blocks(const BlockLayout& l, const std::vector<int64_t>& dims, float* flat,
+                   const std::vector<void*>& rows, cudaStream_t stream) {
+  return for_groups(
+      l.n, l.world,
+      [&](Group* g, int i, int t) {
+        g->dim[i] = dims[t];
+        g->tensor[i] = rows[t];
+        set_blocks(g, i, t, l);
+        return l.table_rows[t] * dims[t];
+      },
+      [&](const Group& g, int64_t total) {
+        move_blocks_kernel<kToBlocks>
+            <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, flat, total);
+        SOK_LAUNCH_CHECK();
+        return Status::OK();
+      });
+}
+
+__global__ void split_received_kernel(const __grid_constant__ Group g, const int64_t* received,
+                                      int64_t total) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int t = table_of(g, e);
+    const int64_t row = e - g.elem_start[t];
+    const int b = block_of(g, t, row);
+    const int64_t j = g.flat_elem[b] + (row - g.table_row[b]);
+    static_cast<int64_t*>(g.tensor[t])[row] =
+        sok::exchange::local_key(received[2 * j], g.target[t], g.rows[t], g.world);
+    static_cast<int64_t*>(g.tensor2[t])[row] = received[2 * j + 1];
+  }
+}
+
+template <bool kGather>
+__global__ void rows_at_kernel(const __grid_constant__ Group g, const int64_t* row_at,
+                               float* returned, int64_t total) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int t = table_of(g, e);
+    const int64_t at = e - g.elem_start[t], dim = g.dim[t];
+    const int64_t f = row_at[g.key_start[t] + at / dim] + at % dim;
+    float* r = static_cast<float*>(g.tensor[t]);
+    if (kGather) {
+      r[at] = returned[f];
+    } else {
+      returned[f] = r[at];
+    }
+  }
+}
+
+template <bool kGather>
+Status rows_at(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,
+               float* returned, const std::vector<void*>& rows, cudaStream_t stream) {
+  std::vector<int64_t> key_start(dims.size() + 1, 0);
+  for (size_t t = 0; t < dims.size(); ++t) key_start[t + 1] = key_start[t] + sizes[t];
+  return for_groups(
+      static_cast<int>(dims.size()), 1,
+      [&](Group* g, int i, int t) {
+        g->dim[i] = dims[t];
+        g->tensor[i] = rows[t];
+        g->key_start[i] = key_start[t];
+        return sizes[t] * dims[t];
+      },
+      [&](const Group& g, int64_t total) {
+        rows_at_kernel<kGather>
+            <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_at, returned, total);
+        SOK_LAUNCH_CHECK();
+        return Status::OK();
+      });
+}
+
+// plan, 1: each key's block (owner * n + table), its position, dim, key and count, flat; the
+// bad-id flag.
+__global__ void plan_keys_kernel(const __grid_constant__ Group g, uint32_t* block, int64_t* index,
+                                 int64_t* dim, int64_t* key_flat, int64_t* count_flat,
+                                 unsigned long long* bad, int64_t total) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int t = table_of(g, e);
+    const int64_t at = e - g.elem_start[t], i = g.key_start[t] + at;
+    const int64_t k = static_cast<const int64_t*>(g.tensor[t])[at];
+    const int64_t* counts = static_cast<const int64_t*>(g.tensor2[t]);
+    block[i] =
+        static_cast<uint32_t>(sok::exchange::owner_of(k, g.target[t], g.world) * g.n + g.first + t);
+    index[i] = i;
+    dim[i] = g.dim[t];
+    key_flat[i] = k;
+    count_flat[i] = counts ? counts[at] : 1;
+    if (sok::exchange::bad_key(k, g.rows[t])) atomicMax(bad, g.first + t + 1ull);
+  }
+}
+
+// plan, 2: the request in sorted order, each block's first and end position.
+__global__ void plan_sorted_kernel(const uint32_t* sorted_block, const int64_t* sorted_index,
+                                   const int64_t* key_flat, const int64_t* count_flat,
+                                   const int64_t* dim, int64_t* request, int64_t* sorted_dim,
+                                   int64_t* first, int64_t* end, int64_t total) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < total;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = sorted_index[j];
+    request[2 * j] = key_flat[i];
+    request[2 * j + 1] = count_flat[i];
+    sorted_dim[j] = dim[i];
+    const uint32_t b = sorted_block[j];
+    if (j == 0 || sorted_block[j - 1] != b) first[b] = j;
+    if (j + 1 == total || sorted_block[j + 1] != b) end[b] = j + 1;
+  }
+}
+
+// plan, 3: where each key's row starts among the returned rows (they come in request order).
+__global__ void plan_row_at_kernel(const int64_t* sorted_index, const int64_t* elem_at,
+                                   int64_t* row_at, int64_t total) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < total;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    row_at[sorted_index[j]] = elem_at[j];
+  }
+}
+
+// plan, 4: the [world, n + 2] matrix.
+__global__ void plan_matrix_kernel(const int64_t* first, const int64_t* end,
+                                   const unsigned long long* bad, int64_t signature, int world,
+                                   int n, int64_t* matrix) {
+  const int c = n + 2;
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < world * c; e += gridDim.x * blockDim.x) {
+    const int q = e / c, t = e % c;
+    matrix[e] = t < n ? end[q * n + t] - first[q * n + t]
+                      : (t == n ? signature : static_cast<int64_t>(*bad));
+  }
+}
+
+}  // namespace
+
+Status plan(const std::vector<TableSpec>& tables, int world,
+            const std::vector<const int64_t*>& keys, const std::vector<const int64_t*>& counts,
+            const int64_t* sizes, int64_t signature, int64_t* request, int64_t* matrix,
+            int64_t* row_at, cudaStream_t stream, DeviceAllocator* alloc) {
+  const int n = static_cast<int>(tables.size());
+  const int64_t blocks = static_cast<int64_t>(world) * n;
+  if (blocks > (1ll << 31)) return Status::Invalid("exchange: too many (rank, table) blocks");
+  int64_t total = 0;
+  for (int t = 0; t < n; ++t) total += sizes[t];
+  const int end_bit = detail::bits_for(static_cast<uint64_t>(blocks - 1));
+  size_t sort_bytes = 0, scan_bytes = 0;
+  SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr), total, 0, end_bit,
+      stream));
+  SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes,
+                                                static_cast<const int64_t*>(nullptr),
+                                                static_cast<int64_t*>(nullptr), total, stream));
+  uint32_t *block = nullptr, *sorted_block = nullptr;
+  int64_t *index = nullptr, *sorted_index = nullptr, *dim = nullptr, *sorted_dim = nullptr,
+          *elem_at = nullptr, *key_flat = nullptr, *count_flat = nullptr, *first = nullptr,
+          *end = nullptr;
+  unsigned long long* bad = nullptr;
+  void *sort_tmp = nullptr, *scan_tmp = nullptr;
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, &tmp, [&](Workspace& w) {
+    block = w.take<uint32_t>(total);
+    sorted_block = w.take<uint32_t>(total);
+    index = w.take<int64_t>(total);
+    sorted_index = w.take<int64_t>(total);
+    dim = w.take<int64_t>(total);
+    sorted_dim = w.take<int64_t>(total);
+    elem_at = w.take<int64_t>(total);
+    key_flat = w.take<int64_t>(total);
+    count_flat = w.take<int64_t>(total);
+    first = w.take<int64_t>(2 * blocks);
+    end = first + blocks;
+    bad = w.take<unsigned long long>(1);
+    sort_tmp = w.take_bytes(sort_bytes);
+    scan_tmp = w.take_bytes(scan_bytes);
+  }));
+  SOK_CUDA_RETURN(cudaMemsetAsync(first, 0, sizeof(int64_t) * 2 * blocks, stream));
+  SOK_CUDA_RETURN(cudaMemsetAsync(bad, 0, sizeof(unsigned long long), stream));
+  std::vector<int64_t> key_start(n + 1, 0);
+  for (int t = 0; t < n; ++t) key_start[t + 1] = key_start[t] + sizes[t];
+  SOK_RETURN_IF_ERROR(for_groups(
+      n, 1,
+      [&](Group* g, int i, int t) {
+        g->dim[i] = tables[t].dim;
+        g->tensor[i] = const_cast<int64_t*>(keys[t]);
+        g->tensor2[i] = const_cast<int64_t*>(counts[t]);
+        g->target[i] = tables[t].target;
+        g->rows[i] = tables[t].rows;
+        g->key_start[i] = key_start[t];
+        return sizes[t];
+      },
+      [&](Group g, int64_t part) {
+        g.world = world;  // for_groups' world is 1 here: the group holds no blocks
+        plan_keys_kernel<<<grid_for(part, kBlock), kBlock, 0, stream>>>(
+            g, block, index, dim, key_flat, count_flat, bad, part);
+        SOK_LAUNCH_CHECK();
+        return Status::OK();
+      }));
+  if (total > 0) {
+    SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+        sort_tmp, sort_bytes, block, sorted_block, index, sorted_index, total, 0, end_bit, stream));
+    plan_sorted_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(
+        sorted_block, sorted_index, key_flat, count_flat, dim, request, sorted_dim, first, end,
+        total);
+    SOK_LAUNCH_CHECK();
+    SOK_CUDA_RETURN(
+        cub::DeviceScan::ExclusiveSum(scan_tmp, scan_bytes, sorted_dim, elem_at, total, stream));
+    plan_row_at_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(sorted_index, elem_at,
+                                                                       row_at, total);
+    SOK_LAUNCH_CHECK();
+  }
+  plan_matrix_kernel<<<grid_for(world * (n + 2), kBlock), kBlock, 0, stream>>>(
+      first, end, bad, signature, world, n, matrix);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+Status split_received(const std::vector<TableSpec>& tables, int world, const BlockLayout& layout,
+                      const int64_t* received, const std::vector<int64_t*>& keys,
+                      const std::vector<int64_t*>& counts, cudaStream_t stream) {
+  return for_groups(
+      layout.n, world,
+      [&](Group* g, int i, int t) {
+        g->tensor[i] = keys[t];
+        g->tensor2[i] = counts[t];
+        g->target[i] = tables[t].target;
+        g->rows[i] = tables[t].rows;
+        set_blocks(g, i, t, layout);
+        return layout.table_rows[t];
+      },
+      [&](const Group& g, int64_t total) {
+        split_received_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, received, total);
+        SOK_LAUNCH_CHECK();
+        return Status::OK();
+      });
+}
+
+Status rows_to_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
+                      const std::vector<const float*>& rows, float* flat, cudaStream_t stream) {
+  std::vector<void*> r(rows.size());
+  for (size_t t = 0; t < rows.size(); ++t) r[t] = const_cast<float*>(rows[t]);
+  return move_blocks<true>(layout, dims, flat, r, stream);
+}
+
+Status rows_from_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
+                        const float* flat, const std::vector<float*>& rows, cudaStream_t stream) {
+  std::vector<void*> r(rows.begin(), rows.end());
+  return move_blocks<false>(layout, dims, const_cast<float*>(flat), r, stream);
+}
+
+Status gather_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,
+                   const float* returned, const std::vector<float*>& out, cudaStream_t stream) {
+  std::vector<void*> r(out.begin(), out.end());
+  return rows_at<true>(dims, sizes, row_at, const_cast<float*>(returned), r, stream);
+}
+
+Status scatter_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,
+                    const std::vector<const float*>& d_out, float* d_returned,
+                    cudaStream_t stream) {
+  std::vector<void*> r(d_out.size());
+  for (size_t t = 0; t < d_out.size(); ++t) r[t] = const_cast<float*>(d_out[t]);
+  return rows_at<false>(dims, sizes, row_at, d_returned, r, stream);
+}
+
+}  // namespace exchange
+}  // namespace gpu
+}  // namespace sok

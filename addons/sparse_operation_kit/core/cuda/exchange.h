@@ -1,0 +1,44 @@
+// The exchange's index work on the GPU: core/exchange.h's functions with the same semantics, on
+// device pointers, ordered on `stream`, with no host synchronisation (the layouts come from host
+// counts the caller already has; the plan's counts stay on the device).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
+#include "addons/sparse_operation_kit/core/exchange.h"
+#include "addons/sparse_operation_kit/core/status.h"
+
+namespace sok {
+namespace gpu {
+namespace exchange {
+
+using sok::exchange::BlockLayout;
+using sok::exchange::TableSpec;
+
+// keys[t], counts[t] (counts[t] may be null) device pointers; sizes host.
+Status plan(const std::vector<TableSpec>& tables, int world,
+            const std::vector<const int64_t*>& keys, const std::vector<const int64_t*>& counts,
+            const int64_t* sizes, int64_t signature, int64_t* request, int64_t* matrix,
+            int64_t* row_at, cudaStream_t stream, DeviceAllocator* alloc = nullptr);
+
+Status split_received(const std::vector<TableSpec>& tables, int world, const BlockLayout& layout,
+                      const int64_t* received, const std::vector<int64_t*>& keys,
+                      const std::vector<int64_t*>& counts, cudaStream_t stream);
+
+Status rows_to_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
+                      const std::vector<const float*>& rows, float* flat, cudaStream_t stream);
+Status rows_from_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
+                        const float* flat, const std::vector<float*>& rows, cudaStream_t stream);
+
+Status gather_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,
+                   const float* returned, const std::vector<float*>& out, cudaStream_t stream);
+Status scatter_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,
+                    const std::vector<const float*>& d_out, float* d_returned, cudaStream_t stream);
+
+}  // namespace exchange
+}  // namespace gpu
+}  // namespace sok

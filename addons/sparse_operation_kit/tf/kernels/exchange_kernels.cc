@@ -1,0 +1,425 @@
+// Kernels of the exchange's index ops (ops/exchange_ops.cc) over core/exchange.h (CPU) and
+// core/cuda/exchange.h (GPU): each written once over the device, the device's half in ExchangeOn.
+#include "addons/sparse_operation_kit/core/exchange.h"
+#include "addons/sparse_operation_kit/tf/kernels/device.h"
+
+#if GOOGLE_CUDA
+#include "addons/sparse_operation_kit/core/cuda/exchange.h"
+#endif
+
+namespace tensorflow {
+namespace sok_kernels {
+
+namespace ex = sok::exchange;
+
+template <typename Device>
+struct ExchangeOn;
+
+template <>
+struct ExchangeOn<CpuDevice> {
+  static Status Plan(OpKernelContext*, const std::vector<ex::TableSpec>& tables, int world,
+                     const std::vector<const int64_t*>& keys,
+                     const std::vector<const int64_t*>& counts, const int64_t* sizes,
+                     int64_t signature, int64_t* request, int64_t* matrix, int64_t* row_at) {
+    ex::plan(tables, world, keys.data(), counts.data(), sizes, signature, request, matrix, row_at);
+    return OkStatus();
+  }
+  static Status SplitReceived(OpKernelContext*, const std::vector<ex::TableSpec>& tables,
+                              const ex::BlockLayout& l, const int64_t* received,
+                              const std::vector<int64_t*>& keys,
+                              const std::vector<int64_t*>& counts) {
+    ex::split_received(tables, l.world, l, received, keys.data(), counts.data());
+    return OkStatus();
+  }
+  static Status ToBlocks(OpKernelContext*, const ex::BlockLayout& l,
+                         const std::vector<int64_t>& dims, const std::vector<const float*>& rows,
+                         float* flat) {
+    ex::rows_to_blocks(l, dims, rows.data(), flat);
+    return OkStatus();
+  }
+  static Status FromBlocks(OpKernelContext*, const ex::BlockLayout& l,
+                           const std::vector<int64_t>& dims, const float* flat,
+                           const std::vector<float*>& rows) {
+    ex::rows_from_blocks(l, dims, flat, rows.data());
+    return OkStatus();
+  }
+  static Status Gather(OpKernelContext*, const std::vector<int64_t>& dims, const int64_t* sizes,
+                       const int64_t* row_at, const float* returned,
+                       const std::vector<float*>& out) {
+    ex::gather_rows(dims, sizes, row_at, returned, out.data());
+    return OkStatus();
+  }
+  static Status Scatter(OpKernelContext*, const std::vector<int64_t>& dims, const int64_t* sizes,
+                        const int64_t* row_at, const std::vector<const float*>& rows,
+                        float* returned) {
+    ex::scatter_rows(dims, sizes, row_at, rows.data(), returned);
+    return OkStatus();
+  }
+};
+
+#if GOOGLE_CUDA
+namespace gex = sok::gpu::exchange;
+
+template <>
+struct ExchangeOn<GpuDevice> {
+  static cudaStream_t S(OpKernelContext* ctx) { return OnDevice<GpuDevice>::Stream(ctx); }
+  static Status Plan(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables, int world,
+                     const std::vector<const int64_t*>& keys,
+                     const std::vector<const int64_t*>& counts, const int64_t* sizes,
+                     int64_t signature, int64_t* request, int64_t* matrix, int64_t* row_at) {
+    TfDeviceAllocator alloc(ctx->device()->GetAllocator(AllocatorAttributes()));
+    return ToTf(gex::plan(tables, world, keys, counts, sizes, signature, request, matrix, row_at,
+                          S(ctx), &alloc));
+  }
+  static Status SplitReceived(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables,
+                              const ex::BlockLayout& l, const int64_t* received,
+                              const std::vector<int64_t*>& keys,
+                              const std::vector<int64_t*>& counts) {
+    return ToTf(gex::split_received(tables, l.world, l, received, keys, counts, S(ctx)));
+  }
+  static Status ToBlocks(OpKernelContext* ctx, const ex::BlockLayout& l,
+                         const std::vector<int64_t>& dims, const std::vector<const float*>& rows,
+                         float* flat) {
+    return ToTf(gex::rows_to_blocks(l, dims, rows, flat, S(ctx)));
+  }
+  static Status FromBlocks(OpKernelContext* ctx, const ex::BlockLayout& l,
+                           const std::vector<int64_t>& dims, const float* flat,
+                           const std::vector<float*>& rows) {
+    return ToTf(gex::rows_from_blocks(l, dims, flat, rows, S(ctx)));
+  }
+  static Status Gather(OpKernelContext* ctx, const std::vector<int64_t>& dims, const int64_t* sizes,
+                       const int64_t* row_at, const float* returned,
+                       const std::vector<float*>& out) {
+    return ToTf(gex::gather_rows(dims, sizes, row_at, returned, out, S(ctx)));
+  }
+  static Status Scatter(OpKernelContext* ctx, const std::vector<int64_t>& dims,
+                        const int64_t* sizes, const int64_t* row_at,
+                        const std::vector<const float*>& rows, float* returned) {
+    return ToTf(gex::scatter_rows(dims, sizes, row_at, rows, returned, S(ctx)));
+  }
+};
+#endif  // GOOGLE_CUDA
+
+namespace {
+
+Status ReadSpecs(OpKernelConstruction* ctx, int n, std::vector<ex::TableSpec>* out) {
+  std::vector<int64_t> targets, rows, dims;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("targets", &targets));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("rows", &rows));
+  if (ctx->HasAttr("dims")) TF_RETURN_IF_ERROR(ctx->GetAttr("dims", &dims));
+  if (dims.empty()) dims.assign(n, 1);
+  if (static_cast<int>(targets.size()) != n || static_cast<int>(rows.size()) != n ||
+      static_cast<int>(dims.size()) != n) {
+    return errors::InvalidArgument("exchange: targets, rows and dims need one entry per table (", n,
+                                   ")");
+  }
+  out->resize(n);
+  for (int t = 0; t < n; ++t) (*out)[t] = ex::TableSpec{targets[t], rows[t], dims[t]};
+  return OkStatus();
+}
+
+Status ReadDims(OpKernelConstruction* ctx, int n, std::vector<int64_t>* dims) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("dims", dims));
+  if (static_cast<int>(dims->size()) != n) {
+    return errors::InvalidArgument("exchange: dims needs one entry per table (", n, ")");
+  }
+  for (int64_t x : *dims) {
+    if (x < 1) return errors::InvalidArgument("exchange: dims must be positive, got ", x);
+  }
+  return OkStatus();
+}
+
+// The block layout of a host [world, >= n] count matrix.
+Status LayoutOf(const Tensor& counts, const std::vector<int64_t>& dims, ex::BlockLayout* l) {
+  const int n = static_cast<int>(dims.size());
+  if (counts.dims() != 2 || counts.dim_size(1) < n || counts.dim_size(0) < 1) {
+    return errors::InvalidArgument("exchange: counts must be [world, >= ", n, "], got ",
+                                   counts.shape().DebugString());
+  }
+  return ToTf(ex::BlockLayout::Of(counts.flat<int64_t>().data(),
+                                  static_cast<int>(counts.dim_size(1)),
+                                  static_cast<int>(counts.dim_size(0)), dims, l));
+}
+
+// Host sizes [n] of a gather / scatter, checked against row_at.
+Status CheckSizes(const Tensor& sizes, const Tensor& row_at, int n) {
+  if (sizes.NumElements() != n) {
+    return errors::InvalidArgument("exchange: sizes needs one entry per table (", n, ")");
+  }
+  int64_t total = 0;
+  for (int t = 0; t < n; ++t) {
+    if (sizes.flat<int64_t>()(t) < 0) return errors::InvalidArgument("exchange: negative size");
+    total += sizes.flat<int64_t>()(t);
+  }
+  if (total != row_at.NumElements()) {
+    return errors::InvalidArgument("exchange: sizes add up to ", total, " but row_at has ",
+                                   row_at.NumElements(), " entries");
+  }
+  return OkStatus();
+}
+
+int64_t FlatElems(const Tensor& sizes, const std::vector<int64_t>& dims) {
+  int64_t total = 0;
+  for (size_t t = 0; t < dims.size(); ++t) total += sizes.flat<int64_t>()(t) * dims[t];
+  return total;
+}
+
+// Table t's rows input (a list of N float tensors) as [rows, dims[t]], checked.
+Status RowsInput(OpKernelContext* ctx, const std::vector<int64_t>& dims,
+                 std::vector<const float*>* ptrs, std::vector<int64_t>* rows) {
+  OpInputList list;
+  TF_RETURN_IF_ERROR(ctx->input_list("rows", &list));
+  ptrs->resize(list.size());
+  rows->resize(list.size());
+  for (int t = 0; t < list.size(); ++t) {
+    const Tensor& r = list[t];
+    if (r.dims() != 2 || r.dim_size(1) != dims[t]) {
+      return errors::InvalidArgument("exchange: rows of table ", t, " must be [n, ", dims[t],
+                                     "], got ", r.shape().DebugString());
+    }
+    (*ptrs)[t] = r.flat<float>().data();
+    (*rows)[t] = r.dim_size(0);
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+template <typename Device>
+class ExchangePlanOp : public SokOpKernel<Device> {
+ public:
+  explicit ExchangePlanOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("world", &world_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("signature", &signature_));
+    OP_REQUIRES_OK(ctx, ReadSpecs(ctx, n_, &tables_));
+  }
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
+    OpInputList keys, counts;
+    OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
+    OP_REQUIRES_OK(ctx, ctx->input_list("counts", &counts));
+    Tensor* sizes;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({n_}), &sizes));
+    std::vector<const int64_t*> key_ptrs(n_), count_ptrs(n_);
+    int64_t total = 0;
+    for (int t = 0; t < n_; ++t) {
+      const int64_t k = keys[t].NumElements();
+      OP_REQUIRES(ctx, counts[t].NumElements() == k || counts[t].NumElements() == 0,
+                  errors::InvalidArgument("exchange: table ", t, " has ", k, " keys but ",
+                                          counts[t].NumElements(), " counts"));
+      key_ptrs[t] = keys[t].flat<int64_t>().data();
+      count_ptrs[t] = counts[t].NumElements() ? counts[t].flat<int64_t>().data() : nullptr;
+      sizes->flat<int64_t>()(t) = k;
+      total += k;
+    }
+    Tensor *request, *matrix, *row_at;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, 2}), &request));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({world_, n_ + 2}), &matrix));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({total}), &row_at));
+    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::Plan(ctx, tables_, world_, key_ptrs, count_ptrs,
+                                                 sizes->flat<int64_t>().data(), signature_,
+                                                 request->flat<int64_t>().data(),
+                                                 matrix->flat<int64_t>().data(),
+                                                 row_at->flat<int64_t>().data()));
+  }
+
+ private:
+  int n_ = 0, world_ = 1;
+  int64_t signature_ = 0;
+  std::vector<ex::TableSpec> tables_;
+};
+
+template <typename Device>
+class ExchangeSplitReceivedOp : public SokOpKernel<Device> {
+ public:
+  explicit ExchangeSplitReceivedOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ReadSpecs(ctx, n_, &tables_));
+  }
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
+    const Tensor& received = ctx->input(0);
+    ex::BlockLayout l;
+    OP_REQUIRES_OK(ctx, LayoutOf(ctx->input(1), std::vector<int64_t>(n_, 1), &l));
+    OP_REQUIRES(
+        ctx, received.dims() == 2 && received.dim_size(1) == 2 && received.dim_size(0) == l.rows,
+        errors::InvalidArgument("exchange: received must be [", l.rows,
+                                ", 2] as the counts say, got ", received.shape().DebugString()));
+    std::vector<TensorShape> shapes;
+    for (int t = 0; t < n_; ++t) shapes.push_back(TensorShape({l.table_rows[t]}));
+    std::vector<Tensor*> keys, counts;
+    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_INT64, shapes, &keys));
+    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, n_, DT_INT64, shapes, &counts));
+    std::vector<int64_t*> kp(n_), cp(n_);
+    for (int t = 0; t < n_; ++t) {
+      kp[t] = keys[t]->flat<int64_t>().data();
+      cp[t] = counts[t]->flat<int64_t>().data();
+    }
+    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::SplitReceived(ctx, tables_, l,
+                                                          received.flat<int64_t>().data(), kp, cp));
+  }
+
+ private:
+  int n_ = 0;
+  std::vector<ex::TableSpec> tables_;
+};
+
+template <typename Device>
+class ExchangeRowsToBlocksOp : public SokOpKernel<Device> {
+ public:
+  explicit ExchangeRowsToBlocksOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ReadDims(ctx, n_, &dims_));
+  }
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
+    ex::BlockLayout l;
+    OP_REQUIRES_OK(ctx, LayoutOf(ctx->input(n_), dims_, &l));
+    std::vector<const float*> rows;
+    std::vector<int64_t> num_rows;
+    OP_REQUIRES_OK(ctx, RowsInput(ctx, dims_, &rows, &num_rows));
+    for (int t = 0; t < n_; ++t) {
+      OP_REQUIRES(ctx, num_rows[t] == l.table_rows[t],
+                  errors::InvalidArgument("exchange: table ", t, " has ", num_rows[t],
+                                          " rows but the counts say ", l.table_rows[t]));
+    }
+    Tensor* flat;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({l.flat_elems}), &flat));
+    OP_REQUIRES_OK(ctx,
+                   ExchangeOn<Device>::ToBlocks(ctx, l, dims_, rows, flat->flat<float>().data()));
+  }
+
+ private:
+  int n_ = 0;
+  std::vector<int64_t> dims_;
+};
+
+template <typename Device>
+class ExchangeRowsFromBlocksOp : public SokOpKernel<Device> {
+ public:
+  explicit ExchangeRowsFromBlocksOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ReadDims(ctx, n_, &dims_));
+  }
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
+    const Tensor& flat = ctx->input(0);
+    ex::BlockLayout l;
+    OP_REQUIRES_OK(ctx, LayoutOf(ctx->input(1), dims_, &l));
+    OP_REQUIRES(ctx, flat.NumElements() == l.flat_elems,
+                errors::InvalidArgument("exchange: flat has ", flat.NumElements(),
+                                        " floats but the counts say ", l.flat_elems));
+    std::vector<TensorShape> shapes;
+    for (int t = 0; t < n_; ++t) shapes.push_back(TensorShape({l.table_rows[t], dims_[t]}));
+    std::vector<Tensor*> rows;
+    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &rows));
+    std::vector<float*> ptrs(n_);
+    for (int t = 0; t < n_; ++t) ptrs[t] = rows[t]->flat<float>().data();
+    OP_REQUIRES_OK(ctx,
+                   ExchangeOn<Device>::FromBlocks(ctx, l, dims_, flat.flat<float>().data(), ptrs));
+  }
+
+ private:
+  int n_ = 0;
+  std::vector<int64_t> dims_;
+};
+
+template <typename Device>
+class ExchangeGatherRowsOp : public SokOpKernel<Device> {
+ public:
+  explicit ExchangeGatherRowsOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ReadDims(ctx, n_, &dims_));
+  }
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
+    const Tensor &returned = ctx->input(0), &row_at = ctx->input(1), &sizes = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckSizes(sizes, row_at, n_));
+    OP_REQUIRES(ctx, returned.NumElements() == FlatElems(sizes, dims_),
+                errors::InvalidArgument("exchange: ", returned.NumElements(),
+                                        " returned floats for ", FlatElems(sizes, dims_)));
+    std::vector<TensorShape> shapes;
+    for (int t = 0; t < n_; ++t) {
+      shapes.push_back(TensorShape({sizes.flat<int64_t>()(t), dims_[t]}));
+    }
+    std::vector<Tensor*> rows;
+    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &rows));
+    std::vector<float*> ptrs(n_);
+    for (int t = 0; t < n_; ++t) ptrs[t] = rows[t]->flat<float>().data();
+    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::Gather(ctx, dims_, sizes.flat<int64_t>().data(),
+                                                   row_at.flat<int64_t>().data(),
+                                                   returned.flat<float>().data(), ptrs));
+  }
+
+ private:
+  int n_ = 0;
+  std::vector<int64_t> dims_;
+};
+
+template <typename Device>
+class ExchangeScatterRowsOp : public SokOpKernel<Device> {
+ public:
+  explicit ExchangeScatterRowsOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ReadDims(ctx, n_, &dims_));
+  }
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
+    const Tensor &row_at = ctx->input(n_), &sizes = ctx->input(n_ + 1);
+    OP_REQUIRES_OK(ctx, CheckSizes(sizes, row_at, n_));
+    std::vector<const float*> rows;
+    std::vector<int64_t> num_rows;
+    OP_REQUIRES_OK(ctx, RowsInput(ctx, dims_, &rows, &num_rows));
+    for (int t = 0; t < n_; ++t) {
+      OP_REQUIRES(ctx, num_rows[t] == sizes.flat<int64_t>()(t),
+                  errors::InvalidArgument("exchange: table ", t, " has ", num_rows[t], " rows for ",
+                                          sizes.flat<int64_t>()(t), " keys"));
+    }
+    Tensor* returned;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({FlatElems(sizes, dims_)}), &returned));
+    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::Scatter(ctx, dims_, sizes.flat<int64_t>().data(),
+                                                    row_at.flat<int64_t>().data(), rows,
+                                                    returned->flat<float>().data()));
+  }
+
+ private:
+  int n_ = 0;
+  std::vector<int64_t> dims_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("SokExchangePlan").Device(DEVICE_CPU), ExchangePlanOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeSplitReceived").Device(DEVICE_CPU),
+                        ExchangeSplitReceivedOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeRowsToBlocks").Device(DEVICE_CPU),
+                        ExchangeRowsToBlocksOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeRowsFromBlocks").Device(DEVICE_CPU),
+                        ExchangeRowsFromBlocksOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeGatherRows").Device(DEVICE_CPU),
+                        ExchangeGatherRowsOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeScatterRows").Device(DEVICE_CPU),
+                        ExchangeScatterRowsOp<CpuDevice>);
+#if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("SokExchangePlan").Device(DEVICE_GPU).HostMemory("sizes"),
+                        ExchangePlanOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(
+    Name("SokExchangeSplitReceived").Device(DEVICE_GPU).HostMemory("recv_counts"),
+    ExchangeSplitReceivedOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeRowsToBlocks").Device(DEVICE_GPU).HostMemory("counts"),
+                        ExchangeRowsToBlocksOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeRowsFromBlocks").Device(DEVICE_GPU).HostMemory("counts"),
+                        ExchangeRowsFromBlocksOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeGatherRows").Device(DEVICE_GPU).HostMemory("sizes"),
+                        ExchangeGatherRowsOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeScatterRows").Device(DEVICE_GPU).HostMemory("sizes"),
+                        ExchangeScatterRowsOp<GpuDevice>);
+#endif
+
+}  // namespace sok_kernels
+}  // namespace tensorflow

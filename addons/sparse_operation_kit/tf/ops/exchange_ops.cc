@@ -1,0 +1,118 @@
+// Op registrations of the exchange's index work (core/exchange.h): what a rank does before and
+// after each all-to-all of lookup_sparse, every table of a call in one op. Pure functions of their
+// inputs; sizes in host memory (`*_counts`, `sizes`) are what the all-to-alls already copied there.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace sok_ops {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+// The requester's keys grouped for their owners: `request` [total, 2] ([key, count] rows in blocks
+// (owner, table), owner-major, each block in input order); `matrix` [world, N + 2]: keys per
+// (owner, table), then [signature, the 1-based table of a static id outside [0, rows) or 0];
+// `row_at` [total]: where each key's row starts in the rows that come back (floats); `sizes`
+// [N] (host): keys per table. targets / rows / dims per table: target_gpu, a static table's rows
+// over all ranks (-1: an Embedding Variable), floats per row.
+REGISTER_OP("SokExchangePlan")
+    .Input("keys: N * int64")
+    .Input("counts: N * int64")
+    .Output("request: int64")
+    .Output("matrix: int64")
+    .Output("row_at: int64")
+    .Output("sizes: int64")
+    .Attr("N: int >= 1")
+    .Attr("world: int >= 1")
+    .Attr("targets: list(int)")
+    .Attr("rows: list(int)")
+    .Attr("dims: list(int)")
+    .Attr("signature: int")
+    .SetShapeFn([](InferenceContext* c) {
+      int n, world;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("world", &world));
+      c->set_output(0, c->Matrix(InferenceContext::kUnknownDim, 2));
+      c->set_output(1, c->Matrix(world, n + 2));
+      c->set_output(2, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(3, c->Vector(n));
+      return OkStatus();
+    });
+
+// The owner's received [key, count] rows (blocks (requester, table), requester-major, as
+// recv_counts [world, >= N] says) as one key and one count vector per table; static tables'
+// keys become rows of this rank's shard.
+REGISTER_OP("SokExchangeSplitReceived")
+    .Input("received: int64")
+    .Input("recv_counts: int64")
+    .Output("keys: N * int64")
+    .Output("counts: N * int64")
+    .Attr("N: int >= 1")
+    .Attr("targets: list(int)")
+    .Attr("rows: list(int)")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int i = 0; i < 2 * n; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+      return OkStatus();
+    });
+
+Status SetTableRowsShapes(InferenceContext* c, int first_output) {
+  std::vector<int> dims;
+  TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+  for (size_t i = 0; i < dims.size(); ++i) {
+    c->set_output(first_output + static_cast<int>(i),
+                  c->Matrix(InferenceContext::kUnknownDim, dims[i]));
+  }
+  return OkStatus();
+}
+
+// Each table's rows ([rows of table t, dims[t]], blocks of requesters in rank order) as one flat
+// buffer of blocks (requester, table), requester-major, as `counts` [world, >= N] says; and back.
+REGISTER_OP("SokExchangeRowsToBlocks")
+    .Input("rows: N * float")
+    .Input("counts: int64")
+    .Output("flat: float")
+    .Attr("N: int >= 1")
+    .Attr("dims: list(int)")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return OkStatus();
+    });
+
+REGISTER_OP("SokExchangeRowsFromBlocks")
+    .Input("flat: float")
+    .Input("counts: int64")
+    .Output("rows: N * float")
+    .Attr("N: int >= 1")
+    .Attr("dims: list(int)")
+    .SetShapeFn([](InferenceContext* c) { return SetTableRowsShapes(c, 0); });
+
+// The requester's rows of its keys out of the returned flat rows (row_at from SokExchangePlan,
+// sizes its keys per table); and the gradient's way back.
+REGISTER_OP("SokExchangeGatherRows")
+    .Input("returned: float")
+    .Input("row_at: int64")
+    .Input("sizes: int64")
+    .Output("rows: N * float")
+    .Attr("N: int >= 1")
+    .Attr("dims: list(int)")
+    .SetShapeFn([](InferenceContext* c) { return SetTableRowsShapes(c, 0); });
+
+REGISTER_OP("SokExchangeScatterRows")
+    .Input("rows: N * float")
+    .Input("row_at: int64")
+    .Input("sizes: int64")
+    .Output("returned: float")
+    .Attr("N: int >= 1")
+    .Attr("dims: list(int)")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return OkStatus();
+    });
+
+}  // namespace sok_ops
+}  // namespace tensorflow

@@ -1,0 +1,164 @@
+"""The exchange's fused index ops (core/exchange.h) against a NumPy model of the exchange: every
+rank's plan, the all-to-alls played in this process, the owners' split and rows, the requesters'
+rows, and the gradient's way back. On a GPU machine the ops run on the GPU."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sparse_operation_kit import tables as sok_tables
+from sparse_operation_kit._ops import ops
+
+
+def _value(t, owner, local, dim):
+    """The row an owner holds for a local key of table t (distinct per table, owner and key)."""
+    return (np.float32(local) * 10 + np.arange(dim, dtype=np.float32) + 1000 * t + 100000 * owner)
+
+
+def _local(key, target, rows, world):
+    return key // world if rows >= 0 and target < 0 else key
+
+
+def _run(world, specs, keys_by_rank, seed=0):
+    """Plays one exchange; checks every step against NumPy; returns the requesters' rows."""
+    n = len(specs)
+    targets = [s[0] for s in specs]
+    rows = [s[1] for s in specs]
+    dims = [s[2] for s in specs]
+    rng = np.random.default_rng(seed)
+    plans = []
+    for r in range(world):
+        keys = [tf.constant(k, tf.int64) for k in keys_by_rank[r]]
+        counts = [tf.constant(rng.integers(1, 5, len(k)), tf.int64) for k in keys_by_rank[r]]
+        out = ops.sok_exchange_plan(keys, counts, world=world, targets=targets, rows=rows,
+                                    dims=dims, signature=7)
+        plans.append((counts, [x.numpy() for x in out]))
+    # The request and matrix of each rank, against NumPy.
+    for r, (counts, (request, matrix, _, sizes)) in enumerate(plans):
+        assert list(sizes) == [len(k) for k in keys_by_rank[r]]
+        expect, per_block = [], np.zeros([world, n], np.int64)
+        for q in range(world):
+            for t in range(n):
+                k = np.asarray(keys_by_rank[r][t], np.int64)
+                mine = sok_tables.owner(k, targets[t], world) == q
+                per_block[q, t] = mine.sum()
+                expect += [[a, c] for a, c in zip(k[mine], counts[t].numpy()[mine])]
+        np.testing.assert_array_equal(request.reshape(-1, 2), np.asarray(expect).reshape(-1, 2))
+        np.testing.assert_array_equal(matrix[:, :n], per_block)
+        assert (matrix[:, n] == 7).all()
+        bad = [t + 1 for t in range(n) if rows[t] >= 0 and any(
+            k < 0 or k >= rows[t] for k in keys_by_rank[r][t])]
+        assert (matrix[:, n + 1] == max(bad, default=0)).all()
+    # The keys' all-to-all: owner q receives every requester's block q, in rank order.
+    returned = [[] for _ in range(world)]
+    owners = []
+    for q in range(world):
+        starts = [np.concatenate([[0], np.cumsum(p[1][1][:, :n].sum(1))]) for p in plans]
+        received = np.concatenate(
+            [plans[r][1][0][starts[r][q]:starts[r][q + 1]] for r in range(world)]).reshape(-1, 2)
+        recv_counts = np.stack([plans[r][1][1][q] for r in range(world)])
+        split = ops.sok_exchange_split_received(
+            tf.constant(received, tf.int64), tf.constant(recv_counts), N=n, targets=targets,
+            rows=rows)
+        keys_q, counts_q = [s.numpy() for s in split[0]], [s.numpy() for s in split[1]]
+        for t in range(n):
+            ek, ec = [], []
+            for r in range(world):
+                k = np.asarray(keys_by_rank[r][t], np.int64)
+                mine = sok_tables.owner(k, targets[t], world) == q
+                ek += [_local(a, targets[t], rows[t], world) for a in k[mine]]
+                ec += list(plans[r][0][t].numpy()[mine])
+            np.testing.assert_array_equal(keys_q[t], np.asarray(ek, np.int64))
+            np.testing.assert_array_equal(counts_q[t], np.asarray(ec, np.int64))
+        owner_rows = [np.stack([_value(t, q, k, dims[t]) for k in keys_q[t]]).astype(np.float32)
+                      if len(keys_q[t]) else np.zeros([0, dims[t]], np.float32) for t in range(n)]
+        flat = ops.sok_exchange_rows_to_blocks(
+            [tf.constant(x) for x in owner_rows], tf.constant(recv_counts), dims=dims).numpy()
+        back = ops.sok_exchange_rows_from_blocks(tf.constant(flat), tf.constant(recv_counts),
+                                                 N=n, dims=dims)
+        for t in range(n):
+            np.testing.assert_array_equal(back[t].numpy(), owner_rows[t])
+        # The rows' all-to-all: requester r's part of each owner's flat rows.
+        per_requester = (recv_counts[:, :n] * np.asarray(dims)).sum(1)
+        cuts = np.concatenate([[0], np.cumsum(per_requester)])
+        for r in range(world):
+            returned[r].append(flat[cuts[r]:cuts[r + 1]])
+        owners.append(owner_rows)
+    outs = []
+    for r in range(world):
+        _, (_, _, row_at, sizes) = plans[r]
+        got = ops.sok_exchange_gather_rows(tf.constant(np.concatenate(returned[r])),
+                                           tf.constant(row_at), tf.constant(sizes), N=n,
+                                           dims=dims)
+        for t in range(n):
+            k = np.asarray(keys_by_rank[r][t], np.int64)
+            want = np.zeros([len(k), dims[t]], np.float32)
+            for i, key in enumerate(k):
+                q = int(sok_tables.owner(key, targets[t], world))
+                want[i] = _value(t, q, _local(key, targets[t], rows[t], world), dims[t])
+            np.testing.assert_array_equal(got[t].numpy(), want)
+        # The gradient's first step is the gather's inverse (row_at is a permutation).
+        scattered = ops.sok_exchange_scatter_rows(got, tf.constant(row_at), tf.constant(sizes),
+                                                  dims=dims)
+        np.testing.assert_array_equal(scattered.numpy(), np.concatenate(returned[r]))
+        outs.append(got)
+    return outs
+
+
+def _keys(rng, world, sizes, low=-50, high=200):
+    """Distinct keys per (rank, table), as lookup_sparse deduplicates them before the exchange."""
+    return [[rng.choice(np.arange(low, high), s, replace=False) for s in sizes]
+            for _ in range(world)]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_embedding_variables_spread_and_placed(world):
+    rng = np.random.default_rng(world)
+    specs = [(-1, -1, 4), (world - 1, -1, 8), (-1, -1, 1)]
+    _run(world, specs, _keys(rng, world, [30, 17, 5]))
+
+
+def test_static_tables_become_local_rows_and_flag_bad_ids():
+    world = 2
+    specs = [(-1, 300, 3), (1, 300, 2)]
+    keys = [[np.array([0, 5, 8, 299]), np.array([4, 1])],
+            [np.array([7, 300, 2]), np.array([-1, 3])]]  # rank 1: ids out of both tables
+    _run(world, specs, keys)
+
+
+def test_empty_tables_and_ranks_without_keys():
+    specs = [(-1, -1, 4), (-1, -1, 2)]
+    _run(2, specs, [[np.array([], np.int64), np.array([3, 4])],
+                    [np.array([], np.int64), np.array([], np.int64)]])
+
+
+def test_more_tables_than_one_launch_takes():
+    """20 tables over 8 ranks: several launches of 16 tables, blocks of 8 ranks each."""
+    rng = np.random.default_rng(3)
+    world = 8
+    specs = [(-1 if t % 3 else t % world, -1, 1 + t % 5) for t in range(20)]
+    _run(world, specs, _keys(rng, world, [int(rng.integers(0, 40)) for _ in range(20)]))
+
+
+def test_owner_rule_matches_tables_owner_for_negative_keys():
+    """The core's owner rule (floor modulo) and tables.owner (dumps) agree."""
+    keys = np.array([-9, -8, -1, 0, 1, 7, 2**40 + 3, -(2**40) - 3], np.int64)
+    for world in (2, 3, 5):
+        _, matrix, _, _ = ops.sok_exchange_plan([tf.constant(keys)], [tf.zeros([0], tf.int64)],
+                                                world=world, targets=[-1], rows=[-1], dims=[1],
+                                                signature=0)
+        want = np.bincount(sok_tables.owner(keys, -1, world), minlength=world)
+        np.testing.assert_array_equal(matrix.numpy()[:, 0], want)
+
+
+def test_bad_shapes_are_named():
+    counts = tf.constant([[2, 1, 0, 0], [1, 0, 0, 0]], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 1 has 2 rows but the counts"):
+        ops.sok_exchange_rows_to_blocks([tf.zeros([3, 4]), tf.zeros([2, 2])], counts, dims=[4, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be \\[n, 2\\]"):
+        ops.sok_exchange_rows_to_blocks([tf.zeros([3, 4]), tf.zeros([1, 3])], counts, dims=[4, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="received must be \\[4, 2\\]"):
+        ops.sok_exchange_split_received(tf.zeros([3, 2], tf.int64), counts, N=2, targets=[-1, -1],
+                                        rows=[-1, -1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sizes add up to 3"):
+        ops.sok_exchange_gather_rows(tf.zeros([12]), tf.zeros([4], tf.int64),
+                                     tf.constant([2, 1], tf.int64), N=2, dims=[4, 4])
