@@ -1,5 +1,5 @@
 """The exchange's fused index ops (core/exchange.h) against a NumPy model of the exchange: every
-rank's plan, the all-to-alls played in this process, the owners' split and rows, the requesters'
+rank's plan, the all-to-alls played in this process, the owners' distinct keys and rows, the requesters'
 rows, and the gradient's way back. On a GPU machine the ops run on the GPU."""
 import numpy as np
 import pytest
@@ -50,39 +50,48 @@ def _run(world, specs, keys_by_rank, seed=0):
         assert (matrix[:, n + 1] == max(bad, default=0)).all()
     # The keys' all-to-all: owner q receives every requester's block q, in rank order.
     returned = [[] for _ in range(world)]
-    owners = []
     for q in range(world):
         starts = [np.concatenate([[0], np.cumsum(p[1][1][:, :n].sum(1))]) for p in plans]
         received = np.concatenate(
             [plans[r][1][0][starts[r][q]:starts[r][q + 1]] for r in range(world)]).reshape(-1, 2)
         recv_counts = np.stack([plans[r][1][1][q] for r in range(world)])
-        split = ops.sok_exchange_split_received(
+        keys_q, counts_q, row_pos, distinct = ops.sok_exchange_owner_keys(
             tf.constant(received, tf.int64), tf.constant(recv_counts), N=n, targets=targets,
-            rows=rows)
-        keys_q, counts_q = [s.numpy() for s in split[0]], [s.numpy() for s in split[1]]
+            rows=rows, dims=dims)
+        keys_q, counts_q = [k.numpy() for k in keys_q], [c.numpy() for c in counts_q]
+        asked = []  # per table: how many requesters asked for each distinct key
         for t in range(n):
-            ek, ec = [], []
-            for r in range(world):
+            order, total = {}, {}
+            for r in range(world):  # requesters in rank order: order of first appearance
                 k = np.asarray(keys_by_rank[r][t], np.int64)
                 mine = sok_tables.owner(k, targets[t], world) == q
-                ek += [_local(a, targets[t], rows[t], world) for a in k[mine]]
-                ec += list(plans[r][0][t].numpy()[mine])
-            np.testing.assert_array_equal(keys_q[t], np.asarray(ek, np.int64))
-            np.testing.assert_array_equal(counts_q[t], np.asarray(ec, np.int64))
+                for a, c in zip(k[mine], plans[r][0][t].numpy()[mine]):
+                    local = _local(a, targets[t], rows[t], world)
+                    order.setdefault(local, len(order))
+                    total[local] = total.get(local, 0) + c
+            want = sorted(order, key=order.get)
+            np.testing.assert_array_equal(keys_q[t], np.asarray(want, np.int64).reshape(-1))
+            np.testing.assert_array_equal(counts_q[t], [total[k] for k in want])
+            asked.append(np.asarray([sum(int(k in set(_local(a, targets[t], rows[t], world)
+                                                          for a in keys_by_rank[r][t]
+                                                          if sok_tables.owner(a, targets[t],
+                                                                              world) == q))
+                                         for r in range(world)) for k in want], np.float32))
+        assert list(distinct.numpy()) == [len(k) for k in keys_q]
         owner_rows = [np.stack([_value(t, q, k, dims[t]) for k in keys_q[t]]).astype(np.float32)
                       if len(keys_q[t]) else np.zeros([0, dims[t]], np.float32) for t in range(n)]
         flat = ops.sok_exchange_rows_to_blocks(
-            [tf.constant(x) for x in owner_rows], tf.constant(recv_counts), dims=dims).numpy()
-        back = ops.sok_exchange_rows_from_blocks(tf.constant(flat), tf.constant(recv_counts),
-                                                 N=n, dims=dims)
-        for t in range(n):
-            np.testing.assert_array_equal(back[t].numpy(), owner_rows[t])
+            [tf.constant(x) for x in owner_rows], row_pos, tf.constant(recv_counts),
+            dims=dims).numpy()
+        back = ops.sok_exchange_rows_from_blocks(tf.constant(flat), row_pos, distinct, N=n,
+                                                 dims=dims)
+        for t in range(n):  # each row's copies summed: the row times the ranks that asked
+            np.testing.assert_allclose(back[t].numpy(), owner_rows[t] * asked[t][:, None])
         # The rows' all-to-all: requester r's part of each owner's flat rows.
         per_requester = (recv_counts[:, :n] * np.asarray(dims)).sum(1)
         cuts = np.concatenate([[0], np.cumsum(per_requester)])
         for r in range(world):
             returned[r].append(flat[cuts[r]:cuts[r + 1]])
-        owners.append(owner_rows)
     outs = []
     for r in range(world):
         _, (_, _, row_at, sizes) = plans[r]
@@ -152,13 +161,16 @@ def test_owner_rule_matches_tables_owner_for_negative_keys():
 
 def test_bad_shapes_are_named():
     counts = tf.constant([[2, 1, 0, 0], [1, 0, 0, 0]], tf.int64)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="table 1 has 2 rows but the counts"):
-        ops.sok_exchange_rows_to_blocks([tf.zeros([3, 4]), tf.zeros([2, 2])], counts, dims=[4, 2])
+    row_pos = tf.fill([4, 2], tf.constant(-1, tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row_pos must be \\[5, world\\]"):
+        ops.sok_exchange_rows_to_blocks([tf.zeros([3, 4]), tf.zeros([2, 2])], row_pos, counts,
+                                        dims=[4, 2])
     with pytest.raises(tf.errors.InvalidArgumentError, match="must be \\[n, 2\\]"):
-        ops.sok_exchange_rows_to_blocks([tf.zeros([3, 4]), tf.zeros([1, 3])], counts, dims=[4, 2])
+        ops.sok_exchange_rows_to_blocks([tf.zeros([3, 4]), tf.zeros([1, 3])], row_pos, counts,
+                                        dims=[4, 2])
     with pytest.raises(tf.errors.InvalidArgumentError, match="received must be \\[4, 2\\]"):
-        ops.sok_exchange_split_received(tf.zeros([3, 2], tf.int64), counts, N=2, targets=[-1, -1],
-                                        rows=[-1, -1])
+        ops.sok_exchange_owner_keys(tf.zeros([3, 2], tf.int64), counts, N=2, targets=[-1, -1],
+                                    rows=[-1, -1], dims=[4, 2])
     with pytest.raises(tf.errors.InvalidArgumentError, match="sizes add up to 3"):
         ops.sok_exchange_gather_rows(tf.zeros([12]), tf.zeros([4], tf.int64),
                                      tf.constant([2, 1], tf.int64), N=2, dims=[4, 4])

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <unordered_map>
+#include <utility>
 
 namespace sok {
 namespace exchange {
@@ -12,6 +14,7 @@ Status BlockLayout::Of(const int64_t* counts, int stride, int world,
   const int n = static_cast<int>(dims.size());
   out->world = world;
   out->n = n;
+  out->flat_row.assign(static_cast<size_t>(world) * n, 0);
   out->flat_elem.assign(static_cast<size_t>(world) * n, 0);
   out->table_row.assign(static_cast<size_t>(world) * n, 0);
   out->table_rows.assign(n, 0);
@@ -23,6 +26,7 @@ Status BlockLayout::Of(const int64_t* counts, int stride, int world,
         return Status::Invalid("exchange: negative count " + std::to_string(c) + " for rank " +
                                std::to_string(q) + ", table " + std::to_string(t));
       }
+      out->flat_row[q * n + t] = rows;
       out->flat_elem[q * n + t] = elem;
       out->table_row[q * n + t] = out->table_rows[t];
       out->table_rows[t] += c;
@@ -77,42 +81,65 @@ void plan(const std::vector<TableSpec>& tables, int world, const int64_t* const*
   }
 }
 
-void split_received(const std::vector<TableSpec>& tables, int world, const BlockLayout& layout,
-                    const int64_t* received, int64_t* const* keys, int64_t* const* counts) {
-  const int n = layout.n;
+void owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l, const int64_t* received,
+                OwnerKeys* out) {
+  const int n = l.n, world = l.world;
+  out->keys.assign(n, {});
+  out->counts.assign(n, {});
+  std::vector<std::unordered_map<int64_t, int64_t>> index(n);
+  // Pass 1: the distinct keys in order of first appearance (requesters in rank order).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> at(n);  // (distinct index, element)
   int64_t j = 0;
   for (int q = 0; q < world; ++q) {
     for (int t = 0; t < n; ++t) {
-      const int64_t rows =
-          (q + 1 < world ? layout.table_row[(q + 1) * n + t] : layout.table_rows[t]) -
-          layout.table_row[q * n + t];
+      const int64_t b = q * n + t;
+      const int64_t rows = (q + 1 < world ? l.table_row[b + n] : l.table_rows[t]) - l.table_row[b];
+      const int64_t dim = tables[t].dim;
       for (int64_t r = 0; r < rows; ++r, ++j) {
-        const int64_t at = layout.table_row[q * n + t] + r;
-        keys[t][at] = local_key(received[2 * j], tables[t].target, tables[t].rows, world);
-        counts[t][at] = received[2 * j + 1];
+        const int64_t k = local_key(received[2 * j], tables[t].target, tables[t].rows, world);
+        auto it = index[t].emplace(k, static_cast<int64_t>(out->keys[t].size())).first;
+        if (it->second == static_cast<int64_t>(out->keys[t].size())) {
+          out->keys[t].push_back(k);
+          out->counts[t].push_back(0);
+        }
+        out->counts[t][it->second] += received[2 * j + 1];
+        at[t].emplace_back(it->second * world + q, l.flat_elem[b] + r * dim);
       }
     }
+  }
+  int64_t total = 0;
+  std::vector<int64_t> first(n);
+  for (int t = 0; t < n; ++t) {
+    first[t] = total;
+    total += static_cast<int64_t>(out->keys[t].size());
+  }
+  out->row_pos.assign(total * world, -1);
+  for (int t = 0; t < n; ++t) {
+    for (const auto& [slot, elem] : at[t]) out->row_pos[first[t] * world + slot] = elem;
   }
 }
 
 namespace {
 
-// Copies every block between the flat buffer and the tables' tensors.
+// Each distinct row to its copies (kToBlocks), or its copies summed in rank order into it.
 template <bool kToBlocks>
-void move_blocks(const BlockLayout& l, const std::vector<int64_t>& dims, float* flat,
-                 float* const* rows) {
-  for (int q = 0; q < l.world; ++q) {
-    for (int t = 0; t < l.n; ++t) {
-      const int64_t b = q * l.n + t;
-      const int64_t end = q + 1 < l.world ? l.table_row[b + l.n] : l.table_rows[t];
-      const int64_t elems = (end - l.table_row[b]) * dims[t];
-      float* a = flat + l.flat_elem[b];
-      float* r = rows[t] + l.table_row[b] * dims[t];
-      if (elems == 0) continue;
-      if (kToBlocks) {
-        std::memcpy(a, r, sizeof(float) * elems);
-      } else {
-        std::memcpy(r, a, sizeof(float) * elems);
+void move_rows(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
+               const int64_t* row_pos, float* flat, float* const* rows) {
+  int64_t d = 0;
+  for (size_t t = 0; t < dims.size(); ++t) {
+    for (int64_t u = 0; u < distinct[t]; ++u, ++d) {
+      float* r = rows[t] + u * dims[t];
+      if (!kToBlocks) std::fill(r, r + dims[t], 0.f);
+      for (int q = 0; q < world; ++q) {
+        const int64_t p = row_pos[d * world + q];
+        if (p < 0) continue;
+        for (int64_t c = 0; c < dims[t]; ++c) {
+          if (kToBlocks) {
+            flat[p + c] = r[c];
+          } else {
+            r[c] += flat[p + c];
+          }
+        }
       }
     }
   }
@@ -120,14 +147,14 @@ void move_blocks(const BlockLayout& l, const std::vector<int64_t>& dims, float* 
 
 }  // namespace
 
-void rows_to_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
-                    const float* const* rows, float* flat) {
-  move_blocks<true>(layout, dims, flat, const_cast<float* const*>(rows));
+void rows_to_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
+                    const int64_t* row_pos, const float* const* rows, float* flat) {
+  move_rows<true>(dims, distinct, world, row_pos, flat, const_cast<float* const*>(rows));
 }
 
-void rows_from_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
-                      const float* flat, float* const* rows) {
-  move_blocks<false>(layout, dims, const_cast<float*>(flat), rows);
+void rows_from_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
+                      const int64_t* row_pos, const float* flat, float* const* rows) {
+  move_rows<false>(dims, distinct, world, row_pos, const_cast<float*>(flat), rows);
 }
 
 void gather_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,

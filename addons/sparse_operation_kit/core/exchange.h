@@ -4,9 +4,10 @@
 //   requester  plan: its distinct keys sorted into blocks (owner q, table t), q-major, each block
 //              in input order; a [world, n + 2] matrix of keys per block plus [signature, bad];
 //              row_at: where each key's row will start in the rows that come back.
-//   owner      split_received: the received [key, count] blocks (requester q, table t) into one
-//              key and one count tensor per table (blocks of requesters in rank order);
-//              rows_to_blocks: each table's rows back into blocks (q, t), q-major, flat.
+//   owner      owner_keys: the received [key, count] blocks (requester q, table t) as each
+//              table's distinct keys (counts summed) and where their rows go back;
+//              rows_to_blocks: each table's distinct rows to every asking requester's place in
+//              the flat blocks (q, t), q-major.
 //   requester  gather_rows: each key's row out of the returned flat rows (row_at);
 //   backward   scatter_rows and rows_from_blocks, the inverses.
 //
@@ -46,7 +47,8 @@ SOK_HD bool bad_key(int64_t key, int64_t rows) { return rows >= 0 && (key < 0 ||
 // rows per block, and where each block starts within its table's tensor.
 struct BlockLayout {
   int world = 1, n = 0;
-  std::vector<int64_t> flat_elem;   // [world * n]: first element of block (q, t) in the flat buffer
+  std::vector<int64_t> flat_row;    // [world * n]: first row of block (q, t) in the flat buffer
+  std::vector<int64_t> flat_elem;   // [world * n]: its first element (rows of dims[t] elements)
   std::vector<int64_t> table_row;   // [world * n]: first row of block (q, t) in table t's tensor
   std::vector<int64_t> table_rows;  // [n]
   int64_t flat_elems = 0;
@@ -64,16 +66,25 @@ void plan(const std::vector<TableSpec>& tables, int world, const int64_t* const*
           const int64_t* const* counts, const int64_t* sizes, int64_t signature, int64_t* request,
           int64_t* matrix, int64_t* row_at);
 
-// The owner's split of `received` ([rows, 2], laid out as `layout` with dims 1) into keys[t] and
-// counts[t] (layout.table_rows[t] each); static tables' keys become local rows.
-void split_received(const std::vector<TableSpec>& tables, int world, const BlockLayout& layout,
-                    const int64_t* received, int64_t* const* keys, int64_t* const* counts);
+// The owner's side. Its distinct keys of each table (local keys: a static shard's rows), in order
+// of first appearance among the received rows (requesters in rank order), each key's counts summed
+// over the requesters, and where each one's rows lie in the flat rank-major rows (`layout`, with
+// the tables' dims): row_pos[(d_t + u) * world + q] = the first element of requester q's copy of
+// distinct key u of table t (d_t: the distinct keys of the tables before t), -1 where q did not
+// ask for it. A requester sends each key once, so a key has at most `world` copies.
+struct OwnerKeys {
+  std::vector<std::vector<int64_t>> keys, counts;
+  std::vector<int64_t> row_pos;
+};
+void owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& layout,
+                const int64_t* received, OwnerKeys* out);
 
-// rows[t] ([table_rows[t], dims[t]]) <-> the flat rank-major buffer (layout.flat_elems floats).
-void rows_to_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
-                    const float* const* rows, float* flat);
-void rows_from_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
-                      const float* flat, float* const* rows);
+// rows[t] ([distinct[t], dims[t]]) copied to every requester's place in the flat rows; and the
+// gradient's way back: each distinct row's copies summed in rank order (deterministic).
+void rows_to_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
+                    const int64_t* row_pos, const float* const* rows, float* flat);
+void rows_from_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
+                      const int64_t* row_pos, const float* flat, float* const* rows);
 
 // The requester's rows: out[t][i] = returned[row_at[start_t + i] ...] (dims[t] floats), and the
 // gradient's inverse (row_at is a permutation of the returned rows: every element is written).

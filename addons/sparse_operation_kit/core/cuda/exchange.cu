@@ -28,7 +28,9 @@ struct Group {
   int64_t elem_start[kGroupTables + 1];  // first element of table g on the tables' side
   int64_t dim[kGroupTables];
   void* tensor[kGroupTables];   // rows / keys of table g
-  void* tensor2[kGroupTables];  // counts of table g (split_received, plan)
+  void* tensor2[kGroupTables];  // counts of table g (owner_keys, plan)
+  void* tensor3[kGroupTables];  // owner_keys: the summed counts of table g
+  int64_t base[kGroupTables];   // owner_keys, rows: distinct keys of the tables before g
   int64_t target[kGroupTables], rows[kGroupTables];
   int64_t key_start[kGroupTables];  // entry of table g's first key in row_at
   int64_t table_row[kGroupBlocks];  // [g * world + q]: first row of block (q, t) in table t
@@ -73,44 +75,59 @@ Status for_groups(int n, int world, PerTable per_table, Launch launch) {
   return Status::OK();
 }
 
-void set_blocks(Group* g, int i, int t, const BlockLayout& l) {
+// Table t's blocks as group entry i; flat_elem holds the flat buffer's elements (dims_of_flat:
+// rows of the tables' dims) or rows.
+void set_blocks(Group* g, int i, int t, const BlockLayout& l, bool dims_of_flat) {
   for (int q = 0; q < l.world; ++q) {
     g->table_row[i * l.world + q] = l.table_row[q * l.n + t];
-    g->flat_elem[i * l.world + q] = l.flat_elem[q * l.n + t];
+    g->flat_elem[i * l.world + q] = (dims_of_flat ? l.flat_elem : l.flat_row)[q * l.n + t];
   }
 }
 
+// Each distinct row to its copies in the flat rows (kToBlocks), or its copies summed in rank
+// order into it: one thread per element of a distinct row.
 template <bool kToBlocks>
-__global__ void move_blocks_kernel(const __grid_constant__ Group g, float* flat, int64_t total) {
+__global__ void move_rows_kernel(const __grid_constant__ Group g, const int64_t* row_pos,
+                                 float* flat, int64_t total) {
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int t = table_of(g, e);
-    const int64_t at = e - g.elem_start[t], dim = g.dim[t], row = at / dim;
-    const int b = block_of(g, t, row);
-    const int64_t f = g.flat_elem[b] + (row - g.table_row[b]) * dim + at % dim;
+    const int64_t at = e - g.elem_start[t], dim = g.dim[t], c = at % dim;
+    const int64_t* pos = row_pos + (g.base[t] + at / dim) * g.world;
     float* r = static_cast<float*>(g.tensor[t]);
     if (kToBlocks) {
-      flat[f] = r[at];
+      const float v = r[at];
+      for (int q = 0; q < g.world; ++q) {
+        if (pos[q] >= 0) flat[pos[q] + c] = v;
+      }
     } else {
-      r[at] = flat[f];
+      float sum = 0.f;
+      for (int q = 0; q < g.world; ++q) {
+        if (pos[q] >= 0) sum += flat[pos[q] + c];
+      }
+      r[at] = sum;
     }
   }
 }
 
 template <bool kToBlocks>
-Status move_blocks(const BlockLayout& l, const std::vector<int64_t>& dims, float* flat,
-                   const std::vector<void*>& rows, cudaStream_t stream) {
+Status move_rows(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
+                 const int64_t* row_pos, float* flat, const std::vector<void*>& rows,
+                 cudaStream_t stream) {
+  std::vector<int64_t> base(dims.size() + 1, 0);
+  for (size_t t = 0; t < dims.size(); ++t) base[t + 1] = base[t] + distinct[t];
   return for_groups(
-      l.n, l.world,
+      static_cast<int>(dims.size()), 1,
       [&](Group* g, int i, int t) {
         g->dim[i] = dims[t];
         g->tensor[i] = rows[t];
-        set_blocks(g, i, t, l);
-        return l.table_rows[t] * dims[t];
+        g->base[i] = base[t];
+        return distinct[t] * dims[t];
       },
-      [&](const Group& g, int64_t total) {
-        move_blocks_kernel<kToBlocks>
-            <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, flat, total);
+      [&](Group g, int64_t total) {
+        g.world = world;  // grouped as for one rank: the group holds no blocks
+        move_rows_kernel<kToBlocks>
+            <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_pos, flat, total);
         SOK_LAUNCH_CHECK();
         return Status::OK();
       });
@@ -127,6 +144,34 @@ __global__ void split_received_kernel(const __grid_constant__ Group g, const int
     static_cast<int64_t*>(g.tensor[t])[row] =
         sok::exchange::local_key(received[2 * j], g.target[t], g.rows[t], g.world);
     static_cast<int64_t*>(g.tensor2[t])[row] = received[2 * j + 1];
+  }
+}
+
+// owner_keys after the dedup: each received row's count added to its distinct key's, and its
+// place in the flat rows recorded for that key and requester.
+__global__ void owner_rows_kernel(const __grid_constant__ Group g, int64_t* row_pos,
+                                  int64_t total) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int t = table_of(g, e);
+    const int64_t row = e - g.elem_start[t];
+    const int b = block_of(g, t, row);
+    const int64_t u = static_cast<const int32_t*>(g.tensor[t])[row];
+    atomicAdd(reinterpret_cast<unsigned long long*>(static_cast<int64_t*>(g.tensor3[t]) + u),
+              static_cast<unsigned long long>(static_cast<const int64_t*>(g.tensor2[t])[row]));
+    row_pos[(g.base[t] + u) * g.world + (b - t * g.world)] =
+        g.flat_elem[b] + (row - g.table_row[b]) * g.dim[t];
+  }
+}
+
+// owner_keys: the distinct keys to their outputs, the summed counts zeroed.
+__global__ void owner_outputs_kernel(const __grid_constant__ Group g, int64_t total) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int t = table_of(g, e);
+    const int64_t u = e - g.elem_start[t];
+    static_cast<int64_t*>(g.tensor[t])[u] = static_cast<const int64_t*>(g.tensor2[t])[u];
+    static_cast<int64_t*>(g.tensor3[t])[u] = 0;
   }
 }
 
@@ -311,37 +356,106 @@ Status plan(const std::vector<TableSpec>& tables, int world,
   return Status::OK();
 }
 
-Status split_received(const std::vector<TableSpec>& tables, int world, const BlockLayout& layout,
-                      const int64_t* received, const std::vector<int64_t*>& keys,
-                      const std::vector<int64_t*>& counts, cudaStream_t stream) {
-  return for_groups(
-      layout.n, world,
+Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
+                  const int64_t* received, const AllocateOwnerKeys& allocate, cudaStream_t stream,
+                  DeviceAllocator* alloc) {
+  const int n = l.n;
+  std::vector<int64_t> start(n + 1, 0);
+  for (int t = 0; t < n; ++t) start[t + 1] = start[t] + l.table_rows[t];
+  const int64_t m = start[n];
+  int64_t *keys = nullptr, *counts = nullptr, *unique = nullptr;
+  int32_t* inverse = nullptr;
+  UniqueTableReport* d_reports = nullptr;
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, &tmp, [&](Workspace& w) {
+    keys = w.take<int64_t>(m);
+    counts = w.take<int64_t>(m);
+    unique = w.take<int64_t>(m);
+    inverse = w.take<int32_t>(m);
+    d_reports = w.take<UniqueTableReport>(n);
+  }));
+  // 1. The received rows as each table's keys (local) and counts, table by table.
+  SOK_RETURN_IF_ERROR(for_groups(
+      n, l.world,
       [&](Group* g, int i, int t) {
-        g->tensor[i] = keys[t];
-        g->tensor2[i] = counts[t];
+        g->tensor[i] = keys + start[t];
+        g->tensor2[i] = counts + start[t];
         g->target[i] = tables[t].target;
         g->rows[i] = tables[t].rows;
-        set_blocks(g, i, t, layout);
-        return layout.table_rows[t];
+        set_blocks(g, i, t, l, /*dims_of_flat=*/false);
+        return l.table_rows[t];
       },
       [&](const Group& g, int64_t total) {
         split_received_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, received, total);
         SOK_LAUNCH_CHECK();
         return Status::OK();
+      }));
+  // 2. Every table's dedup at once; the distinct counts to the host: the one wait.
+  std::vector<UniqueTable> spans(n);
+  for (int t = 0; t < n; ++t) {
+    spans[t].keys = keys + start[t];
+    spans[t].n = l.table_rows[t];
+    spans[t].unique = unique + start[t];
+    spans[t].inverse = inverse + start[t];
+  }
+  SOK_RETURN_IF_ERROR(unique_keys_multi(spans, d_reports, stream, alloc));
+  std::vector<UniqueTableReport> reports(n);
+  SOK_CUDA_RETURN(cudaMemcpyAsync(reports.data(), d_reports, n * sizeof(UniqueTableReport),
+                                  cudaMemcpyDeviceToHost, stream));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+  std::vector<int64_t> distinct(n), base(n + 1, 0);
+  for (int t = 0; t < n; ++t) {
+    distinct[t] = reports[t].num_unique;
+    base[t + 1] = base[t] + distinct[t];
+  }
+  OwnerKeysOut out;
+  SOK_RETURN_IF_ERROR(allocate(distinct, &out));
+  SOK_CUDA_RETURN(cudaMemsetAsync(out.row_pos, 0xff, sizeof(int64_t) * base[n] * l.world, stream));
+  // 3. The outputs: distinct keys, summed counts, where each copy goes back.
+  SOK_RETURN_IF_ERROR(for_groups(
+      n, 1,
+      [&](Group* g, int i, int t) {
+        g->tensor[i] = out.keys[t];
+        g->tensor2[i] = unique + start[t];
+        g->tensor3[i] = out.counts[t];
+        return distinct[t];
+      },
+      [&](const Group& g, int64_t total) {
+        owner_outputs_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, total);
+        SOK_LAUNCH_CHECK();
+        return Status::OK();
+      }));
+  return for_groups(
+      n, l.world,
+      [&](Group* g, int i, int t) {
+        g->tensor[i] = inverse + start[t];
+        g->tensor2[i] = counts + start[t];
+        g->tensor3[i] = out.counts[t];
+        g->base[i] = base[t];
+        g->dim[i] = tables[t].dim;
+        set_blocks(g, i, t, l, /*dims_of_flat=*/true);
+        return l.table_rows[t];
+      },
+      [&](const Group& g, int64_t total) {
+        owner_rows_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, out.row_pos, total);
+        SOK_LAUNCH_CHECK();
+        return Status::OK();
       });
 }
 
-Status rows_to_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
-                      const std::vector<const float*>& rows, float* flat, cudaStream_t stream) {
+Status rows_to_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
+                      const int64_t* row_pos, const std::vector<const float*>& rows, float* flat,
+                      cudaStream_t stream) {
   std::vector<void*> r(rows.size());
   for (size_t t = 0; t < rows.size(); ++t) r[t] = const_cast<float*>(rows[t]);
-  return move_blocks<true>(layout, dims, flat, r, stream);
+  return move_rows<true>(dims, distinct, world, row_pos, flat, r, stream);
 }
 
-Status rows_from_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
-                        const float* flat, const std::vector<float*>& rows, cudaStream_t stream) {
+Status rows_from_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
+                        const int64_t* row_pos, const float* flat, const std::vector<float*>& rows,
+                        cudaStream_t stream) {
   std::vector<void*> r(rows.begin(), rows.end());
-  return move_blocks<false>(layout, dims, const_cast<float*>(flat), r, stream);
+  return move_rows<false>(dims, distinct, world, row_pos, const_cast<float*>(flat), r, stream);
 }
 
 Status gather_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,

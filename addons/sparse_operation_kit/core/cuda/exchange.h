@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
@@ -25,14 +26,25 @@ Status plan(const std::vector<TableSpec>& tables, int world,
             const int64_t* sizes, int64_t signature, int64_t* request, int64_t* matrix,
             int64_t* row_at, cudaStream_t stream, DeviceAllocator* alloc = nullptr);
 
-Status split_received(const std::vector<TableSpec>& tables, int world, const BlockLayout& layout,
-                      const int64_t* received, const std::vector<int64_t*>& keys,
-                      const std::vector<int64_t*>& counts, cudaStream_t stream);
+// The owner's keys (core/exchange.h's owner_keys): one dedup of every table, then ONE copy of the
+// distinct counts to the host and a wait for it; `allocate` gets those counts and returns the
+// outputs (keys[t], counts[t]: distinct[t] entries; row_pos: sum(distinct) * world entries).
+struct OwnerKeysOut {
+  std::vector<int64_t*> keys, counts;
+  int64_t* row_pos = nullptr;
+};
+using AllocateOwnerKeys =
+    std::function<Status(const std::vector<int64_t>& distinct, OwnerKeysOut* out)>;
+Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& layout,
+                  const int64_t* received, const AllocateOwnerKeys& allocate, cudaStream_t stream,
+                  DeviceAllocator* alloc = nullptr);
 
-Status rows_to_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
-                      const std::vector<const float*>& rows, float* flat, cudaStream_t stream);
-Status rows_from_blocks(const BlockLayout& layout, const std::vector<int64_t>& dims,
-                        const float* flat, const std::vector<float*>& rows, cudaStream_t stream);
+Status rows_to_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
+                      const int64_t* row_pos, const std::vector<const float*>& rows, float* flat,
+                      cudaStream_t stream);
+Status rows_from_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
+                        const int64_t* row_pos, const float* flat, const std::vector<float*>& rows,
+                        cudaStream_t stream);
 
 Status gather_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,
                    const float* returned, const std::vector<float*>& out, cudaStream_t stream);

@@ -116,10 +116,7 @@ def fetch_rows(params, keys, counts, training, names):
     with tf.name_scope("sok_exchange"), _not_xla_compiled():
         chain = collectives.TRAIN if training else collectives.LOOKUP
         sent = _send_keys(params, keys, counts, names, device, chain)
-        owned = _owned_keys(params, sent)
-        if training:  # the update then reserves no room for keys the Gather below inserts
-            uniqueness.declare_inserted(
-                [k for k, p in zip(owned.keys, params) if isinstance(p, EmbeddingVariable)])
+        owned = _owned_keys(params, sent, training)
         rows = local_rows(params, owned.keys, owned.counts, training, names)
         return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
 
@@ -140,25 +137,22 @@ def _send_keys(params, keys, counts, names, device, chain):
     return types.SimpleNamespace(ex=ex, checks=checks, sizes=sizes, row_at=row_at)
 
 
-def _owned_keys(params, sent):
-    """2. On the owner: the received keys and counts of each table (static shards: local rows)."""
+def _owned_keys(params, sent, training):
+    """2. On the owner: each table's distinct keys (static shards: local rows) with their counts
+    summed, and where their rows go back. A key several ranks ask for is read once and its
+    gradient summed over them in rank order (one process's IndexedSlices hold each key once too:
+    Keras 3's Adagrad, e.g., squares the values before it sums duplicates)."""
     n = len(params)
     with tf.control_dependencies(sent.checks):  # nothing goes on before every rank's check
         received = tf.identity(sent.ex.rows)
-    split = ops.sok_exchange_split_received(received, sent.ex.received, N=n, **_specs(params))
-    local_keys, local_counts = list(split[0]), list(split[1])
-    for i, p in enumerate(params):
-        if isinstance(p, EmbeddingVariable):
-            local_keys[i] = tf.cast(local_keys[i], p.key_dtype)
-    # A key asked for by several ranks arrives once per rank. Static shards read each row once
-    # so that their gradient (the wrapped optimizer's input) holds each row once, summed over
-    # the ranks, as one process's would (Keras 3's Adagrad, e.g., squares the values of a
-    # tf.IndexedSlices before it sums duplicates). Embedding Variables sum duplicates themselves.
-    repeat = [None] * n
-    for i, p in enumerate(params):
-        if not isinstance(p, EmbeddingVariable):
-            local_keys[i], repeat[i] = tf.unique(local_keys[i], out_idx=tf.int64)
-    return types.SimpleNamespace(keys=local_keys, counts=local_counts, repeat=repeat)
+    keys, counts, row_pos, distinct = ops.sok_exchange_owner_keys(
+        received, sent.ex.received, N=n, dims=[_dim(p) for p in params], **_specs(params))
+    keys = [tf.cast(k, p.key_dtype) if isinstance(p, EmbeddingVariable) else k
+            for k, p in zip(keys, params)]
+    # The update may skip its dedup; a training Gather of them inserts them.
+    uniqueness.declare_distinct(keys, inserted=bool(training))
+    return types.SimpleNamespace(keys=keys, counts=list(counts), row_pos=row_pos,
+                                 distinct=distinct)
 
 
 def _return_rows(rows, owned, sent, dims, device, chain):
@@ -178,8 +172,7 @@ def _return_rows(rows, owned, sent, dims, device, chain):
     # gradient with its op, and one on the GPU cannot share a group with host ops.
     @tf.custom_gradient
     def move(*rows):
-        reps = [r if rep is None else tf.gather(r, rep) for r, rep in zip(rows, owned.repeat)]
-        flat = ops.sok_exchange_rows_to_blocks(reps, recv, dims=dims)
+        flat = ops.sok_exchange_rows_to_blocks(rows, owned.row_pos, recv, dims=dims)
         back = collectives.all_to_all_sized(flat, owed_to, due_from, device, chain)
         outs = ops.sok_exchange_gather_rows(back, sent.row_at, sent.sizes, N=n, dims=dims)
 
@@ -190,13 +183,8 @@ def _return_rows(rows, owned, sent, dims, device, chain):
                 d_back = ops.sok_exchange_scatter_rows(d_outs, sent.row_at, sent.sizes,
                                                        dims=dims)
                 d_flat = collectives.all_to_all_sized(d_back, due_from, owed_to, device)
-                d_reps = ops.sok_exchange_rows_from_blocks(d_flat, recv, N=n, dims=dims)
-                d_rows = []
-                for r, rep, g in zip(rows, owned.repeat, d_reps):
-                    if rep is not None:  # rows read once, sent once per asking rank
-                        g = tf.math.unsorted_segment_sum(g, rep, tf.shape(r, out_type=tf.int64)[0])
-                    d_rows.append(g)
-                return d_rows
+                return list(ops.sok_exchange_rows_from_blocks(d_flat, owned.row_pos,
+                                                              owned.distinct, N=n, dims=dims))
 
         return list(outs), grad
 

@@ -30,14 +30,6 @@ def declare_distinct(tensors, inserted=False):
                 _inserted.setdefault(t.graph, set()).add(t.name)
 
 
-def declare_inserted(tensors):
-    """Records that the step's training lookup inserted every key of each graph tensor (keys that
-    need not be distinct: an owner's keys from several ranks)."""
-    for t in tensors:
-        if _graph_tensor(t):
-            _inserted.setdefault(t.graph, set()).add(t.name)
-
-
 def is_distinct(t) -> bool:
     """True when `t` was declared to hold distinct keys (a cast or concat of it was not)."""
     return _graph_tensor(t) and t.name in _distinct.get(t.graph, ())

@@ -12,6 +12,14 @@ namespace sok_kernels {
 
 namespace ex = sok::exchange;
 
+// Where the owner's outputs go, once the distinct counts are known.
+struct OwnerKeysOut {
+  std::vector<int64_t*> keys, counts;
+  int64_t* row_pos = nullptr;
+};
+using AllocateOwnerKeys =
+    std::function<Status(const std::vector<int64_t>& distinct, OwnerKeysOut* out)>;
+
 template <typename Device>
 struct ExchangeOn;
 
@@ -24,23 +32,32 @@ struct ExchangeOn<CpuDevice> {
     ex::plan(tables, world, keys.data(), counts.data(), sizes, signature, request, matrix, row_at);
     return OkStatus();
   }
-  static Status SplitReceived(OpKernelContext*, const std::vector<ex::TableSpec>& tables,
-                              const ex::BlockLayout& l, const int64_t* received,
-                              const std::vector<int64_t*>& keys,
-                              const std::vector<int64_t*>& counts) {
-    ex::split_received(tables, l.world, l, received, keys.data(), counts.data());
+  static Status OwnerKeys(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables,
+                          const ex::BlockLayout& l, const int64_t* received,
+                          const AllocateOwnerKeys& allocate) {
+    ex::OwnerKeys keys;
+    ex::owner_keys(tables, l, received, &keys);
+    std::vector<int64_t> distinct(l.n);
+    for (int t = 0; t < l.n; ++t) distinct[t] = static_cast<int64_t>(keys.keys[t].size());
+    OwnerKeysOut out;
+    TF_RETURN_IF_ERROR(allocate(distinct, &out));
+    for (int t = 0; t < l.n; ++t) {
+      std::copy(keys.keys[t].begin(), keys.keys[t].end(), out.keys[t]);
+      std::copy(keys.counts[t].begin(), keys.counts[t].end(), out.counts[t]);
+    }
+    std::copy(keys.row_pos.begin(), keys.row_pos.end(), out.row_pos);
     return OkStatus();
   }
-  static Status ToBlocks(OpKernelContext*, const ex::BlockLayout& l,
-                         const std::vector<int64_t>& dims, const std::vector<const float*>& rows,
-                         float* flat) {
-    ex::rows_to_blocks(l, dims, rows.data(), flat);
+  static Status ToBlocks(OpKernelContext*, const std::vector<int64_t>& dims,
+                         const int64_t* distinct, int world, const int64_t* row_pos,
+                         const std::vector<const float*>& rows, float* flat) {
+    ex::rows_to_blocks(dims, distinct, world, row_pos, rows.data(), flat);
     return OkStatus();
   }
-  static Status FromBlocks(OpKernelContext*, const ex::BlockLayout& l,
-                           const std::vector<int64_t>& dims, const float* flat,
-                           const std::vector<float*>& rows) {
-    ex::rows_from_blocks(l, dims, flat, rows.data());
+  static Status FromBlocks(OpKernelContext*, const std::vector<int64_t>& dims,
+                           const int64_t* distinct, int world, const int64_t* row_pos,
+                           const float* flat, const std::vector<float*>& rows) {
+    ex::rows_from_blocks(dims, distinct, world, row_pos, flat, rows.data());
     return OkStatus();
   }
   static Status Gather(OpKernelContext*, const std::vector<int64_t>& dims, const int64_t* sizes,
@@ -71,21 +88,33 @@ struct ExchangeOn<GpuDevice> {
     return ToTf(gex::plan(tables, world, keys, counts, sizes, signature, request, matrix, row_at,
                           S(ctx), &alloc));
   }
-  static Status SplitReceived(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables,
-                              const ex::BlockLayout& l, const int64_t* received,
-                              const std::vector<int64_t*>& keys,
-                              const std::vector<int64_t*>& counts) {
-    return ToTf(gex::split_received(tables, l.world, l, received, keys, counts, S(ctx)));
+  static Status OwnerKeys(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables,
+                          const ex::BlockLayout& l, const int64_t* received,
+                          const AllocateOwnerKeys& allocate) {
+    TfDeviceAllocator alloc(ctx->device()->GetAllocator(AllocatorAttributes()));
+    tsl::profiler::TraceMe wait("SokExchangeOwnerKeys waits for the distinct counts");
+    return ToTf(gex::owner_keys(
+        tables, l, received,
+        [&](const std::vector<int64_t>& distinct, gex::OwnerKeysOut* out) {
+          OwnerKeysOut o;
+          Status s = allocate(distinct, &o);
+          if (!s.ok()) return sok::Status::Invalid(std::string(s.message()));
+          out->keys = o.keys;
+          out->counts = o.counts;
+          out->row_pos = o.row_pos;
+          return sok::Status::OK();
+        },
+        S(ctx), &alloc));
   }
-  static Status ToBlocks(OpKernelContext* ctx, const ex::BlockLayout& l,
-                         const std::vector<int64_t>& dims, const std::vector<const float*>& rows,
-                         float* flat) {
-    return ToTf(gex::rows_to_blocks(l, dims, rows, flat, S(ctx)));
+  static Status ToBlocks(OpKernelContext* ctx, const std::vector<int64_t>& dims,
+                         const int64_t* distinct, int world, const int64_t* row_pos,
+                         const std::vector<const float*>& rows, float* flat) {
+    return ToTf(gex::rows_to_blocks(dims, distinct, world, row_pos, rows, flat, S(ctx)));
   }
-  static Status FromBlocks(OpKernelContext* ctx, const ex::BlockLayout& l,
-                           const std::vector<int64_t>& dims, const float* flat,
-                           const std::vector<float*>& rows) {
-    return ToTf(gex::rows_from_blocks(l, dims, flat, rows, S(ctx)));
+  static Status FromBlocks(OpKernelContext* ctx, const std::vector<int64_t>& dims,
+                           const int64_t* distinct, int world, const int64_t* row_pos,
+                           const float* flat, const std::vector<float*>& rows) {
+    return ToTf(gex::rows_from_blocks(dims, distinct, world, row_pos, flat, rows, S(ctx)));
   }
   static Status Gather(OpKernelContext* ctx, const std::vector<int64_t>& dims, const int64_t* sizes,
                        const int64_t* row_at, const float* returned,
@@ -232,40 +261,70 @@ class ExchangePlanOp : public SokOpKernel<Device> {
 };
 
 template <typename Device>
-class ExchangeSplitReceivedOp : public SokOpKernel<Device> {
+class ExchangeOwnerKeysOp : public SokOpKernel<Device> {
  public:
-  explicit ExchangeSplitReceivedOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
+  explicit ExchangeOwnerKeysOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
     OP_REQUIRES_OK(ctx, ReadSpecs(ctx, n_, &tables_));
+    for (const ex::TableSpec& t : tables_) dims_.push_back(t.dim);
   }
 
  protected:
   void ComputeOnDevice(OpKernelContext* ctx) override {
     const Tensor& received = ctx->input(0);
     ex::BlockLayout l;
-    OP_REQUIRES_OK(ctx, LayoutOf(ctx->input(1), std::vector<int64_t>(n_, 1), &l));
+    OP_REQUIRES_OK(ctx, LayoutOf(ctx->input(1), dims_, &l));
     OP_REQUIRES(
         ctx, received.dims() == 2 && received.dim_size(1) == 2 && received.dim_size(0) == l.rows,
         errors::InvalidArgument("exchange: received must be [", l.rows,
                                 ", 2] as the counts say, got ", received.shape().DebugString()));
-    std::vector<TensorShape> shapes;
-    for (int t = 0; t < n_; ++t) shapes.push_back(TensorShape({l.table_rows[t]}));
-    std::vector<Tensor*> keys, counts;
-    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_INT64, shapes, &keys));
-    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, n_, DT_INT64, shapes, &counts));
-    std::vector<int64_t*> kp(n_), cp(n_);
-    for (int t = 0; t < n_; ++t) {
-      kp[t] = keys[t]->flat<int64_t>().data();
-      cp[t] = counts[t]->flat<int64_t>().data();
-    }
-    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::SplitReceived(ctx, tables_, l,
-                                                          received.flat<int64_t>().data(), kp, cp));
+    const int n = n_;
+    const int64_t world = l.world;
+    auto allocate = [ctx, n, world](const std::vector<int64_t>& distinct, OwnerKeysOut* out) {
+      std::vector<TensorShape> shapes;
+      int64_t total = 0;
+      for (int t = 0; t < n; ++t) {
+        shapes.push_back(TensorShape({distinct[t]}));
+        total += distinct[t];
+      }
+      std::vector<Tensor*> keys, counts;
+      TF_RETURN_IF_ERROR(AllocateTableOutputs<Device>(ctx, 0, DT_INT64, shapes, &keys));
+      TF_RETURN_IF_ERROR(AllocateTableOutputs<Device>(ctx, n, DT_INT64, shapes, &counts));
+      Tensor *row_pos, *distinct_out;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(2 * n, TensorShape({total, world}), &row_pos));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(2 * n + 1, TensorShape({n}), &distinct_out));
+      for (int t = 0; t < n; ++t) {
+        out->keys.push_back(keys[t]->flat<int64_t>().data());
+        out->counts.push_back(counts[t]->flat<int64_t>().data());
+        distinct_out->flat<int64_t>()(t) = distinct[t];
+      }
+      out->row_pos = row_pos->flat<int64_t>().data();
+      return OkStatus();
+    };
+    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::OwnerKeys(ctx, tables_, l,
+                                                      received.flat<int64_t>().data(), allocate));
   }
 
  private:
   int n_ = 0;
   std::vector<ex::TableSpec> tables_;
+  std::vector<int64_t> dims_;
 };
+
+// row_pos [sum(distinct), world] against `distinct` [n] (host).
+Status CheckRowPos(const Tensor& row_pos, const int64_t* distinct, int n, int64_t* world) {
+  int64_t total = 0;
+  for (int t = 0; t < n; ++t) {
+    if (distinct[t] < 0) return errors::InvalidArgument("exchange: negative distinct count");
+    total += distinct[t];
+  }
+  if (row_pos.dims() != 2 || row_pos.dim_size(0) != total) {
+    return errors::InvalidArgument("exchange: row_pos must be [", total, ", world], got ",
+                                   row_pos.shape().DebugString());
+  }
+  *world = row_pos.dim_size(1);
+  return OkStatus();
+}
 
 template <typename Device>
 class ExchangeRowsToBlocksOp : public SokOpKernel<Device> {
@@ -278,19 +337,21 @@ class ExchangeRowsToBlocksOp : public SokOpKernel<Device> {
  protected:
   void ComputeOnDevice(OpKernelContext* ctx) override {
     ex::BlockLayout l;
-    OP_REQUIRES_OK(ctx, LayoutOf(ctx->input(n_), dims_, &l));
+    OP_REQUIRES_OK(ctx, LayoutOf(ctx->input(n_ + 1), dims_, &l));
     std::vector<const float*> rows;
-    std::vector<int64_t> num_rows;
-    OP_REQUIRES_OK(ctx, RowsInput(ctx, dims_, &rows, &num_rows));
-    for (int t = 0; t < n_; ++t) {
-      OP_REQUIRES(ctx, num_rows[t] == l.table_rows[t],
-                  errors::InvalidArgument("exchange: table ", t, " has ", num_rows[t],
-                                          " rows but the counts say ", l.table_rows[t]));
-    }
+    std::vector<int64_t> distinct;
+    OP_REQUIRES_OK(ctx, RowsInput(ctx, dims_, &rows, &distinct));
+    int64_t world;
+    OP_REQUIRES_OK(ctx, CheckRowPos(ctx->input(n_), distinct.data(), n_, &world));
+    OP_REQUIRES(
+        ctx, world == l.world,
+        errors::InvalidArgument("exchange: row_pos has ", world, " ranks, counts ", l.world));
     Tensor* flat;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({l.flat_elems}), &flat));
-    OP_REQUIRES_OK(ctx,
-                   ExchangeOn<Device>::ToBlocks(ctx, l, dims_, rows, flat->flat<float>().data()));
+    OP_REQUIRES_OK(
+        ctx, ExchangeOn<Device>::ToBlocks(ctx, dims_, distinct.data(), static_cast<int>(world),
+                                          ctx->input(n_).flat<int64_t>().data(), rows,
+                                          flat->flat<float>().data()));
   }
 
  private:
@@ -308,20 +369,21 @@ class ExchangeRowsFromBlocksOp : public SokOpKernel<Device> {
 
  protected:
   void ComputeOnDevice(OpKernelContext* ctx) override {
-    const Tensor& flat = ctx->input(0);
-    ex::BlockLayout l;
-    OP_REQUIRES_OK(ctx, LayoutOf(ctx->input(1), dims_, &l));
-    OP_REQUIRES(ctx, flat.NumElements() == l.flat_elems,
-                errors::InvalidArgument("exchange: flat has ", flat.NumElements(),
-                                        " floats but the counts say ", l.flat_elems));
+    const Tensor &flat = ctx->input(0), &row_pos = ctx->input(1), &distinct_t = ctx->input(2);
+    OP_REQUIRES(ctx, distinct_t.NumElements() == n_,
+                errors::InvalidArgument("exchange: distinct needs one entry per table (", n_, ")"));
+    const int64_t* distinct = distinct_t.flat<int64_t>().data();
+    int64_t world;
+    OP_REQUIRES_OK(ctx, CheckRowPos(row_pos, distinct, n_, &world));
     std::vector<TensorShape> shapes;
-    for (int t = 0; t < n_; ++t) shapes.push_back(TensorShape({l.table_rows[t], dims_[t]}));
+    for (int t = 0; t < n_; ++t) shapes.push_back(TensorShape({distinct[t], dims_[t]}));
     std::vector<Tensor*> rows;
     OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &rows));
     std::vector<float*> ptrs(n_);
     for (int t = 0; t < n_; ++t) ptrs[t] = rows[t]->flat<float>().data();
-    OP_REQUIRES_OK(ctx,
-                   ExchangeOn<Device>::FromBlocks(ctx, l, dims_, flat.flat<float>().data(), ptrs));
+    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::FromBlocks(
+                            ctx, dims_, distinct, static_cast<int>(world),
+                            row_pos.flat<int64_t>().data(), flat.flat<float>().data(), ptrs));
   }
 
  private:
@@ -395,8 +457,8 @@ class ExchangeScatterRowsOp : public SokOpKernel<Device> {
 };
 
 REGISTER_KERNEL_BUILDER(Name("SokExchangePlan").Device(DEVICE_CPU), ExchangePlanOp<CpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokExchangeSplitReceived").Device(DEVICE_CPU),
-                        ExchangeSplitReceivedOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeOwnerKeys").Device(DEVICE_CPU),
+                        ExchangeOwnerKeysOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokExchangeRowsToBlocks").Device(DEVICE_CPU),
                         ExchangeRowsToBlocksOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokExchangeRowsFromBlocks").Device(DEVICE_CPU),
@@ -408,12 +470,14 @@ REGISTER_KERNEL_BUILDER(Name("SokExchangeScatterRows").Device(DEVICE_CPU),
 #if GOOGLE_CUDA
 REGISTER_KERNEL_BUILDER(Name("SokExchangePlan").Device(DEVICE_GPU).HostMemory("sizes"),
                         ExchangePlanOp<GpuDevice>);
-REGISTER_KERNEL_BUILDER(
-    Name("SokExchangeSplitReceived").Device(DEVICE_GPU).HostMemory("recv_counts"),
-    ExchangeSplitReceivedOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeOwnerKeys")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("recv_counts")
+                            .HostMemory("distinct"),
+                        ExchangeOwnerKeysOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokExchangeRowsToBlocks").Device(DEVICE_GPU).HostMemory("counts"),
                         ExchangeRowsToBlocksOp<GpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokExchangeRowsFromBlocks").Device(DEVICE_GPU).HostMemory("counts"),
+REGISTER_KERNEL_BUILDER(Name("SokExchangeRowsFromBlocks").Device(DEVICE_GPU).HostMemory("distinct"),
                         ExchangeRowsFromBlocksOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokExchangeGatherRows").Device(DEVICE_GPU).HostMemory("sizes"),
                         ExchangeGatherRowsOp<GpuDevice>);

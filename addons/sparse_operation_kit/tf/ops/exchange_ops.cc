@@ -43,20 +43,27 @@ REGISTER_OP("SokExchangePlan")
     });
 
 // The owner's received [key, count] rows (blocks (requester, table), requester-major, as
-// recv_counts [world, >= N] says) as one key and one count vector per table; static tables'
-// keys become rows of this rank's shard.
-REGISTER_OP("SokExchangeSplitReceived")
+// recv_counts [world, >= N] says) as each table's distinct keys (static tables: rows of this
+// rank's shard; order of first appearance) with their counts summed; row_pos [sum(distinct),
+// world]: where requester q's copy of each distinct key's row goes in the flat rows (floats; -1:
+// q did not ask); distinct [N] (host). One wait on the host: for the distinct counts.
+REGISTER_OP("SokExchangeOwnerKeys")
     .Input("received: int64")
     .Input("recv_counts: int64")
     .Output("keys: N * int64")
     .Output("counts: N * int64")
+    .Output("row_pos: int64")
+    .Output("distinct: int64")
     .Attr("N: int >= 1")
     .Attr("targets: list(int)")
     .Attr("rows: list(int)")
+    .Attr("dims: list(int)")
     .SetShapeFn([](InferenceContext* c) {
       int n;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       for (int i = 0; i < 2 * n; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(2 * n, c->Matrix(InferenceContext::kUnknownDim, InferenceContext::kUnknownDim));
+      c->set_output(2 * n + 1, c->Vector(n));
       return OkStatus();
     });
 
@@ -70,10 +77,12 @@ Status SetTableRowsShapes(InferenceContext* c, int first_output) {
   return OkStatus();
 }
 
-// Each table's rows ([rows of table t, dims[t]], blocks of requesters in rank order) as one flat
-// buffer of blocks (requester, table), requester-major, as `counts` [world, >= N] says; and back.
+// Each table's distinct rows ([distinct[t], dims[t]]) copied to every asking requester's place
+// in one flat buffer of blocks (requester, table), requester-major (row_pos; `counts` [world,
+// >= N] sizes it); and the gradient's way back, each row's copies summed in rank order.
 REGISTER_OP("SokExchangeRowsToBlocks")
     .Input("rows: N * float")
+    .Input("row_pos: int64")
     .Input("counts: int64")
     .Output("flat: float")
     .Attr("N: int >= 1")
@@ -85,7 +94,8 @@ REGISTER_OP("SokExchangeRowsToBlocks")
 
 REGISTER_OP("SokExchangeRowsFromBlocks")
     .Input("flat: float")
-    .Input("counts: int64")
+    .Input("row_pos: int64")
+    .Input("distinct: int64")
     .Output("rows: N * float")
     .Attr("N: int >= 1")
     .Attr("dims: list(int)")
