@@ -196,6 +196,9 @@ class GraphRunner(_Timed):
                 with tf.device("/CPU:0"):
                     self.counts_op = sok_ops.sok_kernel_run_counts()
             config = tf.compat.v1.ConfigProto(allow_soft_placement=True) if device else None
+            if config is not None:  # its own ConfigProto replaces tf.config's (sok.init's) GPUs
+                config.gpu_options.visible_device_list = ",".join(
+                    d.name.rsplit(":", 1)[1] for d in tf.config.get_visible_devices("GPU"))
             self.sess = tf.compat.v1.Session(graph=self.graph, config=config)
             self.sess.run(init)
             for op, ph, value in assign:

@@ -39,7 +39,7 @@ def setup(use_horovod=True):
 
 STEP_OPS = ("SokUniqueKeys", "SokEmbeddingVariableGather", "SokPooledCombine",
             "SokPooledCombineGrad", "SokEmbeddingVariableSparseApply", "SokAllToAll",
-            "SokAllReduce", "SokExchangePlan", "SokExchangeSplitReceived",
+            "SokAllReduce", "SokExchangePlan", "SokExchangeOwnerKeys",
             "SokExchangeRowsToBlocks", "SokExchangeGatherRows", "SokExchangeScatterRows",
             "SokExchangeRowsFromBlocks")
 
