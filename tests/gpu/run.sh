@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures, builds (CMake + ninja) and runs the GPU correctness tests of the core:
-#   test_gpu_core   (one GPU: GPU vs the CPU core), then, when 2+ GPUs are visible,
+#   test_*.cu       (one GPU: GPU vs the CPU core; one program per part of core/cuda/gpu_api.h,
+#                    each run in turn), then, when 2+ GPUs are visible,
 #   test_multi_gpu  (model-parallel lookup over NCCL vs the one-GPU pipeline).
 # Usage: tests/gpu/run.sh [build_dir] [seed]      (NCCL_ROOT=... if nccl.h is not in /usr/include)
 set -euo pipefail
@@ -11,7 +12,11 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast
 cmake -G Ninja -S "$here" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 ninja -C "$build"
 status=0
-"$build/test_gpu_core" $seed || status=1
+for src in "$here"/test_*.cu; do
+  name=$(basename "$src" .cu)
+  [ "$name" = test_multi_gpu ] && continue
+  "$build/$name" $seed || status=1
+done
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l || echo 0)
 if [ "$ngpu" -ge 2 ]; then
   if [ -x "$build/test_multi_gpu" ]; then
