@@ -558,43 +558,72 @@ class PooledCombineOp : public SokOpKernel<Device> {
 
  protected:
   void ComputeOnDevice(OpKernelContext* ctx) override {
-    OpInputList rows, inverse, segments, weights;
-    OP_REQUIRES_OK(ctx, ctx->input_list("rows", &rows));
-    OP_REQUIRES_OK(ctx, ctx->input_list("inverse", &inverse));
-    OP_REQUIRES_OK(ctx, ctx->input_list("segment_ids", &segments));
-    OP_REQUIRES_OK(ctx, ctx->input_list("weights", &weights));
-    const int n = rows.size();
-    OpInputList orders;
-    OP_REQUIRES_OK(ctx, ctx->input_list("segment_order", &orders));
-    const Tensor* batch_sizes_t;
-    OP_REQUIRES_OK(ctx, ctx->input("batch_sizes", &batch_sizes_t));  // HostMemory
-    const Tensor& batch_sizes = *batch_sizes_t;
-    OP_REQUIRES(
-        ctx, batch_sizes.NumElements() == n,
-        errors::InvalidArgument(batch_sizes.NumElements(), " batch sizes for ", n, " tables"));
-    std::vector<PooledArgs> tables(n);
-    std::vector<TensorShape> shapes;
-    for (int i = 0; i < n; ++i) {
-      const int64_t m = inverse[i].NumElements();
-      OP_REQUIRES(ctx, rows[i].dims() == 2,
-                  errors::InvalidArgument("rows of table '", names_[i], "' must be a matrix"));
-      const int64_t b = batch_sizes.flat<int64_t>()(i);
-      OP_REQUIRES(ctx, b >= 0,
-                  errors::InvalidArgument("table '", names_[i], "': negative batch size ", b));
-      OP_REQUIRES_OK(ctx, CheckIdArrays(names_[i], m, b, segments[i], weights[i]));
-      OP_REQUIRES_OK(ctx, CheckOrder(names_[i], m, segments[i], orders, i));
-      shapes.push_back(TensorShape({b, rows[i].dim_size(1)}));
-    }
-    std::vector<Tensor*> outs;
-    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &outs));
-    for (int i = 0; i < n; ++i) {
-      tables[i] = Args(i, rows[i], rows[i].dim_size(0), shapes[i].dim_size(0), inverse[i],
-                       segments[i], weights[i], orders, outs[i]);
-    }
+    PooledInputs in;
+    OP_REQUIRES_OK(ctx, ParseInputs(ctx, /*forward=*/true, &in));
+    const int n = in.src.size();
     Tensor* num_rows;  // HostMemory
     OP_REQUIRES_OK(ctx, ctx->allocate_output(n, TensorShape({n}), &num_rows));
-    for (int i = 0; i < n; ++i) num_rows->flat<int64_t>()(i) = rows[i].dim_size(0);
-    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Forward(ctx, tables, checked_));
+    for (int i = 0; i < n; ++i) num_rows->flat<int64_t>()(i) = in.src[i].dim_size(0);
+    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Forward(ctx, in.tables, checked_));
+  }
+
+  // The inputs of the forward and of the gradient, checked, with their outputs allocated.
+  struct PooledInputs {
+    OpInputList src;                 // the forward's rows or the gradient's grads
+    std::vector<PooledArgs> tables;  // one per table
+  };
+
+  // The forward pools table i's rows [num_rows, dim] into batch_sizes[i] samples; the gradient
+  // scatters its grads [batch, dim] into num_rows[i] rows. Both take inverse, segment_ids,
+  // weights and segment_order alike, and one host-memory count per table.
+  Status ParseInputs(OpKernelContext* ctx, bool forward, PooledInputs* in) const {
+    OpInputList inverse, segments, weights, orders;
+    TF_RETURN_IF_ERROR(ctx->input_list(forward ? "rows" : "grads", &in->src));
+    TF_RETURN_IF_ERROR(ctx->input_list("inverse", &inverse));
+    TF_RETURN_IF_ERROR(ctx->input_list("segment_ids", &segments));
+    TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
+    TF_RETURN_IF_ERROR(ctx->input_list("segment_order", &orders));
+    const int n = in->src.size();
+    const Tensor* counts_t;
+    TF_RETURN_IF_ERROR(ctx->input(forward ? "batch_sizes" : "num_rows", &counts_t));  // HostMemory
+    const Tensor& counts = *counts_t;
+    if (counts.NumElements() != n) {
+      return errors::InvalidArgument(
+          counts.NumElements(), forward ? " batch sizes for " : " row counts for ", n, " tables");
+    }
+    std::vector<TensorShape> shapes;
+    for (int i = 0; i < n; ++i) {
+      const std::string& name = names_[i];
+      const Tensor& src = in->src[i];
+      if (src.dims() != 2) {
+        return errors::InvalidArgument(forward ? "rows" : "gradient", " of table '", name,
+                                       "' must be a matrix");
+      }
+      const int64_t count = counts.flat<int64_t>()(i);
+      const Status count_ok =
+          count >= 0 ? OkStatus()
+                     : errors::InvalidArgument("table '", name, "': negative ",
+                                               forward ? "batch size " : "row count ", count);
+      // The forward's batch size bounds its ids: checked first. The gradient's row count after.
+      if (forward) TF_RETURN_IF_ERROR(count_ok);
+      const int64_t m = inverse[i].NumElements();
+      const int64_t batch = forward ? count : src.dim_size(0);
+      TF_RETURN_IF_ERROR(CheckIdArrays(name, m, batch, segments[i], weights[i]));
+      TF_RETURN_IF_ERROR(CheckOrder(name, m, segments[i], orders, i));
+      TF_RETURN_IF_ERROR(count_ok);
+      shapes.push_back(TensorShape({count, src.dim_size(1)}));
+    }
+    std::vector<Tensor*> outs;
+    TF_RETURN_IF_ERROR(AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &outs));
+    in->tables.resize(n);
+    for (int i = 0; i < n; ++i) {
+      const Tensor& src = in->src[i];
+      const int64_t count = shapes[i].dim_size(0);
+      in->tables[i] =
+          Args(i, src, forward ? src.dim_size(0) : count, forward ? count : src.dim_size(0),
+               inverse[i], segments[i], weights[i], orders, outs[i]);
+    }
+    return OkStatus();
   }
 
  public:
@@ -674,40 +703,9 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
 
  protected:
   void ComputeOnDevice(OpKernelContext* ctx) override {
-    OpInputList grads, inverse, segments, weights;
-    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
-    OP_REQUIRES_OK(ctx, ctx->input_list("inverse", &inverse));
-    OP_REQUIRES_OK(ctx, ctx->input_list("segment_ids", &segments));
-    OP_REQUIRES_OK(ctx, ctx->input_list("weights", &weights));
-    const int n = grads.size();
-    OpInputList orders;
-    OP_REQUIRES_OK(ctx, ctx->input_list("segment_order", &orders));
-    const Tensor* num_rows_t;
-    OP_REQUIRES_OK(ctx, ctx->input("num_rows", &num_rows_t));  // HostMemory
-    const Tensor& num_rows = *num_rows_t;
-    OP_REQUIRES(ctx, num_rows.NumElements() == n,
-                errors::InvalidArgument(num_rows.NumElements(), " row counts for ", n, " tables"));
-    std::vector<PooledArgs> tables(n);
-    std::vector<TensorShape> shapes;
-    for (int i = 0; i < n; ++i) {
-      const std::string& name = this->names_[i];
-      OP_REQUIRES(ctx, grads[i].dims() == 2,
-                  errors::InvalidArgument("gradient of table '", name, "' must be a matrix"));
-      OP_REQUIRES_OK(ctx, this->CheckIdArrays(name, inverse[i].NumElements(), grads[i].dim_size(0),
-                                              segments[i], weights[i]));
-      OP_REQUIRES_OK(ctx, this->CheckOrder(name, inverse[i].NumElements(), segments[i], orders, i));
-      const int64_t r = num_rows.flat<int64_t>()(i);
-      OP_REQUIRES(ctx, r >= 0,
-                  errors::InvalidArgument("table '", name, "': negative row count ", r));
-      shapes.push_back(TensorShape({r, grads[i].dim_size(1)}));
-    }
-    std::vector<Tensor*> outs;
-    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &outs));
-    for (int i = 0; i < n; ++i) {
-      tables[i] = this->Args(i, grads[i], shapes[i].dim_size(0), grads[i].dim_size(0), inverse[i],
-                             segments[i], weights[i], orders, outs[i]);
-    }
-    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Backward(ctx, tables, this->checked_));
+    typename PooledCombineOp<Device>::PooledInputs in;
+    OP_REQUIRES_OK(ctx, this->ParseInputs(ctx, /*forward=*/false, &in));
+    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Backward(ctx, in.tables, this->checked_));
   }
 };
 
