@@ -14,6 +14,9 @@ A plain Keras optimizer cannot update a hash table: when it tries to update a ca
 `fit` step, while Keras traces it), the carrier raises an error that names the layer, the table
 and the fix. The carrier never changes, so it cannot alter the model's output.
 """
+import importlib
+import types
+
 import numpy as np
 import tensorflow as tf
 
@@ -204,8 +207,7 @@ def wrapper_class(kind, make_updater):
     `make_updater(keras_optimizer, max_touched_rows, tracker)` gives SOK's sparse update
     (optimizers.make_updater, passed in: optimizers.py builds on this module)."""
     if kind not in _wrapper_classes:
-        make = _make_keras3_wrapper if kind == "keras3" else _make_tf_keras_wrapper
-        _wrapper_classes[kind] = make(make_updater)
+        _wrapper_classes[kind] = _make_wrapper(kind, make_updater)
     return _wrapper_classes[kind]
 
 
@@ -278,173 +280,154 @@ class _SlotAccess(slots.HiddenFromCheckpointSlots):
         return slots.slot_variables(self._opt, kind, self._sok_updater, variables)
 
 
-def _make_keras3_wrapper(make_updater):
-    import keras
+class _OptimizerWrapperBase(_SlotAccess):
+    """The part of sok.OptimizerWrapper that Keras 3 and tf_keras share. _make_wrapper puts a
+    flavour's parts (_Keras3Parts, _TfKerasParts) before it and that flavour's Keras Optimizer
+    after it; the parts give `_sok_keras_optimizers` (the flavour's keras.optimizers module) and
+    `_sok_base_init_kwargs` (for the Keras Optimizer's __init__), _make_wrapper gives
+    `_sok_make_updater`."""
 
-    @keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
-    class KerasOptimizerWrapper(_SlotAccess, keras.optimizers.Optimizer):
-        """sok.OptimizerWrapper(keras.optimizers.X(...)) for Keras 3: a Keras optimizer, so that
-        `model.compile(optimizer=...)` takes it. SOK tables (their gradient carriers in `fit`, or
-        the tables themselves in custom loops) get SOK's fused sparse update of the same
-        optimizer at the wrapped optimizer's step; every other variable the wrapped optimizer."""
+    _sok_optimizer_wrapper = True  # isinstance(self, sok.OptimizerWrapper)
 
-        _sok_optimizer_wrapper = True  # isinstance(self, sok.OptimizerWrapper)
+    def __init__(self, optimizer, name=None, max_touched_rows=None, **kwargs):
+        if isinstance(optimizer, dict):
+            optimizer = self._sok_keras_optimizers().deserialize(optimizer)
+        slot_stores = SlotStores()
+        updater = self._sok_make_updater(optimizer, max_touched_rows, tracker=slot_stores)
+        super().__init__(name=name or f"sok_{optimizer.name}", **self._sok_base_init_kwargs)
+        self._opt = optimizer
+        self._sok_updater = updater
+        self._max_touched_rows = max_touched_rows
+        self.sok_slots = slot_stores
 
-        def __init__(self, optimizer, name=None, max_touched_rows=None, **kwargs):
-            if isinstance(optimizer, dict):
-                optimizer = keras.optimizers.deserialize(optimizer)
-            slot_stores = SlotStores()
-            updater = make_updater(optimizer, max_touched_rows, tracker=slot_stores)
-            super().__init__(learning_rate=0.0, name=name or f"sok_{optimizer.name}")
-            self._opt = optimizer
-            self._sok_updater = updater
-            self._max_touched_rows = max_touched_rows
-            self.sok_slots = slot_stores
+    @property
+    def optimizer(self):
+        return self._opt
 
-        @property
-        def optimizer(self):
-            return self._opt
+    @property
+    def iterations(self):
+        return self._opt.iterations
 
-        @property
-        def iterations(self):
-            return self._opt.iterations
+    @property
+    def learning_rate(self):
+        return self._opt.learning_rate
 
-        @property
-        def learning_rate(self):
-            return self._opt.learning_rate
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self._opt.learning_rate = value
 
-        @learning_rate.setter
-        def learning_rate(self, value):
-            self._opt.learning_rate = value
+    @property
+    def variables(self):
+        return self._opt.variables
 
-        @property
-        def variables(self):
-            return self._opt.variables
+    def finalize_variable_values(self, var_list):
+        _, dense = split_gradients([(None, v) for v in var_list])
+        self._opt.finalize_variable_values([v for _, v in dense])
 
-        def build(self, variables):
-            _build_inner(self._sok_updater, self._opt, variables)
-            self.built = True
+    # The wrapped optimizer is a child of this one in .keras files and checkpoints: it saves its
+    # own variables (this one has none of its own to save).
+    def save_own_variables(self, store):
+        pass
 
-        def apply_gradients(self, grads_and_vars):
-            grads_and_vars = list(grads_and_vars)
-            self.apply([g for g, _ in grads_and_vars], [v for _, v in grads_and_vars])
-            return self.iterations
+    def load_own_variables(self, store):
+        pass
 
-        def apply(self, grads, trainable_variables=None):
-            if trainable_variables is None:
-                raise ValueError("sok.OptimizerWrapper.apply needs trainable_variables")
-            sparse, dense = split_gradients(zip(grads, trainable_variables))
+    def get_config(self):
+        return {
+            "name": self.name,
+            "optimizer": self._sok_keras_optimizers().serialize(self._opt),
+            "max_touched_rows": self._max_touched_rows,
+        }
 
-            def apply_dense(pairs):
-                if not self._opt.built:
-                    self._opt.build([v for _, v in pairs])
-                self._opt.apply([g for g, _ in pairs], [v for _, v in pairs])
-
-            _sok_apply(self._sok_updater, self._opt, sparse, dense, apply_dense)
-
-        def scale_loss(self, loss):
-            return self._opt.scale_loss(loss)
-
-        def finalize_variable_values(self, var_list):
-            _, dense = split_gradients([(None, v) for v in var_list])
-            self._opt.finalize_variable_values([v for _, v in dense])
-
-        # The wrapped optimizer is a child of this one in .keras files and checkpoints: it saves its
-        # own variables (this one has none of its own to save).
-        def save_own_variables(self, store):
-            pass
-
-        def load_own_variables(self, store):
-            pass
-
-        def get_config(self):
-            return {
-                "name": self.name,
-                "optimizer": keras.optimizers.serialize(self._opt),
-                "max_touched_rows": self._max_touched_rows,
-            }
-
-        @classmethod
-        def from_config(cls, config, custom_objects=None):
-            return cls(**config)
-
-    return KerasOptimizerWrapper
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return cls(**config)
 
 
-def _make_tf_keras_wrapper(make_updater):
-    import tf_keras
+class _Keras3Parts:
+    """sok.OptimizerWrapper(keras.optimizers.X(...)) for Keras 3: a Keras optimizer, so that
+    `model.compile(optimizer=...)` takes it. SOK tables (their gradient carriers in `fit`, or
+    the tables themselves in custom loops) get SOK's fused sparse update of the same
+    optimizer at the wrapped optimizer's step; every other variable the wrapped optimizer."""
 
-    @tf_keras.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")
-    class TfKerasOptimizerWrapper(_SlotAccess, tf_keras.optimizers.Optimizer):
-        """sok.OptimizerWrapper(tf_keras.optimizers.X(...)): a tf_keras optimizer (see the Keras 3
-        wrapper)."""
+    _sok_base_init_kwargs = {"learning_rate": 0.0}
 
-        _sok_optimizer_wrapper = True
+    @staticmethod
+    def _sok_keras_optimizers():
+        import keras
 
-        def __init__(self, optimizer, name=None, max_touched_rows=None, **kwargs):
-            if isinstance(optimizer, dict):
-                optimizer = tf_keras.optimizers.deserialize(optimizer)
-            slot_stores = SlotStores()
-            updater = make_updater(optimizer, max_touched_rows, tracker=slot_stores)
-            super().__init__(name=name or f"sok_{optimizer.name}")
-            self._opt = optimizer
-            self._sok_updater = updater
-            self._max_touched_rows = max_touched_rows
-            self.sok_slots = slot_stores
+        return keras.optimizers
 
-        @property
-        def optimizer(self):
-            return self._opt
+    def build(self, variables):
+        _build_inner(self._sok_updater, self._opt, variables)
+        self.built = True
 
-        @property
-        def iterations(self):
-            return self._opt.iterations
+    def apply_gradients(self, grads_and_vars):
+        grads_and_vars = list(grads_and_vars)
+        self.apply([g for g, _ in grads_and_vars], [v for _, v in grads_and_vars])
+        return self.iterations
 
-        @iterations.setter
-        def iterations(self, variable):
-            pass  # the wrapped optimizer counts the steps
+    def apply(self, grads, trainable_variables=None):
+        if trainable_variables is None:
+            raise ValueError("sok.OptimizerWrapper.apply needs trainable_variables")
+        sparse, dense = split_gradients(zip(grads, trainable_variables))
 
-        @property
-        def learning_rate(self):
-            return self._opt.learning_rate
+        def apply_dense(pairs):
+            if not self._opt.built:
+                self._opt.build([v for _, v in pairs])
+            self._opt.apply([g for g, _ in pairs], [v for _, v in pairs])
 
-        @learning_rate.setter
-        def learning_rate(self, value):
-            self._opt.learning_rate = value
+        _sok_apply(self._sok_updater, self._opt, sparse, dense, apply_dense)
 
-        @property
-        def variables(self):
-            return self._opt.variables
+    def scale_loss(self, loss):
+        return self._opt.scale_loss(loss)
 
-        def save_own_variables(self, store):
-            pass  # the wrapped optimizer, a child of this one, saves its variables
 
-        def load_own_variables(self, store):
-            pass
+class _TfKerasParts:
+    """sok.OptimizerWrapper(tf_keras.optimizers.X(...)): a tf_keras optimizer (see the Keras 3
+    wrapper)."""
 
-        def build(self, var_list):
-            _build_inner(self._sok_updater, self._opt, var_list)
+    _sok_base_init_kwargs = {}
 
-        def apply_gradients(
-            self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs
-        ):
-            sparse, dense = split_gradients(grads_and_vars)
-            _sok_apply(self._sok_updater, self._opt, sparse, dense, self._opt.apply_gradients)
-            return self.iterations
+    @staticmethod
+    def _sok_keras_optimizers():
+        import tf_keras
 
-        def finalize_variable_values(self, var_list):
-            _, dense = split_gradients([(None, v) for v in var_list])
-            self._opt.finalize_variable_values([v for _, v in dense])
+        return tf_keras.optimizers
 
-        def get_config(self):
-            return {
-                "name": self.name,
-                "optimizer": tf_keras.optimizers.serialize(self._opt),
-                "max_touched_rows": self._max_touched_rows,
-            }
+    @_OptimizerWrapperBase.iterations.setter
+    def iterations(self, variable):
+        pass  # the wrapped optimizer counts the steps
 
-        @classmethod
-        def from_config(cls, config, custom_objects=None):
-            return cls(**config)
+    def build(self, var_list):
+        _build_inner(self._sok_updater, self._opt, var_list)
 
-    return TfKerasOptimizerWrapper
+    def apply_gradients(
+        self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs
+    ):
+        sparse, dense = split_gradients(grads_and_vars)
+        _sok_apply(self._sok_updater, self._opt, sparse, dense, self._opt.apply_gradients)
+        return self.iterations
+
+
+# kind -> (the wrapper's class name, its flavour's parts, the Keras package it registers in)
+_FLAVOURS = {
+    "keras3": ("KerasOptimizerWrapper", _Keras3Parts, "keras"),
+    "tf_keras": ("TfKerasOptimizerWrapper", _TfKerasParts, "tf_keras"),
+}
+
+
+def _make_wrapper(kind, make_updater):
+    """The sok.OptimizerWrapper class for `kind`: the flavour's parts over the shared base, over
+    the flavour's Keras Optimizer; registered as "sok>OptimizerWrapper" with that Keras."""
+    class_name, parts, package = _FLAVOURS[kind]
+    api = importlib.import_module(package)
+    namespace = {
+        "__doc__": parts.__doc__,
+        "__module__": __name__,
+        "__qualname__": class_name,
+        "_sok_make_updater": staticmethod(make_updater),
+    }
+    bases = (parts, _OptimizerWrapperBase, api.optimizers.Optimizer)
+    cls = types.new_class(class_name, bases, exec_body=lambda ns: ns.update(namespace))
+    return api.saving.register_keras_serializable(package="sok", name="OptimizerWrapper")(cls)
