@@ -10,7 +10,7 @@ Gradients flow back the same way: per-sample gradient -> per-distinct-key gradie
 """
 import contextlib
 from collections.abc import Sequence
-from typing import Union
+from typing import NamedTuple, Union
 
 import tensorflow as tf
 
@@ -244,6 +244,25 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
     Returns a [batch, dim] tensor per table (a single tensor if `params` was not a list).
     """
     single = not isinstance(params, (list, tuple))
+    params, sp_ids, weights_list, combiners, names = _checked_inputs(
+        params, sp_ids, sp_weights, combiners
+    )
+    with tf.name_scope(name or "sok_lookup_sparse"):
+        flat = _flat_inputs(params, sp_ids, weights_list, names)
+        if serving.active():  # save_stock_saved_model is tracing: stock ops on frozen tables
+            outs = serving.pooled_lookup(params, flat.keys, flat.segments,
+                                         [shape[0] for shape in flat.dense_shapes], flat.weights,
+                                         combiners)
+            return outs[0] if single else outs
+        tables = partitioned.flat_tables(params)
+        unique, inverse, counts, orders, batch_sizes = _dedup(tables, flat, names, training)
+        rows = _fetch(params, unique, counts, training, name, names)
+        outs = _pool(tables, rows, inverse, flat, orders, batch_sizes, combiners, names)
+    return outs[0] if single else list(outs)
+
+
+def _checked_inputs(params, sp_ids, sp_weights, combiners):
+    """(params, ids, weights, combiners, table names), one of each per table, checked."""
     params, sp_ids = _as_list(params), _as_list(sp_ids)
     n = len(params)
     if len(sp_ids) != n:
@@ -265,62 +284,90 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
         if c not in COMBINERS:
             raise ValueError(f"lookup_sparse: unknown combiner '{c}' for table '{nm}' "
                              f"(expected one of {', '.join(COMBINERS)})")
-    with tf.name_scope(name or "sok_lookup_sparse"):
-        # The shapes of every dense id tensor in one op (its GPU kernel leaves them on the host).
-        sp_ids = [tf.convert_to_tensor(i) if isinstance(i, tf.Variable) else i for i in sp_ids]
-        dense = [i for i in sp_ids if _is_dense(i) and i.shape.rank in (1, 2)]
-        dense_shape_of = dict(zip(map(id, dense), tf.shape_n(dense, out_type=tf.int64)
-                                  if dense else []))
-        # The ops take a dense table's shape as its "dense shape" (unchecked: positions [0, 0]
-        # mark it) and SokUniqueKeys gives every table's dim 0 to SokPooledCombine.
-        empty = (tf.zeros([0], tf.int64), tf.zeros([0, 0], tf.int64), tf.zeros([0], tf.float32))
-        keys, segments, weights, positions, dense_shapes = [], [], [], [], []
-        for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
-            k, s, pos, shape = _flatten_ids(ids, nm, dense_shape_of.get(id(ids)),
-                                               explicit_segments=bool(serving.active()),
-                                               empty=empty)
-            if k.dtype not in (tf.int32, tf.int64):
-                raise TypeError(
-                    f"lookup_sparse: ids of table '{nm}' must be int32 or int64, got {k.dtype.name}"
-                )
-            want = _key_dtype(p)
-            if want is not None and k.dtype != want:
-                raise TypeError(
-                    f"lookup_sparse: table '{nm}' has key dtype {want.name}, but its ids are "
-                    f"{k.dtype.name}"
-                )
-            keys.append(k)
-            segments.append(tf.cast(s, tf.int64))
-            weights.append(empty[2] if w is None else _flatten_weights(w, nm))
-            positions.append(tf.cast(pos, tf.int64))
-            dense_shapes.append(tf.cast(shape, tf.int64))
-        if serving.active():  # save_stock_saved_model is tracing: stock ops on frozen tables
-            outs = serving.pooled_lookup(params, keys, segments,
-                                         [shape[0] for shape in dense_shapes], weights,
-                                         combiners)
-            return outs[0] if single else outs
-        tables = partitioned.flat_tables(params)
-        with _on_device_of(tables):
-            unique, inverse, counts, orders, batch_sizes = _unique_keys(keys, positions,
-                                                                        dense_shapes, names)
-        # A training Gather of these keys inserts them (the update's keys when they reach it as
-        # they are: one process, unpartitioned tables).
-        uniqueness.declare_distinct(unique, inserted=bool(training))
-        try:
-            rows = partitioned.fetch_rows(
-                params, list(unique), list(counts), training=training, names=names
-            )
-        except tf.errors.OpError as e:  # eager: name the call whose exchange never completed
-            diverged = _diverged(e, name, names)
-            if diverged is e:
-                raise
-            raise diverged from e
-        with _on_device_of(tables):
-            # SokUniqueKeys checked every position and gives each table's sample order.
-            outs, _ = ops.sok_pooled_combine(rows, list(inverse), segments, weights, list(orders),
-                                             batch_sizes, segments_checked=True,
-                                             combiners=combiners, table_names=names)
-    return outs[0] if single else list(outs)
+    return params, sp_ids, weights_list, combiners, names
+
+
+class _FlatInputs(NamedTuple):
+    """Per table: its ids as keys [n], segment ids, weights [n] (or [0]), positions and dense
+    shape (see _flatten_ids), as the ops take them (int64, float32 weights)."""
+
+    keys: list
+    segments: list
+    weights: list
+    positions: list
+    dense_shapes: list
+
+
+def _flat_inputs(params, sp_ids, weights_list, names):
+    """The ids and weights of every table flattened for the ops (_FlatInputs)."""
+    # The shapes of every dense id tensor in one op (its GPU kernel leaves them on the host).
+    sp_ids = [tf.convert_to_tensor(i) if isinstance(i, tf.Variable) else i for i in sp_ids]
+    dense = [i for i in sp_ids if _is_dense(i) and i.shape.rank in (1, 2)]
+    dense_shape_of = dict(zip(map(id, dense), tf.shape_n(dense, out_type=tf.int64)
+                              if dense else []))
+    # The ops take a dense table's shape as its "dense shape" (unchecked: positions [0, 0]
+    # mark it) and SokUniqueKeys gives every table's dim 0 to SokPooledCombine.
+    empty = (tf.zeros([0], tf.int64), tf.zeros([0, 0], tf.int64), tf.zeros([0], tf.float32))
+    flat = _FlatInputs([], [], [], [], [])
+    for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
+        k, s, pos, shape = _flatten_ids(ids, nm, dense_shape_of.get(id(ids)),
+                                        explicit_segments=bool(serving.active()),
+                                        empty=empty)
+        _check_key_dtype(p, k, nm)
+        flat.keys.append(k)
+        flat.segments.append(tf.cast(s, tf.int64))
+        flat.weights.append(empty[2] if w is None else _flatten_weights(w, nm))
+        flat.positions.append(tf.cast(pos, tf.int64))
+        flat.dense_shapes.append(tf.cast(shape, tf.int64))
+    return flat
+
+
+def _check_key_dtype(param, keys, name):
+    if keys.dtype not in (tf.int32, tf.int64):
+        raise TypeError(
+            f"lookup_sparse: ids of table '{name}' must be int32 or int64, got {keys.dtype.name}"
+        )
+    want = _key_dtype(param)
+    if want is not None and keys.dtype != want:
+        raise TypeError(
+            f"lookup_sparse: table '{name}' has key dtype {want.name}, but its ids are "
+            f"{keys.dtype.name}"
+        )
+
+
+def _dedup(tables, flat, names, training):
+    """SokUniqueKeys over every table: (unique keys, inverse, counts, sample orders, batch
+    sizes), one of each per table."""
+    with _on_device_of(tables):
+        unique, inverse, counts, orders, batch_sizes = _unique_keys(flat.keys, flat.positions,
+                                                                    flat.dense_shapes, names)
+    # A training Gather of these keys inserts them (the update's keys when they reach it as
+    # they are: one process, unpartitioned tables).
+    uniqueness.declare_distinct(unique, inserted=bool(training))
+    return unique, inverse, counts, orders, batch_sizes
+
+
+def _fetch(params, unique, counts, training, call_name, names):
+    """The rows of the distinct keys of every table (through the exchange over ranks)."""
+    try:
+        return partitioned.fetch_rows(
+            params, list(unique), list(counts), training=training, names=names
+        )
+    except tf.errors.OpError as e:  # eager: name the call whose exchange never completed
+        diverged = _diverged(e, call_name, names)
+        if diverged is e:
+            raise
+        raise diverged from e
+
+
+def _pool(tables, rows, inverse, flat, orders, batch_sizes, combiners, names):
+    """SokPooledCombine: each table's rows combined per sample ([batch, dim] per table)."""
+    with _on_device_of(tables):
+        # SokUniqueKeys checked every position and gives each table's sample order.
+        outs, _ = ops.sok_pooled_combine(rows, list(inverse), flat.segments, flat.weights,
+                                         list(orders), batch_sizes, segments_checked=True,
+                                         combiners=combiners, table_names=names)
+    return outs
 
 
 def all2all_dense_embedding(param, indices) -> tf.Tensor:
