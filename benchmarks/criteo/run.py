@@ -21,6 +21,7 @@ import math
 import os
 import sys
 import time
+import types
 
 import numpy as np
 
@@ -79,7 +80,15 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter,
         argument_default=None,
     )
-    a = p.add_argument
+    # In this order in --help.
+    for add in (_add_data_args, _add_batch_args, _add_model_args, _add_optimizer_args,
+                _add_seed_args, _add_progress_args, _add_output_args, _add_runtime_args):
+        add(p.add_argument)
+    return p
+
+
+def _add_data_args(a):
+    """What to train and evaluate on."""
     a(
         "--data",
         default="synthetic",
@@ -96,6 +105,10 @@ def build_parser():
         help="real data: ids seen fewer times in the training data share one 'rare' id per field "
         "(default: %(default)s = off)",
     )
+
+
+def _add_batch_args(a):
+    """Batch sizes and how long to train."""
     a(
         "--batch_size",
         type=_positive_int,
@@ -114,6 +127,10 @@ def build_parser():
         default=1.0,
         help="passes over real training data (default: %(default)s)",
     )
+
+
+def _add_model_args(a):
+    """The DLRM model: embeddings, tables and MLPs."""
     a("--embedding_dim", type=_positive_int, default=16, help="(default: %(default)s)")
     a(
         "--embedding_init",
@@ -140,6 +157,10 @@ def build_parser():
         default=[256, 128],
         help="hidden sizes of the top MLP, which ends in 1 (default: 256,128)",
     )
+
+
+def _add_optimizer_args(a):
+    """The optimizer and the loss's penalty."""
     a("--optimizer", choices=("adagrad", "adam"), default="adagrad", help="(default: %(default)s)")
     a("--learning_rate", type=_positive_float, help="default: adagrad 0.1, adam 0.001")
     a(
@@ -154,6 +175,10 @@ def build_parser():
         default=0.0,
         help="L2 penalty on the looked-up embedding rows, per sample summed over fields (default: %(default)s)",
     )
+
+
+def _add_seed_args(a):
+    """The seed and the synthetic data it generates."""
     a("--seed", type=int, default=0, help="(default: %(default)s)")
     a(
         "--synthetic_train_samples",
@@ -166,6 +191,10 @@ def build_parser():
         action="store_true",
         help="route synthetic rows through Criteo TSV text and the reader",
     )
+
+
+def _add_progress_args(a):
+    """Timing, progress lines and evaluations during training."""
     a(
         "--warmup_steps",
         type=_non_negative_int,
@@ -183,6 +212,10 @@ def build_parser():
         help="evaluate every N steps (AUC over steps in the metrics and plot); 0: only at the end "
         "(default: steps/4)",
     )
+
+
+def _add_output_args(a):
+    """Where the files go, and what is reported besides the summary."""
     a(
         "--out_dir",
         default=DEFAULT_OUT_DIR,
@@ -195,6 +228,10 @@ def build_parser():
         help="after training, trace 3 more steps and print the time per stage (input, embedding "
         "forward/backward/update, dense) on the GPU and on the host (also in metrics.jsonl)",
     )
+
+
+def _add_runtime_args(a):
+    """How TensorFlow runs the job (XLA, ranks, threads, input path), and --save."""
     a(
         "--xla",
         action="store_true",
@@ -221,7 +258,6 @@ def build_parser():
         help="training batches through tf.data with prefetching to the GPU, or feed_dict; auto: dataset "
         "when TensorFlow sees a GPU, else feed (faster on the CPU alone) (default: %(default)s)",
     )
-    return p
 
 
 def parse_args(argv=None):
@@ -358,8 +394,38 @@ def evaluate(sess, g, evals, args, rank, size, auc):
 
 def main(argv=None):
     args = parse_args(argv)
+    job = _start(args)
+    data = _load(args, job)
+    g, schedule, dataset = _build_graph(args, job, data)
+    metrics = _open_metrics(args, job, data)
+    sess = _open_session(job, g, args)
+    gpus = [d.name for d in job.tf.config.list_physical_devices("GPU")]
+    before = job.sok.kernel_run_counts()
+    if g.broadcast_op is not None:
+        sess.run(g.broadcast_op)
+    trained = _train(args, job, data, g, sess, schedule, dataset, metrics)
+    _log_device(job, gpus, before)
+    steps_per_sec, samples_per_sec = _throughput(args, data, trained)
+    final = _final_evaluation(args, job, data, g, sess, metrics)
+    # After the evaluation: the traced steps train too; what the run reports is of --steps steps.
+    _profile(args, job, g, sess, dataset, metrics)
+    result = _result(data, trained, steps_per_sec, samples_per_sec, final)
+    saved = g.save(sess, args.out_dir, job.rank, job.size) if args.save else None
+    sess.close()
+    result["wall_s"] = time.time() - _T_START
+    metrics.write("summary", **result)
+    metrics.close()
+    _log_summary(args, job, data, result)
+    _log_files(args, job, data, metrics, saved)
+    _log_result_line(args, job, data, result)
+    return result
+
+
+def _start(args):
+    """Loads TensorFlow and SOK (after the arguments are checked: --help stays fast), starts
+    Horovod under --horovod and SOK. -> the job: tf, sok, rank, size, is_chief, log, ..."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import graph as criteo_graph  # TensorFlow and SOK load here, after the arguments are checked
+    import graph as criteo_graph
     import model as criteo_model
     import tensorflow as tf
 
@@ -383,51 +449,77 @@ def main(argv=None):
 
     if args.batch_size % size:
         args.parser.error(f"--batch_size {args.batch_size} is not a multiple of the {size} ranks")
+    return types.SimpleNamespace(tf=tf, sok=sok, hvd=hvd, graph=criteo_graph, auc=criteo_model.auc,
+                                 rank=rank, size=size, is_chief=is_chief, log=log)
 
+
+def _load(args, job):
+    """The data and the training length: train, evals, desc, n_train, load_s, steps_per_epoch,
+    steps, warmup, eval_every."""
     t0 = time.time()
     train, evals, desc = load_data(args)
     n_train = criteo_data.num_rows(train)
     load_s = time.time() - t0
     steps_per_epoch = max(1, n_train // args.batch_size)
     steps, warmup, eval_every = resolve_steps(args, steps_per_epoch)
-    log(
+    job.log(
         f"data={desc} train_rows={n_train} (positives {train.labels.mean():.3f}) "
         f"eval_rows={criteo_data.num_rows(evals)} (positives {evals.labels.mean():.3f}) load_s={load_s:.1f}"
     )
+    return types.SimpleNamespace(train=train, evals=evals, desc=desc, n_train=n_train,
+                                 load_s=load_s, steps_per_epoch=steps_per_epoch, steps=steps,
+                                 warmup=warmup, eval_every=eval_every)
 
+
+def _build_graph(args, job, data):
+    """(graph, the batch schedule, the tf.data input's maker or None for feed_dict)."""
     schedule = iter(
-        BatchSchedule(n_train, args.batch_size, args.seed, shuffle=args.data != "synthetic")
+        BatchSchedule(data.n_train, args.batch_size, args.seed, shuffle=args.data != "synthetic")
     )
     dataset = None
     if args.input == "auto":
-        args.input = "dataset" if tf.config.list_physical_devices("GPU") else "feed"
+        args.input = "dataset" if job.tf.config.list_physical_devices("GPU") else "feed"
     if args.input == "dataset":
 
         def dataset():
-            return criteo_graph.train_dataset(train, schedule, rank, size)
+            return job.graph.train_dataset(data.train, schedule, job.rank, job.size)
 
-    g = criteo_graph.Graph(args, hvd, dataset)
-    log(
+    g = job.graph.Graph(args, job.hvd, dataset)
+    job.log(
         f"model: DLRM dim={args.embedding_dim} tables={args.num_tables} "
         f"bottom={args.bottom_mlp + [args.embedding_dim]} "
         f"top={args.top_mlp + [1]} interactions={g.model.num_interactions} dense_params={g.num_dense_params} "
-        f"optimizer={args.optimizer}(lr={args.learning_rate}) ranks={size}"
+        f"optimizer={args.optimizer}(lr={args.learning_rate}) ranks={job.size}"
     )
-    log(
-        f"training: steps={steps} global_batch={args.batch_size} local_batch={args.batch_size // size} "
-        f"epochs={steps / steps_per_epoch:.2f} input={args.input} warmup={warmup} eval_every={eval_every}"
+    job.log(
+        f"training: steps={data.steps} global_batch={args.batch_size} "
+        f"local_batch={args.batch_size // job.size} "
+        f"epochs={data.steps / data.steps_per_epoch:.2f} input={args.input} warmup={data.warmup} "
+        f"eval_every={data.eval_every}"
     )
-    metrics = report.MetricsLog(os.path.join(args.out_dir, "metrics.jsonl") if is_chief else None)
+    return g, schedule, dataset
+
+
+def _open_metrics(args, job, data):
+    """The metrics file (rank 0 writes it), opened with the run's configuration."""
+    metrics = report.MetricsLog(
+        os.path.join(args.out_dir, "metrics.jsonl") if job.is_chief else None
+    )
     metrics.write(
         "config",
-        data=desc,
-        ranks=size,
-        steps=steps,
-        warmup_steps=warmup,
-        eval_every=eval_every,
+        data=data.desc,
+        ranks=job.size,
+        steps=data.steps,
+        warmup_steps=data.warmup,
+        eval_every=data.eval_every,
         args={k: v for k, v in vars(args).items() if k != "parser"},
     )
+    return metrics
 
+
+def _open_session(job, g, args):
+    """A Session on the graph, its variables initialized and its input started."""
+    tf = job.tf
     config = tf.compat.v1.ConfigProto()
     # A Session's own ConfigProto overrides tf.config's visible devices (sok.init gave this rank
     # its GPU there): the same GPUs.
@@ -442,49 +534,29 @@ def main(argv=None):
     sess.run(g.init_op)
     if g.input_init is not None:
         sess.run(g.input_init)
-    gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
-    before = sok.kernel_run_counts()
-    if g.broadcast_op is not None:
-        sess.run(g.broadcast_op)
+    return sess
 
+
+def _train(args, job, data, g, sess, schedule, dataset, metrics):
+    """The training steps, with progress lines and evaluations every so often. -> losses,
+    progress, t_timed (start of the timed steps), eval_s_timed (evaluations among them), t_end."""
     losses = []
-    progress = report.Progress(steps, args.batch_size)
+    progress = report.Progress(data.steps, args.batch_size)
     t_timed = None
     eval_s_timed = 0.0  # evaluations inside the timed span are not training
-    for step in range(steps):
-        if step == warmup:
+    for step in range(data.steps):
+        if step == data.warmup:
             t_timed = time.time()
             eval_s_timed = 0.0
-        if dataset is None:
-            idx = next(schedule)[rank::size]  # this rank's slice of the global batch
-            loss, _ = sess.run(
-                [g.report_loss, g.train_op], feed_dict=g.feed(criteo_data.take(train, idx))
-            )
-        else:
-            loss, _ = sess.run([g.report_loss, g.train_op])
-        if not np.isfinite(loss):
-            raise SystemExit(f"step {step}: loss is {loss}")
-        losses.append(float(loss))
+        losses.append(_train_step(job, data, g, sess, schedule, dataset, step))
         done = step + 1
         if args.log_every and done % args.log_every == 0:
-            rate, eta, train_s = progress.update(done)
-            recent = float(np.mean(losses[-args.log_every :]))
-            log(
-                f"step {done}/{steps} ({100 * done / steps:.0f}%) loss={recent:.4f} "
-                f"{rate:,.0f} samples/s ETA {report.format_eta(eta)}"
-            )
-            metrics.write("train", step=done, loss=recent, samples_per_sec=rate, elapsed_s=train_s)
-        if eval_every and done % eval_every == 0 and done < steps:
-            t_eval = time.time()
-            auc, eval_loss, rows = evaluate(sess, g, evals, args, rank, size, criteo_model.auc)
-            spent = time.time() - t_eval
-            progress.pause(spent)
-            eval_s_timed += spent
-            log(
-                f"eval at step {done}: AUC {auc:.4f} loss {eval_loss:.4f} ({rows} rows, {spent:.1f}s)"
-            )
-            metrics.write("eval", step=done, auc=auc, loss=eval_loss, rows=rows)
+            _log_progress(args, job, data, metrics, progress, losses, done)
+        if data.eval_every and done % data.eval_every == 0 and done < data.steps:
+            eval_s_timed += _evaluate_during_training(args, job, data, g, sess, metrics, progress,
+                                                      done)
     t_end = time.time()
+    steps = data.steps
     if not args.log_every or steps % args.log_every:  # the last span, so the file covers every step
         rate, _, train_s = progress.update(steps)
         tail_n = steps % args.log_every if args.log_every else steps
@@ -495,22 +567,102 @@ def main(argv=None):
             samples_per_sec=rate,
             elapsed_s=train_s,
         )
-    ran = {d: n - before[d] for d, n in sok.kernel_run_counts().items()}
-    log(
+    return types.SimpleNamespace(losses=losses, progress=progress, t_timed=t_timed,
+                                 eval_s_timed=eval_s_timed, t_end=t_end)
+
+
+def _train_step(job, data, g, sess, schedule, dataset, step):
+    """One training step: its loss."""
+    if dataset is None:
+        idx = next(schedule)[job.rank::job.size]  # this rank's slice of the global batch
+        loss, _ = sess.run(
+            [g.report_loss, g.train_op], feed_dict=g.feed(criteo_data.take(data.train, idx))
+        )
+    else:
+        loss, _ = sess.run([g.report_loss, g.train_op])
+    if not np.isfinite(loss):
+        raise SystemExit(f"step {step}: loss is {loss}")
+    return float(loss)
+
+
+def _log_progress(args, job, data, metrics, progress, losses, done):
+    rate, eta, train_s = progress.update(done)
+    recent = float(np.mean(losses[-args.log_every :]))
+    job.log(
+        f"step {done}/{data.steps} ({100 * done / data.steps:.0f}%) loss={recent:.4f} "
+        f"{rate:,.0f} samples/s ETA {report.format_eta(eta)}"
+    )
+    metrics.write("train", step=done, loss=recent, samples_per_sec=rate, elapsed_s=train_s)
+
+
+def _evaluate_during_training(args, job, data, g, sess, metrics, progress, done):
+    """An evaluation at step `done`, paused out of the progress. -> its seconds."""
+    t_eval = time.time()
+    auc, eval_loss, rows = evaluate(sess, g, data.evals, args, job.rank, job.size, job.auc)
+    spent = time.time() - t_eval
+    progress.pause(spent)
+    job.log(
+        f"eval at step {done}: AUC {auc:.4f} loss {eval_loss:.4f} ({rows} rows, {spent:.1f}s)"
+    )
+    metrics.write("eval", step=done, auc=auc, loss=eval_loss, rows=rows)
+    return spent
+
+
+def _log_device(job, gpus, before):
+    ran = {d: n - before[d] for d, n in job.sok.kernel_run_counts().items()}
+    job.log(
         f"device:     GPUs visible to TensorFlow: {gpus or 'none'}; SOK kernels run in training: "
         f"{ran['GPU']} on the GPU, {ran['CPU']} on the CPU"
     )
-    timed_steps = steps - warmup
-    train_s = t_end - t_timed - eval_s_timed
-    steps_per_sec = timed_steps / train_s if train_s > 0 else float("nan")
-    samples_per_sec = steps_per_sec * args.batch_size  # global samples
 
+
+def _throughput(args, data, trained):
+    """(steps/s, global samples/s) of the timed steps, evaluations left out."""
+    timed_steps = data.steps - data.warmup
+    train_s = trained.t_end - trained.t_timed - trained.eval_s_timed
+    steps_per_sec = timed_steps / train_s if train_s > 0 else float("nan")
+    return steps_per_sec, steps_per_sec * args.batch_size  # global samples
+
+
+def _final_evaluation(args, job, data, g, sess, metrics):
+    """The evaluation after training: eval_auc, eval_loss, eval_rows, eval_s, and the table
+    rows on this rank."""
     t0 = time.time()
-    eval_auc, eval_loss, eval_rows = evaluate(sess, g, evals, args, rank, size, criteo_model.auc)
+    eval_auc, eval_loss, eval_rows = evaluate(sess, g, data.evals, args, job.rank, job.size,
+                                              job.auc)
     eval_s = time.time() - t0
-    metrics.write("eval", step=steps, auc=eval_auc, loss=eval_loss, rows=eval_rows)
+    metrics.write("eval", step=data.steps, auc=eval_auc, loss=eval_loss, rows=eval_rows)
     table_rows = int(sess.run(g.table_size))
-    # After the evaluation: the traced steps train too; what the run reports is of --steps steps.
+    return types.SimpleNamespace(eval_auc=eval_auc, eval_loss=eval_loss, eval_rows=eval_rows,
+                                 eval_s=eval_s, table_rows=table_rows)
+
+
+def _loss_tail(steps):
+    """Over how many steps the first and the last training loss are averaged."""
+    return max(1, min(50, steps // 5))
+
+
+def _result(data, trained, steps_per_sec, samples_per_sec, final):
+    """The run's result (what main returns; wall_s is added at the end)."""
+    losses, progress = trained.losses, trained.progress
+    tail = _loss_tail(len(losses))
+    return {
+        "samples_per_sec": samples_per_sec,
+        "steps_per_sec": steps_per_sec,
+        "train_loss_first": float(np.mean(losses[:tail])),
+        "train_loss": float(np.mean(losses[-tail:])),
+        "eval_loss": final.eval_loss,
+        "eval_auc": final.eval_auc,
+        "eval_rows": final.eval_rows,
+        "steps": data.steps,
+        "train_s": trained.t_end - progress.t0 - progress.paused_s,  # evaluations left out
+        "eval_s": final.eval_s,
+        "table_rows": final.table_rows,
+    }
+
+
+def _profile(args, job, g, sess, dataset, metrics):
+    """--profile: traces 3 more steps and logs (and records) the time per stage and top ops."""
     if args.profile and dataset is not None:
         import profile as criteo_profile  # noqa: E402  (benchmarks/criteo/profile.py)
 
@@ -518,73 +670,66 @@ def main(argv=None):
             sess, [g.report_loss, g.train_op], g.graph
         )
         for line in criteo_profile.format_profile(stages, wall_ms, busy_ms):
-            log(line)
+            job.log(line)
         for line in criteo_profile.top_ops(recs):
-            log(line)
+            job.log(line)
         metrics.write("profile", wall_ms=wall_ms, gpu_busy_ms=busy_ms,
                       stages={s: dict(zip(("gpu_ms", "kernels", "host_ms", "ops"), v))
                               for s, v in stages.items()})
     elif args.profile:
-        log("profile:    needs --input dataset (feed_dict steps are not traced)")
-    tail = max(1, min(50, len(losses) // 5))
-    result = {
-        "samples_per_sec": samples_per_sec,
-        "steps_per_sec": steps_per_sec,
-        "train_loss_first": float(np.mean(losses[:tail])),
-        "train_loss": float(np.mean(losses[-tail:])),
-        "eval_loss": eval_loss,
-        "eval_auc": eval_auc,
-        "eval_rows": eval_rows,
-        "steps": steps,
-        "train_s": t_end - progress.t0 - progress.paused_s,  # evaluations left out
-        "eval_s": eval_s,
-        "table_rows": table_rows,
-    }
-    saved = None
-    if args.save:
-        saved = g.save(sess, args.out_dir, rank, size)
-    sess.close()
-    result["wall_s"] = time.time() - _T_START
-    metrics.write("summary", **result)
-    metrics.close()
+        job.log("profile:    needs --input dataset (feed_dict steps are not traced)")
+
+
+def _log_summary(args, job, data, result):
+    log, tail, r = job.log, _loss_tail(data.steps), result
     log("==== Criteo benchmark summary ====")
-    log(f"data:       {desc}, {n_train} training rows, {result['eval_rows']} evaluation rows")
+    log(f"data:       {data.desc}, {data.n_train} training rows, {r['eval_rows']} evaluation rows")
     log(
-        f"throughput: {samples_per_sec:.0f} samples/s, {steps_per_sec:.2f} steps/s (global batch {args.batch_size}, "
-        f"{size} rank(s), {timed_steps} of {steps} steps timed: first {warmup} left out)"
+        f"throughput: {r['samples_per_sec']:.0f} samples/s, {r['steps_per_sec']:.2f} steps/s "
+        f"(global batch {args.batch_size}, {job.size} rank(s), {data.steps - data.warmup} of "
+        f"{data.steps} steps timed: first {data.warmup} left out)"
     )
     log(
-        f"train loss: {result['train_loss_first']:.4f} (first {tail} steps) -> {result['train_loss']:.4f} "
+        f"train loss: {r['train_loss_first']:.4f} (first {tail} steps) -> {r['train_loss']:.4f} "
         f"(last {tail} steps)"
     )
-    log(f"eval:       loss {result['eval_loss']:.4f}, AUC {result['eval_auc']:.4f}")
+    log(f"eval:       loss {r['eval_loss']:.4f}, AUC {r['eval_auc']:.4f}")
     log(
-        f"time:       training {result['train_s']:.1f}s, evaluation {eval_s:.1f}s, loading {load_s:.1f}s, "
-        f"wall {result['wall_s']:.1f}s; embedding rows on rank {rank}: {result['table_rows']}"
+        f"time:       training {r['train_s']:.1f}s, evaluation {r['eval_s']:.1f}s, loading "
+        f"{data.load_s:.1f}s, wall {r['wall_s']:.1f}s; embedding rows on rank {job.rank}: "
+        f"{r['table_rows']}"
     )
-    if is_chief:
-        files = [metrics.path]
-        if not args.no_plot:
-            files.append(
-                report.plot(
-                    metrics.path,
-                    os.path.join(args.out_dir, "plot.png"),
-                    title=f"Criteo DLRM on SOK: {desc}, batch {args.batch_size}",
-                )
+
+
+def _log_files(args, job, data, metrics, saved):
+    """Rank 0: draws the plot and lists the files the run wrote."""
+    if not job.is_chief:
+        return
+    files = [metrics.path]
+    if not args.no_plot:
+        files.append(
+            report.plot(
+                metrics.path,
+                os.path.join(args.out_dir, "plot.png"),
+                title=f"Criteo DLRM on SOK: {data.desc}, batch {args.batch_size}",
             )
-        if saved is not None:
-            ckpt, serving, note = saved
-            files += [ckpt] + ([serving] if serving else [])
-            if note:
-                log(f"note:       {note}")
-        log("files:      " + ", ".join(files))
-    log(
-        f"RESULT data={desc} ranks={size} steps={steps} batch_size={args.batch_size} "
-        f"samples_per_sec={samples_per_sec:.0f} steps_per_sec={steps_per_sec:.2f} "
+        )
+    if saved is not None:
+        ckpt, serving, note = saved
+        files += [ckpt] + ([serving] if serving else [])
+        if note:
+            job.log(f"note:       {note}")
+    job.log("files:      " + ", ".join(files))
+
+
+def _log_result_line(args, job, data, result):
+    """The RESULT line that scripts and tests parse."""
+    job.log(
+        f"RESULT data={data.desc} ranks={job.size} steps={data.steps} batch_size={args.batch_size} "
+        f"samples_per_sec={result['samples_per_sec']:.0f} steps_per_sec={result['steps_per_sec']:.2f} "
         f"train_loss_first={result['train_loss_first']:.4f} train_loss={result['train_loss']:.4f} "
         f"eval_loss={result['eval_loss']:.4f} eval_auc={result['eval_auc']:.4f} wall_s={result['wall_s']:.1f}"
     )
-    return result
 
 
 if __name__ == "__main__":
