@@ -1,5 +1,5 @@
-// The C++ test harness shared by the CPU tests (tests/core, Bazel) and the GPU tests (tests/gpu,
-// CMake + nvcc): no test framework is reachable offline, so this is a minimal one.
+// The C++ test harness of the GPU tests (tests/gpu, CMake + nvcc), a minimal one. (The CPU tests
+// in tests/core use Debian's googletest through Bazel: WORKSPACE, third_party/googletest.)
 //
 //   TEST(name) { CHECK(cond); CHECK_NEAR(a, b, tol); ... }   registered, run by run_all_tests()
 //   sok_test::run_case("name", fn)    runs a parameterised case (fn returns void or bool)

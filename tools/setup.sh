@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything a fresh Debian (bookworm) machine needs, idempotent: Debian packages (Bazel, a C++
-# toolchain), a virtual environment in .venv with TensorFlow 2.21 and Horovod, the Bazel build of
-# the ops library and the wheel, installed into .venv.
+# toolchain, googletest's sources for the C++ tests), a virtual environment in .venv with
+# TensorFlow 2.21 and Horovod, the Bazel build of the ops library and the wheel, installed into
+# .venv.
 # Where a CUDA toolkit (nvcc) is found (tools/install_horovod.sh --cuda-home), TensorFlow is PyPI's
 # `tensorflow` (the GPU build, which runs without a GPU too) and Horovod gets NCCL for GPU tensors
 # besides Gloo; elsewhere `tensorflow-cpu` and Horovod with Gloo only. SOK_HOROVOD_GPU=0 forces the
@@ -17,7 +18,7 @@ SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 need_apt=()
-for pkg in bazel-bootstrap bazel-rules-java g++ cmake make; do
+for pkg in bazel-bootstrap bazel-rules-java g++ cmake make googletest; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 "$PY" -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
