@@ -28,7 +28,7 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit import compat
+from sparse_operation_kit import compat, static_staging
 from sparse_operation_kit._ops import ops
 from sparse_operation_kit.embedding_variable import (
     EmbeddingVariable,
@@ -185,6 +185,7 @@ class GenericSparseUpdater:
         self._tables = {}
         self._tracker = tracker
         self._step = None
+        self.static = static_staging.StaticStager(optimizer, self.flavor, self.capacity)
 
     # --- creation ---------------------------------------------------------------------------
     def _check_table(self, table):
@@ -294,6 +295,14 @@ class GenericSparseUpdater:
             staged.append(pair)
             deps.extend(dep)
             finish.append(back)
+        # Static tables whose sparse update has no GPU kernel go through a CPU scratch.
+        on_cpu = [(g, v) for g, v in dense if self.static.wants(g, v)]
+        dense = [(g, v) for g, v in dense if not self.static.wants(g, v)]
+        for g, var in on_cpu:
+            pair, dep, back = self.static.stage(g, var)
+            staged.append(pair)
+            deps.extend(dep)
+            finish.append(lambda _step, back=back: back())
         # The step this update records is the counter before apply_fn advances it (Keras's
         # iterations), as on the fused path.
         step_now = None if step is None else tf.cast(read(step), tf.int64)
