@@ -7,9 +7,9 @@ set(SOK_CORE "${SOK_REPO_ROOT}/addons/sparse_operation_kit/core")
 
 # The CUDA sources are every core/cuda/*.cu, as in the Bazel build (core/BUILD).
 file(GLOB SOK_CORE_CUDA_SOURCES CONFIGURE_DEPENDS "${SOK_CORE}/cuda/*.cu")
+file(GLOB SOK_CORE_SOURCES CONFIGURE_DEPENDS "${SOK_CORE}/*.cc")
 add_library(sok_gpu_core STATIC
-  ${SOK_CORE}/embedding_table.cc
-  ${SOK_CORE}/lookup.cc
+  ${SOK_CORE_SOURCES}
   ${SOK_CORE_CUDA_SOURCES})
 target_include_directories(sok_gpu_core PUBLIC ${SOK_REPO_ROOT})
 target_compile_features(sok_gpu_core PUBLIC cxx_std_17)
