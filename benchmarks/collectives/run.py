@@ -6,8 +6,8 @@ one process per GPU (or CPU ranks over Gloo):
 
 For each size S (bytes one rank sends, split evenly over the N ranks as float32 rows of 64
 values; all_reduce: a float32 tensor of S bytes) and implementation:
-  sok     : sparse_operation_kit.collectives.all_to_all and sok.all_reduce(op="sum") (SOK's NCCL
-            ops when every rank has its own GPU, else Horovod's: see backend=);
+  sok     : sparse_operation_kit.runtime.collectives.all_to_all and sok.all_reduce(op="sum")
+            (SOK's NCCL ops when every rank has its own GPU, else Horovod's: see backend=);
   horovod : hvd.alltoall(x, splits=int32 counts) and hvd.allreduce(op=hvd.Sum).
 First a correctness check (rank r's rows for rank p hold r*1000 + p; every rank checks what it
 received; all_reduce of rank+1 must give N(N+1)/2), then the timing: a tf.function runs `iters`
@@ -258,7 +258,7 @@ def main(argv=None):
     sok.init()
     import horovod.tensorflow as hvd
 
-    from sparse_operation_kit import collectives
+    from sparse_operation_kit.runtime import collectives
 
     if not hvd.is_initialized() or hvd.size() < 2:  # SOK sets up no collectives for one rank
         raise SystemExit("run.py needs 2 or more ranks: horovodrun -np N -H localhost:N python "

@@ -440,7 +440,7 @@ def init_horovod():
 
 def collectives_kind():
     try:
-        from sparse_operation_kit import collectives
+        from sparse_operation_kit.runtime import collectives
     except ImportError:  # a package without NCCL collectives exchanges through Horovod
         return "horovod"
     return collectives.kind() or "none"

@@ -192,7 +192,7 @@ class GraphRunner(_Timed):
                 self.read_ops = [self.model.read_rows(f, self.keys) for f in range(args.fields)]
             self.counts_op = None
             if impl == "sok":
-                from sparse_operation_kit._ops import ops as sok_ops
+                from sparse_operation_kit.runtime._ops import ops as sok_ops
                 with tf.device("/CPU:0"):
                     self.counts_op = sok_ops.sok_kernel_run_counts()
             config = tf.compat.v1.ConfigProto(allow_soft_placement=True) if device else None

@@ -282,7 +282,7 @@ _LOAD_AND_SERVE = r"""
 import json, sys
 import tensorflow as tf
 import sparse_operation_kit as sok
-from sparse_operation_kit._ops import ops
+from sparse_operation_kit.runtime._ops import ops
 
 args = json.loads(sys.argv[1])
 ids = tf.RaggedTensor.from_row_lengths(tf.constant(args["keys"], tf.int64),

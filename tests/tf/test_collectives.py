@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from sparse_operation_kit import collectives
+from sparse_operation_kit.runtime import collectives
 
 
 def test_one_process_has_no_collectives():

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sparse_operation_kit import tables as sok_tables
-from sparse_operation_kit._ops import ops
+from sparse_operation_kit.runtime._ops import ops
+from sparse_operation_kit.tables import tables as sok_tables
 
 
 def _value(t, owner, local, dim):

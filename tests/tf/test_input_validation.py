@@ -8,7 +8,7 @@ import tensorflow as tf
 from conftest import graph_session, unique_name
 
 import sparse_operation_kit as sok
-from sparse_operation_kit import validation
+from sparse_operation_kit.tables import validation
 
 BIG = 2 ** 32 + 5  # an int64 id that an int32 cast folds onto 5
 

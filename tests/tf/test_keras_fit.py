@@ -14,9 +14,10 @@ import tensorflow as tf
 from conftest import TEST_DEVICE, subprocess_env, unique_name
 
 import sparse_operation_kit as sok
+from sparse_operation_kit.optimizers import keras_support
 
 keras = pytest.importorskip("keras")
-if not sok.keras_support.keras_is_v3():
+if not keras_support.keras_is_v3():
     pytest.skip("this process runs tf_keras (TF_USE_LEGACY_KERAS=1); the subprocess test covers it",
                 allow_module_level=True)
 

@@ -18,7 +18,7 @@ from conftest import (
 )
 
 import sparse_operation_kit as sok
-from sparse_operation_kit._ops import ops
+from sparse_operation_kit.runtime._ops import ops
 
 DIM = 4
 # Keys far apart, negative and beyond 32 bits: the EV is a hash table, not an array.

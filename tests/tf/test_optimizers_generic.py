@@ -24,6 +24,7 @@ import tensorflow as tf
 from conftest import TEST_DEVICE, graph_session, subprocess_env, unique_name
 
 import sparse_operation_kit as sok
+from sparse_operation_kit.optimizers import generic_optimizer
 
 DIM = 3
 BATCH = 4
@@ -241,7 +242,7 @@ def keras_train(make, kind, mode, batches, max_touched_rows=16):
     table, keys = make_table(kind)
     seed_table(table, keys)
     opt, ref_opt = sok.OptimizerWrapper(make(), max_touched_rows=max_touched_rows), make()
-    with ref_device(sok.generic_optimizer.optimizer_flavor(ref_opt)):
+    with ref_device(generic_optimizer.optimizer_flavor(ref_opt)):
         ref = tf.Variable(INIT)
         w, ref_w = tf.Variable(W0), tf.Variable(W0)
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from conftest import graph_session, subprocess_env
 
-from sparse_operation_kit._ops import ops
+from sparse_operation_kit.runtime._ops import ops
 
 # Per table: dim, combiner, weighted, sorted segment ids, batch, ids per sample (max).
 TABLES = [

@@ -6,8 +6,8 @@ import tensorflow as tf
 from conftest import unique_name
 
 import sparse_operation_kit as sok
-from sparse_operation_kit import schema
-from sparse_operation_kit._ops import ops
+from sparse_operation_kit.runtime import schema
+from sparse_operation_kit.runtime._ops import ops
 
 
 def _cpp_tables():

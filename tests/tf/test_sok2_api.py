@@ -15,7 +15,7 @@ import sparse_operation_kit as sok
 def test_tf_version_is_numbers_like_sok2():
     assert sok.tf_version == [int(p) for p in tf.__version__.split("-")[0].split(".")[:3]]
     assert sok.tf_version[0] == 2 and sok.tf_version[1] >= 17  # SOK 2.x programs branch so
-    from sparse_operation_kit.version import parse_tf_version
+    from sparse_operation_kit.runtime.version import parse_tf_version
     assert parse_tf_version("2.22.0-rc1") == [2, 22, 0]
     assert parse_tf_version("2.21.0.dev20250101") == [2, 21, 0]
     with pytest.raises(ValueError, match="TensorFlow's version"):

@@ -8,7 +8,7 @@ import tensorflow as tf
 from conftest import graph_session
 
 import sparse_operation_kit as sok
-from sparse_operation_kit import static_staging
+from sparse_operation_kit.optimizers import static_staging
 
 ROWS, DIM, STEPS = 12, 3, 4
 IDS = [[1, 4, 4, 7], [0, 1, 11, 11], [4, 5, 6, 7], [2, 2, 2, 9]]

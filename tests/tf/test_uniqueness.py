@@ -1,6 +1,6 @@
 """The fused update skips its dedup exactly when the gradient's keys were declared distinct by
-the lookup that made them (sparse_operation_kit/uniqueness.py), and reserves no room for them
-exactly when a training lookup inserted them; the results are the same."""
+the lookup that made them (sparse_operation_kit/tables/uniqueness.py), and reserves no room for
+them exactly when a training lookup inserted them; the results are the same."""
 import numpy as np
 import tensorflow as tf
 from conftest import graph_session, unique_name
@@ -70,7 +70,7 @@ def test_gradients_of_an_evaluation_lookup_are_not_declared_inserted():
 
 
 def test_a_cast_of_distinct_keys_is_not_distinct():
-    from sparse_operation_kit import uniqueness
+    from sparse_operation_kit.tables import uniqueness
     with tf.Graph().as_default():
         keys = tf.constant([1, 2], tf.int64)
         uniqueness.declare_distinct([keys])

@@ -43,7 +43,8 @@ inline bool evicts_anything(const TableConfig& c) {
 
 // The fields of a snapshot as the checkpoint/export schema names them, in the order
 // SokEmbeddingVariableExport outputs them and SokEmbeddingVariableImport takes them (after the
-// handle). sparse_operation_kit/schema.py's EXPORT_FIELDS are the same names (test_schema.py).
+// handle). sparse_operation_kit/runtime/schema.py's EXPORT_FIELDS are the same names
+// (test_schema.py).
 enum class SnapshotField : int { kKeys, kValues, kSlots, kFreqs, kVersions, kSlotKind, kSlotInit };
 inline constexpr const char* kSnapshotFieldNames[] = {"keys",     "values",    "slots",    "freqs",
                                                       "versions", "slot_kind", "slot_init"};

@@ -1,10 +1,10 @@
 """Bytes that lookup_sparse's exchange moves between ranks per training step, for a Criteo-like
 batch, against an all-gather of all keys (every rank receiving every other rank's keys and rows).
 
-The model follows the wire format of sparse_operation_kit/distributed.py: per lookup_sparse call
-and rank, one header row [signature, n, bad-id flag] (3 x int64) to every other rank, then for
-each distinct key of each table that another rank owns: the request [key, table, count]
-(3 x int64) and the row back (dim x float32); the backward pass sends that row's gradient
+The model follows the wire format of sparse_operation_kit/parallel/distributed.py: per
+lookup_sparse call and rank, one header row [signature, n, bad-id flag] (3 x int64) to every other
+rank, then for each distinct key of each table that another rank owns: the request [key, table,
+count] (3 x int64) and the row back (dim x float32); the backward pass sends that row's gradient
 (dim x float32) to the owner. Traffic of a rank with itself is not counted.
 
 The all-gather design it is compared with: every rank sends its distinct keys (int64) to every

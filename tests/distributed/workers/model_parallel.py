@@ -606,7 +606,7 @@ def run_chains(hvd, rank, world):
 def run_bytes(hvd, rank, world, per_rank=64, dim=16):
     import exchange_bytes
 
-    from sparse_operation_kit import collectives
+    from sparse_operation_kit.runtime import collectives
 
     keys = exchange_bytes.criteo_keys(
         world, per_rank * world

@@ -30,7 +30,7 @@ def setup(use_horovod=True):
     if use_horovod and os.environ.get("SOK_TEST_DEVICE", "cpu").lower() == "gpu":
         import atexit
 
-        from sparse_operation_kit import collectives
+        from sparse_operation_kit.runtime import collectives
 
         assert collectives.kind() == "nccl", f"rank {sok.rank()}: collectives {collectives.kind()}"
         atexit.register(_check_ran_on_gpu)

@@ -2,14 +2,41 @@
 TensorFlow (`import sparse_operation_kit as sok`)."""
 import tensorflow as tf
 
-from sparse_operation_kit import feature_column, layers
-from sparse_operation_kit import meta_graph as _meta_graph  # noqa: F401  registers EV meta graph protos
-from sparse_operation_kit.collectives import all_reduce
-from sparse_operation_kit.communication import set_comm_tool
-from sparse_operation_kit.context import init, num_ranks, rank
-from sparse_operation_kit.devices import gpu_kernels_built, kernel_run_counts
-from sparse_operation_kit.dump import dump, load
-from sparse_operation_kit.embedding_variable import (
+from sparse_operation_kit.adapters import feature_column
+from sparse_operation_kit.adapters.get_variable import get_embedding_variable
+from sparse_operation_kit.adapters.variables import (
+    DistributedVariable,
+    DynamicVariable,
+    LocalizedVariable,
+    Variable,
+    assign,
+    export,
+)
+
+# registers the meta graph protos of Embedding Variables
+from sparse_operation_kit.checkpoint import meta_graph as _meta_graph  # noqa: F401
+from sparse_operation_kit.checkpoint.dump import dump, load
+from sparse_operation_kit.checkpoint.incremental import (
+    incremental_model_dump,
+    incremental_model_load,
+    update_step,
+)
+from sparse_operation_kit.keras import layers
+from sparse_operation_kit.keras.layers import Embedding, SparseEmbedding
+from sparse_operation_kit.lookup.group_embedding import group_embedding_lookup_sparse
+from sparse_operation_kit.lookup.lookup import (
+    all2all_dense_embedding,
+    lookup_sparse,
+)  # also registers gradients
+from sparse_operation_kit.optimizers.optimizers import SGD, OptimizerWrapper, filter_variables
+from sparse_operation_kit.parallel.communication import set_comm_tool
+from sparse_operation_kit.parallel.partitioned import PartitionedEmbeddingVariable
+from sparse_operation_kit.runtime.collectives import all_reduce
+from sparse_operation_kit.runtime.context import init, num_ranks, rank
+from sparse_operation_kit.runtime.devices import gpu_kernels_built, kernel_run_counts
+from sparse_operation_kit.runtime.version import __version__, parse_tf_version
+from sparse_operation_kit.serving.serving import save_stock_saved_model
+from sparse_operation_kit.tables.embedding_variable import (
     CBFFilter,
     CounterFilter,
     EmbeddingVariable,
@@ -20,32 +47,8 @@ from sparse_operation_kit.embedding_variable import (
     L2WeightEvict,
     StorageOption,
 )
-from sparse_operation_kit.eviction import sparse_read_and_evict
-from sparse_operation_kit.get_variable import get_embedding_variable
-from sparse_operation_kit.group_embedding import group_embedding_lookup_sparse
-from sparse_operation_kit.incremental import (
-    incremental_model_dump,
-    incremental_model_load,
-    update_step,
-)
-from sparse_operation_kit.layers import Embedding, SparseEmbedding
-from sparse_operation_kit.lookup import (
-    all2all_dense_embedding,
-    lookup_sparse,
-)  # also registers gradients
-from sparse_operation_kit.optimizers import SGD, OptimizerWrapper, filter_variables
-from sparse_operation_kit.partitioned import PartitionedEmbeddingVariable
-from sparse_operation_kit.serving import save_stock_saved_model
-from sparse_operation_kit.tables import StaticTable
-from sparse_operation_kit.variables import (
-    DistributedVariable,
-    DynamicVariable,
-    LocalizedVariable,
-    Variable,
-    assign,
-    export,
-)
-from sparse_operation_kit.version import __version__, parse_tf_version
+from sparse_operation_kit.tables.eviction import sparse_read_and_evict
+from sparse_operation_kit.tables.tables import StaticTable
 
 tf_version = parse_tf_version(tf.__version__)  # [major, minor, patch] as in SOK 2.x
 

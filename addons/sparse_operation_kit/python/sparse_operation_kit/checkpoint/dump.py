@@ -1,0 +1,289 @@
+"""sok.dump / sok.load (NVIDIA SOK 2.x): tables written per rank, read back on any layout.
+
+Each rank writes its own shard of every variable (keys, values and, for Embedding Variables, the
+co-located optimizer slots, frequencies and versions) to `path/<variable>/rank<r>-of-<N>.npz`.
+Loading reads every shard of a variable and keeps the keys this rank owns under the current
+world size, so a dump from N ranks loads onto M ranks (and into one process).
+"""
+import glob
+import os
+import re
+from collections.abc import Iterable
+
+import numpy as np
+import tensorflow as tf
+
+from sparse_operation_kit.optimizers import generic_optimizer
+from sparse_operation_kit.runtime import compat, schema
+from sparse_operation_kit.runtime.context import context
+from sparse_operation_kit.tables import tables, validation
+from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
+
+
+def _dir_name(name):
+    """The directory of a table (or slot) under a dump's path."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def _owned(keys, target, name):
+    """Which of `keys` this rank holds under the current world size."""
+    world, rank = context.world_size, context.rank
+    if world > 1:
+        tables.check_target(target, world, "sok.load", name)
+    return tables.owner(keys, target, world) == rank
+
+
+_SHARD = re.compile(r"rank(\d+)-of-(\d+)\.npz$")
+
+
+def _shard_files(path, name):
+    """The shard files of one complete dump of the variable `name` (all ranks of one world size)."""
+    d = os.path.join(path, name)
+    found = {}
+    for f in glob.glob(os.path.join(d, "rank*-of-*.npz")):
+        m = _SHARD.search(os.path.basename(f))
+        if m:
+            found.setdefault(int(m.group(2)), {})[int(m.group(1))] = f
+    if not found:
+        raise FileNotFoundError(f"sok.load: no dump of '{name}' under {path}")
+    if len(found) > 1:
+        raise ValueError(f"sok.load: {d} holds dumps from several world sizes ({sorted(found)}); "
+                         "keep the files of one dump only")
+    world, files = next(iter(found.items()))
+    missing = sorted(set(range(world)) - set(files))
+    if missing:
+        raise FileNotFoundError(
+            f"sok.load: the dump of '{name}' under {path} was written by {world} ranks "
+            f"but the files of ranks {missing} are missing"
+        )
+    return [files[r] for r in range(world)]
+
+
+_REQUIRED = ("keys", "values", "dim")
+
+
+def _read_shard(f, name):
+    """One shard's arrays; a truncated or corrupt file is an error naming it."""
+    try:
+        with np.load(f) as data:
+            shard = {k: data[k] for k in data.files}
+    except Exception as e:  # zipfile.BadZipFile, EOFError, ValueError, OSError, ...
+        raise ValueError(
+            f"sok.load: cannot read the shard {f} of '{name}': {type(e).__name__}: {e} "
+            "(the file is truncated or corrupt)"
+        ) from e
+    missing = [k for k in _REQUIRED if k not in shard]
+    if missing:
+        raise ValueError(
+            f"sok.load: the shard {f} of '{name}' lacks {missing} (not a sok.dump shard, or "
+            "corrupt)"
+        )
+    return shard
+
+
+def _ev_slots(shards, dim, name):
+    """Slots of every shard as one [rows, num_slots, dim] array: shards of ranks that never applied
+    an update have no slots (their rows get the slots' initial values)."""
+    kinds = {int(s["slot_kind"]) for s in shards if s["slots"].ndim == 3 and s["slots"].shape[1]}
+    if len(kinds) > 1:
+        names = sorted(schema.optimizer_of_slot_kind(k) for k in kinds)
+        raise ValueError(
+            f"sok.load: the shards of '{name}' hold slots of different optimizers {names}"
+        )
+    slot_kind = kinds.pop() if kinds else schema.NO_SLOTS
+    slot_init = next(
+        (
+            s["slot_init"]
+            for s in shards
+            if s["slot_init"].size and int(s["slot_kind"]) == slot_kind
+        ),
+        np.zeros([0], np.float32),
+    ).astype(np.float32)
+    num_slots = slot_init.size if slot_kind >= 0 else 0
+    parts = []
+    for s in shards:
+        rows, raw = s["keys"].shape[0], s["slots"]
+        slots = (
+            raw if raw.ndim == 3 and raw.shape[0] == rows else np.zeros([rows, 0, dim], np.float32)
+        )
+        if slots.shape[1] != num_slots:
+            slots = np.broadcast_to(slot_init[None, :, None], (rows, num_slots, dim))
+        parts.append(slots.astype(np.float32))
+    return np.concatenate(parts), slot_kind, slot_init
+
+
+def _require_eager(what, names):
+    if not tf.executing_eagerly():
+        raise RuntimeError(
+            f"sok.{what} runs eagerly (TF2); in TF1 graphs use tf.compat.v1.train.Saver"
+        )
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(
+            f"sok.{what}: several variables are named {twice}; each variable is stored under "
+            "its name, so give them distinct names (name=...)"
+        )
+
+
+def _plain_slots(variables, optimizer, create):
+    """[(slot, primary, slot name)] of the program's own optimizer (not a sok.OptimizerWrapper) for
+    static tables and other tf.Variables: SOK 2.x programs train those with a plain optimizer."""
+    flavor = generic_optimizer.optimizer_flavor(optimizer)
+    if flavor is None:
+        raise TypeError(
+            "sok.dump/load: optimizer must be a tf.compat.v1.train, Keras or tf_keras (legacy) "
+            f"optimizer or a sok.OptimizerWrapper, got {type(optimizer).__name__}"
+        )
+    dynamic = [tables.table_name(v) for v in variables if isinstance(v, EmbeddingVariable)]
+    if dynamic:
+        # Only the wrapper knows a dynamic table's slots (the optimizer never sees its rows).
+        raise TypeError(
+            f"sok.dump/load: the dynamic tables {dynamic} are trained through sok.OptimizerWrapper; "
+            f"pass that wrapper, not the {type(optimizer).__name__} it wraps, to dump or load "
+            "their optimizer slots"
+        )
+    if create and flavor in ("v1", "keras_legacy"):
+        (compat.v1_create_slots if flavor == "v1" else compat.keras_legacy_create_slots)(
+            optimizer, variables
+        )
+    elif create and variables and not generic_optimizer.optimizer_built(optimizer):
+        # A Keras optimizer creates every slot in build; slots loaded before would be lost.
+        raise ValueError(
+            f"sok.load: the {type(optimizer).__name__} is not built yet, so its slots do not "
+            "exist; call optimizer.build(<every variable it trains>) before loading its slots"
+        )
+    out = []
+    for var in variables:
+        try:
+            found = generic_optimizer.optimizer_slots(optimizer, flavor, var)
+        except KeyError:  # a legacy optimizer's get_slot of a variable it never updated
+            found = {}
+        # tf_keras names a slot built inside apply_gradients "<optimizer>/<slot>" and one built
+        # by build() "<slot>": the dump keeps the slot's own name so either loads the other.
+        out.extend((slot, var, name.rsplit("/", 1)[-1]) for name, slot in sorted(found.items()))
+    return out
+
+
+def _with_slots(variables, optimizer, create):
+    """[(variable, target, directory name)]: the variables, then the optimizer's slots of them
+    ("<variable>/<slot>", placed like their variable). Slots stored in an Embedding Variable's
+    rows are part of its shard anyway."""
+    entries = [(v, tables.target_of(v), _dir_name(tables.table_name(v))) for v in variables]
+    if optimizer is None:
+        return entries
+    if hasattr(optimizer, "sok_slot_variables"):
+        found = optimizer.sok_slot_variables(variables, create=create)
+    else:
+        found = _plain_slots(variables, optimizer, create)
+    for slot, var, slot_name in found:
+        name = _dir_name(f"{tables.table_name(var)}/{slot_name}")
+        entries.append((slot, tables.target_of(var), name))
+    return entries
+
+
+def _check_no_slot_left(path, variables, optimizer, entries):
+    """A plain optimizer loads the slots it has; a dumped slot it lacks for a variable (a Keras
+    optimizer built without that variable) is an error, not skipped."""
+    loaded = {n for _, _, n in entries}
+    names = {n.rsplit("/", 1)[-1] for _, _, n in _plain_slots(variables, optimizer, False)}
+    for var in variables:
+        table = tables.table_name(var)
+        for slot in sorted(names):
+            d = _dir_name(f"{table}/{slot}")
+            if d not in loaded and os.path.isdir(os.path.join(path, d)):
+                raise ValueError(
+                    f"sok.load: {path} holds the '{slot}' slot of '{table}' but the "
+                    f"{type(optimizer).__name__} has none for it: build the optimizer with that "
+                    "variable before loading"
+                )
+
+
+def dump(path: str, variables: Iterable, optimizer=None) -> None:
+    """Writes this rank's shard of each variable under `path`; with `optimizer` also the
+    optimizer's slots of them (each under its own name, e.g. "<table>/<slot>", sharded as its
+    table). `optimizer` is a sok.OptimizerWrapper or, for static tables (sok.Variable) and other
+    tf.Variables, the program's own optimizer (tf.compat.v1.train, Keras 3, tf_keras or its
+    legacy optimizers), as in SOK 2.x. Slots stored in an Embedding Variable's rows are always
+    included."""
+    _require_eager("dump", [])
+    entries = _with_slots(list(variables), optimizer, create=False)
+    _require_eager("dump", [n for _, _, n in entries])
+    rank, world = context.rank, context.world_size
+    _barrier("sok_dump_start")  # no rank may still be reading a dump that rank 0 now replaces
+    for var, target, name in entries:
+        d = os.path.join(path, name)
+        os.makedirs(d, exist_ok=True)
+        if rank == 0:  # shards of an earlier dump with another world size would mix in at load
+            for f in glob.glob(os.path.join(d, "rank*-of-*.npz")):
+                m = _SHARD.search(os.path.basename(f))
+                if m and int(m.group(2)) != world:
+                    os.remove(f)
+        if isinstance(var, EmbeddingVariable):
+            arrays = {f: t.numpy() for f, t in var.snapshot().items()}
+            arrays["keys"] = arrays["keys"].astype(np.int64)
+            values = arrays["values"]
+        else:
+            values = var.numpy()
+            keys = tables.global_key(
+                np.arange(values.shape[0], dtype=np.int64), target, world, rank
+            )
+            if world > 1 and target >= 0 and target != rank:
+                keys = keys[:0]
+            arrays = dict(keys=keys, values=values)
+        arrays["dim"] = np.int64(values.shape[1] if values.ndim == 2 else 0)
+        np.savez(os.path.join(d, f"rank{rank}-of-{world}.npz"), **arrays)
+    _barrier("sok_dump_end")  # every shard is written when dump returns on any rank
+
+
+def _barrier(name):
+    if context.hvd is not None and context.world_size > 1:
+        context.hvd.allreduce(tf.constant(0), name=name)
+
+
+def load(path: str, variables: Iterable, optimizer=None) -> None:
+    """Reads every shard of each variable and keeps the keys this rank owns now; with `optimizer`
+    also its slots of them (created first where they do not exist yet)."""
+    _require_eager("load", [])
+    variables = list(variables)
+    entries = _with_slots(variables, optimizer, create=True)
+    _require_eager("load", [n for _, _, n in entries])
+    if optimizer is not None and not hasattr(optimizer, "sok_slot_variables"):
+        _check_no_slot_left(path, variables, optimizer, entries)
+    for var, target, name in entries:
+        files = _shard_files(path, name)
+        shards = [_read_shard(f, name) for f in files]
+        dim = var.embedding_dim if isinstance(var, EmbeddingVariable) else int(var.shape[-1])
+        for f, s in zip(files, shards):
+            if int(s["dim"]) != dim:
+                raise ValueError(f"sok.load: '{name}' has dimension {dim} but {f} holds "
+                                 f"dimension {int(s['dim'])}")
+        keys = np.concatenate([s["keys"] for s in shards])
+        values = np.concatenate([s["values"].reshape(-1, dim) for s in shards])
+        mine = _owned(keys, target, name)
+        if isinstance(var, EmbeddingVariable):
+            # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
+            validation.check_key_dtype_fits(
+                keys[mine], var.key_dtype, name, f"sok.load from {path}"
+            )
+            slots, slot_kind, slot_init = _ev_slots(shards, dim, name)
+            var.import_snapshot(
+                {
+                    "keys": tf.constant(keys[mine]),
+                    "values": tf.constant(values[mine]),
+                    "slots": tf.constant(slots[mine]),
+                    "freqs": tf.constant(np.concatenate([s["freqs"] for s in shards])[mine]),
+                    "versions": tf.constant(np.concatenate([s["versions"] for s in shards])[mine]),
+                    "slot_kind": tf.constant(slot_kind, tf.int32),
+                    "slot_init": tf.constant(slot_init, tf.float32),
+                }
+            )
+        else:
+            local = tables.local_row(keys[mine], target, context.world_size)
+            current = var.numpy()
+            if local.size and local.max() >= current.shape[0]:
+                raise ValueError(
+                    f"sok.load: '{name}' holds row {int(local.max())} but the local "
+                    f"shard has {current.shape[0]} rows"
+                )
+            current[local] = values[mine]
+            var.assign(current)

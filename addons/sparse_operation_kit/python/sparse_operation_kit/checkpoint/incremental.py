@@ -1,0 +1,172 @@
+"""NVIDIA SOK 2.x's incremental dump: the rows of Embedding Variables (sok.DynamicVariable)
+updated since a point of training, and loading such increments onto a table.
+
+The clock is the optimizer step, not wall-clock time. Every optimizer update of a row records in
+the row's `versions` field the step it ran at: the wrapped Keras optimizer's `iterations` before
+the step, or for tf.compat.v1 optimizers and sok.SGD SOK's own step counter (0, 1, 2, ...).
+`sok.update_step(optimizer)` is the number the next update will record, so
+
+    since = sok.update_step(optimizer)      # SOK 2.x: since = datetime.now(pytz.utc)
+    ... train ...
+    keys, values = sok.incremental_model_dump(tables, since)
+
+gives exactly the rows those steps updated. Rows that were only read (inserted) or written with
+sok.assign / scatter_* keep the step of their last optimizer update (0 for never-updated rows),
+so `since=0` gives every row.
+"""
+import os
+from collections.abc import Iterable
+
+import numpy as np
+import tensorflow as tf
+
+from sparse_operation_kit.checkpoint.dump import (  # one shard format: sok.dump's
+    _barrier,
+    _dir_name,
+    _ev_slots,
+    _owned,
+    _read_shard,
+    _require_eager,
+    _shard_files,
+)
+from sparse_operation_kit.runtime.context import context
+from sparse_operation_kit.runtime.schema import EXPORT_FIELDS
+from sparse_operation_kit.tables import tables, validation
+from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
+
+_PER_ROW = ("keys", "values", "slots", "freqs", "versions")
+
+
+def update_step(optimizer):
+    """The step number the next update by `optimizer` (a sok.OptimizerWrapper, its Keras form,
+    or sok.SGD) records in the rows it updates: an int (eager) or an int64 tensor (graphs)."""
+    step = getattr(optimizer, "sok_optimizer_step", None)  # fused path of v1 optimizers, sok.SGD
+    if step is None:  # generic path of v1 optimizers
+        step = getattr(getattr(optimizer, "sok_slots", None), "step", None)
+    if step is None and not isinstance(getattr(optimizer, "optimizer", None),
+                                       tf.compat.v1.train.Optimizer):
+        step = getattr(optimizer, "iterations", None)  # Keras: the wrapped optimizer's counter
+    if step is None:  # no update yet: the first one records step 0
+        return 0 if tf.executing_eagerly() else tf.constant(0, tf.int64)
+    value = tf.cast(tf.convert_to_tensor(step), tf.int64)
+    return int(value.numpy()) if tf.executing_eagerly() else value
+
+
+def _check_since(since):
+    if isinstance(since, (bool, np.bool_)) or not isinstance(since, (int, np.integer)):
+        raise TypeError(
+            "sok.incremental_model_dump: `since` is an optimizer step (an int, e.g. "
+            f"sok.update_step(optimizer) read before the steps), got {type(since).__name__} "
+            f"{since!r}; SOK records the step of each row's last update, not a wall-clock time"
+        )
+    return int(since)
+
+
+def _tables(variables, what):
+    variables = list(variables) if isinstance(variables, Iterable) else [variables]
+    for var in variables:
+        if not isinstance(var, EmbeddingVariable):
+            raise TypeError(
+                f"sok.{what}: '{getattr(var, 'name', var)}' is a {type(var).__name__}, which records "
+                "no update steps; increments hold sok.DynamicVariable / Embedding Variable rows "
+                "(save static tables with sok.dump)"
+            )
+    return variables
+
+
+def _gather_ranks(arrays):
+    """Every rank's arrays concatenated in rank order (one process: as they are)."""
+    if context.hvd is None or context.world_size == 1:
+        return arrays
+    if not tf.executing_eagerly():
+        raise RuntimeError("sok.incremental_model_dump under Horovod runs eagerly (TF2)")
+    return np.concatenate(context.hvd.allgather_object(arrays), axis=0)
+
+
+def incremental_model_dump(variables, since, sess=None, path=None):
+    """(keys, values): for each variable, numpy arrays of the keys whose rows an optimizer update
+    changed at step `since` or later, and those rows (under Horovod: of every rank).
+
+    sess: the tf.compat.v1.Session to read the tables in (TF1 graphs). path: also write this
+    rank's part of the increment (rows with their optimizer slots, frequencies and steps) under
+    `path`, in sok.dump's layout; sok.incremental_model_load applies it onto a table.
+    """
+    since = _check_since(since)
+    variables = _tables(variables, "incremental_model_dump")
+    if tf.executing_eagerly():
+        snapshots = [{f: t.numpy() for f, t in v.snapshot().items()} for v in variables]
+    elif sess is None:
+        raise ValueError("sok.incremental_model_dump in a TF1 graph: pass the session (sess=...)")
+    else:
+        snapshots = sess.run([v.snapshot() for v in variables])
+    increments = []
+    for snap in snapshots:
+        changed = snap["versions"] >= since
+        increments.append({f: snap[f][changed] if f in _PER_ROW else snap[f] for f in EXPORT_FIELDS})
+    if path is not None:
+        _write(path, variables, increments, since)
+    keys = [_gather_ranks(inc["keys"].astype(np.int64)) for inc in increments]
+    values = [_gather_ranks(inc["values"]) for inc in increments]
+    return keys, values
+
+
+def _write(path, variables, increments, since):
+    names = [_dir_name(tables.table_name(v)) for v in variables]
+    _require_eager("incremental_model_dump(path=...)", names)
+    rank, world = context.rank, context.world_size
+    _barrier("sok_incremental_dump_start")
+    for var, name, inc in zip(variables, names, increments):
+        d = os.path.join(path, name)
+        os.makedirs(d, exist_ok=True)
+        arrays = dict(inc, keys=inc["keys"].astype(np.int64), dim=np.int64(var.embedding_dim),
+                      since_step=np.int64(since))
+        np.savez(os.path.join(d, f"rank{rank}-of-{world}.npz"), **arrays)
+    _barrier("sok_incremental_dump_end")
+
+
+def incremental_model_load(path, variables):
+    """Applies the increment (or full sok.dump) under `path` onto each variable: its rows replace
+    the rows of the same keys, with their slots, frequencies and steps; other rows stay. Under
+    Horovod every rank keeps the keys it owns. Runs eagerly (TF2)."""
+    variables = _tables(variables, "incremental_model_load")
+    names = [_dir_name(tables.table_name(v)) for v in variables]
+    _require_eager("incremental_model_load", names)
+    for var, name in zip(variables, names):
+        files = _shard_files(path, name)
+        shards = [_read_shard(f, name) for f in files]
+        for f, s in zip(files, shards):
+            if int(s["dim"]) != var.embedding_dim:
+                raise ValueError(
+                    f"sok.incremental_model_load: '{name}' has dimension {var.embedding_dim} but "
+                    f"{f} holds dimension {int(s['dim'])}"
+                )
+        current = {f: t.numpy() for f, t in var.snapshot().items()}
+        current["keys"] = current["keys"].astype(np.int64)
+        mine = [_owned(s["keys"], var.target_gpu, name) for s in shards]
+        shards = [{f: s[f][m] if f in _PER_ROW else s[f] for f in EXPORT_FIELDS}
+                  for s, m in zip(shards, mine)]
+        validation.check_key_dtype_fits(
+            np.concatenate([s["keys"] for s in shards]), var.key_dtype, name,
+            f"sok.incremental_model_load from {path}")
+        var.import_snapshot(_upsert(current, shards, var.embedding_dim, name))
+
+
+def _upsert(current, shards, dim, name):
+    """The table's rows with the increment's rows in place of those of the same keys (a later
+    shard's row wins)."""
+    parts = [current] + shards
+    slots, slot_kind, slot_init = _ev_slots(parts, dim, name)
+    keys = np.concatenate([p["keys"] for p in parts])
+    # The last row of each key: unique over the reversed order finds last occurrences.
+    _, last_reversed = np.unique(keys[::-1], return_index=True)
+    pick = np.sort(keys.size - 1 - last_reversed)
+    merged = {
+        "keys": keys[pick],
+        "values": np.concatenate([p["values"].reshape(-1, dim) for p in parts])[pick],
+        "slots": slots[pick],
+        "freqs": np.concatenate([p["freqs"] for p in parts])[pick],
+        "versions": np.concatenate([p["versions"] for p in parts])[pick],
+        "slot_kind": np.int32(slot_kind),
+        "slot_init": np.asarray(slot_init, np.float32),
+    }
+    return {f: tf.constant(v) for f, v in merged.items()}

@@ -1,0 +1,386 @@
+"""lookup_sparse: fused pooled lookups over many tables, one pipeline for one process and N ranks.
+
+    ids of every table -> dedup (one row per distinct key; inverse maps ids back)
+                       -> exchange.fetch_rows: rows of the distinct keys (owners look them up;
+                          training inserts new keys, evaluation never does)
+                       -> pooled combine per sample (sum / mean / sqrtn, optional weights)
+
+Gradients flow back the same way: per-sample gradient -> per-distinct-key gradient ->
+(exchange) -> tf.IndexedSlices keyed by id on the owning table.
+"""
+import contextlib
+from collections.abc import Sequence
+from typing import NamedTuple, Union
+
+import tensorflow as tf
+
+from sparse_operation_kit.parallel import exchange, partitioned
+from sparse_operation_kit.runtime import compat
+from sparse_operation_kit.runtime._ops import ops
+from sparse_operation_kit.runtime.context import context
+from sparse_operation_kit.serving import serving
+from sparse_operation_kit.tables import uniqueness, validation
+from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.tables.tables import table_name
+
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+def _on_device_of(params):
+    """Runs SOK's lookup steps where the tables live. Without it TensorFlow may pin an op with small
+    integer inputs (a small batch's ids) to the CPU and send the rows through the host and back."""
+    if tf.executing_eagerly():
+        devices = {getattr(p, "device", "") for p in params} - {"", None}
+        return tf.device(devices.pop()) if len(devices) == 1 else contextlib.nullcontext()
+    first = params[0]
+    return tf.compat.v1.colocate_with(first.handle if hasattr(first, "handle") else first)
+
+
+def _ragged_dense_shape(row_splits):
+    """[1] int64: the row count of a RaggedTensor (its "dense shape" for SokUniqueKeys, a host
+    memory input). tf.shape's GPU kernel leaves the shape in host memory; the subtraction runs on
+    the CPU, as on the GPU it would put the count in device memory and cost a copy to the host in
+    every step."""
+    splits = tf.shape(row_splits, out_type=tf.int64)
+    with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device("/CPU:0"):
+        return splits - 1
+
+
+@compat.register_gradient("SokPooledCombine")
+def _pooled_combine_grad(op, *grads):
+    n, m = op.get_attr("N"), op.get_attr("M")
+    inverse, segments, weights = (op.inputs[i * n:(i + 1) * n] for i in range(1, 4))
+    orders = op.inputs[4 * n:4 * n + m]
+    grads = grads[:n]  # the last output, num_rows (the rows' dim 0, in host memory), has none
+    num_rows = op.outputs[n]
+    # The gradient runs where the forward ran (see _on_device_of).
+    if isinstance(op, tf.Operation):  # graphs (TF1, tf.function)
+        where = tf.compat.v1.colocate_with(op)
+    else:  # eager tape: next to the incoming gradient
+        where = tf.device(next((g.device for g in grads if g is not None), None))
+    with where:
+        row_grads = ops.sok_pooled_combine_grad(
+            list(grads),
+            list(inverse),
+            list(segments),
+            list(weights),
+            list(orders),
+            num_rows,
+            combiners=op.get_attr("combiners"),
+            table_names=op.get_attr("table_names"),
+            segments_checked=op.get_attr("segments_checked"),
+        )
+    return list(row_grads) + [None] * (3 * n + m) + [None]
+
+
+@compat.register_gradient("SokEmbeddingVariableGather")
+def _gather_grad(op, *grads):
+    n = op.get_attr("N")
+    keys = op.inputs[n:2 * n]
+    slices = [tf.IndexedSlices(g, k) for g, k in zip(grads, keys)]
+    return slices + [None] * (2 * n)
+
+
+tf.no_gradient("SokUniqueKeys")
+tf.no_gradient("SokPooledCombineGrad")
+tf.no_gradient("SokEmbeddingVariableSparseApply")
+
+
+# tf.nn.embedding_lookup(ev, ids) converts params that are no tf.Variable to a tensor, which an
+# Embedding Variable has not: dispatch on the EV to its sparse_read (gradient: IndexedSlices by id).
+compat.register_dispatchable_type(EmbeddingVariable)
+# dispatch_for_api reads typing annotations (typing.Union, not "X | Y").
+# An Embedding Variable, a partitioned one (compat-registered in partitioned.py), or a list of one EV.
+_TABLES = (EmbeddingVariable, partitioned.PartitionedEmbeddingVariable, list[EmbeddingVariable])
+_EV_PARAMS = {"params": Union[_TABLES]}  # noqa: UP007
+
+
+def _embedding_lookup_ev(params, ids, max_norm):
+    if isinstance(params, (list, tuple)):
+        if len(params) != 1:
+            raise ValueError(
+                f"tf.nn.embedding_lookup: a list of {len(params)} Embedding Variables is not "
+                "supported; an Embedding Variable is one unpartitioned table"
+            )
+        params = params[0]
+    if isinstance(ids, tf.RaggedTensor):
+        return tf.ragged.map_flat_values(lambda k: _embedding_lookup_ev(params, k, max_norm), ids)
+    ids = tf.convert_to_tensor(ids)
+    rows = params.sparse_read(ids)
+    if max_norm is not None:
+        rows = tf.clip_by_norm(rows, max_norm, axes=[rows.shape.rank - 1])
+    return rows
+
+
+@tf.experimental.dispatch_for_api(tf.nn.embedding_lookup, _EV_PARAMS)
+def _embedding_lookup_v2(params, ids, max_norm=None, name=None):
+    with tf.name_scope(name or "embedding_lookup"):
+        return _embedding_lookup_ev(params, ids, max_norm)
+
+
+@tf.experimental.dispatch_for_api(tf.compat.v1.nn.embedding_lookup, _EV_PARAMS)
+def _embedding_lookup_v1(params, ids, partition_strategy="mod", name=None, validate_indices=True,
+                         max_norm=None):
+    with tf.name_scope(name or "embedding_lookup"):
+        return _embedding_lookup_ev(params, ids, max_norm)
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _is_dense(ids):
+    return isinstance(ids, (tf.Tensor, tf.Variable))
+
+
+def _flatten_ids(ids, name, dense_shape=None, explicit_segments=False, empty=None):
+    """(keys, segment ids, positions, dense shape: dim 0 the batch size) of a
+    SparseTensor, a RaggedTensor or a dense tensor of k ids per sample ([batch] for k = 1, or
+    [batch, k]; every entry is an id; `dense_shape` is its tf.shape). SokUniqueKeys checks the
+    positions [n, rank] lie within the dense shape [rank] (a RaggedTensor's: the sample of each
+    id as [n, 1] within [batch]). Dense ids need neither checks nor segment ids: positions [0, 0]
+    and empty segment ids (the ops' mark for "k = n / batch ids per sample, in order"), and their
+    shape as the dense shape (SokUniqueKeys reads the batch from it); a SparseTensor's segment ids
+    are its indices [n, rank] (the ops read column 0). Unless `explicit_segments` (the stock-op
+    serving graph) asks for the sample of each id as [n]. `empty`: those marks ([0] segment ids,
+    [0, 0] positions), made once per lookup."""
+    if _is_dense(ids):
+        if ids.shape.rank not in (1, 2):
+            raise ValueError(f"lookup_sparse: dense ids of table '{name}' must be [batch] (one id "
+                             f"per sample) or [batch, k] (k ids per sample), got shape {ids.shape}")
+        keys = tf.reshape(ids, [-1])
+        if explicit_segments:
+            segments = tf.range(tf.size(keys, out_type=tf.int64), dtype=tf.int64)
+            if ids.shape.rank == 2:
+                k = ids.shape[1] if ids.shape[1] is not None else tf.maximum(dense_shape[1], 1)
+                segments = segments // k if k != 1 else segments
+        else:
+            segments = empty[0]
+        return keys, segments, empty[1], dense_shape
+    if isinstance(ids, tf.SparseTensor):
+        # The pooled ops read the samples from column 0 of the indices themselves.
+        segments = ids.indices[:, 0] if explicit_segments else ids.indices
+        return ids.values, segments, ids.indices, ids.dense_shape
+    if isinstance(ids, tf.RaggedTensor):
+        if ids.ragged_rank != 1:
+            ids = ids.merge_dims(1, -1)
+        rows = tf.cast(ids.value_rowids(), tf.int64)
+        shape = _ragged_dense_shape(ids.row_splits)
+        return ids.values, rows, tf.reshape(rows, [-1, 1]), shape
+    raise TypeError(
+        f"lookup_sparse: ids of table '{name}' must be a tf.SparseTensor, a tf.RaggedTensor or a "
+        f"[batch] / [batch, k] tensor, got {type(ids).__name__}"
+    )
+
+
+def _flatten_weights(weights, name):
+    if isinstance(weights, (tf.Tensor, tf.Variable)):  # dense ids: weights of their shape
+        values = tf.reshape(weights, [-1])
+    elif isinstance(weights, tf.SparseTensor):
+        values = weights.values
+    elif isinstance(weights, tf.RaggedTensor):
+        values = weights.flat_values
+    else:
+        raise TypeError(f"lookup_sparse: weights of table '{name}' must be a tf.SparseTensor or "
+                        f"tf.RaggedTensor like its ids, got {type(weights).__name__}")
+    if values.dtype != tf.float32:
+        raise TypeError(
+            f"lookup_sparse: weights of table '{name}' must be float32, got {values.dtype.name}"
+        )
+    return values
+
+
+def _key_dtype(param):
+    if isinstance(param, (EmbeddingVariable, partitioned.PartitionedEmbeddingVariable)):
+        return param.key_dtype
+    return None  # static tables take int32 or int64 ids
+
+
+# How a collective that not every rank joined ends: Horovod's stall shutdown, or SOK's NCCL wait
+# that timed out (core/cuda/collectives.cu).
+_DIVERGED = {
+    "Horovod has been shut down": "Horovod has been shut down",
+    "the NCCL communicator is aborted": "the NCCL communicator was aborted",
+    "NCCL failed on rank": "NCCL failed",
+}
+
+
+def _diverged(error, call_name, names):
+    """The error of an exchange that not every rank completed (ranks diverged), naming the call."""
+    why = next((w for k, w in _DIVERGED.items() if k in str(error)), None)
+    if why is None:
+        return error
+    waited = context.collective_timeout_s
+    return RuntimeError(
+        f"lookup_sparse '{call_name or 'sok_lookup_sparse'}' over tables {names} on rank "
+        f"{context.rank}: its exchange did not complete on every rank"
+        + (f" within {waited:g} s" if waited else "")
+        + f": {why}. The ranks diverged: one skipped this call or made a different "
+        "collective, or died or stalled."
+    )
+
+
+def _unique_keys(keys, positions, dense_shapes, names):
+    """SokUniqueKeys with its checks of the ids' positions (all tables at once). Eager inputs
+    outside their dense shape raise a ValueError, as the other eager input checks do."""
+    n = len(keys)
+    try:
+        return ops.sok_unique_keys(keys, positions, dense_shapes, N=n, table_names=names)
+    except tf.errors.InvalidArgumentError as e:
+        start = e.message.find("lookup_sparse: ids of table")
+        if not tf.executing_eagerly() or start < 0:
+            raise
+        raise ValueError(e.message[start:].split(" [Op:")[0]) from e
+
+
+def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str] | None = None,
+                  training: bool = True, name: str | None = None) -> tf.Tensor | list[tf.Tensor]:
+    """Pooled embeddings of many tables in one call.
+
+    params: a table or a list of tables (sok.EmbeddingVariable / DynamicVariable, a partitioned
+      Embedding Variable, sok.Variable, tf.Variable). sp_ids: per table a tf.SparseTensor /
+      tf.RaggedTensor of ids ([batch, None]), or a dense [batch] / [batch, k] tensor (k ids per
+      sample, every entry an id).
+    sp_weights: None, or per table None or weights shaped like the ids. combiners: "sum", "mean"
+    or "sqrtn" per table (default "sum"). training: True inserts unseen keys into Embedding
+    Variables (and counts frequencies); False reads them without inserting.
+    Returns a [batch, dim] tensor per table (a single tensor if `params` was not a list).
+    """
+    single = not isinstance(params, (list, tuple))
+    params, sp_ids, weights_list, combiners, names = _checked_inputs(
+        params, sp_ids, sp_weights, combiners
+    )
+    with tf.name_scope(name or "sok_lookup_sparse"):
+        flat = _flat_inputs(params, sp_ids, weights_list, names)
+        if serving.active():  # save_stock_saved_model is tracing: stock ops on frozen tables
+            outs = serving.pooled_lookup(params, flat.keys, flat.segments,
+                                         [shape[0] for shape in flat.dense_shapes], flat.weights,
+                                         combiners)
+            return outs[0] if single else outs
+        tables = partitioned.flat_tables(params)
+        unique, inverse, counts, orders, batch_sizes = _dedup(tables, flat, names, training)
+        rows = _fetch(params, unique, counts, training, name, names)
+        outs = _pool(tables, rows, inverse, flat, orders, batch_sizes, combiners, names)
+    return outs[0] if single else list(outs)
+
+
+def _checked_inputs(params, sp_ids, sp_weights, combiners):
+    """(params, ids, weights, combiners, table names), one of each per table, checked."""
+    params, sp_ids = _as_list(params), _as_list(sp_ids)
+    n = len(params)
+    if len(sp_ids) != n:
+        raise ValueError(f"lookup_sparse: {n} tables but {len(sp_ids)} id tensors")
+    if combiners is None:
+        combiners = ["sum"] * n
+    combiners = _as_list(combiners)
+    if len(combiners) != n:
+        raise ValueError(f"lookup_sparse: {n} tables but {len(combiners)} combiners")
+    weights_list = [None] * n if sp_weights is None else _as_list(sp_weights)
+    if len(weights_list) != n:
+        raise ValueError(f"lookup_sparse: {n} tables but {len(weights_list)} weight tensors")
+    names = [table_name(p) for p in params]
+    # SokUniqueKeys checks the ids' indices; the stock-op serving graph has no SokUniqueKeys.
+    sp_ids, weights_list = validation.check_lookup_inputs(
+        params, sp_ids, weights_list, names, ids_within_dense_shape=serving.active() is not None
+    )
+    for c, nm in zip(combiners, names):
+        if c not in COMBINERS:
+            raise ValueError(f"lookup_sparse: unknown combiner '{c}' for table '{nm}' "
+                             f"(expected one of {', '.join(COMBINERS)})")
+    return params, sp_ids, weights_list, combiners, names
+
+
+class _FlatInputs(NamedTuple):
+    """Per table: its ids as keys [n], segment ids, weights [n] (or [0]), positions and dense
+    shape (see _flatten_ids), as the ops take them (int64, float32 weights)."""
+
+    keys: list
+    segments: list
+    weights: list
+    positions: list
+    dense_shapes: list
+
+
+def _flat_inputs(params, sp_ids, weights_list, names):
+    """The ids and weights of every table flattened for the ops (_FlatInputs)."""
+    # The shapes of every dense id tensor in one op (its GPU kernel leaves them on the host).
+    sp_ids = [tf.convert_to_tensor(i) if isinstance(i, tf.Variable) else i for i in sp_ids]
+    dense = [i for i in sp_ids if _is_dense(i) and i.shape.rank in (1, 2)]
+    dense_shape_of = dict(zip(map(id, dense), tf.shape_n(dense, out_type=tf.int64)
+                              if dense else []))
+    # The ops take a dense table's shape as its "dense shape" (unchecked: positions [0, 0]
+    # mark it) and SokUniqueKeys gives every table's dim 0 to SokPooledCombine.
+    empty = (tf.zeros([0], tf.int64), tf.zeros([0, 0], tf.int64), tf.zeros([0], tf.float32))
+    flat = _FlatInputs([], [], [], [], [])
+    for p, ids, w, nm in zip(params, sp_ids, weights_list, names):
+        k, s, pos, shape = _flatten_ids(ids, nm, dense_shape_of.get(id(ids)),
+                                        explicit_segments=bool(serving.active()),
+                                        empty=empty)
+        _check_key_dtype(p, k, nm)
+        flat.keys.append(k)
+        flat.segments.append(tf.cast(s, tf.int64))
+        flat.weights.append(empty[2] if w is None else _flatten_weights(w, nm))
+        flat.positions.append(tf.cast(pos, tf.int64))
+        flat.dense_shapes.append(tf.cast(shape, tf.int64))
+    return flat
+
+
+def _check_key_dtype(param, keys, name):
+    if keys.dtype not in (tf.int32, tf.int64):
+        raise TypeError(
+            f"lookup_sparse: ids of table '{name}' must be int32 or int64, got {keys.dtype.name}"
+        )
+    want = _key_dtype(param)
+    if want is not None and keys.dtype != want:
+        raise TypeError(
+            f"lookup_sparse: table '{name}' has key dtype {want.name}, but its ids are "
+            f"{keys.dtype.name}"
+        )
+
+
+def _dedup(tables, flat, names, training):
+    """SokUniqueKeys over every table: (unique keys, inverse, counts, sample orders, batch
+    sizes), one of each per table."""
+    with _on_device_of(tables):
+        unique, inverse, counts, orders, batch_sizes = _unique_keys(flat.keys, flat.positions,
+                                                                    flat.dense_shapes, names)
+    # A training Gather of these keys inserts them (the update's keys when they reach it as
+    # they are: one process, unpartitioned tables).
+    uniqueness.declare_distinct(unique, inserted=bool(training))
+    return unique, inverse, counts, orders, batch_sizes
+
+
+def _fetch(params, unique, counts, training, call_name, names):
+    """The rows of the distinct keys of every table (through the exchange over ranks)."""
+    try:
+        return partitioned.fetch_rows(
+            params, list(unique), list(counts), training=training, names=names
+        )
+    except tf.errors.OpError as e:  # eager: name the call whose exchange never completed
+        diverged = _diverged(e, call_name, names)
+        if diverged is e:
+            raise
+        raise diverged from e
+
+
+def _pool(tables, rows, inverse, flat, orders, batch_sizes, combiners, names):
+    """SokPooledCombine: each table's rows combined per sample ([batch, dim] per table)."""
+    with _on_device_of(tables):
+        # SokUniqueKeys checked every position and gives each table's sample order.
+        outs, _ = ops.sok_pooled_combine(rows, list(inverse), flat.segments, flat.weights,
+                                         list(orders), batch_sizes, segments_checked=True,
+                                         combiners=combiners, table_names=names)
+    return outs
+
+
+def all2all_dense_embedding(param, indices) -> tf.Tensor:
+    """NVIDIA SOK 2.x's all2all_dense_embedding: rows of `indices` (any shape) from a table
+    sharded over ranks, differentiable, returned in the shape of `indices` + [dim]."""
+    indices = tf.convert_to_tensor(indices)
+    flat = tf.reshape(indices, [-1])
+    unique, inverse, counts, _, _ = ops.sok_unique_keys([flat], [], [], N=1)
+    uniqueness.declare_distinct(unique)
+    rows = exchange.fetch_rows([param], [unique[0]], [counts[0]], True, [table_name(param)])[0]
+    out = tf.gather(rows, inverse[0])
+    dim = tf.shape(rows)[1:]
+    return tf.reshape(out, tf.concat([tf.shape(indices), dim], 0))

@@ -1,0 +1,438 @@
+"""Any TensorFlow / Keras optimizer on the touched rows of Embedding Variables.
+
+Optimizers without a fused SOK kernel (Momentum, RMSProp, Adadelta, AdagradDA, ProximalAdagrad,
+Keras's dense Adam, Lion, ...) run their own update on a *scratch* variable:
+
+  1. each table gets a scratch tf.Variable of [max_touched_rows, dim] that the wrapped optimizer
+     knows like any other variable (it creates its own slots for it, once);
+  2. a step sums the gradient of repeated ids (as tf.compat.v1 optimizers do), gathers the
+     touched rows and their slots into the first n rows of the scratch and of its slots, and
+     hands the wrapped optimizer the gradient as tf.IndexedSlices over rows 0..n-1, together
+     with the gradients of every other variable: one call, so step counters (Keras iterations,
+     Adam's beta powers) move once per step;
+  3. the first n rows of the scratch and its slots are written back to the table and its slots.
+
+Slots live in a per-table *slot store*: one Embedding Variable per slot, keyed like the table
+("<table>/<slot>"), whose new keys start at the slot's initial value (e.g. Adagrad's
+initial_accumulator_value). `optimizer.get_slot(table, name)` returns it, as DeepRec does.
+
+Semantics: touched rows only. tf.compat.v1 optimizers update sparse gradients lazily anyway, so
+they match the same optimizer on a tf.Variable exactly. Keras optimizers update every row of a
+tf.Variable (e.g. momentum decays rows without gradient); on a SOK table only the rows a step
+touches move, with their slots (as SOK 2.x and DeepRec do). Rows n.. of the scratch are padding
+that the optimizer may change and that is never written back.
+"""
+
+import itertools
+
+import numpy as np
+import tensorflow as tf
+
+from sparse_operation_kit.optimizers import static_staging
+from sparse_operation_kit.runtime import compat
+from sparse_operation_kit.runtime._ops import ops
+from sparse_operation_kit.runtime.keras_version import keras_optimizer_kind
+from sparse_operation_kit.runtime.schema import Optimizer
+from sparse_operation_kit.tables.embedding_variable import (
+    EmbeddingVariable,
+    EmbeddingVariableOption,
+    InitializerOption,
+)
+
+DEFAULT_MAX_TOUCHED_ROWS = 8192
+_uid = itertools.count()
+
+
+def optimizer_flavor(optimizer):
+    """ "v1" (tf.compat.v1.train), "keras_legacy" (tf_keras.optimizers.legacy), "keras3",
+    "tf_keras" or None."""
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        return "v1"
+    kind = keras_optimizer_kind(optimizer)
+    if kind is not None:
+        return kind
+    try:
+        import tf_keras
+
+        if isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+            return "keras_legacy"
+    except ImportError:
+        pass
+    return None
+
+
+def optimizer_built(optimizer):
+    """True once a Keras 3 / tf_keras optimizer has created its variables (build)."""
+    return bool(getattr(optimizer, "built", False) or getattr(optimizer, "_built", False))
+
+
+def read(var):
+    """A variable's value as a tensor (tf.Variable or Keras 3 variable)."""
+    if isinstance(var, tf.Variable):
+        return var.read_value()
+    return tf.convert_to_tensor(var.value)
+
+
+def assign(var, value):
+    """var = value, as an op in graphs (a tf.Variable's assign returns a lazy read there)."""
+    if isinstance(var, tf.Variable):
+        return var.assign(value, read_value=False)
+    return var.assign(value)
+
+
+def _initial_rows(optimizer, flavor, scratch, slots):
+    """{slot name: the row a slot starts from} (every known optimizer fills a slot with one
+    constant; a row of them is kept as it is).
+
+    Read where nothing restored can have overwritten it: in eager execution Keras optimizers
+    build a fresh copy of themselves (from their config) on an untracked probe variable (their
+    own scratch slots may already hold values restored from a checkpoint); tf.compat.v1 slots of
+    the scratch are fresh (the scratch is no checkpoint dependency); TF1 graphs read the slots'
+    constant initial values."""
+    with tf.init_scope():
+        if not tf.executing_eagerly():
+            rows = {}
+            for name, slot in slots.items():
+                value = tf.get_static_value(slot.initial_value)
+                if value is None:  # an initializer that is no folded constant: evaluate it alone
+                    with tf.compat.v1.Session(graph=slot.initial_value.graph) as sess:
+                        value = sess.run(slot.initial_value)
+                rows[name] = value
+        elif flavor == "v1":
+            rows = {name: read(slot).numpy() for name, slot in slots.items()}
+        else:
+            fresh = type(optimizer).from_config(optimizer.get_config())
+            probe = tf.Variable(
+                tf.zeros([1, scratch.shape[-1]]), trainable=False, name=scratch.name.split(":")[0]
+            )
+            if flavor == "keras_legacy":
+                compat.keras_legacy_create_slots(fresh, [probe])
+            else:
+                fresh.build([probe])
+            rows = {
+                name: read(slot).numpy()
+                for name, slot in optimizer_slots(fresh, flavor, probe).items()
+            }
+    return {
+        name: np.asarray(value, np.float32).reshape(-1, value.shape[-1])[0]
+        for name, value in rows.items()
+    }
+
+
+def _forget_in_graph(variables):
+    """Keeps the scratch variable and its slots out of TF1 Savers and initializers: their
+    content is scratch (every step assigns it before use) and their names are per process."""
+    with tf.init_scope():
+        if tf.executing_eagerly():
+            return
+        graph = tf.compat.v1.get_default_graph()
+        for key in (
+            tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+            tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES,
+        ):
+            collection = graph.get_collection_ref(key)
+            collection[:] = [v for v in collection if not any(v is x for x in variables)]
+
+
+def _slot_table(table, slot_name, row):
+    """The slot store of one slot: an Embedding Variable keyed like `table`."""
+    name = f"{table.name}/{slot_name}"
+    if np.all(row == row[0]):
+        initializer = float(row[0])
+    else:
+
+        def initializer(shape, dtype=tf.float32):
+            return tf.broadcast_to(tf.constant(row, dtype), shape)
+
+    option = EmbeddingVariableOption(
+        init_option=InitializerOption(initializer, default_value_dim=1)
+    )
+    with tf.init_scope():
+        return EmbeddingVariable(
+            name,
+            table.embedding_dim,
+            key_dtype=table.key_dtype,
+            trainable=False,
+            ev_option=option,
+            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES],
+        )
+
+
+class _Table:
+    """A table's scratch variable and its slots: {slot name: (the optimizer's slot of the scratch,
+    the slot store)}."""
+
+    def __init__(self, table, scratch):
+        self.table = table
+        self.scratch = scratch
+        self.slots = {}
+
+
+class GenericSparseUpdater:
+    """The scratch-variable update of SOK tables for one wrapped optimizer (see the module doc).
+
+    `tracker` is a trackable object (the wrapper) that gets the slot stores as checkpoint
+    dependencies.
+    """
+
+    def __init__(self, optimizer, flavor, max_touched_rows=None, tracker=None):
+        self.optimizer = optimizer
+        self.flavor = flavor
+        self.capacity = int(max_touched_rows or DEFAULT_MAX_TOUCHED_ROWS)
+        if self.capacity <= 0:
+            raise ValueError(
+                f"sok.OptimizerWrapper: max_touched_rows must be positive, got {max_touched_rows}"
+            )
+        self._tables = {}
+        self._tracker = tracker
+        self._step = None
+        self.static = static_staging.StaticStager(optimizer, self.flavor, self.capacity)
+
+    # --- creation ---------------------------------------------------------------------------
+    def _check_table(self, table):
+        if table._filter_freq > 0:
+            raise ValueError(
+                f"sok.OptimizerWrapper: table '{table.name}' has a CounterFilter, which only SOK's fused "
+                "optimizers (SGD, Adagrad, Adam, FTRL) honour; the generic path for "
+                f"{type(self.optimizer).__name__} would update keys the filter has not admitted"
+            )
+
+    def scratch_variables(self, tables):
+        """Creates the scratch variables of tables new to this updater; returns them."""
+        new = []
+        for table in tables:
+            if id(table) in self._tables:
+                continue
+            self._check_table(table)
+            # tf.compat.v1 and tf_keras legacy optimizers update through TF kernels that exist
+            # for the CPU only (ResourceSparseApplyMomentum, ...RMSProp, ...AdagradDA, ...): their
+            # scratch (and so their update) lives on the CPU; Keras's own updates run anywhere.
+            device = "/CPU:0" if self.flavor in ("v1", "keras_legacy") else None
+            with tf.init_scope(), tf.device(device):
+                scratch = tf.Variable(
+                    tf.zeros([self.capacity, table.embedding_dim]),
+                    trainable=False,
+                    name=f"sok_scratch_{next(_uid)}",
+                )
+            self._tables[id(table)] = _Table(table, scratch)
+            new.append(scratch)
+        return new
+
+    def create_slots(self):
+        """After the wrapped optimizer created its slots for the scratch variables: a slot store for
+        each of them."""
+        for state in self._tables.values():
+            if state.slots:
+                continue
+            found = self._optimizer_slots(state.scratch)
+            rows = _initial_rows(self.optimizer, self.flavor, state.scratch, found)
+            for slot_name, slot in found.items():
+                store = _slot_table(state.table, slot_name, rows[slot_name])
+                state.slots[slot_name] = (slot, store)
+                if self._tracker is not None:
+                    self._tracker.track_slot(store)
+            _forget_in_graph([state.scratch] + list(found.values()))
+
+    def _optimizer_slots(self, scratch):
+        return optimizer_slots(self.optimizer, self.flavor, scratch)
+
+    def ensure(self, tables):
+        """Scratch variables and slots for `tables` (v1 and legacy Keras optimizers create slots
+        whenever asked; Keras 3 / tf_keras ones are built by the Keras wrapper)."""
+        new = self.scratch_variables(tables)
+        if new:
+            if self.flavor == "v1":
+                compat.v1_create_slots(self.optimizer, new)
+            elif self.flavor == "keras_legacy":
+                compat.keras_legacy_create_slots(self.optimizer, new)
+            self.create_slots()
+
+    # --- access -----------------------------------------------------------------------------
+    def slot(self, table, name):
+        state = self._tables.get(id(table))
+        if state is None or name not in state.slots:
+            return None
+        return state.slots[name][1]
+
+    def has_table(self, table):
+        return id(table) in self._tables
+
+    def slot_names(self):
+        return sorted({n for s in self._tables.values() for n in s.slots})
+
+    def slot_tables(self, tables=None):
+        ids = None if tables is None else {id(t) for t in tables}
+        return [
+            store
+            for key, s in self._tables.items()
+            if ids is None or key in ids
+            for _, store in s.slots.values()
+        ]
+
+    def is_scratch_slot(self, var):
+        return any(
+            var is slot for s in self._tables.values() for slot, _ in s.slots.values()
+        ) or any(var is s.scratch for s in self._tables.values())
+
+    # --- the update -------------------------------------------------------------------------
+    def _step_var(self):
+        if self._step is None:
+            with tf.init_scope():
+                self._step = tf.Variable(
+                    0, dtype=tf.int64, trainable=False, name="sok_generic_optimizer_step"
+                )
+            if self._tracker is not None:
+                self._tracker.track_step(self._step)
+        return self._step
+
+    def apply(self, sparse, dense, apply_fn, step=None):
+        """One step: `apply_fn(pairs)` applies the wrapped optimizer to dense pairs plus the
+        scratch pairs; the touched rows and slots then go back to the tables."""
+        sparse = [(g, v) for g, v in sparse if g is not None]
+        self.ensure([v for _, v in sparse])
+        staged, deps, finish = [], [], []
+        for g, table in sparse:
+            pair, dep, back = self._stage(g, self._tables[id(table)])
+            staged.append(pair)
+            deps.extend(dep)
+            finish.append(back)
+        # Static tables whose sparse update has no GPU kernel go through a CPU scratch.
+        on_cpu = [(g, v) for g, v in dense if self.static.wants(g, v)]
+        dense = [(g, v) for g, v in dense if not self.static.wants(g, v)]
+        for g, var in on_cpu:
+            pair, dep, back = self.static.stage(g, var)
+            staged.append(pair)
+            deps.extend(dep)
+            finish.append(lambda _step, back=back: back())
+        # The step this update records is the counter before apply_fn advances it (Keras's
+        # iterations), as on the fused path.
+        step_now = None if step is None else tf.cast(read(step), tf.int64)
+        if step_now is not None:
+            deps.append(step_now)
+        with tf.control_dependencies(deps if not tf.executing_eagerly() else []):
+            result = apply_fn(list(dense) + staged)
+        after = (
+            [result]
+            if isinstance(result, (tf.Operation, tf.Tensor)) and not tf.executing_eagerly()
+            else []
+        )
+        writes = []
+        with tf.control_dependencies(after):
+            for back in finish:
+                writes.extend(back(step_now))
+        if tf.executing_eagerly():
+            return None
+        return tf.group(*writes, *[r for r in after if r is not None])
+
+    def _stage(self, grad, state):
+        table, dim, cap = state.table, state.table.embedding_dim, self.capacity
+        if not isinstance(grad, tf.IndexedSlices):
+            raise TypeError(
+                f"the gradient of Embedding Variable '{table.name}' must be tf.IndexedSlices, got "
+                f"{type(grad).__name__}"
+            )
+        keys = tf.reshape(tf.cast(grad.indices, table.key_dtype), [-1])
+        values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, dim])
+        unique, position = tf.unique(keys)
+        n = tf.size(unique)
+        check = tf.debugging.assert_less_equal(
+            n,
+            cap,
+            message=f"sok.OptimizerWrapper: a step touches more rows of table '{table.name}' than the "
+            f"scratch variable of the {type(self.optimizer).__name__} update holds "
+            f"(max_touched_rows={cap}); pass a larger max_touched_rows",
+        )
+        with tf.control_dependencies([check]):
+            summed = tf.math.unsorted_segment_sum(values, position, n)
+            padding = [[0, cap - n], [0, 0]]
+            deps = [
+                assign(state.scratch, tf.pad(table.sparse_read(unique, training=False), padding))
+            ]
+            for slot, store in state.slots.values():
+                deps.append(assign(slot, tf.pad(store.sparse_read(unique), padding)))
+        deps = [d for d in deps if isinstance(d, (tf.Operation, tf.Tensor))]
+        if "GPU" in (state.scratch.device or "").upper():
+            # TensorFlow has no GPU kernel for some sparse updates (Momentum's): the scratch rows
+            # past n are never written back, so a dense update of the padded rows is the same step.
+            gradient = tf.pad(summed, padding)
+        else:
+            gradient = tf.IndexedSlices(
+                summed, tf.range(n), dense_shape=tf.constant([cap, dim], tf.int64)
+            )
+
+        def write_back(step):
+            writes = [table.assign(unique, read(state.scratch)[:n])]
+            for slot, store in state.slots.values():
+                writes.append(store.assign(unique, read(slot)[:n]))
+            # Every update records its step, as the fused path does: GlobalStepEvict and
+            # sok.incremental_model_dump read it.
+            writes.append(self._stamp(table, unique, dim, step, writes))
+            return writes
+
+        return (gradient, state.scratch), deps, write_back
+
+    def _stamp(self, table, keys, dim, step, after):
+        """Records the update step of the keys (`versions`: GlobalStepEvict and the incremental
+        dump read it): a fused SGD step with learning rate 0, which leaves the values as they
+        are."""
+        own = step is None
+        if own:
+            step = self._step_var()
+        with tf.control_dependencies(after if not tf.executing_eagerly() else []):
+            stamp = ops.sok_embedding_variable_sparse_apply(
+                [table.handle],
+                [keys],
+                [tf.zeros([tf.size(keys), dim])],
+                tf.constant(0.0),
+                tf.cast(read(step) if own else step, tf.int64),
+                optimizer=Optimizer.SGD,
+                beta1=0.9,
+                beta2=0.999,
+                epsilon=0.0,
+                initial_accumulator=0.1,
+                l1=0.0,
+                l2=0.0,
+                lr_power=-0.5,
+                keys_unique=True,
+            )
+            if own:
+                with tf.control_dependencies([stamp]):
+                    return step.assign_add(1, read_value=False)
+            return stamp
+
+
+def optimizer_slots(optimizer, flavor, var):
+    """{slot name: slot variable} the wrapped optimizer keeps for `var`."""
+    if flavor in ("v1", "keras_legacy"):
+        slots = {name: optimizer.get_slot(var, name) for name in optimizer.get_slot_names()}
+        return {name: s for name, s in slots.items() if s is not None}
+    # Keras 3 names a slot "<variable name with / and : as _>_<slot>", tf_keras
+    # "<slot>/<variable's shared name>".
+    base = (
+        var.name.split(":")[0] if isinstance(var, tf.Variable) else getattr(var, "path", var.name)
+    )
+    found = {}
+    for v in optimizer.variables:
+        name = v.name.split(":")[0]
+        if flavor == "keras3":
+            prefix = (
+                var.name.replace("/", "_").replace(":", "_") + "_"
+                if isinstance(var, tf.Variable)
+                else base.replace("/", "_") + "_"
+            )
+            if name.startswith(prefix):
+                found[name[len(prefix) :]] = v
+        elif name.endswith("/" + base):
+            found[name[: -len(base) - 1]] = v
+    return found
+
+
+class SlotStores(compat.AutoTrackable):
+    """The slot stores of a wrapper's tables as checkpoint dependencies (tf.train.Checkpoint saves
+    and restores them by name, also when they are created after `restore`)."""
+
+    def track_slot(self, store):
+        setattr(self, "slot:" + store.name, store)  # table names are unique in checkpoints
+
+    def track_step(self, step):
+        self.step = step

@@ -1,0 +1,192 @@
+"""Model parallelism under Horovod: tables are sharded over ranks, inputs are data-parallel.
+
+Placement follows tables.py (target_gpu -1: key k on rank k mod N; k: the whole table on rank k);
+the exchange's index work is a few fused ops over all tables (core/exchange.h).
+One lookup_sparse call makes one exchange per direction, whatever the number of tables:
+
+  1. each rank sends every owner only the distinct keys that owner holds ([key, count] rows, by
+     owner then table); a [world, n + 2] matrix travels first: the keys per (owner, table) and
+     [table-list signature, bad-id flag], so that every rank learns every size on the host at
+     once and checks that all ranks passed the same tables and valid ids before going on;
+  2. owners read (training: insert) their rows and send them back, flattened (dims may differ),
+     sized from that matrix: no wait on the host.
+
+The backward pass sends each row's gradient back the same way (a custom gradient), where the
+gather's gradient becomes a tf.IndexedSlices of the owner's keys for the fused optimizer update.
+"""
+import contextlib
+import types
+import zlib
+
+import tensorflow as tf
+
+from sparse_operation_kit.parallel.local_rows import local_rows
+from sparse_operation_kit.runtime import collectives
+from sparse_operation_kit.runtime._ops import ops
+from sparse_operation_kit.runtime.context import context
+from sparse_operation_kit.tables import tables, uniqueness
+from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.tables.tables import dim_of as _dim
+from sparse_operation_kit.tables.tables import global_rows, target_of
+
+
+def _describe(params, names):
+    return ", ".join(
+        f"'{nm}' ({'ev' if isinstance(p, EmbeddingVariable) else 'static'}, dim {_dim(p)}, "
+        f"target_gpu {target_of(p)})"
+        for p, nm in zip(params, names)
+    )
+
+
+def _signature(params, names):
+    """The same on every rank exactly when the ranks pass the same tables in the same order."""
+    parts = [
+        f"{nm}:{'ev' if isinstance(p, EmbeddingVariable) else 'static'}:{_dim(p)}:{target_of(p)}"
+        for p, nm in zip(params, names)
+    ]
+    return zlib.crc32("|".join(parts).encode()) & 0x7FFFFFFF
+
+
+def _mismatch(params, names, sig):
+    return (
+        "lookup_sparse: the ranks passed different tables to this lookup_sparse call. Rank "
+        f"{context.rank} passed [{_describe(params, names)}] (signature {sig}); every rank must "
+        "pass the same tables (names, dimensions, target_gpu) in the same order."
+    )
+
+
+def _checks(received_headers, params, names, sig):
+    """Asserts, on every rank alike, that all ranks passed these tables and valid static ids.
+
+    Each rank sends every rank [signature, bad-id flag] with its sizes (the first exchange), so
+    every rank sees what every other rank passed: a mismatch fails on every rank at once, before
+    the second exchange, instead of hanging in it.
+    """
+    world = context.world_size
+    sigs, bad = tf.unstack(received_headers, num=2, axis=1)
+    same = tf.debugging.Assert(
+        tf.reduce_all(tf.equal(sigs, tf.constant(sig, tf.int64))),
+        [_mismatch(params, names, sig) + f" Table-list signatures of ranks 0..{world - 1}:", sigs],
+        summarize=world,
+    )
+    bounds = ", ".join(
+        f"{i + 1}: '{nm}' [0, {global_rows(p)})"
+        for i, (p, nm) in enumerate(zip(params, names))
+        if not isinstance(p, EmbeddingVariable)
+    )
+    valid = tf.debugging.Assert(
+        tf.reduce_all(tf.equal(bad, 0)),
+        [
+            "lookup_sparse: an id outside the rows of a static table (tables of this call: "
+            f"{bounds}). "
+            f"Per rank 0..{world - 1}, the table number it passed an out-of-range id for (0: "
+            "none):",
+            bad,
+        ],
+        summarize=world,
+    )
+    return [same, valid]
+
+
+def _not_xla_compiled():
+    """Keeps XLA's auto-clustering (--xla, tf.config.optimizer.set_jit) off the exchange: its
+    shapes change every step and its collectives run outside XLA; the gradients inherit it."""
+    if tf.executing_eagerly():
+        return contextlib.nullcontext()
+    return tf.xla.experimental.jit_scope(compile_ops=False)
+
+
+def _on_host():
+    """Arithmetic on sizes the exchange left in host memory stays there (no copies, no waits)."""
+    return tf.device("/CPU:0")
+
+
+def _specs(params):
+    """The exchange ops' per-table attributes (core/exchange.h's TableSpec)."""
+    rows = [-1 if isinstance(p, EmbeddingVariable) else global_rows(p) for p in params]
+    return dict(targets=[target_of(p) for p in params], rows=rows)
+
+
+def fetch_rows(params, keys, counts, training, names):
+    """Rows of the distinct `keys[i]` of every table, fetched from their owners (one exchange per
+    direction). The index work is vectorized over the tables: eager execution pays per op."""
+    world = context.world_size
+    device = getattr(params[0], "device", "")
+    for p, nm in zip(params, names):
+        tables.check_target(target_of(p), world, "lookup_sparse", nm)
+    with tf.name_scope("sok_exchange"), _not_xla_compiled():
+        chain = collectives.TRAIN if training else collectives.LOOKUP
+        sent = _send_keys(params, keys, counts, names, device, chain)
+        owned = _owned_keys(params, sent, training)
+        rows = local_rows(params, owned.keys, owned.counts, training, names)
+        return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
+
+
+def _send_keys(params, keys, counts, names, device, chain):
+    """1. Keys to their owners, grouped by (owner, table), behind the size matrix (one op plans
+    it: core/exchange.h)."""
+    n = len(params)
+    sig = _signature(params, names)
+    request, matrix, row_at, sizes = ops.sok_exchange_plan(
+        [tf.cast(k, tf.int64) for k in keys], [tf.cast(c, tf.int64) for c in counts],
+        world=context.world_size, dims=[_dim(p) for p in params], signature=sig,
+        **_specs(params))
+    ex = collectives.exchange(request, matrix, device, row_columns=n,
+                              width_mismatch=_mismatch(params, names, sig), chain=chain)
+    with _on_host():
+        checks = _checks(ex.received[:, n:], params, names, sig)
+    return types.SimpleNamespace(ex=ex, checks=checks, sizes=sizes, row_at=row_at)
+
+
+def _owned_keys(params, sent, training):
+    """2. On the owner: each table's distinct keys (static shards: local rows) with their counts
+    summed, and where their rows go back. A key several ranks ask for is read once and its
+    gradient summed over them in rank order (one process's IndexedSlices hold each key once too:
+    Keras 3's Adagrad, e.g., squares the values before it sums duplicates)."""
+    n = len(params)
+    with tf.control_dependencies(sent.checks):  # nothing goes on before every rank's check
+        received = tf.identity(sent.ex.rows)
+    keys, counts, row_pos, distinct = ops.sok_exchange_owner_keys(
+        received, sent.ex.received, N=n, dims=[_dim(p) for p in params], **_specs(params))
+    keys = [tf.cast(k, p.key_dtype) if isinstance(p, EmbeddingVariable) else k
+            for k, p in zip(keys, params)]
+    # The update may skip its dedup; a training Gather of them inserts them.
+    uniqueness.declare_distinct(keys, inserted=bool(training))
+    return types.SimpleNamespace(keys=keys, counts=list(counts), row_pos=row_pos,
+                                 distinct=distinct)
+
+
+def _return_rows(rows, owned, sent, dims, device, chain):
+    """3. Owners send the rows back flattened, blocks by (requester, table); each requester
+    takes its keys' rows out of what comes back (row_at).
+
+    A custom gradient sends each row's gradient back the same way, reversed, built outside XLA:
+    XLA's auto-jit would recompile for every step's new sizes."""
+    n = len(dims)
+    recv, sent_counts = sent.ex.received, sent.ex.sent  # [world, n + 2] each, host
+    with _on_host():
+        dim = tf.constant(dims, tf.int64)
+        owed_to = tf.reduce_sum(recv[:, :n] * dim, axis=1)  # floats per requester
+        due_from = tf.reduce_sum(sent_counts[:, :n] * dim, axis=1)  # floats per owner
+
+    # The gradient's ops make no host arithmetic of their own: optimizers may colocate a
+    # gradient with its op, and one on the GPU cannot share a group with host ops.
+    @tf.custom_gradient
+    def move(*rows):
+        flat = ops.sok_exchange_rows_to_blocks(rows, owned.row_pos, recv, dims=dims)
+        back = collectives.all_to_all_sized(flat, owed_to, due_from, device, chain)
+        outs = ops.sok_exchange_gather_rows(back, sent.row_at, sent.sizes, N=n, dims=dims)
+
+        def grad(*d_outs):
+            with _not_xla_compiled():
+                d_outs = [tf.zeros_like(o) if g is None else tf.convert_to_tensor(g)
+                          for g, o in zip(d_outs, outs)]
+                d_back = ops.sok_exchange_scatter_rows(d_outs, sent.row_at, sent.sizes,
+                                                       dims=dims)
+                d_flat = collectives.all_to_all_sized(d_back, due_from, owed_to, device)
+                return list(ops.sok_exchange_rows_from_blocks(d_flat, owned.row_pos,
+                                                              owned.distinct, N=n, dims=dims))
+
+        return list(outs), grad
+
+    return move(*rows)

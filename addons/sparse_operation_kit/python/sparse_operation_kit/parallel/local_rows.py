@@ -1,0 +1,46 @@
+"""Rows of keys from the tables this process holds: the one read that the one-process path
+(exchange.py) and the owners' side of the distributed path (distributed.py) share."""
+import tensorflow as tf
+
+from sparse_operation_kit.runtime import compat
+from sparse_operation_kit.runtime._ops import ops
+from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
+
+
+def static_rows(var, keys, name):
+    """Rows of a dense table with an explicit range check naming the table."""
+    num_rows = var.shape[0]
+    if num_rows is None:
+        num_rows = tf.shape(var, out_type=keys.dtype)[0]
+    # No quotes around the name: graph-mode Assert prints its message escaped (\\').
+    checks = [
+        tf.debugging.assert_non_negative(
+            keys, message=f"lookup of static table {name}: negative id"
+        ),
+        tf.debugging.assert_less(
+            keys,
+            tf.cast(num_rows, keys.dtype),
+            message=f"lookup of static table {name}: id out of range [0, {num_rows})",
+        ),
+    ]
+    with tf.control_dependencies(checks):
+        return tf.gather(var, keys)
+
+
+def local_rows(params, keys, counts, training, names):
+    """Rows of `keys[i]` from local tables `params[i]`: one fused op for all Embedding Variables."""
+    rows = [None] * len(params)
+    ev_idx = [i for i, p in enumerate(params) if isinstance(p, EmbeddingVariable)]
+    if ev_idx:
+        for i in ev_idx:
+            compat.variable_accessed(params[i])
+        fetched = ops.sok_embedding_variable_gather(
+            [params[i].handle for i in ev_idx], [keys[i] for i in ev_idx],
+            [counts[i] if training else tf.zeros([0], tf.int64) for i in ev_idx],
+            dims=[params[i].embedding_dim for i in ev_idx], training=bool(training))
+        for i, r in zip(ev_idx, fetched, strict=True):
+            rows[i] = r
+    for i, p in enumerate(params):
+        if rows[i] is None:
+            rows[i] = static_rows(p, keys[i], names[i])
+    return rows
