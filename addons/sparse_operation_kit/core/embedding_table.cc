@@ -50,6 +50,49 @@ void row_order(const int64_t* rows, int64_t m, int64_t num_rows, std::vector<int
   for (int64_t j = 0; j < m; ++j) (*order)[start[bucket(rows[j])]++] = static_cast<int32_t>(j);
 }
 
+// The distinct keys of an update and their gradients, repeated keys' summed (TensorFlow's
+// optimizers sum them too); the caller's own arrays when its keys are distinct already.
+template <typename K>
+struct DistinctGradients {
+  const K* keys = nullptr;
+  int64_t n = 0;
+  const float* grads = nullptr;
+  std::vector<K> key_storage;
+  std::vector<float> grad_storage;
+};
+
+template <typename K>
+void distinct_gradients(const K* keys, int64_t n, const float* grads, int64_t d, bool keys_unique,
+                        DistinctGradients<K>* out) {
+  out->keys = keys;
+  out->n = n;
+  out->grads = grads;
+  if (keys_unique) return;
+  std::vector<int32_t> inverse(n);
+  unique_keys(keys, n, &out->key_storage, inverse.data(), nullptr);
+  out->keys = out->key_storage.data();
+  out->n = static_cast<int64_t>(out->key_storage.size());
+  if (out->n == n) return;
+  out->grad_storage.assign(out->n * d, 0.f);
+  for (int64_t i = 0; i < n; ++i) {
+    float* dst = out->grad_storage.data() + static_cast<int64_t>(inverse[i]) * d;
+    const float* src = grads + i * d;
+    for (int64_t c = 0; c < d; ++c) dst[c] += src[c];
+  }
+  out->grads = out->grad_storage.data();
+}
+
+// The keys (and their gradients) marked missing.
+template <typename K>
+void missing_only(const K* keys, const float* grads, int64_t d, const std::vector<uint8_t>& missing,
+                  std::vector<K>* rest_keys, std::vector<float>* rest_grads) {
+  for (size_t i = 0; i < missing.size(); ++i) {
+    if (!missing[i]) continue;
+    rest_keys->push_back(keys[i]);
+    rest_grads->insert(rest_grads->end(), grads + i * d, grads + (i + 1) * d);
+  }
+}
+
 }  // namespace
 
 template <typename K>
@@ -293,28 +336,11 @@ Status EmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float*
                                           const OptimizerParams& p, int64_t global_step,
                                           const ParallelFor& pf, bool keys_unique) {
   const int64_t d = config_.dim;
-  // Sum the gradients of repeated keys first (TensorFlow's optimizers do the same), unless the
-  // caller guarantees distinct keys.
-  std::vector<K> uniq_storage;
-  const K* uniq = keys;
-  int64_t u = n;
-  std::vector<float> summed;
-  const float* g = grads;
-  if (!keys_unique) {
-    std::vector<int32_t> inverse(n);
-    unique_keys(keys, n, &uniq_storage, inverse.data(), nullptr);
-    uniq = uniq_storage.data();
-    u = static_cast<int64_t>(uniq_storage.size());
-    if (u != n) {
-      summed.assign(u * d, 0.f);
-      for (int64_t i = 0; i < n; ++i) {
-        float* dst = summed.data() + static_cast<int64_t>(inverse[i]) * d;
-        const float* src = grads + i * d;
-        for (int64_t c = 0; c < d; ++c) dst[c] += src[c];
-      }
-      g = summed.data();
-    }
-  }
+  DistinctGradients<K> distinct;
+  distinct_gradients(keys, n, grads, d, keys_unique, &distinct);
+  const K* uniq = distinct.keys;
+  const int64_t u = distinct.n;
+  const float* g = distinct.grads;
   std::lock_guard<std::mutex> one_update_at_a_time(update_mu_);
   const float alpha = p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f;
   // Probes keys [b, e) and updates the present, admitted rows in row order; caller holds mu_
@@ -362,11 +388,7 @@ Status EmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float*
   }
   std::vector<K> rest_keys;
   std::vector<float> rest_grads;
-  for (int64_t i = 0; i < u; ++i) {
-    if (!missing[i]) continue;
-    rest_keys.push_back(uniq[i]);
-    rest_grads.insert(rest_grads.end(), g + i * d, g + (i + 1) * d);
-  }
+  missing_only(uniq, g, d, missing, &rest_keys, &rest_grads);
   {
     std::unique_lock<std::shared_mutex> l(mu_);
     Status s = ensure_slots(p);

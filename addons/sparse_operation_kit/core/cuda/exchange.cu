@@ -274,52 +274,59 @@ __global__ void plan_matrix_kernel(const int64_t* first, const int64_t* end,
 
 }  // namespace
 
-Status plan(const std::vector<TableSpec>& tables, int world,
-            const std::vector<const int64_t*>& keys, const std::vector<const int64_t*>& counts,
-            const int64_t* sizes, int64_t signature, int64_t* request, int64_t* matrix,
-            int64_t* row_at, cudaStream_t stream, DeviceAllocator* alloc) {
-  const int n = static_cast<int>(tables.size());
-  const int64_t blocks = static_cast<int64_t>(world) * n;
-  if (blocks > (1ll << 31)) return Status::Invalid("exchange: too many (rank, table) blocks");
-  int64_t total = 0;
-  for (int t = 0; t < n; ++t) total += sizes[t];
-  const int end_bit = detail::bits_for(static_cast<uint64_t>(blocks - 1));
-  size_t sort_bytes = 0, scan_bytes = 0;
-  SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
-      nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-      static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr), total, 0, end_bit,
-      stream));
-  SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes,
-                                                static_cast<const int64_t*>(nullptr),
-                                                static_cast<int64_t*>(nullptr), total, stream));
+namespace {
+
+// The plan's temporaries, in one workspace.
+struct PlanTemps {
   uint32_t *block = nullptr, *sorted_block = nullptr;
   int64_t *index = nullptr, *sorted_index = nullptr, *dim = nullptr, *sorted_dim = nullptr,
           *elem_at = nullptr, *key_flat = nullptr, *count_flat = nullptr, *first = nullptr,
           *end = nullptr;
   unsigned long long* bad = nullptr;
   void *sort_tmp = nullptr, *scan_tmp = nullptr;
-  Temp tmp;
-  SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, &tmp, [&](Workspace& w) {
-    block = w.take<uint32_t>(total);
-    sorted_block = w.take<uint32_t>(total);
-    index = w.take<int64_t>(total);
-    sorted_index = w.take<int64_t>(total);
-    dim = w.take<int64_t>(total);
-    sorted_dim = w.take<int64_t>(total);
-    elem_at = w.take<int64_t>(total);
-    key_flat = w.take<int64_t>(total);
-    count_flat = w.take<int64_t>(total);
-    first = w.take<int64_t>(2 * blocks);
-    end = first + blocks;
-    bad = w.take<unsigned long long>(1);
-    sort_tmp = w.take_bytes(sort_bytes);
-    scan_tmp = w.take_bytes(scan_bytes);
+  size_t sort_bytes = 0, scan_bytes = 0;
+  int end_bit = 1;
+};
+
+Status carve_plan(int64_t total, int64_t blocks, cudaStream_t stream, DeviceAllocator* alloc,
+                  Temp* tmp, PlanTemps* p) {
+  p->end_bit = detail::bits_for(static_cast<uint64_t>(blocks - 1));
+  SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      nullptr, p->sort_bytes, static_cast<const uint32_t*>(nullptr),
+      static_cast<uint32_t*>(nullptr), static_cast<const int64_t*>(nullptr),
+      static_cast<int64_t*>(nullptr), total, 0, p->end_bit, stream));
+  SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, p->scan_bytes,
+                                                static_cast<const int64_t*>(nullptr),
+                                                static_cast<int64_t*>(nullptr), total, stream));
+  SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, tmp, [&](Workspace& w) {
+    p->block = w.take<uint32_t>(total);
+    p->sorted_block = w.take<uint32_t>(total);
+    p->index = w.take<int64_t>(total);
+    p->sorted_index = w.take<int64_t>(total);
+    p->dim = w.take<int64_t>(total);
+    p->sorted_dim = w.take<int64_t>(total);
+    p->elem_at = w.take<int64_t>(total);
+    p->key_flat = w.take<int64_t>(total);
+    p->count_flat = w.take<int64_t>(total);
+    p->first = w.take<int64_t>(2 * blocks);
+    p->end = p->first + blocks;
+    p->bad = w.take<unsigned long long>(1);
+    p->sort_tmp = w.take_bytes(p->sort_bytes);
+    p->scan_tmp = w.take_bytes(p->scan_bytes);
   }));
-  SOK_CUDA_RETURN(cudaMemsetAsync(first, 0, sizeof(int64_t) * 2 * blocks, stream));
-  SOK_CUDA_RETURN(cudaMemsetAsync(bad, 0, sizeof(unsigned long long), stream));
+  SOK_CUDA_RETURN(cudaMemsetAsync(p->first, 0, sizeof(int64_t) * 2 * blocks, stream));
+  SOK_CUDA_RETURN(cudaMemsetAsync(p->bad, 0, sizeof(unsigned long long), stream));
+  return Status::OK();
+}
+
+// plan, 1 for every group of tables.
+Status plan_keys(const std::vector<TableSpec>& tables, int world,
+                 const std::vector<const int64_t*>& keys, const std::vector<const int64_t*>& counts,
+                 const int64_t* sizes, const PlanTemps& p, cudaStream_t stream) {
+  const int n = static_cast<int>(tables.size());
   std::vector<int64_t> key_start(n + 1, 0);
   for (int t = 0; t < n; ++t) key_start[t + 1] = key_start[t] + sizes[t];
-  SOK_RETURN_IF_ERROR(for_groups(
+  return for_groups(
       n, 1,
       [&](Group* g, int i, int t) {
         g->dim[i] = tables[t].dim;
@@ -333,53 +340,65 @@ Status plan(const std::vector<TableSpec>& tables, int world,
       [&](Group g, int64_t part) {
         g.world = world;  // for_groups' world is 1 here: the group holds no blocks
         plan_keys_kernel<<<grid_for(part, kBlock), kBlock, 0, stream>>>(
-            g, block, index, dim, key_flat, count_flat, bad, part);
+            g, p.block, p.index, p.dim, p.key_flat, p.count_flat, p.bad, part);
         SOK_LAUNCH_CHECK();
         return Status::OK();
-      }));
+      });
+}
+
+}  // namespace
+
+Status plan(const std::vector<TableSpec>& tables, int world,
+            const std::vector<const int64_t*>& keys, const std::vector<const int64_t*>& counts,
+            const int64_t* sizes, int64_t signature, int64_t* request, int64_t* matrix,
+            int64_t* row_at, cudaStream_t stream, DeviceAllocator* alloc) {
+  const int n = static_cast<int>(tables.size());
+  const int64_t blocks = static_cast<int64_t>(world) * n;
+  if (blocks > (1ll << 31)) return Status::Invalid("exchange: too many (rank, table) blocks");
+  int64_t total = 0;
+  for (int t = 0; t < n; ++t) total += sizes[t];
+  Temp tmp;
+  PlanTemps p;
+  SOK_RETURN_IF_ERROR(carve_plan(total, blocks, stream, alloc, &tmp, &p));
+  SOK_RETURN_IF_ERROR(plan_keys(tables, world, keys, counts, sizes, p, stream));
   if (total > 0) {
-    SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
-        sort_tmp, sort_bytes, block, sorted_block, index, sorted_index, total, 0, end_bit, stream));
+    SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(p.sort_tmp, p.sort_bytes, p.block,
+                                                    p.sorted_block, p.index, p.sorted_index, total,
+                                                    0, p.end_bit, stream));
     plan_sorted_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(
-        sorted_block, sorted_index, key_flat, count_flat, dim, request, sorted_dim, first, end,
-        total);
+        p.sorted_block, p.sorted_index, p.key_flat, p.count_flat, p.dim, request, p.sorted_dim,
+        p.first, p.end, total);
     SOK_LAUNCH_CHECK();
-    SOK_CUDA_RETURN(
-        cub::DeviceScan::ExclusiveSum(scan_tmp, scan_bytes, sorted_dim, elem_at, total, stream));
-    plan_row_at_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(sorted_index, elem_at,
+    SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(p.scan_tmp, p.scan_bytes, p.sorted_dim, p.elem_at,
+                                                  total, stream));
+    plan_row_at_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(p.sorted_index, p.elem_at,
                                                                        row_at, total);
     SOK_LAUNCH_CHECK();
   }
   plan_matrix_kernel<<<grid_for(world * (n + 2), kBlock), kBlock, 0, stream>>>(
-      first, end, bad, signature, world, n, matrix);
+      p.first, p.end, p.bad, signature, world, n, matrix);
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }
 
-Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
-                  const int64_t* received, const AllocateOwnerKeys& allocate, cudaStream_t stream,
-                  DeviceAllocator* alloc) {
-  const int n = l.n;
-  std::vector<int64_t> start(n + 1, 0);
-  for (int t = 0; t < n; ++t) start[t + 1] = start[t] + l.table_rows[t];
-  const int64_t m = start[n];
+namespace {
+
+// The owner's temporaries: the received rows per table (keys, counts), their dedup.
+struct OwnerTemps {
+  std::vector<int64_t> start;  // [n + 1]: first received row of each table
   int64_t *keys = nullptr, *counts = nullptr, *unique = nullptr;
   int32_t* inverse = nullptr;
-  UniqueTableReport* d_reports = nullptr;
-  Temp tmp;
-  SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, &tmp, [&](Workspace& w) {
-    keys = w.take<int64_t>(m);
-    counts = w.take<int64_t>(m);
-    unique = w.take<int64_t>(m);
-    inverse = w.take<int32_t>(m);
-    d_reports = w.take<UniqueTableReport>(n);
-  }));
-  // 1. The received rows as each table's keys (local) and counts, table by table.
-  SOK_RETURN_IF_ERROR(for_groups(
-      n, l.world,
+  UniqueTableReport* reports = nullptr;
+};
+
+// owner_keys, 1: the received rows as each table's keys (local) and counts, table by table.
+Status split_received(const std::vector<TableSpec>& tables, const BlockLayout& l,
+                      const int64_t* received, const OwnerTemps& o, cudaStream_t stream) {
+  return for_groups(
+      l.n, l.world,
       [&](Group* g, int i, int t) {
-        g->tensor[i] = keys + start[t];
-        g->tensor2[i] = counts + start[t];
+        g->tensor[i] = o.keys + o.start[t];
+        g->tensor2[i] = o.counts + o.start[t];
         g->target[i] = tables[t].target;
         g->rows[i] = tables[t].rows;
         set_blocks(g, i, t, l, /*dims_of_flat=*/false);
@@ -389,34 +408,42 @@ Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
         split_received_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, received, total);
         SOK_LAUNCH_CHECK();
         return Status::OK();
-      }));
-  // 2. Every table's dedup at once; the distinct counts to the host: the one wait.
-  std::vector<UniqueTable> spans(n);
-  for (int t = 0; t < n; ++t) {
-    spans[t].keys = keys + start[t];
+      });
+}
+
+// owner_keys, 2: every table's dedup at once; the distinct counts to the host (the one wait).
+Status dedup(const BlockLayout& l, const OwnerTemps& o, cudaStream_t stream, DeviceAllocator* alloc,
+             std::vector<int64_t>* distinct) {
+  std::vector<UniqueTable> spans(l.n);
+  for (int t = 0; t < l.n; ++t) {
+    spans[t].keys = o.keys + o.start[t];
     spans[t].n = l.table_rows[t];
-    spans[t].unique = unique + start[t];
-    spans[t].inverse = inverse + start[t];
+    spans[t].unique = o.unique + o.start[t];
+    spans[t].inverse = o.inverse + o.start[t];
   }
-  SOK_RETURN_IF_ERROR(unique_keys_multi(spans, d_reports, stream, alloc));
-  std::vector<UniqueTableReport> reports(n);
-  SOK_CUDA_RETURN(cudaMemcpyAsync(reports.data(), d_reports, n * sizeof(UniqueTableReport),
+  SOK_RETURN_IF_ERROR(unique_keys_multi(spans, o.reports, stream, alloc));
+  std::vector<UniqueTableReport> reports(l.n);
+  SOK_CUDA_RETURN(cudaMemcpyAsync(reports.data(), o.reports, l.n * sizeof(UniqueTableReport),
                                   cudaMemcpyDeviceToHost, stream));
   SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
-  std::vector<int64_t> distinct(n), base(n + 1, 0);
-  for (int t = 0; t < n; ++t) {
-    distinct[t] = reports[t].num_unique;
-    base[t + 1] = base[t] + distinct[t];
-  }
-  OwnerKeysOut out;
-  SOK_RETURN_IF_ERROR(allocate(distinct, &out));
-  SOK_CUDA_RETURN(cudaMemsetAsync(out.row_pos, 0xff, sizeof(int64_t) * base[n] * l.world, stream));
-  // 3. The outputs: distinct keys, summed counts, where each copy goes back.
+  distinct->resize(l.n);
+  for (int t = 0; t < l.n; ++t) (*distinct)[t] = reports[t].num_unique;
+  return Status::OK();
+}
+
+// owner_keys, 3: distinct keys, summed counts, where each copy goes back.
+Status owner_outputs(const std::vector<TableSpec>& tables, const BlockLayout& l,
+                     const OwnerTemps& o, const std::vector<int64_t>& distinct,
+                     const OwnerKeysOut& out, cudaStream_t stream) {
+  std::vector<int64_t> base(l.n + 1, 0);
+  for (int t = 0; t < l.n; ++t) base[t + 1] = base[t] + distinct[t];
+  SOK_CUDA_RETURN(
+      cudaMemsetAsync(out.row_pos, 0xff, sizeof(int64_t) * base[l.n] * l.world, stream));
   SOK_RETURN_IF_ERROR(for_groups(
-      n, 1,
+      l.n, 1,
       [&](Group* g, int i, int t) {
         g->tensor[i] = out.keys[t];
-        g->tensor2[i] = unique + start[t];
+        g->tensor2[i] = o.unique + o.start[t];
         g->tensor3[i] = out.counts[t];
         return distinct[t];
       },
@@ -426,10 +453,10 @@ Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
         return Status::OK();
       }));
   return for_groups(
-      n, l.world,
+      l.n, l.world,
       [&](Group* g, int i, int t) {
-        g->tensor[i] = inverse + start[t];
-        g->tensor2[i] = counts + start[t];
+        g->tensor[i] = o.inverse + o.start[t];
+        g->tensor2[i] = o.counts + o.start[t];
         g->tensor3[i] = out.counts[t];
         g->base[i] = base[t];
         g->dim[i] = tables[t].dim;
@@ -441,6 +468,31 @@ Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
         SOK_LAUNCH_CHECK();
         return Status::OK();
       });
+}
+
+}  // namespace
+
+Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
+                  const int64_t* received, const AllocateOwnerKeys& allocate, cudaStream_t stream,
+                  DeviceAllocator* alloc) {
+  OwnerTemps o;
+  o.start.assign(l.n + 1, 0);
+  for (int t = 0; t < l.n; ++t) o.start[t + 1] = o.start[t] + l.table_rows[t];
+  const int64_t m = o.start[l.n];
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, &tmp, [&](Workspace& w) {
+    o.keys = w.take<int64_t>(m);
+    o.counts = w.take<int64_t>(m);
+    o.unique = w.take<int64_t>(m);
+    o.inverse = w.take<int32_t>(m);
+    o.reports = w.take<UniqueTableReport>(l.n);
+  }));
+  SOK_RETURN_IF_ERROR(split_received(tables, l, received, o, stream));
+  std::vector<int64_t> distinct;
+  SOK_RETURN_IF_ERROR(dedup(l, o, stream, alloc, &distinct));
+  OwnerKeysOut out;
+  SOK_RETURN_IF_ERROR(allocate(distinct, &out));
+  return owner_outputs(tables, l, o, distinct, out, stream);
 }
 
 Status rows_to_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
