@@ -23,5 +23,5 @@ fi
 
 echo "== Python tests against the installed wheel"
 dirs=()
-for d in tests/tf tests/distributed tests/benchmarks; do [ -d "$d" ] && dirs+=("$d"); done
+for d in tests/python tests/distributed tests/benchmarks; do [ -d "$d" ] && dirs+=("$d"); done
 "$VPY" -m pytest -q -p no:cacheprovider "${dirs[@]}"

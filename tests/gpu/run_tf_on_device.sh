@@ -12,11 +12,11 @@ export TF_CPP_MIN_LOG_LEVEL=2
 out="${OUT:-build/gpu_logs}"; mkdir -p "$out"
 nvidia-smi -L | tee "$out/gpu.txt"
 python3 -c 'import tensorflow as tf, sparse_operation_kit as sok; print("TF", tf.__version__, "GPUs", tf.config.list_physical_devices("GPU"), "SOK GPU kernels:", sok.gpu_kernels_built())'
-SOK_TEST_DEVICE=gpu python3 -m pytest -q -p no:cacheprovider -o console_output_style=classic "${@:-tests/tf}" \
-  > "$out/tests_tf_gpu.txt" 2>&1
+SOK_TEST_DEVICE=gpu python3 -m pytest -q -p no:cacheprovider -o console_output_style=classic "${@:-tests/python}" \
+  > "$out/tests_python_gpu.txt" 2>&1
 rc=$?
-grep -E "passed|failed|error" "$out/tests_tf_gpu.txt" | tail -n 40
-echo "tests/tf on the GPU: exit $rc"
+grep -E "passed|failed|error" "$out/tests_python_gpu.txt" | tail -n 40
+echo "tests/python on the GPU: exit $rc"
 for bs in 16384 65536; do
   python3 benchmarks/criteo/run.py --batch_size $bs --steps 60 --warmup_steps 20 --log_every 0 \
     > "$out/criteo_gpu_bs$bs.txt" 2>&1

@@ -12,7 +12,7 @@
 //   backward   scatter_rows and rows_from_blocks, the inverses.
 //
 // The owner rule (which rank holds a key) lives here for the exchange; the Python package's
-// tables.owner, used for dumps, must agree (tests/tf/test_exchange_ops.py checks it).
+// tables.owner, used for dumps, must agree (tests/python/parallel/test_exchange_ops.py checks it).
 #pragma once
 
 #include <cstdint>

@@ -26,8 +26,8 @@ enum class InitKind : int32_t {
 };
 
 // The kinds by name, in enum order: the ops' "init_kind" attribute spells them so, and
-// sparse_operation_kit/runtime/schema.py lists the same names (tests/tf/test_schema.py checks
-// both).
+// sparse_operation_kit/runtime/schema.py lists the same names
+// (tests/python/runtime/test_schema.py checks both).
 inline constexpr const char* kInitKindNames[] = {"constant", "uniform", "normal",
                                                  "truncated_normal", "matrix"};
 inline constexpr int kNumInitKinds =

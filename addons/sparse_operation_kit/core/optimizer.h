@@ -46,8 +46,8 @@ SOK_HD float slot_initial_value(const OptimizerParams& p, int slot) {
 
 // Host-only helpers (names, the slot rule).
 // The optimizers by name, in enum order: the ops' "optimizer" attribute spells them so, and
-// sparse_operation_kit/runtime/schema.py lists the same names (tests/tf/test_schema.py checks
-// both).
+// sparse_operation_kit/runtime/schema.py lists the same names
+// (tests/python/runtime/test_schema.py checks both).
 inline constexpr const char* kOptimizerNames[] = {"sgd", "adagrad", "adam", "ftrl"};
 inline constexpr int kNumOptimizers =
     static_cast<int>(sizeof(kOptimizerNames) / sizeof(kOptimizerNames[0]));

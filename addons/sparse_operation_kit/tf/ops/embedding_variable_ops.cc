@@ -177,7 +177,8 @@ REGISTER_OP("SokKernelRunCounts")
     });
 
 // The names that cross into Python, as this build spells them (schema.py must agree; see
-// tests/tf/test_schema.py): initializer kinds, optimizers and snapshot fields, each in enum order.
+// tests/python/runtime/test_schema.py): initializer kinds, optimizers and snapshot fields, each in
+// enum order.
 REGISTER_OP("SokSchema")
     .Output("init_kinds: string")
     .Output("optimizers: string")

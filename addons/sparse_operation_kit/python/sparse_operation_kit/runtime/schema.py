@@ -2,7 +2,8 @@
 
 Each list mirrors a C++ name table in enum order (core/initializer.h kInitKindNames,
 core/optimizer.h kOptimizerNames, core/table_config.h kSnapshotFieldNames); the SokSchema op
-returns the built library's tables and tests/tf/test_schema.py asserts they are equal.
+returns the built library's tables and tests/python/runtime/test_schema.py asserts they are
+equal.
 """
 import enum
 

@@ -1,0 +1,129 @@
+"""sok.dump / sok.load with SOK 2.x's optimizer contract: static tables (sok.Variable) trained by
+the program's own optimizer, dynamic tables through sok.OptimizerWrapper, and the wrapper's slots
+read as SOK 2.x programs read them (`_slots.get(var._unique_id)`)."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from tests.python.support import unique_name
+
+ROWS, DIM = 12, 3
+
+
+def _legacy_sgd():
+    tf_keras = pytest.importorskip("tf_keras")
+    return tf_keras.optimizers.legacy.SGD(learning_rate=0.1, momentum=0.9)
+
+
+PLAIN_OPTIMIZERS = {
+    "tf_keras_legacy": _legacy_sgd,
+    "v1": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9),
+    "keras": lambda: tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9),
+}
+
+
+def _step(var, optimizer, ids):
+    """One SOK 2.x training step: lookup_sparse, then the program's own apply_gradients."""
+    with tf.GradientTape() as tape:
+        emb = sok.lookup_sparse([var], [tf.ragged.constant(ids, dtype=tf.int64)], combiners=["sum"])
+        loss = tf.reduce_sum(emb[0] ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
+
+
+def _batches(seed, n):
+    rng = np.random.default_rng(seed)
+    return [[list(rng.integers(0, ROWS, 3)) for _ in range(4)] for _ in range(n)]
+
+
+def _momentum(optimizer, var):
+    names = optimizer.get_slot_names() if hasattr(optimizer, "get_slot_names") else None
+    if names is not None:
+        return optimizer.get_slot(var, "momentum").numpy()
+    # Keras 3 / tf_keras: the one variable shaped like the table ("..._momentum" or "m/...").
+    slot = [v for v in optimizer.variables if tuple(v.shape) == tuple(var.shape)]
+    assert len(slot) == 1, [v.name for v in optimizer.variables]
+    return np.asarray(slot[0].numpy())
+
+
+@pytest.mark.parametrize("flavor", sorted(PLAIN_OPTIMIZERS))
+def test_static_table_dumps_the_plain_optimizers_slots(tmp_path, flavor):
+    """A sok.Variable trained by a plain optimizer (no wrapper) dumps and reloads its slots with
+    it; the restored table + optimizer then trains exactly as the uninterrupted run."""
+    make = PLAIN_OPTIMIZERS[flavor]
+    name = unique_name("static")
+    init = np.random.default_rng(0).random([ROWS, DIM]).astype(np.float32)
+    var, opt = sok.Variable(init, name=name), make()
+    batches = _batches(1, 6)
+    for ids in batches[:3]:
+        _step(var, opt, ids)
+    sok.dump(str(tmp_path), [var], opt)
+
+    var2, opt2 = sok.Variable(np.zeros_like(init), name=name), make()
+    if hasattr(opt2, "build"):  # a Keras optimizer creates its slots when it is built
+        opt2.build([var2])
+    sok.load(str(tmp_path), [var2], opt2)
+    np.testing.assert_array_equal(var2.numpy(), var.numpy())
+    np.testing.assert_array_equal(_momentum(opt2, var2), _momentum(opt, var))
+    assert np.abs(_momentum(opt, var)).sum() > 0
+
+    for ids in batches[3:]:
+        _step(var, opt, ids)
+        _step(var2, opt2, ids)
+    np.testing.assert_allclose(var2.numpy(), var.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(_momentum(opt2, var2), _momentum(opt, var), rtol=1e-6, atol=1e-7)
+
+
+def test_dynamic_table_with_a_plain_optimizer_is_refused(tmp_path):
+    name = unique_name("dyn_plain")
+    static = sok.Variable(np.ones([ROWS, DIM], np.float32), name=unique_name("static"))
+    table = sok.DynamicVariable(dimension=DIM, initializer="0.5", name=name)
+    opt = tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9)
+    for call in (sok.dump, sok.load):
+        with pytest.raises(TypeError, match=rf"\['{name}'\].*sok.OptimizerWrapper"):
+            call(str(tmp_path), [static, table], opt)
+    with pytest.raises(TypeError, match="optimizer must be"):
+        sok.dump(str(tmp_path), [static], object())
+
+
+def test_wrapper_slots_read_by_unique_id_as_sok2():
+    """SOK 2.x programs: `optimizer._slots.get(var._unique_id)`, then get_slot / get_slot_names."""
+    trained = sok.DynamicVariable(dimension=DIM, initializer="0.5", name=unique_name("uid"))
+    untouched = sok.DynamicVariable(dimension=DIM, initializer="0.5", name=unique_name("uid"))
+    dense = tf.Variable(np.ones([ROWS, DIM], np.float32))
+    assert isinstance(trained._unique_id, str)
+    assert len({trained._unique_id, untouched._unique_id, dense._unique_id}) == 3
+    opt = sok.OptimizerWrapper(tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9))
+    for ids in _batches(2, 2):
+        _step(trained, opt, ids)
+        _step(dense, opt, ids)
+
+    assert opt._slots.get(untouched._unique_id) is None
+    assert opt._slots.get("no such variable") is None
+    assert opt.get_slot_names() == ["momentum"]
+    slots = opt._slots.get(trained._unique_id)
+    assert set(slots) == {"momentum"}
+    assert slots["momentum"] is opt.get_slot(trained, "momentum")
+    keys, values = sok.export(opt.get_slot(trained, "momentum"))
+    assert keys.shape[0] == values.shape[0] > 0
+    # A dense variable's slots come from the wrapped optimizer, keyed the same way.
+    assert opt._slots[dense._unique_id]["momentum"] is opt.get_slot(dense, "momentum")
+    assert dense._unique_id in opt._slots and untouched._unique_id not in opt._slots
+
+
+def test_load_refuses_a_dumped_slot_the_plain_optimizer_lacks(tmp_path):
+    """A Keras optimizer built without one of the tables has no slot to load its momentum into:
+    an error naming the slot and the table, not a skipped slot."""
+    init = np.random.default_rng(0).random([ROWS, DIM]).astype(np.float32)
+    a, b = sok.Variable(init, name=unique_name("a")), sok.Variable(init, name=unique_name("b"))
+    opt = tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+    for ids in _batches(2, 2):
+        with tf.GradientTape() as tape:
+            embs = sok.lookup_sparse([a, b], [tf.ragged.constant(ids, dtype=tf.int64)] * 2)
+            loss = tf.add_n([tf.reduce_sum(e**2) for e in embs])
+        opt.apply_gradients(zip(tape.gradient(loss, [a, b]), [a, b]))
+    sok.dump(str(tmp_path), [a, b], opt)
+    fresh = tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+    fresh.build([a])
+    with pytest.raises(ValueError, match="slot of '.*b.*' but the SGD has none"):
+        sok.load(str(tmp_path), [a, b], fresh)
