@@ -8,11 +8,13 @@ One lookup_sparse call makes one exchange per direction, whatever the number of 
      owner then table); a [world, n + 2] matrix travels first: the keys per (owner, table) and
      [table-list signature, bad-id flag], so that every rank learns every size on the host at
      once and checks that all ranks passed the same tables and valid ids before going on;
-  2. owners read (training: insert) their rows and send them back, flattened (dims may differ),
-     sized from that matrix: no wait on the host.
+  2. owners dedup what every rank sent, all tables at once (one wait for the distinct counts),
+     read (training: insert) each row once and send it to every rank that asked, flattened (dims
+     may differ), sized from that matrix: no wait on the host.
 
-The backward pass sends each row's gradient back the same way (a custom gradient), where the
-gather's gradient becomes a tf.IndexedSlices of the owner's keys for the fused optimizer update.
+The backward pass sends each row's gradient back the same way (a custom gradient); an owner sums
+a row's gradients in rank order, and the gather's gradient becomes a tf.IndexedSlices of distinct
+keys for the fused optimizer update.
 """
 import contextlib
 import types
