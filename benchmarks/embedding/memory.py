@@ -1,0 +1,79 @@
+"""Bytes per key of an Embedding Variable on the CPU: resident memory the table adds per key,
+split into its values, its optimizer slots and the rest (index, keys, counters, growth slack).
+
+Each configuration runs in a fresh process: inserts --keys distinct keys (training reads), then
+one Adagrad step on all of them (its accumulator slot), and reads the process's resident memory
+(/proc/self/status VmRSS) before and after. The issue's target for the rest is 32 bytes.
+
+    .venv/bin/python benchmarks/embedding/memory.py --keys 4000000 --dims 16,128
+prints one line per dim:
+    MEMORY dim=16 keys=4000000 bytes_per_key=... values=64 slots=64 overhead=...
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+TARGET_OVERHEAD = 32  # bytes per key beyond values and slots (the multi-tier issue's target)
+
+
+def _rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def measure(keys, dim, chunk):
+    """Runs in the child: returns (total bytes per key, values, slots) per key."""
+    import numpy as np
+    import tensorflow as tf
+
+    import sparse_operation_kit as sok
+
+    ev = sok.get_embedding_variable("memory_bench", dim, key_dtype=tf.int64,
+                                    initializer=tf.zeros_initializer())
+    opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
+    warm = tf.constant(np.arange(-chunk, 0, dtype=np.int64))  # allocations of a first step
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(ev.sparse_read(warm))
+    opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+    before = _rss_bytes()
+    for start in range(0, keys, chunk):
+        ids = tf.constant(np.arange(start, min(keys, start + chunk), dtype=np.int64))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ev.sparse_read(ids))
+        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+    after = _rss_bytes()
+    return (after - before) / keys, 4 * dim, 4 * dim  # Adagrad: one slot of dim floats
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--keys", type=int, default=4_000_000)
+    p.add_argument("--dims", default="16,128")
+    p.add_argument("--chunk", type=int, default=262_144, help="keys per training step")
+    p.add_argument("--child-dim", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child_dim:
+        total, values, slots = measure(args.keys, args.child_dim, args.chunk)
+        print(f"MEMORY dim={args.child_dim} keys={args.keys} bytes_per_key={total:.1f} "
+              f"values={values} slots={slots} overhead={total - values - slots:.1f} "
+              f"target_overhead={TARGET_OVERHEAD}", flush=True)
+        return 0
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    for dim in (int(d) for d in args.dims.split(",")):
+        out = subprocess.run([sys.executable, __file__, "--keys", str(args.keys), "--chunk",
+                              str(args.chunk), "--child-dim", str(dim)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("MEMORY")]
+        if out.returncode != 0 or not lines:
+            print(out.stdout[-3000:], file=sys.stderr)
+            return out.returncode or 1
+        print(lines[-1], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
