@@ -28,7 +28,7 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit.optimizers import static_staging
+from sparse_operation_kit.optimizers import scratch_rows, static_staging
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.runtime.keras_version import keras_optimizer_kind
@@ -331,20 +331,11 @@ class GenericSparseUpdater:
                 f"the gradient of Embedding Variable '{table.name}' must be tf.IndexedSlices, got "
                 f"{type(grad).__name__}"
             )
-        keys = tf.reshape(tf.cast(grad.indices, table.key_dtype), [-1])
-        values = tf.reshape(tf.cast(grad.values, tf.float32), [-1, dim])
-        unique, position = tf.unique(keys)
-        n = tf.size(unique)
-        check = tf.debugging.assert_less_equal(
-            n,
-            cap,
-            message=f"sok.OptimizerWrapper: a step touches more rows of table '{table.name}' than the "
-            f"scratch variable of the {type(self.optimizer).__name__} update holds "
-            f"(max_touched_rows={cap}); pass a larger max_touched_rows",
-        )
-        with tf.control_dependencies([check]):
-            summed = tf.math.unsorted_segment_sum(values, position, n)
-            padding = [[0, cap - n], [0, 0]]
+        touched = scratch_rows.TouchedRows(
+            tf.cast(grad.indices, table.key_dtype), grad.values, dim, cap, table.name,
+            f"scratch variable of the {type(self.optimizer).__name__} update")
+        unique, n, summed, padding = touched.unique, touched.n, touched.summed, touched.padding
+        with tf.control_dependencies([touched.check]):
             deps = [
                 assign(state.scratch, tf.pad(table.sparse_read(unique, training=False), padding))
             ]

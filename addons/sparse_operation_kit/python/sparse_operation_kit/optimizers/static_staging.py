@@ -13,6 +13,7 @@ import itertools
 
 import tensorflow as tf
 
+from sparse_operation_kit.optimizers import scratch_rows
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.tables.tables import StaticTable
 
@@ -74,17 +75,11 @@ class StaticStager:
         """((gradient, scratch) for the wrapped optimizer, dependencies, write_back())."""
         scratch, slots = self._state(var)
         cap, dim = self.capacity, int(var.shape[-1])
-        rows = tf.reshape(tf.cast(grad.indices, tf.int64), [-1])
-        unique, position = tf.unique(rows)
-        n = tf.size(unique)
-        check = tf.debugging.assert_less_equal(
-            n, cap, message=f"sok.OptimizerWrapper: a step touches more rows of table "
-            f"'{var.name}' than the CPU scratch of the {type(self.optimizer).__name__} update holds "
-            f"(max_touched_rows={cap}); pass a larger max_touched_rows")
-        with tf.control_dependencies([check]):
-            summed = tf.math.unsorted_segment_sum(
-                tf.reshape(tf.cast(grad.values, tf.float32), [-1, dim]), position, n)
-            padding = [[0, cap - n], [0, 0]]
+        touched = scratch_rows.TouchedRows(
+            tf.cast(grad.indices, tf.int64), grad.values, dim, cap, var.name,
+            f"CPU scratch of the {type(self.optimizer).__name__} update")
+        unique, n, summed, padding = touched.unique, touched.n, touched.summed, touched.padding
+        with tf.control_dependencies([touched.check]):
             deps = [scratch.assign(tf.pad(tf.gather(var, unique), padding))]
             for of_var, of_scratch in slots.values():
                 deps.append(of_scratch.assign(tf.pad(tf.gather(of_var, unique), padding)))
