@@ -43,7 +43,26 @@ class TableRef:
         return isinstance(other, TableRef) and other._table is self._table
 
 
-class TableResource(tf.saved_model.experimental.TrackableResource):
+class _CheckpointHooks:
+    """The public hooks (checkpoint_tensors(), restore_checkpoint_tensors(tensors), name) mapped
+    onto TensorFlow's private checkpoint protocols, for TableResource and TensorsTrackable."""
+
+    def ref(self):
+        return TableRef(self)
+
+    def _serialize_to_tensors(self):
+        return self.checkpoint_tensors()
+
+    def _restore_from_tensors(self, restored_tensors):
+        return self.restore_checkpoint_tensors(restored_tensors)
+
+    def _gather_saveables_for_checkpoint(self):
+        # tf.compat.v1.train.Saver names tensors by variable ("<name>/keys", ...); the key
+        # "VARIABLE_VALUE" makes a Saver({"key": var}) use "key/keys", as for variables.
+        return {"VARIABLE_VALUE": lambda name=self.name: _NamedTensorsSaveable(self, name)}
+
+
+class TableResource(_CheckpointHooks, tf.saved_model.experimental.TrackableResource):
     """A TrackableResource that reads like a resource variable and checkpoints named tensors.
 
     Subclasses implement public hooks; this class maps them onto TensorFlow's private protocols:
@@ -63,37 +82,11 @@ class TableResource(tf.saved_model.experimental.TrackableResource):
             raise AttributeError("_should_act_as_resource_variable")
         return True
 
-    def ref(self):
-        return TableRef(self)
 
-    def _serialize_to_tensors(self):
-        return self.checkpoint_tensors()
-
-    def _restore_from_tensors(self, restored_tensors):
-        return self.restore_checkpoint_tensors(restored_tensors)
-
-    def _gather_saveables_for_checkpoint(self):
-        # tf.compat.v1.train.Saver names tensors by variable ("<name>/keys", ...); the key
-        # "VARIABLE_VALUE" makes a Saver({"key": var}) use "key/keys", as for variables.
-        return {"VARIABLE_VALUE": lambda name=self.name: _NamedTensorsSaveable(self, name)}
-
-
-class TensorsTrackable(tf.__internal__.tracking.Trackable):
+class TensorsTrackable(_CheckpointHooks, tf.__internal__.tracking.Trackable):
     """A checkpointable object (no resource of its own, e.g. a partitioned table whose parts are
     resources) with TableResource's public hooks: checkpoint_tensors(),
     restore_checkpoint_tensors(tensors) and name."""
-
-    def ref(self):
-        return TableRef(self)
-
-    def _serialize_to_tensors(self):
-        return self.checkpoint_tensors()
-
-    def _restore_from_tensors(self, restored_tensors):
-        return self.restore_checkpoint_tensors(restored_tensors)
-
-    def _gather_saveables_for_checkpoint(self):
-        return {"VARIABLE_VALUE": lambda name=self.name: _NamedTensorsSaveable(self, name)}
 
 
 class _NamedTensorsSaveable(_saveable_object.SaveableObject):
