@@ -37,6 +37,22 @@ struct Group {
   int64_t flat_elem[kGroupBlocks];  // [g * world + q]: first element of block (q, t), flat
 };
 
+// f(i) for every i in [0, total), over the whole grid.
+template <typename F>
+__device__ __forceinline__ void for_each_index(int64_t total, F f) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    f(i);
+  }
+}
+
+// [0, c[0], c[0] + c[1], ...]: where each of n tables starts (n + 1 entries).
+std::vector<int64_t> starts_of(const int64_t* counts, size_t n) {
+  std::vector<int64_t> out(n + 1, 0);
+  for (size_t t = 0; t < n; ++t) out[t + 1] = out[t] + counts[t];
+  return out;
+}
+
 int tables_per_launch(int world) {
   return std::max(1, std::min(kGroupTables, kGroupBlocks / world));
 }
@@ -89,8 +105,7 @@ void set_blocks(Group* g, int i, int t, const BlockLayout& l, bool dims_of_flat)
 template <bool kToBlocks>
 __global__ void move_rows_kernel(const __grid_constant__ Group g, const int64_t* row_pos,
                                  float* flat, int64_t total) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
     const int64_t at = e - g.elem_start[t], dim = g.dim[t], c = at % dim;
     const int64_t* pos = row_pos + (g.base[t] + at / dim) * g.world;
@@ -107,15 +122,14 @@ __global__ void move_rows_kernel(const __grid_constant__ Group g, const int64_t*
       }
       r[at] = sum;
     }
-  }
+  });
 }
 
 template <bool kToBlocks>
 Status move_rows(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
                  const int64_t* row_pos, float* flat, const std::vector<void*>& rows,
                  cudaStream_t stream) {
-  std::vector<int64_t> base(dims.size() + 1, 0);
-  for (size_t t = 0; t < dims.size(); ++t) base[t + 1] = base[t] + distinct[t];
+  const std::vector<int64_t> base = starts_of(distinct, dims.size());
   return for_groups(
       static_cast<int>(dims.size()), 1,
       [&](Group* g, int i, int t) {
@@ -135,8 +149,7 @@ Status move_rows(const std::vector<int64_t>& dims, const int64_t* distinct, int 
 
 __global__ void split_received_kernel(const __grid_constant__ Group g, const int64_t* received,
                                       int64_t total) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
     const int64_t row = e - g.elem_start[t];
     const int b = block_of(g, t, row);
@@ -144,15 +157,14 @@ __global__ void split_received_kernel(const __grid_constant__ Group g, const int
     static_cast<int64_t*>(g.tensor[t])[row] =
         sok::exchange::local_key(received[2 * j], g.target[t], g.rows[t], g.world);
     static_cast<int64_t*>(g.tensor2[t])[row] = received[2 * j + 1];
-  }
+  });
 }
 
 // owner_keys after the dedup: each received row's count added to its distinct key's, and its
 // place in the flat rows recorded for that key and requester.
 __global__ void owner_rows_kernel(const __grid_constant__ Group g, int64_t* row_pos,
                                   int64_t total) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
     const int64_t row = e - g.elem_start[t];
     const int b = block_of(g, t, row);
@@ -161,25 +173,23 @@ __global__ void owner_rows_kernel(const __grid_constant__ Group g, int64_t* row_
               static_cast<unsigned long long>(static_cast<const int64_t*>(g.tensor2[t])[row]));
     row_pos[(g.base[t] + u) * g.world + (b - t * g.world)] =
         g.flat_elem[b] + (row - g.table_row[b]) * g.dim[t];
-  }
+  });
 }
 
 // owner_keys: the distinct keys to their outputs, the summed counts zeroed.
 __global__ void owner_outputs_kernel(const __grid_constant__ Group g, int64_t total) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
     const int64_t u = e - g.elem_start[t];
     static_cast<int64_t*>(g.tensor[t])[u] = static_cast<const int64_t*>(g.tensor2[t])[u];
     static_cast<int64_t*>(g.tensor3[t])[u] = 0;
-  }
+  });
 }
 
 template <bool kGather>
 __global__ void rows_at_kernel(const __grid_constant__ Group g, const int64_t* row_at,
                                float* returned, int64_t total) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
     const int64_t at = e - g.elem_start[t], dim = g.dim[t];
     const int64_t f = row_at[g.key_start[t] + at / dim] + at % dim;
@@ -189,14 +199,13 @@ __global__ void rows_at_kernel(const __grid_constant__ Group g, const int64_t* r
     } else {
       returned[f] = r[at];
     }
-  }
+  });
 }
 
 template <bool kGather>
 Status rows_at(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,
                float* returned, const std::vector<void*>& rows, cudaStream_t stream) {
-  std::vector<int64_t> key_start(dims.size() + 1, 0);
-  for (size_t t = 0; t < dims.size(); ++t) key_start[t + 1] = key_start[t] + sizes[t];
+  const std::vector<int64_t> key_start = starts_of(sizes, dims.size());
   return for_groups(
       static_cast<int>(dims.size()), 1,
       [&](Group* g, int i, int t) {
@@ -218,8 +227,7 @@ Status rows_at(const std::vector<int64_t>& dims, const int64_t* sizes, const int
 __global__ void plan_keys_kernel(const __grid_constant__ Group g, uint32_t* block, int64_t* index,
                                  int64_t* dim, int64_t* key_flat, int64_t* count_flat,
                                  unsigned long long* bad, int64_t total) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
     const int64_t at = e - g.elem_start[t], i = g.key_start[t] + at;
     const int64_t k = static_cast<const int64_t*>(g.tensor[t])[at];
@@ -231,7 +239,7 @@ __global__ void plan_keys_kernel(const __grid_constant__ Group g, uint32_t* bloc
     key_flat[i] = k;
     count_flat[i] = counts ? counts[at] : 1;
     if (sok::exchange::bad_key(k, g.rows[t])) atomicMax(bad, g.first + t + 1ull);
-  }
+  });
 }
 
 // plan, 2: the request in sorted order, each block's first and end position.
@@ -239,8 +247,7 @@ __global__ void plan_sorted_kernel(const uint32_t* sorted_block, const int64_t* 
                                    const int64_t* key_flat, const int64_t* count_flat,
                                    const int64_t* dim, int64_t* request, int64_t* sorted_dim,
                                    int64_t* first, int64_t* end, int64_t total) {
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < total;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for_each_index(total, [&](int64_t j) {
     const int64_t i = sorted_index[j];
     request[2 * j] = key_flat[i];
     request[2 * j + 1] = count_flat[i];
@@ -248,33 +255,26 @@ __global__ void plan_sorted_kernel(const uint32_t* sorted_block, const int64_t* 
     const uint32_t b = sorted_block[j];
     if (j == 0 || sorted_block[j - 1] != b) first[b] = j;
     if (j + 1 == total || sorted_block[j + 1] != b) end[b] = j + 1;
-  }
+  });
 }
 
 // plan, 3: where each key's row starts among the returned rows (they come in request order).
 __global__ void plan_row_at_kernel(const int64_t* sorted_index, const int64_t* elem_at,
                                    int64_t* row_at, int64_t total) {
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < total;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    row_at[sorted_index[j]] = elem_at[j];
-  }
+  for_each_index(total, [&](int64_t j) { row_at[sorted_index[j]] = elem_at[j]; });
 }
 
 // plan, 4: the [world, n + 2] matrix.
 __global__ void plan_matrix_kernel(const int64_t* first, const int64_t* end,
                                    const unsigned long long* bad, int64_t signature, int world,
                                    int n, int64_t* matrix) {
-  const int c = n + 2;
-  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < world * c; e += gridDim.x * blockDim.x) {
-    const int q = e / c, t = e % c;
+  const int64_t c = n + 2;
+  for_each_index(world * c, [&](int64_t e) {
+    const int64_t q = e / c, t = e % c;
     matrix[e] = t < n ? end[q * n + t] - first[q * n + t]
                       : (t == n ? signature : static_cast<int64_t>(*bad));
-  }
+  });
 }
-
-}  // namespace
-
-namespace {
 
 // The plan's temporaries, in one workspace.
 struct PlanTemps {
@@ -324,8 +324,7 @@ Status plan_keys(const std::vector<TableSpec>& tables, int world,
                  const std::vector<const int64_t*>& keys, const std::vector<const int64_t*>& counts,
                  const int64_t* sizes, const PlanTemps& p, cudaStream_t stream) {
   const int n = static_cast<int>(tables.size());
-  std::vector<int64_t> key_start(n + 1, 0);
-  for (int t = 0; t < n; ++t) key_start[t + 1] = key_start[t] + sizes[t];
+  const std::vector<int64_t> key_start = starts_of(sizes, n);
   return for_groups(
       n, 1,
       [&](Group* g, int i, int t) {
@@ -435,8 +434,7 @@ Status dedup(const BlockLayout& l, const OwnerTemps& o, cudaStream_t stream, Dev
 Status owner_outputs(const std::vector<TableSpec>& tables, const BlockLayout& l,
                      const OwnerTemps& o, const std::vector<int64_t>& distinct,
                      const OwnerKeysOut& out, cudaStream_t stream) {
-  std::vector<int64_t> base(l.n + 1, 0);
-  for (int t = 0; t < l.n; ++t) base[t + 1] = base[t] + distinct[t];
+  const std::vector<int64_t> base = starts_of(distinct.data(), l.n);
   SOK_CUDA_RETURN(
       cudaMemsetAsync(out.row_pos, 0xff, sizeof(int64_t) * base[l.n] * l.world, stream));
   SOK_RETURN_IF_ERROR(for_groups(
@@ -476,8 +474,7 @@ Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
                   const int64_t* received, const AllocateOwnerKeys& allocate, cudaStream_t stream,
                   DeviceAllocator* alloc) {
   OwnerTemps o;
-  o.start.assign(l.n + 1, 0);
-  for (int t = 0; t < l.n; ++t) o.start[t + 1] = o.start[t] + l.table_rows[t];
+  o.start = starts_of(l.table_rows.data(), l.n);
   const int64_t m = o.start[l.n];
   Temp tmp;
   SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, &tmp, [&](Workspace& w) {
