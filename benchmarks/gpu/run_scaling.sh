@@ -22,8 +22,8 @@ criteo() {
   for n in $sizes; do
     for xla in "" --xla; do
       log="$out/criteo_np${n}${xla:+_xla}.txt"
-      launch "$n" benchmarks/criteo/run.py --batch_size $((65536 * n)) --steps 60 \
-        --warmup_steps 20 --log_every 0 --eval_every 0 --no_plot $xla > "$log" 2>&1
+      launch "$n" benchmarks/criteo/run.py --batch_size $((65536 * n)) --steps "${CRITEO_STEPS:-200}" \
+        --warmup_steps 30 --log_every 0 --eval_every 0 --no_plot $xla > "$log" 2>&1
       echo "criteo gpus=$n ${xla:-no-xla} exit=$? $(grep -o 'RESULT.*' "$log" | tail -n 1)"
     done
   done

@@ -2,6 +2,7 @@
 // stable C ABI (ncclComm_t is an opaque pointer, ncclUniqueId 128 bytes, the enums ints).
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -148,18 +149,20 @@ Status Communicator::Create(const std::string& id, int rank, int world, int devi
   }
   // Connect every pair now (NCCL connects peers at their first send): its buffers come out of
   // the GPU's free memory before the program's first step.
+  const size_t header = sizeof(int64_t) * world * kHeaderColumns;
+  s = cuda_status(cudaMalloc(&c->header_, 2 * header), "cudaMalloc of the count headers");
+  if (s.ok()) s = cuda_status(cudaMallocHost(&c->header_host_, 2 * header), "cudaMallocHost");
+  if (s.ok()) {
+    s = cuda_status(cudaMallocHost(&c->widths_host_, header), "cudaMallocHost of the widths");
+  }
+  if (!s.ok()) return s;
   cudaStream_t stream;
   s = cuda_status(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   if (!s.ok()) return s;
-  int64_t* d = nullptr;
-  int64_t* h = nullptr;
-  s = cuda_status(cudaMalloc(&d, sizeof(int64_t) * 2 * world), "cudaMalloc");
-  if (s.ok()) s = cuda_status(cudaMallocHost(&h, sizeof(int64_t) * 2 * world), "cudaMallocHost");
-  if (s.ok()) s = cuda_status(cudaMemsetAsync(d, 0, sizeof(int64_t) * world, stream), "memset");
-  if (s.ok()) s = c->exchange_counts(d, d + world, 1, h, stream);
+  int64_t* d = c->header_;
+  s = cuda_status(cudaMemsetAsync(d, 0, sizeof(int64_t) * world, stream), "memset");
+  if (s.ok()) s = c->exchange_counts(d, d + world, 1, c->header_host_, stream);
   if (s.ok()) s = cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  cudaFree(d);
-  cudaFreeHost(h);
   cudaStreamDestroy(stream);
   if (!s.ok()) return s;
   *out = std::move(c);
@@ -168,6 +171,9 @@ Status Communicator::Create(const std::string& id, int rank, int world, int devi
 
 Communicator::~Communicator() {
   if (comm_ != nullptr && !aborted_) Load().CommDestroy(comm_);
+  cudaFree(header_);
+  cudaFreeHost(header_host_);
+  cudaFreeHost(widths_host_);
 }
 
 Status Communicator::check(int result, const char* what) {
@@ -238,6 +244,48 @@ Status Communicator::exchange_counts(const int64_t* send_counts, int64_t* recv_c
   if (s.ok()) s = wait(done, "the exchange of all-to-all sizes");
   cudaEventDestroy(done);
   return s;
+}
+
+Status Communicator::exchange_count_matrix(const int64_t* send_counts, int64_t* recv_counts, int k,
+                                           int64_t* host_counts, int64_t* widths,
+                                           cudaStream_t stream) {
+  const int h = kHeaderColumns;
+  const size_t pitch = sizeof(int64_t) * h;
+  const int inline_k = std::min(k, h - 1);
+  int64_t* send = header_;
+  int64_t* recv = header_ + static_cast<size_t>(world_) * h;
+  // Row p of the message to rank p: [k, the first inline_k counts, zeros].
+  std::fill(widths_host_, widths_host_ + static_cast<size_t>(world_) * h, 0);
+  for (int p = 0; p < world_; ++p) widths_host_[static_cast<size_t>(p) * h] = k;
+  Status s = cuda_status(
+      cudaMemcpyAsync(send, widths_host_, pitch * world_, cudaMemcpyHostToDevice, stream),
+      "copy of the count widths to the GPU");
+  if (s.ok() && inline_k > 0) {
+    s = cuda_status(
+        cudaMemcpy2DAsync(send + 1, pitch, send_counts, sizeof(int64_t) * k,
+                          sizeof(int64_t) * inline_k, world_, cudaMemcpyDeviceToDevice, stream),
+        "copy of the counts into their messages");
+  }
+  if (s.ok()) s = exchange_counts(send, recv, h, header_host_, stream);
+  if (!s.ok()) return s;
+  const int64_t* got = header_host_ + static_cast<size_t>(world_) * h;
+  bool same = true;
+  for (int p = 0; p < world_; ++p) {
+    widths[p] = got[static_cast<size_t>(p) * h];
+    same = same && widths[p] == k;
+  }
+  if (!same) return Status::OK();
+  if (k > inline_k) return exchange_counts(send_counts, recv_counts, k, host_counts, stream);
+  for (int p = 0; p < world_; ++p) {
+    const int64_t* row = header_host_ + static_cast<size_t>(p) * h + 1;
+    std::copy(row, row + k, host_counts + static_cast<size_t>(p) * k);
+    std::copy(got + static_cast<size_t>(p) * h + 1, got + static_cast<size_t>(p) * h + 1 + k,
+              host_counts + static_cast<size_t>(world_ + p) * k);
+  }
+  return cuda_status(
+      cudaMemcpy2DAsync(recv_counts, sizeof(int64_t) * k, recv + 1, pitch, sizeof(int64_t) * k,
+                        world_, cudaMemcpyDeviceToDevice, stream),
+      "copy of the received counts out of their messages");
 }
 
 Status Communicator::all_to_all(const void* send, const int64_t* send_rows, void* recv,

@@ -58,6 +58,14 @@ class Communicator {
   // host to allocate its output.
   Status exchange_counts(const int64_t* send_counts, int64_t* recv_counts, int k,
                          int64_t* host_counts, cudaStream_t stream);
+  // exchange_counts for a [world, k] count matrix whose width k the ranks may disagree on (a
+  // program that passed different tables): k travels with the counts in one fixed-size message
+  // per peer, so the NCCL calls always match and one host wait serves both. widths[p] = rank p's
+  // k; when any differs from ours, the counts are not exchanged (the caller reports the widths).
+  // A matrix wider than kHeaderColumns - 1 sends its remaining columns in a second exchange.
+  Status exchange_count_matrix(const int64_t* send_counts, int64_t* recv_counts, int k,
+                               int64_t* host_counts, int64_t* widths, cudaStream_t stream);
+  static constexpr int kHeaderColumns = 64;
   // The variable all-to-all of `row_bytes`-byte rows: send_rows[p] rows from `send` (grouped by
   // destination, rank order) to rank p; recv_rows[p] rows from rank p into `recv`, in rank order.
   // The counts are host values (exchange_counts); the rank's own part is a device copy.
@@ -80,6 +88,11 @@ class Communicator {
   Status wait(cudaEvent_t event, const char* what);
 
   void* comm_ = nullptr;  // ncclComm_t
+  // exchange_count_matrix's messages: [world, kHeaderColumns] to send and received (device), the
+  // host's copy of both, and the widths staged for the device (pinned host).
+  int64_t* header_ = nullptr;
+  int64_t* header_host_ = nullptr;
+  int64_t* widths_host_ = nullptr;
   int rank_ = 0, world_ = 1, device_ = -1;
   double timeout_s_ = 300;
   bool aborted_ = false;

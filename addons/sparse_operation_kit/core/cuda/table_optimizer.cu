@@ -51,102 +51,117 @@ struct ApplyLaunch : PartsLaunch<ApplyPart<K>> {
 };
 static_assert(sizeof(ApplyLaunch<int64_t>) <= 4096, "kernel parameters beyond 4 KB");
 
+// The row of `key` for an update, inserted at its initial value if missing (inserted: 1 on the
+// lane that inserted it). freq: the key's frequency before this step (0 when fresh).
+template <typename K>
+__device__ float* claim_update_row(const Tile& tile, const DevTable& t, const RowInit& ri,
+                                   int64_t key, int* fail, int64_t* slot, int64_t* freq,
+                                   int* inserted) {
+  const uint64_t h = hash_key(key);
+  const Claim r = probe_insert(tile, t, key, h, fail);
+  *slot = r.slot;
+  *freq = 0;
+  if (r.slot < 0) return nullptr;
+  float* row = t.rows + r.slot * t.stride;
+  if (r.fresh) {
+    if (tile.thread_rank() == 0) {
+      t.meta[r.slot].key = key;
+      t.meta[r.slot].freq = 0;
+    }
+    for (int64_t c = tile.thread_rank(); c < t.stride; c += kTile) {
+      row[c] = fresh_element(ri, key, c, t.dim);
+    }
+    publish(tile, t, r.slot, h);
+    *inserted = tile.thread_rank() == 0;
+  } else {
+    *freq = ld_relaxed_i64(&t.meta[r.slot].freq);
+  }
+  return row;
+}
+
+// apply_element from optimizer.h over a row's float4 columns: C chunks of 32 columns loaded
+// before the math (more bytes in flight, more registers), then stored.
+template <int C>
+__device__ void apply_row_vec(const OptimizerParams& p, float alpha, float* row, const float* g,
+                              int64_t dim, int ns, int lane) {
+  for (int64_t c0 = 4 * lane; c0 < dim; c0 += 4 * kTile * C) {
+    float4 v[C], s0[C], s1[C], gg[C];
+#pragma unroll
+    for (int k = 0; k < C; ++k) {
+      const int64_t c = c0 + k * 4 * kTile;
+      s0[k] = s1[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (c < dim) {
+        v[k] = __ldcg(reinterpret_cast<const float4*>(row + c));
+        if (ns > 0) s0[k] = __ldcg(reinterpret_cast<const float4*>(row + dim + c));
+        if (ns > 1) s1[k] = __ldcg(reinterpret_cast<const float4*>(row + 2 * dim + c));
+        gg[k] = __ldg(reinterpret_cast<const float4*>(g + c));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < C; ++k) {
+      if (c0 + k * 4 * kTile >= dim) continue;
+      float* vp = &v[k].x;
+      float* s0p = &s0[k].x;
+      float* s1p = &s1[k].x;
+      const float* gp = &gg[k].x;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        float sl[2] = {s0p[q], s1p[q]};
+        apply_element(p, alpha, vp + q, sl, 1, 0, gp[q]);
+        s0p[q] = sl[0];
+        s1p[q] = sl[1];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < C; ++k) {
+      const int64_t c = c0 + k * 4 * kTile;
+      if (c >= dim) continue;
+      *reinterpret_cast<float4*>(row + c) = v[k];
+      if (ns > 0) *reinterpret_cast<float4*>(row + dim + c) = s0[k];
+      if (ns > 1) *reinterpret_cast<float4*>(row + 2 * dim + c) = s1[k];
+    }
+  }
+}
+
+// The same over scalar columns (dim % 4 != 0).
+__device__ void apply_row_scalar(const OptimizerParams& p, float alpha, float* row, const float* g,
+                                 int64_t dim, int ns, int lane) {
+  for (int64_t c = lane; c < dim; c += kTile) {
+    float v = __ldcg(row + c);
+    float sl[2] = {ns > 0 ? __ldcg(row + dim + c) : 0.f, ns > 1 ? __ldcg(row + 2 * dim + c) : 0.f};
+    apply_element(p, alpha, &v, sl, 1, 0, g[c]);
+    row[c] = v;
+    if (ns > 0) row[dim + c] = sl[0];
+    if (ns > 1) row[2 * dim + c] = sl[1];
+  }
+}
+
 // One optimizer step per (unique) key; apply_element from optimizer.h on a one-element view
 // of the row (dim 1, column 0), so the math is the CPU's, element by element.
-// NC > 0: float4 columns, NC chunks of 32 columns loaded before the math (more bytes in flight,
-// more registers); NC == 0: scalar columns (dim % 4 != 0).
+// NC > 0: float4 columns in NC chunks (apply_row_vec); NC == 0: scalar columns.
 template <typename K, int NC>
 __global__ void
 __launch_bounds__(kBlock) k_apply(const __grid_constant__ ApplyLaunch<K> L) {
   const int part = part_of_block(L, blockIdx.x);
   const ApplyPart<K>& q = L.part[part];
   const DevTable& t = q.t;
-  const RowInit& ri = q.ri;
-  const OptimizerParams& p = L.s.p;
-  const float alpha = L.s.alpha;
-  const int64_t step = L.s.step;
-  const K* keys = q.keys;
-  const float* grads = q.grads;
-  int* fail = q.fail;
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = key_of_thread(L.first_block[part]);
-  const int lane = tile.thread_rank();
   int inserted = 0;
   if (i < effective_n(q.n, q.d_n)) {
-    const int64_t key = static_cast<int64_t>(keys[i]);
-    const uint64_t h = hash_key(key);
-    const Claim r = probe_insert(tile, t, key, h, fail);
-    if (r.slot >= 0) {
-      float* row = t.rows + r.slot * t.stride;
-      int64_t freq = 0;
-      if (r.fresh) {
-        if (lane == 0) {
-          t.meta[r.slot].key = key;
-          t.meta[r.slot].freq = 0;
-        }
-        for (int64_t c = lane; c < t.stride; c += kTile) row[c] = fresh_element(ri, key, c, t.dim);
-        publish(tile, t, r.slot, h);
-        inserted = lane == 0;
+    const int64_t key = static_cast<int64_t>(q.keys[i]);
+    int64_t slot, freq;
+    float* row = claim_update_row<K>(tile, t, q.ri, key, q.fail, &slot, &freq, &inserted);
+    if (row != nullptr && (q.ri.filter_freq <= 0 || freq >= q.ri.filter_freq)) {
+      const float* g = q.grads + i * t.dim;
+      const int lane = tile.thread_rank();
+      constexpr int kChunks = NC > 0 ? NC : 1;
+      if (NC > 0) {
+        apply_row_vec<kChunks>(L.s.p, L.s.alpha, row, g, t.dim, q.ri.num_slots, lane);
       } else {
-        freq = ld_relaxed_i64(&t.meta[r.slot].freq);
+        apply_row_scalar(L.s.p, L.s.alpha, row, g, t.dim, q.ri.num_slots, lane);
       }
-      if (ri.filter_freq <= 0 || freq >= ri.filter_freq) {
-        const int64_t dim = t.dim;
-        const float* g = grads + i * dim;
-        const int ns = ri.num_slots;
-        if (NC > 0) {
-          constexpr int C = NC > 0 ? NC : 1;
-          // Loads of C column chunks first, then the math (optimizer.h), then the stores.
-          for (int64_t c0 = 4 * lane; c0 < dim; c0 += 4 * kTile * C) {
-            float4 v[C], s0[C], s1[C], gg[C];
-#pragma unroll
-            for (int k = 0; k < C; ++k) {
-              const int64_t c = c0 + k * 4 * kTile;
-              s0[k] = s1[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-              if (c < dim) {
-                v[k] = __ldcg(reinterpret_cast<const float4*>(row + c));
-                if (ns > 0) s0[k] = __ldcg(reinterpret_cast<const float4*>(row + dim + c));
-                if (ns > 1) s1[k] = __ldcg(reinterpret_cast<const float4*>(row + 2 * dim + c));
-                gg[k] = __ldg(reinterpret_cast<const float4*>(g + c));
-              }
-            }
-#pragma unroll
-            for (int k = 0; k < C; ++k) {
-              const int64_t c = c0 + k * 4 * kTile;
-              if (c >= dim) continue;
-              float* vp = &v[k].x;
-              float* s0p = &s0[k].x;
-              float* s1p = &s1[k].x;
-              const float* gp = &gg[k].x;
-#pragma unroll
-              for (int q = 0; q < 4; ++q) {
-                float sl[2] = {s0p[q], s1p[q]};
-                apply_element(p, alpha, vp + q, sl, 1, 0, gp[q]);
-                s0p[q] = sl[0];
-                s1p[q] = sl[1];
-              }
-            }
-#pragma unroll
-            for (int k = 0; k < C; ++k) {
-              const int64_t c = c0 + k * 4 * kTile;
-              if (c >= dim) continue;
-              *reinterpret_cast<float4*>(row + c) = v[k];
-              if (ns > 0) *reinterpret_cast<float4*>(row + dim + c) = s0[k];
-              if (ns > 1) *reinterpret_cast<float4*>(row + 2 * dim + c) = s1[k];
-            }
-          }
-        } else {
-          for (int64_t c = lane; c < dim; c += kTile) {
-            float v = __ldcg(row + c);
-            float sl[2] = {ns > 0 ? __ldcg(row + dim + c) : 0.f, ns > 1 ? __ldcg(row + 2 * dim + c) : 0.f};
-            apply_element(p, alpha, &v, sl, 1, 0, g[c]);
-            row[c] = v;
-            if (ns > 0) row[dim + c] = sl[0];
-            if (ns > 1) row[2 * dim + c] = sl[1];
-          }
-        }
-        if (lane == 0) t.versions[r.slot] = step;
-      }
+      if (lane == 0) t.versions[slot] = L.s.step;
     }
   }
   add_count(q.counters, inserted);

@@ -241,71 +241,44 @@ size_t unique_keys_multi_staging_bytes(const std::vector<UniqueTable>& tables) {
   return blob_layout(tables, num_groups(tables)).bytes;
 }
 
-Status unique_keys_multi(const std::vector<UniqueTable>& tables, UniqueTableReport* d_reports,
-                         cudaStream_t stream, DeviceAllocator* alloc, void* host_staging) {
-  if (tables.empty()) return Status::OK();
-  // Group 0: int32 keys, group 1: int64 keys; members in table order.
-  std::vector<int> members[2];
+namespace {
+
+// Group 0: int32 keys, group 1: int64 keys; members in table order.
+struct Members {
+  std::vector<int> of[2];
   int64_t total[2] = {0, 0};
+};
+
+Status group_members(const std::vector<UniqueTable>& tables, Members* m) {
   for (size_t i = 0; i < tables.size(); ++i) {
     const UniqueTable& t = tables[i];
     if (t.n < 0) return Status::Invalid("unique_keys_multi: negative id count");
     if (t.positions != nullptr && (t.rank < 1 || t.dense_shape == nullptr))
       return Status::Invalid("unique_keys_multi: positions need a rank >= 1 and a dense shape");
-    members[t.keys_int64].push_back(static_cast<int>(i));
-    total[t.keys_int64] += t.n;
-    if (total[t.keys_int64] > kMaxIds)
+    m->of[t.keys_int64].push_back(static_cast<int>(i));
+    m->total[t.keys_int64] += t.n;
+    if (m->total[t.keys_int64] > kMaxIds)
       return Status::Invalid(std::string("unique_keys_multi: more than 2^31 - 2 ids in the ") +
                              (t.keys_int64 ? "int64" : "int32") + " tables of one call");
   }
-  const int groups = num_groups(tables);
-  const Blob layout = blob_layout(tables, groups);
-  int64_t cap[2] = {0, 0};
-  size_t scan_bytes[2] = {0, 0};
-  for (int k = 0; k < 2; ++k) {
-    if (total[k] == 0) continue;
-    cap[k] = 16;
-    while (cap[k] < 2 * total[k]) cap[k] <<= 1;
-    const FirstFlags flags(thrust::counting_iterator<int64_t>(0), IsFirst{});
-    SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes[k], flags,
-                                                  static_cast<int32_t*>(nullptr),
-                                                  static_cast<int>(total[k] + 1), stream));
-  }
-  char* blob;
-  uint64_t* slots[2];
-  int64_t* pos_of[2];
-  int32_t* upos[2];
-  void* scan_tmp[2];
-  Temp tmp;
-  SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, &tmp, [&](Workspace& ws) {
-    blob = ws.take<char>(layout.bytes);
-    for (int k = 0; k < 2; ++k) slots[k] = ws.take<uint64_t>(cap[k]);  // adjacent: one memset
-    for (int k = 0; k < 2; ++k) {
-      pos_of[k] = ws.take<int64_t>(total[k]);
-      upos[k] = ws.take<int32_t>(total[k] + 1);
-      scan_tmp[k] = ws.take_bytes(scan_bytes[k]);
-    }
-  }));
+  return Status::OK();
+}
 
-  std::vector<char> pageable;
-  char* host = static_cast<char*>(host_staging);
-  if (host == nullptr) {
-    pageable.resize(layout.bytes);
-    host = pageable.data();
-  }
+// The blob's host image (`host`, layout.bytes) and each group's view of the device blob.
+void fill_unique_blob(const std::vector<UniqueTable>& tables, const Members& m, const Blob& layout,
+                      const char* blob, char* host, Group* g) {
   TableArgs* args = reinterpret_cast<TableArgs*>(host);
   int64_t* first = reinterpret_cast<int64_t*>(host + layout.first_at);
   int64_t* shapes = reinterpret_cast<int64_t*>(host + layout.shapes_at);
-  Group g[2];
   size_t a = 0, f = 0, d = 0;
   for (int k = 0; k < 2; ++k) {
-    if (members[k].empty()) continue;
+    if (m.of[k].empty()) continue;
     g[k].tables = reinterpret_cast<const TableArgs*>(blob) + a;
     g[k].first = reinterpret_cast<const int64_t*>(blob + layout.first_at) + f;
-    g[k].num_tables = static_cast<int>(members[k].size());
-    g[k].n = total[k];
+    g[k].num_tables = static_cast<int>(m.of[k].size());
+    g[k].n = m.total[k];
     int64_t at = 0;
-    for (int i : members[k]) {
+    for (int i : m.of[k]) {
       const UniqueTable& t = tables[i];
       TableArgs& ta = args[a++];
       ta = TableArgs{t.keys,      t.unique, t.inverse, t.counts,
@@ -320,6 +293,58 @@ Status unique_keys_multi(const std::vector<UniqueTable>& tables, UniqueTableRepo
     }
     first[f++] = at;
   }
+}
+
+// Per group: hash slots (a power of two, at least twice the ids) and the scan's scratch bytes.
+Status group_sizes(const Members& m, int64_t* cap, size_t* scan_bytes, cudaStream_t stream) {
+  for (int k = 0; k < 2; ++k) {
+    cap[k] = 0;
+    scan_bytes[k] = 0;
+    if (m.total[k] == 0) continue;
+    cap[k] = 16;
+    while (cap[k] < 2 * m.total[k]) cap[k] <<= 1;
+    const FirstFlags flags(thrust::counting_iterator<int64_t>(0), IsFirst{});
+    SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes[k], flags,
+                                                  static_cast<int32_t*>(nullptr),
+                                                  static_cast<int>(m.total[k] + 1), stream));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status unique_keys_multi(const std::vector<UniqueTable>& tables, UniqueTableReport* d_reports,
+                         cudaStream_t stream, DeviceAllocator* alloc, void* host_staging) {
+  if (tables.empty()) return Status::OK();
+  Members m;
+  SOK_RETURN_IF_ERROR(group_members(tables, &m));
+  const Blob layout = blob_layout(tables, num_groups(tables));
+  int64_t cap[2];
+  size_t scan_bytes[2];
+  SOK_RETURN_IF_ERROR(group_sizes(m, cap, scan_bytes, stream));
+  char* blob;
+  uint64_t* slots[2];
+  int64_t* pos_of[2];
+  int32_t* upos[2];
+  void* scan_tmp[2];
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, &tmp, [&](Workspace& ws) {
+    blob = ws.take<char>(layout.bytes);
+    for (int k = 0; k < 2; ++k) slots[k] = ws.take<uint64_t>(cap[k]);  // adjacent: one memset
+    for (int k = 0; k < 2; ++k) {
+      pos_of[k] = ws.take<int64_t>(m.total[k]);
+      upos[k] = ws.take<int32_t>(m.total[k] + 1);
+      scan_tmp[k] = ws.take_bytes(scan_bytes[k]);
+    }
+  }));
+  std::vector<char> pageable;
+  char* host = static_cast<char*>(host_staging);
+  if (host == nullptr) {
+    pageable.resize(layout.bytes);
+    host = pageable.data();
+  }
+  Group g[2];
+  fill_unique_blob(tables, m, layout, blob, host, g);
   SOK_CUDA_RETURN(cudaMemcpyAsync(blob, host, layout.bytes, cudaMemcpyHostToDevice, stream));
   SOK_CUDA_RETURN(
       cudaMemsetAsync(d_reports, 0xff, tables.size() * sizeof(UniqueTableReport), stream));
@@ -329,11 +354,11 @@ Status unique_keys_multi(const std::vector<UniqueTable>& tables, UniqueTableRepo
         reinterpret_cast<char*>((cap[1] ? slots[1] : slots[0]) + (cap[1] ? cap[1] : cap[0]));
     SOK_CUDA_RETURN(cudaMemsetAsync(begin, 0xff, end - begin, stream));
   }
-  if (!members[0].empty())
+  if (!m.of[0].empty())
     SOK_RETURN_IF_ERROR(launch_group<int32_t>(g[0], slots[0], static_cast<uint64_t>(cap[0] - 1),
                                               pos_of[0], upos[0], scan_tmp[0], scan_bytes[0],
                                               d_reports, stream));
-  if (!members[1].empty())
+  if (!m.of[1].empty())
     SOK_RETURN_IF_ERROR(launch_group<int64_t>(g[1], slots[1], static_cast<uint64_t>(cap[1] - 1),
                                               pos_of[1], upos[1], scan_tmp[1], scan_bytes[1],
                                               d_reports, stream));
@@ -365,22 +390,24 @@ __global__ void k_order_scatter(Group g, const int32_t* sorted_values) {
 
 }  // namespace
 
-Status stable_sample_order_multi(const std::vector<SampleOrderTable>& tables, cudaStream_t stream,
-                                 DeviceAllocator* alloc) {
-  // Batches of consecutive tables whose (table, sample) keys fit 64 bits and ids fit the sort.
-  struct Batch {
-    size_t begin, end;
-    int64_t n;
-    int sample_bits, table_bits;
-  };
-  std::vector<Batch> batches;
+namespace {
+
+// Consecutive tables whose (table, sample) keys fit 64 bits and ids fit the sort.
+struct OrderBatch {
+  size_t begin, end;
+  int64_t n;
+  int sample_bits, table_bits;
+};
+
+Status order_batches(const std::vector<SampleOrderTable>& tables, std::vector<OrderBatch>* out) {
+  std::vector<OrderBatch>& batches = *out;
   for (size_t i = 0; i < tables.size(); ++i) {
     const SampleOrderTable& t = tables[i];
     if (t.n < 0 || t.n > kMaxIds || t.rank < 1)
       return Status::Invalid("stable_sample_order_multi: bad table arguments");
     const int sb = bits_for(static_cast<uint64_t>(std::max<int64_t>(t.num_samples - 1, 0)));
     if (!batches.empty()) {
-      Batch& b = batches.back();
+      OrderBatch& b = batches.back();
       const size_t count = i + 1 - b.begin;
       const int s = std::max(b.sample_bits, sb);
       const int tb = bits_for(count - 1);
@@ -392,11 +419,44 @@ Status stable_sample_order_multi(const std::vector<SampleOrderTable>& tables, cu
         continue;
       }
     }
-    batches.push_back(Batch{i, i + 1, t.n, sb, 0});
+    batches.push_back(OrderBatch{i, i + 1, t.n, sb, 0});
   }
+  return Status::OK();
+}
+
+// The blob's host image and each batch's view of the device blob (as fill_unique_blob).
+void fill_order_blob(const std::vector<SampleOrderTable>& tables,
+                     const std::vector<OrderBatch>& batches, size_t first_at, const char* blob,
+                     char* host, Group* g) {
+  TableArgs* args = reinterpret_cast<TableArgs*>(host);
+  int64_t* first = reinterpret_cast<int64_t*>(host + first_at);
+  size_t f = 0;
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const OrderBatch& b = batches[k];
+    g[k].tables = reinterpret_cast<const TableArgs*>(blob) + b.begin;
+    g[k].first = reinterpret_cast<const int64_t*>(blob + first_at) + f;
+    g[k].num_tables = static_cast<int>(b.end - b.begin);
+    g[k].n = b.n;
+    int64_t at = 0;
+    for (size_t i = b.begin; i < b.end; ++i) {
+      const SampleOrderTable& t = tables[i];
+      args[i] = TableArgs{nullptr, nullptr, t.order, nullptr, t.positions, nullptr, t.rank, 0};
+      first[f++] = at;
+      at += t.n;
+    }
+    first[f++] = at;
+  }
+}
+
+}  // namespace
+
+Status stable_sample_order_multi(const std::vector<SampleOrderTable>& tables, cudaStream_t stream,
+                                 DeviceAllocator* alloc) {
+  std::vector<OrderBatch> batches;
+  SOK_RETURN_IF_ERROR(order_batches(tables, &batches));
   int64_t most = 0;
   size_t sort_bytes = 0;
-  for (const Batch& b : batches) {
+  for (const OrderBatch& b : batches) {
     most = std::max(most, b.n);
     size_t bytes = 0;
     SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
@@ -422,25 +482,8 @@ Status stable_sample_order_multi(const std::vector<SampleOrderTable>& tables, cu
     sort_tmp = ws.take_bytes(sort_bytes);
   }));
   std::vector<char> host(blob_bytes);
-  TableArgs* args = reinterpret_cast<TableArgs*>(host.data());
-  int64_t* first = reinterpret_cast<int64_t*>(host.data() + first_at);
   std::vector<Group> g(batches.size());
-  size_t f = 0;
-  for (size_t k = 0; k < batches.size(); ++k) {
-    const Batch& b = batches[k];
-    g[k].tables = reinterpret_cast<const TableArgs*>(blob) + b.begin;
-    g[k].first = reinterpret_cast<const int64_t*>(blob + first_at) + f;
-    g[k].num_tables = static_cast<int>(b.end - b.begin);
-    g[k].n = b.n;
-    int64_t at = 0;
-    for (size_t i = b.begin; i < b.end; ++i) {
-      const SampleOrderTable& t = tables[i];
-      args[i] = TableArgs{nullptr, nullptr, t.order, nullptr, t.positions, nullptr, t.rank, 0};
-      first[f++] = at;
-      at += t.n;
-    }
-    first[f++] = at;
-  }
+  fill_order_blob(tables, batches, first_at, blob, host.data(), g.data());
   SOK_CUDA_RETURN(cudaMemcpyAsync(blob, host.data(), blob_bytes, cudaMemcpyHostToDevice, stream));
   for (size_t k = 0; k < batches.size(); ++k) {
     if (g[k].n == 0) continue;

@@ -142,11 +142,8 @@ class AllToAllOp : public SokOpKernel<GpuDevice> {
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({2 * world * k}), &host, pinned));
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
     auto hold = comm->lock();
-    if (send_counts.dims() == 2) OP_REQUIRES_OK(ctx, CheckWidths(ctx, comm, k, stream));
-    const int64_t* counts = host.flat<int64_t>().data();
-    OP_REQUIRES_OK(ctx, ToTf(comm->exchange_counts(send_counts.flat<int64_t>().data(),
-                                                   outs[0]->flat<int64_t>().data(), k,
-                                                   host.flat<int64_t>().data(), stream)));
+    int64_t* counts = host.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, ExchangeCounts(comm, send_counts, outs[0], k, counts, stream));
     std::copy(counts, counts + world * k, outs[1]->flat<int64_t>().data());
     std::copy(counts + world * k, counts + 2 * world * k, outs[2]->flat<int64_t>().data());
     std::vector<int64_t> send_rows(world, 0), recv_rows(world, 0);
@@ -165,25 +162,20 @@ class AllToAllOp : public SokOpKernel<GpuDevice> {
  private:
   // Every rank sends the same number of columns, or every rank fails alike (a rank that posted
   // a different width would leave NCCL's sends and receives unmatched).
-  Status CheckWidths(OpKernelContext* ctx, Communicator* comm, int k, cudaStream_t stream) {
+  Status ExchangeCounts(Communicator* comm, const Tensor& send_counts, Tensor* recv_counts, int k,
+                        int64_t* counts, cudaStream_t stream) {
+    const int64_t* send = send_counts.flat<int64_t>().data();
+    int64_t* recv = recv_counts->flat<int64_t>().data();
+    if (send_counts.dims() == 1) return ToTf(comm->exchange_counts(send, recv, 1, counts, stream));
     const int world = comm->world();
-    Tensor widths, host;
-    AllocatorAttributes pinned;
-    pinned.set_on_host(true);
-    pinned.set_gpu_compatible(true);
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, TensorShape({2 * world}), &widths));
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, TensorShape({3 * world}), &host, pinned));
-    int64_t* h = host.flat<int64_t>().data();
-    std::fill(h, h + world, k);
-    int64_t* d = widths.flat<int64_t>().data();
-    TF_RETURN_IF_ERROR(ToTf(sok::gpu::cuda_status(
-        cudaMemcpyAsync(d, h, sizeof(int64_t) * world, cudaMemcpyHostToDevice, stream),
-        "copy of the count widths to the GPU")));
-    TF_RETURN_IF_ERROR(ToTf(comm->exchange_counts(d, d + world, 1, h + world, stream)));
-    const int64_t* got = h + 2 * world;
-    if (std::all_of(got, got + world, [k](int64_t w) { return w == k; })) return OkStatus();
+    std::vector<int64_t> widths(world);
+    TF_RETURN_IF_ERROR(
+        ToTf(comm->exchange_count_matrix(send, recv, k, counts, widths.data(), stream)));
+    if (std::all_of(widths.begin(), widths.end(), [k](int64_t w) { return w == k; })) {
+      return OkStatus();
+    }
     std::string per_rank;
-    for (int p = 0; p < world; ++p) absl::StrAppend(&per_rank, p ? ", " : "", got[p]);
+    for (int p = 0; p < world; ++p) absl::StrAppend(&per_rank, p ? ", " : "", widths[p]);
     return errors::InvalidArgument(width_mismatch_, " Count columns per rank 0..", world - 1, ": [",
                                    per_rank, "]");
   }
