@@ -20,6 +20,16 @@ HOROVODRUN = next((p for p in (os.path.join(BIN, "horovodrun"), shutil.which("ho
 # SOK_TEST_DEVICE=gpu (a machine with a GPU per rank): the ranks exchange over NCCL and each
 # asserts that its SOK kernels and all-to-alls ran on its GPU (workers/mp_common.py).
 TEST_DEVICE = os.environ.get("SOK_TEST_DEVICE", "cpu").lower()
+
+def gpu_count():
+    """GPUs on this machine (nvidia-smi; 0 without one)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
 JOB_TIMEOUT = 420  # seconds for one horovodrun job: a hang fails the test, it does not stall CI
 
 

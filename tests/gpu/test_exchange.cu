@@ -81,8 +81,11 @@ bool test_owner(int world, int n) {
     for (int t = 0; t < n; ++t) {  // each requester's keys distinct, shared between requesters
       const auto k = distinct_keys(g_rng() % 200, 0, 400);
       counts[q * n + t] = static_cast<int64_t>(k.size());
+      // A spread static table's owner (here the last rank) receives only keys it owns: their
+      // local rows (key / world) are distinct too.
+      const bool spread_static = tables[t].target < 0 && tables[t].rows >= 0;
       for (int64_t key : k) {
-        received.push_back(key);
+        received.push_back(spread_static ? key * world + world - 1 : key);
         received.push_back(1 + static_cast<int64_t>(g_rng() % 7));
       }
     }

@@ -28,6 +28,7 @@ from mp_common import (
     check_ev_rows,
     check_static_rows,
     close,
+    cpu_step_ops,
     dense_init,
     done,
     epsilon,
@@ -660,7 +661,7 @@ def main():
     hvd, rank, world = setup()
     assert world == hvd.size() > 1, "run under horovodrun -np N (N > 1)"
     for arg in sys.argv[1:]:
-        start = time.time()
+        start, on_cpu = time.time(), cpu_step_ops()
         if arg.split(":")[0] in ("tf2", "tf1"):  # tf2 (every optimizer) or tf2:adam
             mode, _, only = arg.partition(":")
             for kind in [only] if only else ["sgd", "adagrad", "adam"]:
@@ -684,6 +685,8 @@ def main():
         else:
             raise ValueError(f"unknown phase {arg}")
         log(f"phase {arg.split('=')[0]} took {time.time() - start:.1f} s")
+        if cpu_step_ops() != on_cpu:  # SOK_TEST_DEVICE=gpu fails at exit; this says where
+            log(f"phase {arg.split('=')[0]} ran SOK step kernels on the CPU: {cpu_step_ops()}")
 
 
 if __name__ == "__main__":

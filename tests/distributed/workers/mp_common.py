@@ -44,12 +44,17 @@ STEP_OPS = ("SokUniqueKeys", "SokEmbeddingVariableGather", "SokPooledCombine",
             "SokExchangeRowsFromBlocks")
 
 
+def cpu_step_ops():
+    """{op: runs on the CPU} of the step's SOK kernels so far."""
+    counts = sok.kernel_run_counts(by_op=True)
+    return {op: c["CPU"] for op, c in counts.items() if c["CPU"] and op in STEP_OPS}
+
+
 def _check_ran_on_gpu():
     """SOK_TEST_DEVICE=gpu: the kernels of a training step ran on the GPU only, the all-to-alls
     among them."""
-    counts = sok.kernel_run_counts(by_op=True)
-    on_cpu = {op: c["CPU"] for op, c in counts.items() if c["CPU"] and op in STEP_OPS}
-    ran = counts.get("SokAllToAll", {}).get("GPU", 0)
+    on_cpu = cpu_step_ops()
+    ran = sok.kernel_run_counts(by_op=True).get("SokAllToAll", {}).get("GPU", 0)
     if on_cpu or not ran:
         print(f"[rank {sok.rank()}] FAILED device check: on the CPU {on_cpu}; "
               f"SokAllToAll on the GPU {ran} times", flush=True)

@@ -94,8 +94,10 @@ def run(path, hvd, rank, world):
     sl = rank_slice(rank, world)
     tables, optimizers, static = _model(world)
     uniform_rows = tables[2].sparse_read(np.arange(VOCAB), training=False)  # no insert
-    ref = [tf.Variable(tf.fill([VOCAB, DIM], 0.5)), tf.Variable(static[0]),
-           tf.Variable(uniform_rows), tf.Variable(static[1])]
+    # The reference lives on the CPU: TensorFlow has no GPU kernel for a sparse Momentum update.
+    with tf.device("/CPU:0"):
+        ref = [tf.Variable(tf.fill([VOCAB, DIM], 0.5)), tf.Variable(static[0]),
+               tf.Variable(uniform_rows), tf.Variable(static[1])]
     ref_optimizers = [tf.compat.v1.train.AdagradOptimizer(0.1),
                       tf.compat.v1.train.MomentumOptimizer(0.05, momentum=0.9)]
     touched = [set() for _ in range(4)]
@@ -165,7 +167,8 @@ def run_families(rank, world):
     for n, (family, make) in enumerate(FAMILIES.items()):
         tables = [sok.DynamicVariable(dimension=DIM, initializer="0.5", name=f"sok2f_dyn_{n}"),
                   sok.Variable(static, name=f"sok2f_var_{n}")]
-        ref = [tf.Variable(tf.fill([VOCAB, DIM], 0.5)), tf.Variable(static)]
+        with tf.device("/CPU:0"):  # no GPU kernels for some sparse v1 updates (as above)
+            ref = [tf.Variable(tf.fill([VOCAB, DIM], 0.5)), tf.Variable(static)]
         opt, ref_opt = sok.OptimizerWrapper(make()), make()
         for step in range(FAMILY_STEPS):
             samples = _permuted_batch(step)

@@ -15,9 +15,11 @@ kinds at once may order them differently on different ranks: fetch them in separ
 """
 import logging
 import os
+import socket
 import threading
 import types
 import weakref
+import zlib
 
 import tensorflow as tf
 
@@ -95,12 +97,38 @@ def _local_nccl_reason():
     return None
 
 
+def _gpu_identity(device):
+    """This rank's GPU as a number equal on two ranks exactly when they share a GPU of one host
+    (CUDA_VISIBLE_DEVICES maps TensorFlow's ordinal to the host's GPU)."""
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    gpu = visible[device].strip() if device < len(visible) else str(device)
+    return zlib.crc32(f"{socket.gethostname()}|{gpu}".encode()) & 0x7FFFFFFF
+
+
+def _shared_gpu_reason(hvd, reason):
+    """Why NCCL cannot be used by the job because ranks share a GPU (None: no two do). Every
+    rank gets the same answer (an allgather), so all fall back together."""
+    ident = -1 - hvd.rank() if reason is not None else _gpu_identity(_nccl_device() or 0)
+    with tf.Graph().as_default():
+        gathered = hvd.allgather(tf.constant([ident], tf.int64), name="sok_gpu_ids")
+        with _cpu_session() as sess:
+            ids = list(sess.run(gathered))
+    shared = sorted({i for i in ids if i >= 0 and ids.count(i) > 1})
+    if not shared:
+        return None
+    ranks = [r for r, i in enumerate(ids) if i == shared[0]]
+    return (f"ranks {ranks} share one GPU (NCCL needs a GPU per rank: run at most one rank per "
+            "GPU)")
+
+
 def setup(hvd, timeout_s):
     """Chooses the job's collectives (the same on every rank) and, for NCCL, joins the
     communicator. Runs in a throwaway graph and session on the CPU, so it works in eager and TF1
     programs alike and allocates no GPU memory through TensorFlow."""
     _job.hvd, _job.kind = hvd, "horovod"
     reason = _local_nccl_reason()
+    shared = _shared_gpu_reason(hvd, reason)  # a collective: every rank calls it
+    reason = reason or shared
     uid = b"\0" * 128
     if reason is None and hvd.rank() == 0:
         try:
