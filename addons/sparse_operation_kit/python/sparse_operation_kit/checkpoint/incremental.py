@@ -1,19 +1,25 @@
 """NVIDIA SOK 2.x's incremental dump: the rows of Embedding Variables (sok.DynamicVariable)
 updated since a point of training, and loading such increments onto a table.
 
-The clock is the optimizer step, not wall-clock time. Every optimizer update of a row records in
-the row's `versions` field the step it ran at: the wrapped Keras optimizer's `iterations` before
-the step, or for tf.compat.v1 optimizers and sok.SGD SOK's own step counter (0, 1, 2, ...).
+The clock is the optimizer step. Every optimizer update of a row records in the row's `versions`
+field the step it ran at: the wrapped Keras optimizer's `iterations` before the step, or for
+tf.compat.v1 optimizers and sok.SGD SOK's own step counter (0, 1, 2, ...).
 `sok.update_step(optimizer)` is the number the next update will record, so
 
-    since = sok.update_step(optimizer)      # SOK 2.x: since = datetime.now(pytz.utc)
+    since = sok.update_step(optimizer)      # or datetime.now(pytz.utc), as in SOK 2.x
     ... train ...
     keys, values = sok.incremental_model_dump(tables, since)
 
 gives exactly the rows those steps updated. Rows that were only read (inserted) or written with
 sok.assign / scatter_* keep the step of their last optimizer update (0 for never-updated rows),
 so `since=0` gives every row.
+
+SOK 2.x's form, `since` a datetime, maps the time to a step: every optimizer keeps a StepClock
+(optimizers/step_clock.py), the wall-clock time at which each of its last CLOCK_STEPS steps read
+its step number, and the dump takes the first step that ran at or after `since`. A naive
+datetime is local time, as Python's datetime.timestamp() takes it.
 """
+import datetime
 import os
 from collections.abc import Iterable
 
@@ -29,6 +35,7 @@ from sparse_operation_kit.checkpoint.dump import (  # one shard format: sok.dump
     _require_eager,
     _shard_files,
 )
+from sparse_operation_kit.optimizers.step_clock import CLOCK_STEPS, MIXED, clock_of
 from sparse_operation_kit.runtime.context import context
 from sparse_operation_kit.runtime.schema import EXPORT_FIELDS
 from sparse_operation_kit.tables import tables, validation
@@ -52,14 +59,52 @@ def update_step(optimizer):
     return int(value.numpy()) if tf.executing_eagerly() else value
 
 
-def _check_since(since):
+def _since_seconds(since):
+    """`since` as POSIX seconds (a datetime), or None (an optimizer step); refuses other types."""
+    if isinstance(since, datetime.datetime):
+        return since.timestamp()  # naive: local time, as Python takes it
     if isinstance(since, (bool, np.bool_)) or not isinstance(since, (int, np.integer)):
         raise TypeError(
             "sok.incremental_model_dump: `since` is an optimizer step (an int, e.g. "
-            f"sok.update_step(optimizer) read before the steps), got {type(since).__name__} "
-            f"{since!r}; SOK records the step of each row's last update, not a wall-clock time"
+            "sok.update_step(optimizer) read before the steps) or a datetime (e.g. "
+            f"datetime.now(pytz.utc)), got {type(since).__name__} {since!r}"
         )
-    return int(since)
+    return None
+
+
+def _first_step_since(steps, times, seconds, name):
+    """The first step of a clock's (steps, times) that ran at or after `seconds`; None for an
+    empty clock."""
+    later = times >= seconds
+    if not later.any():
+        return int(steps[-1]) + 1 if steps.size else None
+    first = int(steps[later].min())
+    if first > 0 and not (~later).any():  # steps before `first` ran, but when is unknown
+        raise ValueError(
+            f"sok.incremental_model_dump: `since` predates the wall-clock history of the updates "
+            f"of '{name}', which starts at step {first} (the clock keeps the last {CLOCK_STEPS} "
+            "steps of this process and is not checkpointed); pass the step form (an int)"
+        )
+    return first
+
+
+def _step_at(var, seconds, sess):
+    """The first step of `var`'s optimizer that ran at or after `seconds` (read after the table:
+    a step the snapshot saw is on the clock)."""
+    name = tables.table_name(var)
+    clock = clock_of(var)
+    if clock is MIXED:
+        raise ValueError(
+            f"sok.incremental_model_dump: '{name}' was updated by optimizers with different step "
+            "counters, so a time maps to no one step; pass the step form (an int)"
+        )
+    first = None if clock is None else _first_step_since(*clock.entries(sess), seconds, name)
+    if first is None:
+        raise ValueError(
+            f"sok.incremental_model_dump: no optimizer update of '{name}' ran in this process, so "
+            "no step maps to a time; pass the step form (an int)"
+        )
+    return first
 
 
 def _tables(variables, what):
@@ -85,13 +130,14 @@ def _gather_ranks(arrays):
 
 def incremental_model_dump(variables, since, sess=None, path=None):
     """(keys, values): for each variable, numpy arrays of the keys whose rows an optimizer update
-    changed at step `since` or later, and those rows (under Horovod: of every rank).
+    changed at step `since` or later (an int), or at or after the time `since` (a datetime, SOK
+    2.x's form; naive: local time), and those rows (under Horovod: of every rank).
 
     sess: the tf.compat.v1.Session to read the tables in (TF1 graphs). path: also write this
     rank's part of the increment (rows with their optimizer slots, frequencies and steps) under
     `path`, in sok.dump's layout; sok.incremental_model_load applies it onto a table.
     """
-    since = _check_since(since)
+    seconds = _since_seconds(since)
     variables = _tables(variables, "incremental_model_dump")
     if tf.executing_eagerly():
         snapshots = [{f: t.numpy() for f, t in v.snapshot().items()} for v in variables]
@@ -99,23 +145,27 @@ def incremental_model_dump(variables, since, sess=None, path=None):
         raise ValueError("sok.incremental_model_dump in a TF1 graph: pass the session (sess=...)")
     else:
         snapshots = sess.run([v.snapshot() for v in variables])
+    if seconds is None:
+        firsts = [int(since)] * len(variables)
+    else:
+        firsts = [_step_at(v, seconds, sess) for v in variables]
     increments = []
-    for snap in snapshots:
-        changed = snap["versions"] >= since
+    for snap, first in zip(snapshots, firsts):
+        changed = snap["versions"] >= first
         increments.append({f: snap[f][changed] if f in _PER_ROW else snap[f] for f in EXPORT_FIELDS})
     if path is not None:
-        _write(path, variables, increments, since)
+        _write(path, variables, increments, firsts)
     keys = [_gather_ranks(inc["keys"].astype(np.int64)) for inc in increments]
     values = [_gather_ranks(inc["values"]) for inc in increments]
     return keys, values
 
 
-def _write(path, variables, increments, since):
+def _write(path, variables, increments, firsts):
     names = [_dir_name(tables.table_name(v)) for v in variables]
     _require_eager("incremental_model_dump(path=...)", names)
     rank, world = context.rank, context.world_size
     _barrier("sok_incremental_dump_start")
-    for var, name, inc in zip(variables, names, increments):
+    for var, name, inc, since in zip(variables, names, increments, firsts):
         d = os.path.join(path, name)
         os.makedirs(d, exist_ok=True)
         arrays = dict(inc, keys=inc["keys"].astype(np.int64), dim=np.int64(var.embedding_dim),

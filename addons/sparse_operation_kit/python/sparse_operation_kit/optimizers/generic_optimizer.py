@@ -3,13 +3,14 @@
 Optimizers without a fused SOK kernel (Momentum, RMSProp, Adadelta, AdagradDA, ProximalAdagrad,
 Keras's dense Adam, Lion, ...) run their own update on a *scratch* variable:
 
-  1. each table gets a scratch tf.Variable of [max_touched_rows, dim] that the wrapped optimizer
-     knows like any other variable (it creates its own slots for it, once);
+  1. each table gets a scratch tf.Variable of [max_touched_rows, dim] that the optimizer of
+     scratch_optimizer (the wrapped tf.compat.v1 optimizer, or a private copy of a wrapped Keras
+     one) knows like any other variable (it creates its own slots for it, once);
   2. a step sums the gradient of repeated ids (as tf.compat.v1 optimizers do), gathers the
      touched rows and their slots into the first n rows of the scratch and of its slots, and
-     hands the wrapped optimizer the gradient as tf.IndexedSlices over rows 0..n-1, together
-     with the gradients of every other variable: one call, so step counters (Keras iterations,
-     Adam's beta powers) move once per step;
+     has that optimizer update them, the gradient as tf.IndexedSlices over rows 0..n-1, at the
+     step the wrapped optimizer is at; the wrapped optimizer updates every other variable and
+     its step (Keras iterations) moves once per call, as its own apply_gradients moves it;
   3. the first n rows of the scratch and its slots are written back to the table and its slots.
 
 Slots live in a per-table *slot store*: one Embedding Variable per slot, keyed like the table
@@ -28,7 +29,12 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit.optimizers import scratch_rows, static_staging
+from sparse_operation_kit.optimizers import (
+    scratch_optimizer,
+    scratch_rows,
+    static_staging,
+    step_clock,
+)
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.runtime.keras_version import keras_optimizer_kind
@@ -78,6 +84,12 @@ def assign(var, value):
     if isinstance(var, tf.Variable):
         return var.assign(value, read_value=False)
     return var.assign(value)
+
+
+def assign_add(var, value):
+    if isinstance(var, tf.Variable):
+        return var.assign_add(value, read_value=False)
+    return var.assign_add(value)
 
 
 def _initial_rows(optimizer, flavor, scratch, slots):
@@ -186,6 +198,8 @@ class GenericSparseUpdater:
         self._tables = {}
         self._tracker = tracker
         self._step = None
+        self.runner = scratch_optimizer.ScratchOptimizer(optimizer, flavor)
+        self.clock = step_clock.StepClock()  # step -> time, for incremental dumps by time
         self.static = static_staging.StaticStager(optimizer, self.flavor, self.capacity)
 
     # --- creation ---------------------------------------------------------------------------
@@ -219,12 +233,13 @@ class GenericSparseUpdater:
         return new
 
     def create_slots(self):
-        """After the wrapped optimizer created its slots for the scratch variables: a slot store for
-        each of them."""
+        """After the scratch optimizer created its slots for the scratch variables: a slot store
+        for each of them (a rebuilt Keras copy: its new slots beside the existing stores)."""
         for state in self._tables.values():
+            found = optimizer_slots(self.runner.optimizer, self.flavor, state.scratch)
             if state.slots:
+                state.slots = {name: (found[name], store) for name, (_, store) in state.slots.items()}
                 continue
-            found = self._optimizer_slots(state.scratch)
             rows = _initial_rows(self.optimizer, self.flavor, state.scratch, found)
             for slot_name, slot in found.items():
                 store = _slot_table(state.table, slot_name, rows[slot_name])
@@ -232,19 +247,13 @@ class GenericSparseUpdater:
                 if self._tracker is not None:
                     self._tracker.track_slot(store)
             _forget_in_graph([state.scratch] + list(found.values()))
-
-    def _optimizer_slots(self, scratch):
-        return optimizer_slots(self.optimizer, self.flavor, scratch)
+        _forget_in_graph(self.runner.own_variables())
 
     def ensure(self, tables):
-        """Scratch variables and slots for `tables` (v1 and legacy Keras optimizers create slots
-        whenever asked; Keras 3 / tf_keras ones are built by the Keras wrapper)."""
+        """Scratch variables and slots for `tables`."""
         new = self.scratch_variables(tables)
         if new:
-            if self.flavor == "v1":
-                compat.v1_create_slots(self.optimizer, new)
-            elif self.flavor == "keras_legacy":
-                compat.keras_legacy_create_slots(self.optimizer, new)
+            self.runner.prepare(new)
             self.create_slots()
 
     # --- access -----------------------------------------------------------------------------
@@ -277,7 +286,7 @@ class GenericSparseUpdater:
     # --- the update -------------------------------------------------------------------------
     def _step_var(self):
         if self._step is None:
-            with tf.init_scope():
+            with tf.init_scope(), tf.device("/CPU:0"):  # read on the host (step clock, stamps)
                 self._step = tf.Variable(
                     0, dtype=tf.int64, trainable=False, name="sok_generic_optimizer_step"
                 )
@@ -286,43 +295,73 @@ class GenericSparseUpdater:
         return self._step
 
     def apply(self, sparse, dense, apply_fn, step=None):
-        """One step: `apply_fn(pairs)` applies the wrapped optimizer to dense pairs plus the
-        scratch pairs; the touched rows and slots then go back to the tables."""
+        """One step. `apply_fn(pairs)` is the wrapped optimizer's apply_gradients: on the dense
+        pairs, and for tf.compat.v1 optimizers (step None) on the scratch pairs in the same call.
+        step: a Keras optimizer's iterations, which this call advances once. The touched rows
+        and slots then go back to the tables."""
         sparse = [(g, v) for g, v in sparse if g is not None]
         self.ensure([v for _, v in sparse])
+        # Read before anything else, as the optimizer reads its own step when a call starts
+        # (a TF1 fetch of this and a direct apply_gradients reads the same step in both).
+        own = self._step_var() if step is None and sparse else None  # SOK's own step (v1)
+        counter = step if step is not None else own
+        step_now = None if counter is None else tf.cast(read(counter), tf.int64)
         staged, deps, finish = [], [], []
         for g, table in sparse:
             pair, dep, back = self._stage(g, self._tables[id(table)])
             staged.append(pair)
             deps.extend(dep)
             finish.append(back)
-        # Static tables whose sparse update has no GPU kernel go through a CPU scratch.
-        on_cpu = [(g, v) for g, v in dense if self.static.wants(g, v)]
-        dense = [(g, v) for g, v in dense if not self.static.wants(g, v)]
-        for g, var in on_cpu:
-            pair, dep, back = self.static.stage(g, var)
-            staged.append(pair)
-            deps.extend(dep)
-            finish.append(lambda _step, back=back: back())
-        # The step this update records is the counter before apply_fn advances it (Keras's
-        # iterations), as on the fused path.
-        step_now = None if step is None else tf.cast(read(step), tf.int64)
-        if step_now is not None:
-            deps.append(step_now)
-        with tf.control_dependencies(deps if not tf.executing_eagerly() else []):
-            result = apply_fn(list(dense) + staged)
-        after = (
-            [result]
-            if isinstance(result, (tf.Operation, tf.Tensor)) and not tf.executing_eagerly()
-            else []
-        )
+        dense, static_deps = self._stage_static(dense, finish)
+        graph = not tf.executing_eagerly()
+        if step is None:
+            with tf.control_dependencies(deps + static_deps if graph else []):
+                results = [apply_fn(list(dense) + staged)]
+        else:
+            results = self._apply_keras(staged, deps, dense, static_deps, apply_fn, step, step_now)
+        after = [r for r in results if isinstance(r, (tf.Operation, tf.Tensor)) and graph]
         writes = []
         with tf.control_dependencies(after):
             for back in finish:
                 writes.extend(back(step_now))
-        if tf.executing_eagerly():
+        if sparse:
+            writes.append(self.clock.record(step_now, [v for _, v in sparse]))
+        if own is not None:
+            with tf.control_dependencies([step_now]):  # after its read, as on the fused path
+                writes.append(own.assign_add(1, read_value=False))
+        if not graph:
             return None
-        return tf.group(*writes, *[r for r in after if r is not None])
+        return tf.group(*[w for w in writes if w is not None], *after)
+
+    def _stage_static(self, dense, finish):
+        """Static tables whose sparse update has no GPU kernel go through a CPU scratch that the
+        wrapped optimizer updates with the dense pairs: (dense pairs, their dependencies)."""
+        staged, deps = [], []
+        for g, var in dense:
+            if not self.static.wants(g, var):
+                staged.append((g, var))
+                continue
+            pair, dep, back = self.static.stage(g, var)
+            staged.append(pair)
+            deps.extend(dep)
+            finish.append(lambda _step, back=back: back())
+        return staged, deps
+
+    def _apply_keras(self, staged, deps, dense, static_deps, apply_fn, step, step_now):
+        """The scratch optimizer on the staged pairs at `step_now`, the wrapped optimizer on the
+        dense ones; `step` advances once (by apply_fn, or here without dense pairs)."""
+        graph = not tf.executing_eagerly()
+        results = []
+        if staged:
+            with tf.control_dependencies(deps + [step_now] if graph else []):
+                results.append(self.runner.apply(staged, step_now))
+        with tf.control_dependencies(static_deps + [step_now] if graph else []):
+            if dense:
+                results.append(apply_fn(list(dense)))
+            else:
+                with tf.control_dependencies([r for r in results if r is not None] if graph else []):
+                    results.append(assign_add(step, 1))
+        return results
 
     def _stage(self, grad, state):
         table, dim, cap = state.table, state.table.embedding_dim, self.capacity
@@ -366,16 +405,13 @@ class GenericSparseUpdater:
         """Records the update step of the keys (`versions`: GlobalStepEvict and the incremental
         dump read it): a fused SGD step with learning rate 0, which leaves the values as they
         are."""
-        own = step is None
-        if own:
-            step = self._step_var()
         with tf.control_dependencies(after if not tf.executing_eagerly() else []):
-            stamp = ops.sok_embedding_variable_sparse_apply(
+            return ops.sok_embedding_variable_sparse_apply(
                 [table.handle],
                 [keys],
                 [tf.zeros([tf.size(keys), dim])],
                 tf.constant(0.0),
-                tf.cast(read(step) if own else step, tf.int64),
+                step,
                 optimizer=Optimizer.SGD,
                 beta1=0.9,
                 beta2=0.999,
@@ -386,10 +422,6 @@ class GenericSparseUpdater:
                 lr_power=-0.5,
                 keys_unique=True,
             )
-            if own:
-                with tf.control_dependencies([stamp]):
-                    return step.assign_add(1, read_value=False)
-            return stamp
 
 
 def optimizer_slots(optimizer, flavor, var):

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit.optimizers import generic_optimizer, slots
-from sparse_operation_kit.optimizers.generic_optimizer import SlotStores, optimizer_built
+from sparse_operation_kit.optimizers.generic_optimizer import SlotStores
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime.keras_version import keras_is_v3, keras_optimizer_kind
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
@@ -217,16 +217,15 @@ def _is_generic(updater):
 
 
 def _build_inner(updater, opt, variables):
-    """Builds the wrapped optimizer for the dense variables among `variables` and, on the generic
-    path, for the scratch variables of the SOK tables among them (then their slot stores)."""
+    """Builds the wrapped optimizer for the dense variables among `variables` (none: it stays
+    unbuilt for the program's own variables) and, on the generic path, the scratch update of
+    the SOK tables among them (scratch_optimizer: never the wrapped optimizer itself)."""
     sparse, dense = split_gradients([(None, v) for v in variables], keep_empty=True)
     dense_vars = [v for _, v in dense]
-    if _is_generic(updater):
-        scratch = updater.scratch_variables([v for _, v in sparse])
-        opt.build(dense_vars + scratch)
-        updater.create_slots()
-    else:
+    if dense_vars:
         opt.build(dense_vars)
+    if _is_generic(updater):
+        updater.ensure([v for _, v in sparse])
 
 
 def _sok_apply(updater, opt, sparse, dense, apply_dense):
@@ -234,17 +233,6 @@ def _sok_apply(updater, opt, sparse, dense, apply_dense):
     step = opt.iterations
     dense = [(g, v) for g, v in dense if g is not None]
     if _is_generic(updater):
-        tables = [v for g, v in sparse if g is not None]
-        if not optimizer_built(opt):
-            _build_inner(updater, opt, [v for _, v in dense] + tables)
-        unknown = [t.name for t in tables if not updater.has_table(t)]
-        if unknown:
-            raise ValueError(
-                f"sok.OptimizerWrapper: the wrapped {type(opt).__name__} was built for other "
-                f"variables than the SOK tables {unknown}; a Keras optimizer learns its variables "
-                "once: pass every variable it will train in its first step (or call build with all "
-                "of them)"
-            )
         updater.apply(sparse, dense, apply_dense, step=step)
         return
     update = updater.apply(sparse, step=step)

@@ -6,7 +6,7 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit.optimizers import generic_optimizer, keras_support, slots
+from sparse_operation_kit.optimizers import generic_optimizer, keras_support, slots, step_clock
 from sparse_operation_kit.optimizers.keras_support import split_gradients
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
@@ -120,6 +120,7 @@ class _SparseUpdater:
         self.hyper = dict(hyper)
         self._step = None
         self._on_step_created = on_step_created
+        self.clock = step_clock.StepClock()  # step -> time, for incremental dumps by time
 
     def _step_var(self):
         if self._step is None:
@@ -198,8 +199,9 @@ class _SparseUpdater:
             keys_unique=all(uniqueness.is_distinct(g.indices) for g, _ in pairs),
             keys_present=all(uniqueness.is_inserted(g.indices) for g, _ in pairs),
         )
+        clock = self.clock.record(step_value, [v for _, v in pairs])
         if not own_step:
-            return update
+            return update if clock is None else tf.group(update, clock)
         # The increment follows the step's read, not the update: both live on the CPU, and a CPU
         # op that waits for a GPU op waits for the GPU to finish it (a sync at the end of every
         # step in a GPU trace of 2026-11-26). The update has the value it read.
@@ -207,7 +209,7 @@ class _SparseUpdater:
             increment = step_var.assign_add(1, read_value=False)
         if tf.executing_eagerly():
             return None
-        return tf.group(update, increment)
+        return tf.group(update, increment, clock)
 
 
 def make_updater(optimizer, max_touched_rows=None, tracker=None):

@@ -112,18 +112,13 @@ def prepare_slots(optimizer, flavor, updater, variables):
                 optimizer, dense
             )
         return
-    if not generic_optimizer.optimizer_built(optimizer):
+    if dense and not generic_optimizer.optimizer_built(optimizer):
         raise ValueError(
             f"sok.load: the wrapped {type(optimizer).__name__} is not built yet, so its slots do not "
             "exist; call optimizer.build(<every variable it trains>) before loading its slots"
         )
     if isinstance(updater, generic_optimizer.GenericSparseUpdater):
-        unknown = [t.name for t in tables if not updater.has_table(t)]
-        if unknown:
-            raise ValueError(
-                f"sok.load: the wrapped {type(optimizer).__name__} was built without the tables "
-                f"{unknown}"
-            )
+        updater.ensure(tables)
 
 
 def slot_variables(optimizer, flavor, updater, variables):
