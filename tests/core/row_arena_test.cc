@@ -27,7 +27,7 @@ TEST(RowArenaTest, blocks_are_a_power_of_two_rows_of_about_a_mebibyte) {
 }
 
 TEST(RowArenaTest, rows_never_move_while_it_grows) {
-  RowArena a(300);  // 873 rows a block: rows straddle several blocks
+  RowArena a(300);  // 512 rows a block: several blocks
   const int64_t n = 3 * a.rows_per_block() + 5;
   float* first = a.append();
   fill(first, a.stride(), 0);
