@@ -180,3 +180,48 @@ TEST(EmbeddingTableTest, shrink_evicts_stale_rows) {
   EXPECT_TRUE(t.size() == 1);
   EXPECT_TRUE(t.export_rows().keys[0] == new_key);
 }
+
+TEST(EmbeddingTableTest, frequencies_and_versions_past_32_bits_are_kept_exactly) {
+  sok::TableConfig c = uniform_config(2);
+  c.filter_freq = int64_t{5} << 32;  // admitted only once the count passes 32 bits
+  EmbeddingTable<int64_t> t(c);
+  const int64_t keys[] = {1, 2};
+  const int64_t big[] = {int64_t{3} << 32, 4000000000};
+  std::vector<float> out(4);
+  t.find_or_insert(keys, 2, out.data(), big);
+  t.find_or_insert(keys, 2, out.data(), big);
+  const int64_t one[] = {1, 1};
+  t.find_or_insert(keys, 2, out.data(), one);
+  sok::OptimizerParams sgd;
+  const float g[] = {1.f, 1.f, 1.f, 1.f};
+  const int64_t step = (int64_t{1} << 33) + 3;
+  EXPECT_TRUE(t.apply_gradients(keys, 2, g, sgd, step).ok());
+  auto s = t.export_rows();
+  EXPECT_TRUE(s.freqs == (std::vector<int64_t>{(int64_t{6} << 32) + 1, 8000000001}));
+  EXPECT_TRUE(s.versions[0] == step);  // admitted: updated
+  EXPECT_TRUE(s.versions[1] == 0);     // not admitted: skipped
+  EmbeddingTable<int64_t> b(c);
+  EXPECT_TRUE(b.import_rows(s).ok());
+  auto again = b.export_rows();
+  EXPECT_TRUE(again.freqs == s.freqs && again.versions == s.versions);
+  EXPECT_TRUE(b.shrink(step) == 0 && b.size() == 2);
+}
+
+TEST(EmbeddingTableTest, erase_keeps_the_other_rows_across_blocks) {
+  EmbeddingTable<int32_t> t(uniform_config(64));  // 4096 rows a block
+  std::vector<int32_t> keys;
+  for (int32_t i = 0; i < 20000; ++i) keys.push_back(i * 3 - 7000);
+  std::vector<float> out(keys.size() * 64);
+  t.find_or_insert(keys.data(), keys.size(), out.data());
+  std::vector<int32_t> odd;
+  for (size_t i = 1; i < keys.size(); i += 2) odd.push_back(keys[i]);
+  EXPECT_TRUE(t.erase(odd.data(), odd.size()) == static_cast<int64_t>(odd.size()));
+  std::vector<int32_t> even;
+  for (size_t i = 0; i < keys.size(); i += 2) even.push_back(keys[i]);
+  std::vector<float> got(even.size() * 64);
+  t.find(even.data(), even.size(), got.data());
+  for (size_t i = 0; i < even.size(); ++i) {
+    for (int c = 0; c < 64; ++c) EXPECT_TRUE(got[i * 64 + c] == out[2 * i * 64 + c]);
+  }
+  EXPECT_TRUE(t.export_rows().keys == even);
+}

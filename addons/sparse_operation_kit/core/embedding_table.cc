@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -10,12 +12,6 @@
 
 namespace sok {
 namespace {
-
-int64_t next_pow2(int64_t x) {
-  int64_t c = 16;
-  while (c < x) c <<= 1;
-  return c;
-}
 
 inline void prefetch_read(const void* p) {
 #if defined(__GNUC__)
@@ -96,9 +92,11 @@ void missing_only(const K* keys, const float* grads, int64_t d, const std::vecto
 }  // namespace
 
 template <typename K>
-EmbeddingTable<K>::EmbeddingTable(TableConfig config) : config_(std::move(config)) {
+EmbeddingTable<K>::EmbeddingTable(TableConfig config)
+    : config_(std::move(config)),
+      index_(std::max<int64_t>(8, config_.initial_capacity)),
+      arena_(config_.dim) {
   if (config_.init.kind == InitKind::kMatrix) config_.init.matrix = config_.init_matrix.data();
-  rehash(next_pow2(std::max<int64_t>(16, config_.initial_capacity * 2)));
 }
 
 template <typename K>
@@ -115,35 +113,36 @@ int EmbeddingTable<K>::num_slots() const {
 
 template <typename K>
 int64_t EmbeddingTable<K>::probe(K key) const {
-  uint64_t pos = hash_key(key) & static_cast<uint64_t>(mask_);
-  while (true) {
-    const Slot& slot = index_[pos];
-    if (slot.row == kEmpty) return kEmpty;
-    if (slot.key == key) return slot.row;
-    pos = (pos + 1) & static_cast<uint64_t>(mask_);
-  }
+  return index_.find(hash_key(key), [&](int64_t row) { return row_keys_[row] == key; });
 }
 
 template <typename K>
 void EmbeddingTable<K>::probe_many(const K* keys, int64_t n, int64_t* rows) const {
-  const uint64_t mask = static_cast<uint64_t>(mask_);
-  const Slot* index = index_.data();
-  for (int64_t i = 0; i < std::min(n, kPrefetchAhead); ++i)
-    prefetch_read(index + (hash_key(keys[i]) & mask));
-  for (int64_t i = 0; i < n; ++i) {
-    if (i + kPrefetchAhead < n) prefetch_read(index + (hash_key(keys[i + kPrefetchAhead]) & mask));
-    rows[i] = probe(keys[i]);
+  // A pipeline, kPrefetchAhead keys between stages, so that the two misses of a key (its
+  // bucket, then its candidate row's key) overlap with other keys': hash and prefetch the
+  // bucket; read the candidate and prefetch its key; compare the key. rows[i] holds the hash,
+  // then the candidate, then the row.
+  const int64_t a = kPrefetchAhead;
+  for (int64_t i = 0; i < n + 2 * a; ++i) {
+    if (i < n) {
+      const uint64_t h = hash_key(keys[i]);
+      index_.prefetch(h);
+      rows[i] = static_cast<int64_t>(h);
+    }
+    if (i >= a && i - a < n) {
+      int64_t& row = rows[i - a];
+      row = index_.candidate(static_cast<uint64_t>(row));
+      if (row != kEmpty) prefetch_read(&row_keys_[row]);
+    }
+    if (i >= 2 * a && i - 2 * a < n) rows[i - 2 * a] = confirm(keys[i - 2 * a], rows[i - 2 * a]);
   }
 }
 
 template <typename K>
-void EmbeddingTable<K>::rehash(int64_t capacity) {
-  index_.assign(capacity, Slot{K(), kEmpty});
-  mask_ = capacity - 1;
+void EmbeddingTable<K>::rehash(int64_t min_rows) {
+  index_.reset(min_rows);
   for (int64_t row = 0; row < static_cast<int64_t>(row_keys_.size()); ++row) {
-    uint64_t pos = hash_key(row_keys_[row]) & static_cast<uint64_t>(mask_);
-    while (index_[pos].row != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
-    index_[pos] = Slot{row_keys_[row], row};
+    index_.insert(hash_key(row_keys_[row]), row);
   }
 }
 
@@ -157,14 +156,16 @@ void EmbeddingTable<K>::init_row_values(K key, float* row) const {
 template <typename K>
 int64_t EmbeddingTable<K>::insert_new(K key) {
   const int64_t row = static_cast<int64_t>(row_keys_.size());
-  // Keep the load factor at most 1/2: short probe chains matter more than memory here.
-  if (2 * (row + 1) > mask_ + 1) rehash(2 * (mask_ + 1));
-  uint64_t pos = hash_key(key) & static_cast<uint64_t>(mask_);
-  while (index_[pos].row != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
-  index_[pos] = Slot{key, row};
+  if (row >= RowIndex::kMaxRows) {  // 2^40 rows: out of reach of any CPU memory
+    std::fprintf(stderr, "sok: table '%s' cannot hold more than %lld rows\n", config_.name.c_str(),
+                 static_cast<long long>(RowIndex::kMaxRows));
+    std::abort();
+  }
+  // Grow by 3/2: the index stays between 8/15 and 4/5 full.
+  if (row + 1 > index_.max_rows()) rehash(index_.max_rows() * 3 / 2 + 8);
+  index_.insert(hash_key(key), row);
   row_keys_.push_back(key);
-  arena_.resize(arena_.size() + stride());
-  init_row_values(key, arena_.data() + row * stride());
+  init_row_values(key, arena_.append());
   freqs_.push_back(0);
   versions_.push_back(0);
   return row;
@@ -172,8 +173,7 @@ int64_t EmbeddingTable<K>::insert_new(K key) {
 
 template <typename K>
 bool EmbeddingTable<K>::admitted(int64_t row) const {
-  return config_.filter_freq <= 0 ||
-         __atomic_load_n(&freqs_[row], __ATOMIC_RELAXED) >= config_.filter_freq;
+  return config_.filter_freq <= 0 || freqs_.get(row) >= config_.filter_freq;
 }
 
 template <typename K>
@@ -184,7 +184,7 @@ void EmbeddingTable<K>::read_row(int64_t row, K key, bool present, float* out) c
   } else if (!present) {
     initialize_row(config_.init, key, out, d);
   } else {
-    std::memcpy(out, arena_.data() + row * stride(), sizeof(float) * d);
+    std::memcpy(out, arena_.row(row), sizeof(float) * d);
   }
 }
 
@@ -234,12 +234,12 @@ void EmbeddingTable<K>::find_or_insert(const K* keys, int64_t n, float* out, con
           prefetch_write(oa + d - 1);
         }
         const int64_t i = b + order[jj], row = rows[order[jj]];
-        if (row == kEmpty) {
+        // Missing, or its count does not fit the narrow frequency: the exclusive pass adds it.
+        if (row == kEmpty || !freqs_.try_add(row, counts ? counts[i] : 1)) {
           missing[i] = 1;
           ++local_missing;
           continue;
         }
-        __atomic_fetch_add(&freqs_[row], counts ? counts[i] : 1, __ATOMIC_RELAXED);
         read_row(row, keys[i], true, out + i * d);
       }
       num_missing += local_missing;
@@ -251,7 +251,7 @@ void EmbeddingTable<K>::find_or_insert(const K* keys, int64_t n, float* out, con
     if (!missing[i]) continue;
     int64_t row = probe(keys[i]);  // another thread (or an earlier duplicate) may have added it
     if (row == kEmpty) row = insert_new(keys[i]);
-    freqs_[row] += counts ? counts[i] : 1;
+    freqs_.add(row, counts ? counts[i] : 1);
     read_row(row, keys[i], true, out + i * d);
   }
 }
@@ -263,7 +263,7 @@ void EmbeddingTable<K>::insert_or_assign(const K* keys, int64_t n, const float* 
   for (int64_t i = 0; i < n; ++i) {
     int64_t row = probe(keys[i]);
     if (row == kEmpty) row = insert_new(keys[i]);
-    std::memcpy(arena_.data() + row * stride(), values + i * d, sizeof(float) * d);
+    std::memcpy(arena_.row(row), values + i * d, sizeof(float) * d);
   }
 }
 
@@ -287,17 +287,17 @@ int64_t EmbeddingTable<K>::erase(const K* keys, int64_t n) {
     if (drop[row]) continue;
     if (out != row) {
       row_keys_[out] = row_keys_[row];
-      std::memmove(arena_.data() + out * st, arena_.data() + row * st, sizeof(float) * st);
-      freqs_[out] = freqs_[row];
-      versions_[out] = versions_[row];
+      std::memcpy(arena_.row(out), arena_.row(row), sizeof(float) * st);
+      freqs_.set(out, freqs_.get(row));
+      versions_.set(out, versions_.get(row));
     }
     ++out;
   }
   row_keys_.resize(out);
-  arena_.resize(out * st);
+  arena_.truncate(out);
   freqs_.resize(out);
   versions_.resize(out);
-  rehash(mask_ + 1);
+  rehash(index_.max_rows());
   return removed;
 }
 
@@ -314,14 +314,14 @@ Status EmbeddingTable<K>::ensure_slots(const OptimizerParams& p) {
     return Status::OK();
   }
   // Relayout every row once: [value] -> [value | slots].
-  const int64_t d = config_.dim, old_stride = stride();
+  const int64_t d = config_.dim;
   const int64_t new_stride = d * (1 + want);
   std::vector<float> init(want);
   for (int s = 0; s < want; ++s) init[s] = slot_initial_value(p, s);
-  std::vector<float> arena(row_keys_.size() * new_stride);
+  RowArena arena(new_stride);
   for (int64_t row = 0; row < static_cast<int64_t>(row_keys_.size()); ++row) {
-    float* dst = arena.data() + row * new_stride;
-    std::memcpy(dst, arena_.data() + row * old_stride, sizeof(float) * d);
+    float* dst = arena.append();
+    std::memcpy(dst, arena_.row(row), sizeof(float) * d);
     for (int s = 0; s < want; ++s) std::fill(dst + (s + 1) * d, dst + (s + 2) * d, init[s]);
   }
   arena_.swap(arena);
@@ -346,8 +346,7 @@ Status EmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float*
   // Probes keys [b, e) and updates the present, admitted rows in row order; caller holds mu_
   // shared with the slot layout in place. Returns whether every key was present.
   auto update = [&](int64_t b, int64_t e, std::vector<uint8_t>* missing) {
-    const int64_t st = stride(), m = e - b;
-    float* arena = arena_.data();
+    const int64_t m = e - b;
     std::vector<int64_t> rows(m);
     std::vector<int32_t> order;
     probe_many(uniq + b, m, rows.data());
@@ -366,17 +365,19 @@ Status EmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float*
         continue;
       }
       if (!admitted(row)) continue;
-      apply_row(p, alpha, arena + row * st, d, g + (b + j) * d);
-      versions_[row] = global_step;
+      apply_row(p, alpha, arena_.row(row), d, g + (b + j) * d);
+      versions_.set(row, global_step);
     }
     return all_present;
   };
   // One pass under the shared lock updates every present key; the missing ones (or all of them,
-  // before the first update made room for the slots) are inserted, then updated.
+  // before the first update made room for the slots or when the versions must widen to hold
+  // global_step) are inserted, then updated.
   std::vector<uint8_t> missing(u, 0);
   {
     std::shared_lock<std::shared_mutex> l(mu_);
-    if (slot_kind_ == static_cast<int>(p.kind) && num_slots_ == sok::num_slots(p.kind)) {
+    if (slot_kind_ == static_cast<int>(p.kind) && num_slots_ == sok::num_slots(p.kind) &&
+        versions_.can_hold(global_step)) {
       std::atomic<bool> all_present{true};
       pf(u, 12 * d + 60, [&](int64_t b, int64_t e) {
         if (!update(b, e, &missing)) all_present = false;
@@ -393,6 +394,7 @@ Status EmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float*
     std::unique_lock<std::shared_mutex> l(mu_);
     Status s = ensure_slots(p);
     if (!s.ok()) return s;
+    if (!versions_.can_hold(global_step)) versions_.widen();
     for (const K key : rest_keys) {
       if (probe(key) == kEmpty) insert_new(key);
     }
@@ -411,7 +413,7 @@ int64_t EmbeddingTable<K>::shrink(int64_t global_step) {
   {
     std::shared_lock<std::shared_mutex> l(mu_);
     for (int64_t row = 0; row < static_cast<int64_t>(row_keys_.size()); ++row) {
-      if (should_evict(config_, global_step, versions_[row], arena_.data() + row * stride())) {
+      if (should_evict(config_, global_step, versions_.get(row), arena_.row(row))) {
         victims.push_back(row_keys_[row]);
       }
     }
@@ -423,18 +425,18 @@ template <typename K>
 TableSnapshot<K> EmbeddingTable<K>::export_rows() const {
   std::shared_lock<std::shared_mutex> l(mu_);
   TableSnapshot<K> s;
-  const int64_t n = static_cast<int64_t>(row_keys_.size()), d = config_.dim, st = stride();
+  const int64_t n = static_cast<int64_t>(row_keys_.size()), d = config_.dim;
   s.dim = d;
   s.num_slots = num_slots_;
   s.slot_kind = slot_kind_;
   s.slot_init = slot_init_;
   s.keys = row_keys_;
-  s.freqs = freqs_;
-  s.versions = versions_;
+  s.freqs = freqs_.to_vector();
+  s.versions = versions_.to_vector();
   s.values.resize(n * d);
   s.slots.resize(n * num_slots_ * d);
   for (int64_t row = 0; row < n; ++row) {
-    const float* src = arena_.data() + row * st;
+    const float* src = arena_.row(row);
     std::memcpy(s.values.data() + row * d, src, sizeof(float) * d);
     std::memcpy(s.slots.data() + row * num_slots_ * d, src + d, sizeof(float) * num_slots_ * d);
   }
@@ -462,25 +464,22 @@ Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
   num_slots_ = s.num_slots;
   slot_kind_ = s.num_slots > 0 ? s.slot_kind : -1;
   slot_init_ = s.slot_init;
-  const int64_t st = stride();
-  arena_.assign(n * st, 0.f);
-  rehash(next_pow2(std::max<int64_t>(16, 2 * n + 2)));
+  RowArena(stride()).swap(arena_);
+  index_.reset(std::max<int64_t>(8, n));
   for (int64_t i = 0; i < n; ++i) {
     if (probe(s.keys[i]) != kEmpty) {
       return Status::Invalid("cannot restore table '" + config_.name + "': key " +
                              std::to_string(static_cast<int64_t>(s.keys[i])) +
                              " appears twice in the checkpoint");
     }
-    uint64_t pos = hash_key(s.keys[i]) & static_cast<uint64_t>(mask_);
-    while (index_[pos].row != kEmpty) pos = (pos + 1) & static_cast<uint64_t>(mask_);
-    index_[pos] = Slot{s.keys[i], i};
+    index_.insert(hash_key(s.keys[i]), i);
     row_keys_.push_back(s.keys[i]);
-    float* dst = arena_.data() + i * st;
+    float* dst = arena_.append();
     std::memcpy(dst, s.values.data() + i * d, sizeof(float) * d);
     std::memcpy(dst + d, s.slots.data() + i * s.num_slots * d, sizeof(float) * s.num_slots * d);
   }
-  freqs_ = s.freqs;
-  versions_ = s.versions;
+  freqs_.assign(s.freqs);
+  versions_.assign(s.versions);
   return Status::OK();
 }
 

@@ -2,6 +2,10 @@
 // A row holds [value(dim) | optimizer slots (num_slots x dim)] plus the key's frequency and the
 // step of its last update. Every key value is legal (emptiness is kept apart from the key).
 //
+// Memory per key beyond values and slots: the key, a 4-byte frequency and a 4-byte version
+// (NarrowColumn: widened losslessly to 8 bytes if a value ever needs it) and 10 to 15 bytes of
+// index (RowIndex); rows live in fixed-size blocks (RowArena), so growth copies no rows.
+//
 // Concurrency (TensorFlow runs several lookups and updates of one table at once):
 //  - a shared_mutex guards the index and the row arena's layout: lookups of present keys and
 //    updates take it shared; inserting, growing, relayout and shrinking take it exclusively;
@@ -13,12 +17,14 @@
 
 #include <atomic>
 #include <cstdint>
-#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <vector>
 
+#include "addons/sparse_operation_kit/core/narrow_column.h"
 #include "addons/sparse_operation_kit/core/parallel.h"
+#include "addons/sparse_operation_kit/core/row_arena.h"
+#include "addons/sparse_operation_kit/core/row_index.h"
 #include "addons/sparse_operation_kit/core/status.h"
 #include "addons/sparse_operation_kit/core/table_config.h"
 
@@ -70,29 +76,27 @@ class EmbeddingTable {
   int64_t stride() const { return config_.dim * (1 + num_slots_); }
   bool admitted(int64_t row) const;
   int64_t probe(K key) const;  // row of key or kEmpty; caller holds mu_
-  // rows[i] = probe(keys[i]), prefetching the index slots a few keys ahead; caller holds mu_.
+  // rows[i] = probe(keys[i]), prefetching a few keys ahead; caller holds mu_.
   void probe_many(const K* keys, int64_t n, int64_t* rows) const;
+  // The row of key given the index's candidate (the first row with its tag): a rare tag
+  // collision costs a full probe.
+  int64_t confirm(K key, int64_t candidate) const {
+    return candidate == kEmpty || row_keys_[candidate] == key ? candidate : probe(key);
+  }
   int64_t insert_new(K key);      // caller holds mu_ exclusively; key absent
-  void rehash(int64_t capacity);  // caller holds mu_ exclusively
+  void rehash(int64_t min_rows);  // caller holds mu_ exclusively
   void init_row_values(K key, float* row) const;
   void read_row(int64_t row, K key, bool present, float* out) const;
   Status ensure_slots(const OptimizerParams& p);  // caller holds mu_ exclusively
 
   TableConfig config_;
   mutable std::shared_mutex mu_;
-  // Index: open addressing, linear probing, power-of-two capacity. Key and row share a slot so
-  // a probe touches one cache line.
-  struct Slot {
-    K key;
-    int64_t row;  // kEmpty: free
-  };
-  std::vector<Slot> index_;
-  int64_t mask_ = 0;
+  RowIndex index_;
   // Rows, in insertion order.
   std::vector<K> row_keys_;
-  std::vector<float> arena_;
-  std::vector<int64_t> freqs_;
-  std::vector<int64_t> versions_;
+  RowArena arena_;
+  NarrowColumn<uint32_t> freqs_;
+  NarrowColumn<int32_t> versions_;
   int num_slots_ = 0;
   int slot_kind_ = -1;  // OptimizerKind owning the slots; -1 none/unknown (fresh import)
   std::vector<float> slot_init_;

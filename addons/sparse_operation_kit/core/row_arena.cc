@@ -1,0 +1,41 @@
+#include "addons/sparse_operation_kit/core/row_arena.h"
+
+#include <utility>
+
+namespace sok {
+namespace {
+
+constexpr int64_t kBlockBytes = int64_t{1} << 20;
+
+}  // namespace
+
+RowArena::RowArena(int64_t stride) : stride_(stride) {
+  // The most rows (a power of two, so a row's block is a shift) that fit in kBlockBytes.
+  const int64_t row_bytes = sizeof(float) * (stride > 0 ? stride : 1);
+  while ((int64_t{2} << shift_) * row_bytes <= kBlockBytes) ++shift_;
+  mask_ = (int64_t{1} << shift_) - 1;
+}
+
+float* RowArena::append() {
+  if ((size_ >> shift_) == static_cast<int64_t>(blocks_.size())) {
+    // Not value-initialised: the block's pages stay unused until rows are written there.
+    blocks_.emplace_back(new float[rows_per_block() * stride_]);
+  }
+  return row(size_++);
+}
+
+void RowArena::truncate(int64_t rows) {
+  if (rows >= size_) return;
+  size_ = rows;
+  blocks_.resize((rows + mask_) >> shift_);
+}
+
+void RowArena::swap(RowArena& other) {
+  std::swap(stride_, other.stride_);
+  std::swap(size_, other.size_);
+  std::swap(shift_, other.shift_);
+  std::swap(mask_, other.mask_);
+  blocks_.swap(other.blocks_);
+}
+
+}  // namespace sok
