@@ -518,7 +518,11 @@ def run_errors(hvd, rank, world):
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
         g_a, g_b = ev("gerr_a", 4), ev("gerr_b", 4)
-        g_ids = tf.ragged.constant([[1, 2]], dtype=tf.int64)
+        # Fed, as a TF1 program's ids are: constant ids would let Grappler's constant folding
+        # run the index ops once on the CPU (which the GPU device check would count).
+        g_ids = tf.RaggedTensor.from_row_splits(
+            tf.compat.v1.placeholder_with_default(tf.constant([1, 2], tf.int64), [None]),
+            tf.compat.v1.placeholder_with_default(tf.constant([0, 2], tf.int64), [None]))
         out = sok.lookup_sparse([g_a, g_b] if rank == 0 else [g_b, g_a], [g_ids, g_ids])
         sess.run(tf.compat.v1.global_variables_initializer())
         expect_error(
