@@ -4,6 +4,7 @@
 // (learning rate, global step, sizes) and the checkpoint tensors of Export/Import (they go
 // through a host TableSnapshot) are HostMemory.
 #include <algorithm>
+#include <chrono>
 #include <type_traits>
 #include <vector>
 
@@ -388,6 +389,18 @@ class KernelRunCountsOp : public OpKernel {
     }
   }
 };
+
+class WallClockOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    out->scalar<double>()() = std::chrono::duration<double>(now).count();
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("SokWallClock").Device(DEVICE_CPU), WallClockOp);
 
 // The C++ name tables that cross into Python (see SokSchema in tf/ops).
 class SchemaOp : public OpKernel {

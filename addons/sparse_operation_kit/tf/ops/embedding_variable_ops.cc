@@ -176,6 +176,14 @@ REGISTER_OP("SokKernelRunCounts")
       return OkStatus();
     });
 
+// Seconds since the epoch, now (the optimizer step clock of incremental dumps by time): unlike
+// tf.timestamp, allowed under tf.config.experimental.enable_op_determinism, as no value a model
+// computes depends on it.
+REGISTER_OP("SokWallClock")
+    .Output("seconds: double")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape);
+
 // The names that cross into Python, as this build spells them (schema.py must agree; see
 // tests/python/runtime/test_schema.py): initializer kinds, optimizers and snapshot fields, each in
 // enum order.

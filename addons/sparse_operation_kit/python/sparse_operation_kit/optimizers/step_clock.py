@@ -1,15 +1,18 @@
 """The wall-clock time of each optimizer step, for sok.incremental_model_dump(since=datetime).
 
 Rows record the step of their last optimizer update (`versions`); each optimizer's StepClock
-records the time (tf.timestamp()) at which its steps read their step number, so a time maps to
-the first step that ran at or after it. A host hash table, not a variable: checkpoints and TF1
-initializers are unchanged. Per step: one insert and one remove on the host, of the step value
-the update already reads (no extra device-to-host copy), nothing per row.
+records the time at which its steps read their step number (SokWallClock: tf.timestamp is
+refused under op determinism), so a time maps to the first step that ran at or after it. A host
+hash table, not a variable: checkpoints and TF1 initializers are unchanged. Per step: one insert
+and one remove on the host, of the step value the update already reads (no extra device-to-host
+copy), nothing per row.
 """
 import contextlib
 
 import numpy as np
 import tensorflow as tf
+
+from sparse_operation_kit.runtime._ops import ops
 
 # Steps whose time a clock keeps: a `since` older than the last CLOCK_STEPS steps of this
 # process is refused (the step form has no such limit).
@@ -51,7 +54,7 @@ class StepClock:
         table = self._lookup()
         with _on_host():
             step = tf.reshape(tf.cast(step, tf.int64), [1])  # remove's keys have rank >= 1
-            insert = table.insert(step, tf.reshape(tf.timestamp(), [1]))
+            insert = table.insert(step, tf.reshape(ops.sok_wall_clock(), [1]))
             with tf.control_dependencies([insert] if insert is not None else []):
                 forget = table.remove(step - CLOCK_STEPS)
         return None if tf.executing_eagerly() else tf.group(insert, forget)
