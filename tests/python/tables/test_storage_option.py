@@ -123,3 +123,142 @@ def test_numpy_sizes_are_accepted(tmp_path):
     plan = storage.resolve(sok.StorageOption("DRAM_SSDHASH", str(tmp_path), np.array([ROW])),
                            "t", DIM)
     assert plan.tiered and plan.sizes == [ROW] and plan.path == str(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# DRAM_SSDHASH: the same results as the table without StorageOption, to the bit
+# ---------------------------------------------------------------------------------------------
+ADAM_ROW = 4 * DIM * 3 + storage.ROW_META_BYTES  # a row with Adam's two slots
+OPTIMIZERS = {
+    "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+}
+
+
+def tiered(path, strategy=sok.CacheStrategy.LFU, rows=3):
+    return sok.StorageOption(sok.StorageType.DRAM_SSDHASH, str(path), [rows * ADAM_ROW], strategy)
+
+
+def batches(steps=12, seed=0):
+    rng = np.random.RandomState(seed)
+    return [rng.randint(-25, 25, size=7).astype(np.int64) for _ in range(steps)]
+
+
+def sorted_export(ev):
+    snap = {k: np.asarray(v) for k, v in ev.snapshot().items()}
+    order = np.argsort(snap["keys"])
+    return {k: (v[order] if np.ndim(v) and len(v) == len(order) else v) for k, v in snap.items()}
+
+
+def assert_same_table(a, b):
+    ea, eb = sorted_export(a), sorted_export(b)
+    assert set(ea) == set(eb)
+    for field in ea:
+        np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
+
+
+def eager_run(name, option, opt_name, ids_batches, ev=None):
+    ev = ev or make(option, name)
+    opt = sok.OptimizerWrapper(OPTIMIZERS[opt_name]())
+    outs = []
+    for ids in ids_batches:
+        with tf.GradientTape() as tape:
+            rows = ev.sparse_read(tf.constant(ids))
+            loss = tf.reduce_sum(rows * rows * tf.range(1.0, DIM + 1.0))
+        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+        outs.append(rows.numpy())
+    return ev, outs
+
+
+def ssd_dirs(path):
+    return [d for d in os.listdir(path) if d.startswith("sok_ev_")]
+
+
+@pytest.mark.parametrize("strategy", [sok.CacheStrategy.LFU, sok.CacheStrategy.LRU])
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_eager_training_equals_the_dram_table(tmp_path, opt_name, strategy):
+    name = unique_name("eager")  # one name: both tables start from the same initial values
+    ids = batches()
+    two, got = eager_run(name, tiered(tmp_path, strategy), opt_name, ids)
+    one, want = eager_run(name, None, opt_name, ids)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert int(two.size()) == int(one.size()) > 3
+    every = tf.constant(np.arange(-30, 30, dtype=np.int64))
+    np.testing.assert_array_equal(two.sparse_read(every, training=False).numpy(),
+                                  one.sparse_read(every, training=False).numpy())
+    assert_same_table(two, one)
+    # Most rows are in the SSD tier's file.
+    (d,) = ssd_dirs(tmp_path)
+    assert os.path.getsize(os.path.join(str(tmp_path), d, "rows.log")) > 10 * ADAM_ROW
+
+
+def test_files_are_removed_with_the_table(tmp_path):
+    import gc
+
+    ev, _ = eager_run(unique_name("gone"), tiered(tmp_path), "adagrad", batches(4))
+    assert len(ssd_dirs(tmp_path)) == 1
+    del ev, _
+    gc.collect()
+    assert ssd_dirs(tmp_path) == []
+
+
+def test_dump_load_round_trip(tmp_path):
+    name = unique_name("dumped")
+    ids = batches(16, seed=4)
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    a, _ = eager_run(name, tiered(ssd), "adam", ids[:8])
+    sok.dump(str(tmp_path / "dump"), [a])
+    b = make(tiered(ssd), name)
+    sok.load(str(tmp_path / "dump"), [b])
+    assert_same_table(a, b)
+    _, got = eager_run(name, None, "adam", ids[8:], ev=b)
+    one, _ = eager_run(name, None, "adam", ids[:8])
+    _, want = eager_run(name, None, "adam", ids[8:], ev=one)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert_same_table(b, one)
+
+
+def graph_train(name, option, opt_name, ids_batches, save=None, restore=None):
+    """TF1 Session training; returns each step's rows and the final (keys, values)."""
+    from tests.python.support import graph_session
+
+    with graph_session() as sess:
+        ev = sok.get_embedding_variable(
+            name, DIM, initializer=tf.random_uniform_initializer(-1, 1, seed=3),
+            ev_option=sok.EmbeddingVariableOption(storage_option=option))
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = tf.nn.embedding_lookup(ev, ids)
+        loss = tf.reduce_sum(rows * rows * tf.range(1.0, DIM + 1.0))
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        train = sok.OptimizerWrapper(OPTIMIZERS[opt_name]()).minimize(loss, global_step=gs)
+        saver = tf.compat.v1.train.Saver()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        if restore:
+            saver.restore(sess, restore)
+        outs = [sess.run([rows, train], {ids: b})[0] for b in ids_batches]
+        if save:
+            saver.save(sess, save)
+        keys, values = sess.run(ev.export()[:2])
+        order = np.argsort(keys)
+        return outs, keys[order], values[order]
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_tf1_session_and_saver_equal_the_dram_table(tmp_path, opt_name):
+    name = unique_name("graph")
+    ids = batches(14, seed=7)
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    want, keys, values = graph_train(name, None, opt_name, ids)
+    first, _, _ = graph_train(name, tiered(ssd, sok.CacheStrategy.LRU), opt_name, ids[:7],
+                              save=str(tmp_path / "model"))
+    second, k2, v2 = graph_train(name, tiered(ssd, sok.CacheStrategy.LRU), opt_name, ids[7:],
+                                 restore=str(tmp_path / "model"))
+    for g, w in zip(first + second, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(k2, keys)
+    np.testing.assert_array_equal(v2, values)
+    assert ssd_dirs(ssd) == []  # each session's table went with its session

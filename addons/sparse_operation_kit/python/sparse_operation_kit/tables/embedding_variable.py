@@ -223,9 +223,6 @@ class EmbeddingVariable(compat.TableResource):
         self._no_permission = init_option.default_value_no_permission
         self._filter_freq = ev_option.filter_option.filter_freq if ev_option.filter_option else 0
         self._storage = storage.resolve(ev_option.storage_option, name, embedding_dim)
-        if self._storage.tiered:
-            raise ValueError(f"Embedding Variable '{name}': storage_type "
-                             f"{self._storage.storage_type.name} is not built yet")
         evict = ev_option.evict_option
         self._steps_to_live = int(steps_to_live or 0)
         if isinstance(evict, GlobalStepEvict):
@@ -267,7 +264,9 @@ class EmbeddingVariable(compat.TableResource):
             dim=self._dim, init_kind=spec.kind.value, init_a=spec.a, init_b=spec.b, seed=spec.seed,
             default_value_dim=self._default_value_dim, filter_freq=self._filter_freq,
             default_value_no_permission=self._no_permission, steps_to_live=self._steps_to_live,
-            l2_weight_threshold=self._l2_threshold)
+            l2_weight_threshold=self._l2_threshold,
+            storage_type=self._storage.storage_type.name, storage_path=self._storage.path,
+            storage_size=self._storage.sizes, cache_strategy=self._storage.strategy.name)
 
     def _destroy_resource(self):
         tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
@@ -483,7 +482,9 @@ class EmbeddingVariable(compat.TableResource):
         self._filter_freq = int(get("filter_freq"))
         self._steps_to_live = int(get("steps_to_live"))
         self._l2_threshold = float(get("l2_weight_threshold"))
-        self._storage = storage.StoragePlan()
+        self._storage = storage.StoragePlan(
+            storage.StorageType[get("storage_type").decode()], get("storage_path").decode(),
+            get("storage_size"), storage.CacheStrategy[get("cache_strategy").decode()])
         self._shared_name = handle.op.get_attr("shared_name").decode()
         tf.saved_model.experimental.TrackableResource.__init__(self)
         self._resource_handle = handle

@@ -118,10 +118,20 @@ class StoragePlan:
     def tiered(self):
         return self.storage_type == StorageType.DRAM_SSDHASH
 
-    def to_option(self):
+    def to_config(self):
+        """A JSON-able description (Keras layer configs); None for plain DRAM."""
         if not self.tiered:
             return None
-        return StorageOption(self.storage_type, self.path, list(self.sizes), self.strategy)
+        return {"storage_type": self.storage_type.name, "storage_path": self.path,
+                "storage_size": list(self.sizes), "cache_strategy": self.strategy.name}
+
+
+def option_from_config(config):
+    """The StorageOption of StoragePlan.to_config()'s description (None: plain DRAM)."""
+    if config is None:
+        return None
+    return StorageOption(config["storage_type"], config["storage_path"], config["storage_size"],
+                         config["cache_strategy"])
 
 
 def _sizes(option, tiers, where):
