@@ -262,3 +262,100 @@ def test_tf1_session_and_saver_equal_the_dram_table(tmp_path, opt_name):
     np.testing.assert_array_equal(k2, keys)
     np.testing.assert_array_equal(v2, values)
     assert ssd_dirs(ssd) == []  # each session's table went with its session
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the option travels, and where it is refused
+# ---------------------------------------------------------------------------------------------
+def test_generic_optimizers_are_refused(tmp_path):
+    ev = make(tiered(tmp_path))
+    opt = sok.OptimizerWrapper(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(ev.sparse_read(tf.constant([1, 2], tf.int64)))
+    with pytest.raises(ValueError, match=f"table '{ev.name}' has storage_type DRAM_SSDHASH.*"
+                       "MomentumOptimizer's would stay in memory"):
+        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+
+
+def test_meta_graph_import_keeps_the_storage(tmp_path):
+    from tests.python.support import graph_session
+
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    name = unique_name("meta")
+    with graph_session() as sess:
+        sok.get_embedding_variable(
+            name, DIM, ev_option=sok.EmbeddingVariableOption(
+                storage_option=tiered(ssd, sok.CacheStrategy.LRU)))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        tf.compat.v1.train.Saver().save(sess, str(tmp_path / "m"))
+    with graph_session():
+        tf.compat.v1.train.import_meta_graph(str(tmp_path / "m.meta"))
+        (got,) = [v for v in tf.compat.v1.global_variables() if getattr(v, "name", "") == name]
+        plan = got._storage
+        assert plan.tiered and plan.path == str(ssd) and plan.sizes == [3 * ADAM_ROW]
+        assert plan.strategy == sok.CacheStrategy.LRU
+
+
+def test_keras_config_keeps_the_storage(tmp_path):
+    layer = sok.Embedding(DIM, name=unique_name("kcfg"),
+                          ev_option=sok.EmbeddingVariableOption(storage_option=tiered(tmp_path)))
+    clone = sok.Embedding.from_config(layer.get_config())
+    assert clone.embedding_variable._storage.tiered
+    assert clone.embedding_variable._storage.sizes == [3 * ADAM_ROW]
+
+
+def test_partitioned_parts_each_get_a_directory(tmp_path):
+    var = sok.get_embedding_variable(
+        unique_name("parts"), DIM, partitioner=tf.compat.v1.fixed_size_partitioner(2),
+        ev_option=sok.EmbeddingVariableOption(storage_option=tiered(tmp_path)))
+    assert len(ssd_dirs(tmp_path)) == 2
+    rows = tf.nn.embedding_lookup(var, tf.constant(np.arange(20), tf.int64))
+    assert rows.shape == (20, DIM) and sum(int(p.size()) for p in var) == 20
+
+
+def test_the_kernel_refuses_what_python_would(tmp_path):
+    from sparse_operation_kit.runtime._ops import ops
+
+    handle = ops.sok_embedding_variable_handle(key_dtype=tf.int64, shared_name=unique_name("raw"))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="Embedding Variable 'raw_t': storage_type 'HBM_DRAM' is not supported"):
+        ops.sok_embedding_variable_initialize(
+            handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
+            init_kind="constant", storage_type="HBM_DRAM", storage_size=[1 << 20])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="table 'raw_t': the DRAM budget of 8 bytes is smaller than one row"):
+        ops.sok_embedding_variable_initialize(
+            handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
+            init_kind="constant", storage_type="DRAM_SSDHASH", storage_path=str(tmp_path),
+            storage_size=[8])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="table 'raw_t': cannot make its SSD directory below"):
+        ops.sok_embedding_variable_initialize(
+            handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
+            init_kind="constant", storage_type="DRAM_SSDHASH",
+            storage_path=str(tmp_path / "missing"), storage_size=[1 << 20])
+
+
+def test_incremental_dump_covers_rows_in_both_tiers(tmp_path):
+    name = unique_name("incr")
+    ids = batches(10, seed=11)
+
+    def run(option):
+        ev = make(option, name)
+        opt = sok.OptimizerWrapper(OPTIMIZERS["adagrad"]())
+        _, _ = eager_run(name, None, "adagrad", ids[:6], ev=ev)  # its own optimizer: fresh steps
+        since = sok.update_step(opt)
+        for b in ids[6:]:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(ev.sparse_read(tf.constant(b)))
+            opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+        keys, values = sok.incremental_model_dump([ev], since)
+        order = np.argsort(keys[0])
+        return keys[0][order], values[0][order]
+
+    k2, v2 = run(tiered(tmp_path))
+    k1, v1 = run(None)
+    assert k1.size > 0
+    np.testing.assert_array_equal(k2, k1)
+    np.testing.assert_array_equal(v2, v1)

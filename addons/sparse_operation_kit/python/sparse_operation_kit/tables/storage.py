@@ -13,7 +13,10 @@ PMEM and LevelDB tiers are not built. They are refused, never placed elsewhere.
 What a row costs in a byte budget (ROW_META_BYTES):
     4 * dim * (1 + slots) bytes of values and optimizer slots (slots: 0 before the first update,
     1 for Adagrad, 2 for Adam and FTRL), plus 32 bytes of metadata: the key (8), its frequency
-    (4) and version (4), its index slot (8) and its recency stamp (8).
+    (4) and version (4), its index slot (8) and its recency stamp (8). Not counted: the hash maps'
+    own overhead (the SSD tier's key -> offset index, the stamps' map) and the table's spare index
+    room. The budget holds between operations: an operation's keys are in DRAM while it runs, and
+    afterwards the coldest rows move down in a batch (to 15/16 of the budget).
 """
 import enum
 import numbers
