@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -268,4 +269,36 @@ TEST(TieredTableChecks, files_live_under_the_path_until_the_table_goes) {
   sok::Status s = sok::new_cpu_table<int64_t>(bad, &t);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("smaller than one row"), std::string::npos);
+}
+
+TEST(TieredTableChecks, concurrent_lookups_and_updates_lose_no_row_or_count) {
+  Pair p = make_pair(base_config(), CacheStrategy::kLRU, 1, 4);
+  constexpr int kThreads = 4, kIters = 300;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t]() {
+      sok::ExecContext exec;
+      std::mt19937 rng(t);
+      for (int i = 0; i < kIters; ++i) {
+        std::vector<int64_t> keys = {static_cast<int64_t>(rng() % 40), 40 + t};
+        std::vector<float> out(2 * kDim), g(2 * kDim, 0.5f);
+        EXPECT_TRUE(p.two->find_or_insert(exec, keys.data(), 2, out.data(), nullptr).ok());
+        if (i % 3 == 0) {
+          EXPECT_TRUE(
+              p.two->apply_gradients(exec, keys.data(), 2, g.data(), adagrad(), i, false).ok());
+        }
+        if (i % 7 == 0) EXPECT_TRUE(p.two->find(exec, keys.data(), 2, out.data()).ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  TableSnapshot<int64_t> s;
+  ASSERT_TRUE(p.two->export_rows(p.exec, &s).ok());
+  int64_t total = 0;
+  for (int64_t f : s.freqs) total += f;
+  EXPECT_EQ(total, 2 * kThreads * kIters);  // every lookup counted once, in one tier
+  const Rows rows = by_key(s);
+  EXPECT_EQ(rows.size(), s.keys.size());  // no key in two tiers
+  EXPECT_EQ(rows.count(40 + kThreads - 1), 1u);
+  EXPECT_LE(p.two->memory_rows(), 4);
 }
