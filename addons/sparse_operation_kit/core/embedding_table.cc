@@ -446,19 +446,8 @@ TableSnapshot<K> EmbeddingTable<K>::export_rows() const {
 template <typename K>
 Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
   const int64_t n = static_cast<int64_t>(s.keys.size()), d = config_.dim;
-  if (s.dim != d) {
-    return Status::Invalid("cannot restore table '" + config_.name +
-                           "': the checkpoint has dimension " + std::to_string(s.dim) +
-                           ", the table " + std::to_string(d));
-  }
-  if (static_cast<int64_t>(s.values.size()) != n * d ||
-      static_cast<int64_t>(s.slots.size()) != n * s.num_slots * d ||
-      static_cast<int64_t>(s.freqs.size()) != n || static_cast<int64_t>(s.versions.size()) != n ||
-      static_cast<int64_t>(s.slot_init.size()) != s.num_slots) {
-    return Status::Invalid(
-        "cannot restore table '" + config_.name +
-        "': the checkpoint's keys, values, slots, frequencies and versions disagree in size");
-  }
+  Status valid = check_snapshot(config_.name, d, s);
+  if (!valid.ok()) return valid;
   std::unique_lock<std::shared_mutex> l(mu_);
   row_keys_.clear();
   num_slots_ = s.num_slots;
@@ -480,6 +469,63 @@ Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
   }
   freqs_.assign(s.freqs);
   versions_.assign(s.versions);
+  return Status::OK();
+}
+
+template <typename K>
+void EmbeddingTable<K>::keys_and_freqs(std::vector<K>* keys, std::vector<int64_t>* freqs) const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  *keys = row_keys_;
+  *freqs = freqs_.to_vector();
+}
+
+template <typename K>
+TableSnapshot<K> EmbeddingTable<K>::rows_of(const K* keys, int64_t n) const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  TableSnapshot<K> s;
+  const int64_t d = config_.dim;
+  s.dim = d;
+  s.num_slots = num_slots_;
+  s.slot_kind = slot_kind_;
+  s.slot_init = slot_init_;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = probe(keys[i]);
+    if (row == kEmpty) continue;
+    const float* src = arena_.row(row);
+    s.keys.push_back(keys[i]);
+    s.values.insert(s.values.end(), src, src + d);
+    s.slots.insert(s.slots.end(), src + d, src + stride());
+    s.freqs.push_back(freqs_.get(row));
+    s.versions.push_back(versions_.get(row));
+  }
+  return s;
+}
+
+template <typename K>
+Status EmbeddingTable<K>::put_rows(const TableSnapshot<K>& s) {
+  const int64_t n = static_cast<int64_t>(s.keys.size()), d = config_.dim;
+  Status valid = check_snapshot(config_.name, d, s);
+  if (!valid.ok()) return valid;
+  std::unique_lock<std::shared_mutex> l(mu_);
+  if (s.num_slots > num_slots_) {
+    return Status::Invalid("table '" + config_.name + "': rows with " +
+                           std::to_string(s.num_slots) + " optimizer slots cannot join rows with " +
+                           std::to_string(num_slots_));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (probe(s.keys[i]) != kEmpty) {
+      return Status::Invalid("table '" + config_.name + "': key " +
+                             std::to_string(static_cast<int64_t>(s.keys[i])) +
+                             " is in two tiers at once");
+    }
+    const int64_t row = insert_new(s.keys[i]);  // slots start at their initial value
+    float* dst = arena_.row(row);
+    std::memcpy(dst, s.values.data() + i * d, sizeof(float) * d);
+    std::memcpy(dst + d, s.slots.data() + i * s.num_slots * d, sizeof(float) * s.num_slots * d);
+    freqs_.add(row, s.freqs[i]);
+    if (!versions_.can_hold(s.versions[i])) versions_.widen();
+    versions_.set(row, s.versions[i]);
+  }
   return Status::OK();
 }
 

@@ -70,6 +70,15 @@ class EmbeddingTable {
   // Replaces the whole content. The snapshot's dim must equal the table's.
   Status import_rows(const TableSnapshot<K>& snapshot);
 
+  // For the tiered table (tiered_table.h), which moves whole rows between its tiers:
+  // the key and frequency of every row;
+  void keys_and_freqs(std::vector<K>* keys, std::vector<int64_t>* freqs) const;
+  // the whole rows (values, slots, frequency, version) of the present keys among `keys`;
+  TableSnapshot<K> rows_of(const K* keys, int64_t n) const;
+  // adds whole rows whose keys are absent; a row with fewer slots than the table (moved out
+  // before the optimizer's first update) gets the slots' initial values, as relayout gives.
+  Status put_rows(const TableSnapshot<K>& rows);
+
  private:
   static constexpr int64_t kEmpty = -1;
 

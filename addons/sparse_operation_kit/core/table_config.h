@@ -8,8 +8,30 @@
 
 #include "addons/sparse_operation_kit/core/initializer.h"
 #include "addons/sparse_operation_kit/core/optimizer.h"
+#include "addons/sparse_operation_kit/core/status.h"
 
 namespace sok {
+
+// Where a table's rows live (DeepRec's StorageOption; numbers are DeepRec's StorageType).
+// kDram: every row in memory. kDramSsdHash: every row is in memory or in a file-backed hash
+// store (ssd_tier.h); the most used rows stay in memory within dram_bytes (tiered_table.h).
+enum class StorageKind : int { kDram = 1, kDramSsdHash = 12 };
+// Which rows the memory tier keeps (DeepRec's CacheStrategy numbers).
+enum class CacheStrategy : int { kLRU = 0, kLFU = 1 };
+
+inline bool parse_storage_kind(const std::string& name, StorageKind* out) {
+  if (name == "DRAM") *out = StorageKind::kDram;
+  else if (name == "DRAM_SSDHASH") *out = StorageKind::kDramSsdHash;
+  else return false;
+  return true;
+}
+
+inline bool parse_cache_strategy(const std::string& name, CacheStrategy* out) {
+  if (name == "LRU") *out = CacheStrategy::kLRU;
+  else if (name == "LFU") *out = CacheStrategy::kLFU;
+  else return false;
+  return true;
+}
 
 struct TableConfig {
   std::string name;  // for error messages
@@ -24,6 +46,16 @@ struct TableConfig {
   int64_t steps_to_live = 0;         // 0: never evict by age
   float l2_weight_threshold = -1.f;  // < 0: never evict by norm
   int64_t initial_capacity = 1024;
+  // Storage tiers (StorageKind). For kDramSsdHash: the memory tier's byte budget (a row costs
+  // tier_row_bytes(), tier_policy.h), and the existing directory below which the table makes
+  // its own directory of files.
+  StorageKind storage = StorageKind::kDram;
+  std::string storage_path;
+  int64_t dram_bytes = 0;
+  CacheStrategy cache_strategy = CacheStrategy::kLFU;
+  // The SSD store compacts its file once garbage is over half of it and the file is at least
+  // this big (tests lower it to see compaction on a few rows).
+  int64_t ssd_compact_min_bytes = int64_t{1} << 20;
 };
 
 // The eviction rule of shrink() (CPU and GPU tables alike): a row goes when it was last updated
@@ -70,5 +102,24 @@ struct TableSnapshot {
   std::vector<int64_t> freqs;
   std::vector<int64_t> versions;
 };
+
+// Whether a snapshot can be restored into a table of dimension `dim`; an error naming `table`.
+template <typename K>
+Status check_snapshot(const std::string& table, int64_t dim, const TableSnapshot<K>& s) {
+  const int64_t n = static_cast<int64_t>(s.keys.size());
+  if (s.dim != dim) {
+    return Status::Invalid("cannot restore table '" + table + "': the checkpoint has dimension " +
+                           std::to_string(s.dim) + ", the table " + std::to_string(dim));
+  }
+  if (static_cast<int64_t>(s.values.size()) != n * dim ||
+      static_cast<int64_t>(s.slots.size()) != n * s.num_slots * dim ||
+      static_cast<int64_t>(s.freqs.size()) != n || static_cast<int64_t>(s.versions.size()) != n ||
+      static_cast<int64_t>(s.slot_init.size()) != s.num_slots) {
+    return Status::Invalid(
+        "cannot restore table '" + table +
+        "': the checkpoint's keys, values, slots, frequencies and versions disagree in size");
+  }
+  return Status::OK();
+}
 
 }  // namespace sok

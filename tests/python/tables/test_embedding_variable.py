@@ -63,7 +63,7 @@ def test_option_types_are_checked():
         sok.EmbeddingVariableOption(evict_option=sok.CounterFilter(3))
     with pytest.raises(ValueError, match="default_value_dim must be >= 0"):
         sok.InitializerOption(default_value_dim=-1)
-    # Storage options are accepted (everything lives in this process's memory).
+    # DRAM alone is today's table (tests/python/tables/test_storage_option.py: the other types).
     ev = make_ev(ev_option=sok.EmbeddingVariableOption(storage_option=sok.StorageOption("DRAM")))
     assert ev.sparse_read(tf.constant([1], tf.int64)).shape == [1, 3]
 

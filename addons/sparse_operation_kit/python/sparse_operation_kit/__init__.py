@@ -37,6 +37,7 @@ from sparse_operation_kit.runtime.devices import gpu_kernels_built, kernel_run_c
 from sparse_operation_kit.runtime.version import __version__, parse_tf_version
 from sparse_operation_kit.serving.serving import save_stock_saved_model
 from sparse_operation_kit.tables.embedding_variable import (
+    CacheStrategy,
     CBFFilter,
     CounterFilter,
     EmbeddingVariable,
@@ -46,6 +47,7 @@ from sparse_operation_kit.tables.embedding_variable import (
     InitializerOption,
     L2WeightEvict,
     StorageOption,
+    StorageType,
 )
 from sparse_operation_kit.tables.eviction import sparse_read_and_evict
 from sparse_operation_kit.tables.tables import StaticTable
@@ -67,6 +69,8 @@ __all__ = [
     "GlobalStepEvict",
     "L2WeightEvict",
     "StorageOption",
+    "StorageType",
+    "CacheStrategy",
     "PartitionedEmbeddingVariable",
     "lookup_sparse",
     "group_embedding_lookup_sparse",

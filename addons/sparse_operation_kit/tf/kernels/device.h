@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "addons/sparse_operation_kit/core/table.h"
+#include "addons/sparse_operation_kit/core/tiered_table.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/platform/threadpool.h"
@@ -198,8 +198,7 @@ struct OnDevice<CpuDevice> {
   template <typename K>
   static Status NewTable(OpKernelContext*, const sok::TableConfig& config,
                          std::unique_ptr<sok::Table<K>>* out, std::shared_ptr<void>*) {
-    out->reset(new sok::CpuTable<K>(config));
-    return OkStatus();
+    return ToTf(sok::new_cpu_table<K>(config, out), config.name);
   }
 
  private:
@@ -296,6 +295,12 @@ struct OnDevice<GpuDevice> {
   template <typename K>
   static Status NewTable(OpKernelContext* ctx, const sok::TableConfig& config,
                          std::unique_ptr<sok::Table<K>>* out, std::shared_ptr<void>* keep_alive) {
+    if (config.storage != sok::StorageKind::kDram) {  // never placed elsewhere silently
+      return errors::InvalidArgument(
+          "Embedding Variable '", config.name,
+          "': its storage tiers (DRAM_SSDHASH) are built for the CPU only; place the table on "
+          "the CPU (GPU tiers are not built yet)");
+    }
     auto alloc =
         std::make_shared<TfDeviceAllocator>(ctx->device()->GetAllocator(AllocatorAttributes()));
     sok::gpu::GpuTableOptions options;

@@ -45,6 +45,35 @@ Status LookupTable(OpKernelContext* ctx, const ResourceHandle& handle,
   return OkStatus();
 }
 
+// The storage attributes of SokEmbeddingVariableInitialize (the Python StorageOption checked
+// them already; graphs made elsewhere get the same refusals here).
+inline Status ParseStorage(OpKernelConstruction* c, sok::TableConfig* config) {
+  std::string type, strategy;
+  std::vector<int64_t> sizes;
+  TF_RETURN_IF_ERROR(c->GetAttr("storage_type", &type));
+  TF_RETURN_IF_ERROR(c->GetAttr("storage_path", &config->storage_path));
+  TF_RETURN_IF_ERROR(c->GetAttr("storage_size", &sizes));
+  TF_RETURN_IF_ERROR(c->GetAttr("cache_strategy", &strategy));
+  const std::string where = "Embedding Variable '" + config->name + "': ";
+  if (!sok::parse_storage_kind(type, &config->storage)) {
+    return errors::InvalidArgument(where, "storage_type '", type,
+                                   "' is not supported (supported: DRAM, DRAM_SSDHASH)");
+  }
+  if (!sok::parse_cache_strategy(strategy, &config->cache_strategy)) {
+    return errors::InvalidArgument(where, "unknown cache_strategy '", strategy, "'");
+  }
+  const size_t cached = config->storage == sok::StorageKind::kDram ? 0 : 1;
+  if (sizes.size() != cached) {
+    return errors::InvalidArgument(where, "storage_size has ", sizes.size(), " entries, but ", type,
+                                   " has ", cached, " cached tier(s)");
+  }
+  if (cached) config->dram_bytes = sizes[0];
+  if (!cached && !config->storage_path.empty()) {
+    return errors::InvalidArgument(where, "storage_path is given but ", type, " has no SSD tier");
+  }
+  return OkStatus();
+}
+
 // The attributes of SokEmbeddingVariableInitialize as a TableConfig.
 inline Status ParseTableConfig(OpKernelConstruction* c, sok::TableConfig* config) {
   std::string kind;
@@ -66,7 +95,7 @@ inline Status ParseTableConfig(OpKernelConstruction* c, sok::TableConfig* config
       c->GetAttr("default_value_no_permission", &config->default_value_no_permission));
   TF_RETURN_IF_ERROR(c->GetAttr("steps_to_live", &config->steps_to_live));
   TF_RETURN_IF_ERROR(c->GetAttr("l2_weight_threshold", &config->l2_weight_threshold));
-  return OkStatus();
+  return ParseStorage(c, config);
 }
 
 // The "combiners" attribute.

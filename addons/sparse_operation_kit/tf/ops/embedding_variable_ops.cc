@@ -41,6 +41,12 @@ REGISTER_OP("SokEmbeddingVariableInitialize")
     .Attr("default_value_no_permission: float = 0.0")
     .Attr("steps_to_live: int = 0")
     .Attr("l2_weight_threshold: float = -1.0")
+    // Storage tiers (DeepRec StorageOption): "DRAM" or "DRAM_SSDHASH" (CPU only); the SSD tier's
+    // root directory; the byte budget of each cached tier; "LFU" or "LRU".
+    .Attr("storage_type: string = 'DRAM'")
+    .Attr("storage_path: string = ''")
+    .Attr("storage_size: list(int) = []")
+    .Attr("cache_strategy: string = 'LFU'")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 

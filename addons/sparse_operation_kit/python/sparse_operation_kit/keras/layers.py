@@ -36,7 +36,7 @@ from sparse_operation_kit.lookup.lookup import COMBINERS, lookup_sparse
 from sparse_operation_kit.optimizers import keras_support
 from sparse_operation_kit.runtime import keras_version
 from sparse_operation_kit.runtime.schema import EXPORT_FIELDS
-from sparse_operation_kit.tables import validation
+from sparse_operation_kit.tables import storage, validation
 from sparse_operation_kit.tables.embedding_variable import (
     CounterFilter,
     EmbeddingVariable,
@@ -149,7 +149,8 @@ def table_config(t):
                 "default_value_dim": int(t._default_value_dim),
                 "default_value_no_permission": float(t._no_permission),
                 "filter_freq": int(t._filter_freq), "steps_to_live": int(t._steps_to_live),
-                "l2_weight_threshold": float(t._l2_threshold)}
+                "l2_weight_threshold": float(t._l2_threshold),
+                "storage": t._storage.to_config()}
     return {"kind": "static", "name": table_name(t), "shape": [int(d) for d in t.shape],
             "dtype": tf.as_dtype(t.dtype).name}
 
@@ -164,6 +165,7 @@ def table_from_config(c):
         evict = L2WeightEvict(c["l2_weight_threshold"])
     option = EmbeddingVariableOption(
         filter_option=CounterFilter(c["filter_freq"]) if c["filter_freq"] else None,
+        storage_option=storage.option_from_config(c.get("storage")),
         evict_option=evict,
         init_option=InitializerOption(
             _initializer_from_config(c["initializer"]),

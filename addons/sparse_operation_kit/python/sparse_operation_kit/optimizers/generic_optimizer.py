@@ -204,6 +204,14 @@ class GenericSparseUpdater:
 
     # --- creation ---------------------------------------------------------------------------
     def _check_table(self, table):
+        if table._storage.tiered:
+            raise ValueError(
+                f"sok.OptimizerWrapper: table '{table.name}' has storage_type "
+                f"{table._storage.storage_type.name}, whose rows carry their optimizer slots "
+                "between tiers; only SOK's fused optimizers (SGD, Adagrad, Adam, FTRL) keep slots "
+                f"in the rows, and {type(self.optimizer).__name__}'s would stay in memory outside "
+                "the DRAM budget"
+            )
         if table._filter_freq > 0:
             raise ValueError(
                 f"sok.OptimizerWrapper: table '{table.name}' has a CounterFilter, which only SOK's fused "

@@ -15,7 +15,8 @@ from sparse_operation_kit.runtime import compat, initializers
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.runtime.schema import EXPORT_FIELDS, InitKind
 from sparse_operation_kit.serving import serving
-from sparse_operation_kit.tables import validation
+from sparse_operation_kit.tables import storage, validation
+from sparse_operation_kit.tables.storage import CacheStrategy, StorageOption, StorageType  # noqa: F401
 
 SOK_VARIABLES = "sok_embedding_variables"
 _uid = itertools.count()
@@ -124,17 +125,6 @@ class L2WeightEvict(EvictOption):
         self.l2_weight_threshold = value
 
 
-class StorageOption:
-    """Accepted for DeepRec compatibility: every table lives in the process's memory here."""
-
-    def __init__(self, storage_type=None, storage_path=None, storage_size=None, **kwargs):
-        self.storage_type, self.storage_path, self.storage_size = (
-            storage_type,
-            storage_path,
-            storage_size,
-        )
-
-
 class EmbeddingVariableOption:
     def __init__(self, ht_type=None, ht_partition_num=None, evict_option=None, ckpt=None,
                  filter_option=None, storage_option=None, init_option=None):
@@ -232,6 +222,7 @@ class EmbeddingVariable(compat.TableResource):
         self._initializer_arg = init_option.initializer  # for Keras configs (sok.layers)
         self._no_permission = init_option.default_value_no_permission
         self._filter_freq = ev_option.filter_option.filter_freq if ev_option.filter_option else 0
+        self._storage = storage.resolve(ev_option.storage_option, name, embedding_dim)
         evict = ev_option.evict_option
         self._steps_to_live = int(steps_to_live or 0)
         if isinstance(evict, GlobalStepEvict):
@@ -273,7 +264,9 @@ class EmbeddingVariable(compat.TableResource):
             dim=self._dim, init_kind=spec.kind.value, init_a=spec.a, init_b=spec.b, seed=spec.seed,
             default_value_dim=self._default_value_dim, filter_freq=self._filter_freq,
             default_value_no_permission=self._no_permission, steps_to_live=self._steps_to_live,
-            l2_weight_threshold=self._l2_threshold)
+            l2_weight_threshold=self._l2_threshold,
+            storage_type=self._storage.storage_type.name, storage_path=self._storage.path,
+            storage_size=self._storage.sizes, cache_strategy=self._storage.strategy.name)
 
     def _destroy_resource(self):
         tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
@@ -489,6 +482,9 @@ class EmbeddingVariable(compat.TableResource):
         self._filter_freq = int(get("filter_freq"))
         self._steps_to_live = int(get("steps_to_live"))
         self._l2_threshold = float(get("l2_weight_threshold"))
+        self._storage = storage.StoragePlan(
+            storage.StorageType[get("storage_type").decode()], get("storage_path").decode(),
+            get("storage_size"), storage.CacheStrategy[get("cache_strategy").decode()])
         self._shared_name = handle.op.get_attr("shared_name").decode()
         tf.saved_model.experimental.TrackableResource.__init__(self)
         self._resource_handle = handle

@@ -1,0 +1,211 @@
+#include "addons/sparse_operation_kit/core/ssd_tier.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace sok {
+namespace {
+
+constexpr int64_t kHeaderWords = 4;  // key, freq, version, number of floats
+constexpr int64_t kHeaderBytes = kHeaderWords * sizeof(int64_t);
+
+int64_t record_bytes(int64_t floats) {
+  return kHeaderBytes + floats * static_cast<int64_t>(sizeof(float));
+}
+
+// pwrite/pread in full (they may move fewer bytes than asked).
+bool write_all(int fd, const char* p, int64_t n, int64_t offset) {
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd, p, static_cast<size_t>(n), offset);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w, n -= w, offset += w;
+  }
+  return true;
+}
+
+bool read_all(int fd, char* p, int64_t n, int64_t offset) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, static_cast<size_t>(n), offset);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r, n -= r, offset += r;
+  }
+  return true;
+}
+
+void serialize(const SsdStore::Record& r, std::vector<char>* buf) {
+  const int64_t header[kHeaderWords] = {r.key, r.freq, r.version,
+                                        static_cast<int64_t>(r.row.size())};
+  const char* h = reinterpret_cast<const char*>(header);
+  const char* v = reinterpret_cast<const char*>(r.row.data());
+  buf->insert(buf->end(), h, h + kHeaderBytes);
+  buf->insert(buf->end(), v, v + r.row.size() * sizeof(float));
+}
+
+// The table's name, reduced to characters safe in a file name.
+std::string safe_name(const std::string& table) {
+  std::string s;
+  for (char c : table) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '_';
+  return s.substr(0, 64);
+}
+
+}  // namespace
+
+SsdStore::SsdStore(std::string table, std::string dir, int fd)
+    : table_(std::move(table)), dir_(std::move(dir)), file_(dir_ + "/rows.log"), fd_(fd) {}
+
+Status SsdStore::Open(const std::string& root, const std::string& table,
+                      std::unique_ptr<SsdStore>* out) {
+  std::string tmpl = root + "/sok_ev_" + safe_name(table) + ".XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) {
+    return Status::Invalid("table '" + table + "': cannot make its SSD directory below '" + root +
+                           "': " + std::strerror(errno));
+  }
+  const std::string dir(buf.data());
+  const std::string file = dir + "/rows.log";
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const std::string why = std::strerror(errno);
+    ::rmdir(dir.c_str());
+    return Status::Invalid("table '" + table + "': cannot create '" + file + "': " + why);
+  }
+  out->reset(new SsdStore(table, dir, fd));
+  return Status::OK();
+}
+
+SsdStore::~SsdStore() {
+  if (fd_ >= 0) ::close(fd_);
+  ::unlink(file_.c_str());
+  ::unlink((file_ + ".compact").c_str());
+  ::rmdir(dir_.c_str());
+}
+
+Status SsdStore::error(const std::string& what) const {
+  return Status::Invalid("table '" + table_ + "': SSD tier '" + file_ + "': " + what + ": " +
+                         std::strerror(errno));
+}
+
+Status SsdStore::read_at(const Loc& loc, Record* out) const {
+  int64_t header[kHeaderWords];
+  std::vector<char> buf(loc.bytes);
+  if (!read_all(fd_, buf.data(), loc.bytes, loc.offset)) return error("read failed");
+  std::memcpy(header, buf.data(), kHeaderBytes);
+  if (record_bytes(header[3]) != loc.bytes) {
+    errno = EIO;
+    return error("a record's length disagrees with the index");
+  }
+  out->key = header[0];
+  out->freq = header[1];
+  out->version = header[2];
+  out->row.resize(header[3]);
+  std::memcpy(out->row.data(), buf.data() + kHeaderBytes, header[3] * sizeof(float));
+  return Status::OK();
+}
+
+Status SsdStore::read(int64_t key, Record* out) const {
+  auto it = index_.find(key);
+  if (it == index_.end()) {
+    errno = ENOENT;
+    return error("key " + std::to_string(key) + " is not in the SSD tier");
+  }
+  return read_at(it->second, out);
+}
+
+Status SsdStore::append(const std::vector<Record>& records) {
+  std::vector<char> buf;
+  for (const Record& r : records) serialize(r, &buf);
+  if (!write_all(fd_, buf.data(), static_cast<int64_t>(buf.size()), end_)) {
+    return error("write failed");
+  }
+  // Index only once the bytes are written: a failed write leaves the store as it was.
+  for (const Record& r : records) {
+    const Loc loc{end_, record_bytes(static_cast<int64_t>(r.row.size()))};
+    auto [it, inserted] = index_.emplace(r.key, loc);
+    if (!inserted) {
+      garbage_ += it->second.bytes;
+      it->second = loc;
+    }
+    end_ += loc.bytes;
+  }
+  return Status::OK();
+}
+
+bool SsdStore::remove(int64_t key) {
+  auto it = index_.find(key);
+  if (it == index_.end()) return false;
+  garbage_ += it->second.bytes;
+  index_.erase(it);
+  return true;
+}
+
+Status SsdStore::for_each(const std::function<void(const Record&)>& fn) const {
+  std::vector<Loc> locs;
+  locs.reserve(index_.size());
+  for (const auto& kv : index_) locs.push_back(kv.second);
+  std::sort(locs.begin(), locs.end(),
+            [](const Loc& a, const Loc& b) { return a.offset < b.offset; });
+  Record r;
+  for (const Loc& loc : locs) {
+    Status s = read_at(loc, &r);
+    if (!s.ok()) return s;
+    fn(r);
+  }
+  return Status::OK();
+}
+
+Status SsdStore::clear() {
+  if (::ftruncate(fd_, 0) != 0) return error("truncate failed");
+  index_.clear();
+  end_ = garbage_ = 0;
+  return Status::OK();
+}
+
+Status SsdStore::maybe_compact(int64_t min_bytes) {
+  if (garbage_ * 2 <= end_ || end_ < min_bytes) return Status::OK();
+  return compact();
+}
+
+Status SsdStore::compact() {
+  // Copy the live records into a new file, then rename it over the old one: a failure on the
+  // way leaves the old file and index in use.
+  const std::string tmp = file_ + ".compact";
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return error("cannot create '" + tmp + "'");
+  std::unordered_map<int64_t, Loc> index;
+  std::vector<char> buf;
+  int64_t end = 0;
+  Status s = for_each([&](const Record& r) {
+    const int64_t at = end + static_cast<int64_t>(buf.size());
+    serialize(r, &buf);
+    index[r.key] = Loc{at, record_bytes(static_cast<int64_t>(r.row.size()))};
+    if (buf.size() >= (size_t{1} << 22) && write_all(fd, buf.data(), buf.size(), end)) {
+      end += static_cast<int64_t>(buf.size());
+      buf.clear();
+    }
+  });
+  const bool ok = s.ok() && write_all(fd, buf.data(), buf.size(), end) &&
+                  ::rename(tmp.c_str(), file_.c_str()) == 0;
+  if (!ok) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s.ok() ? error("compaction failed") : s;
+  }
+  ::close(fd_);
+  fd_ = fd;
+  index_.swap(index);
+  end_ = end + static_cast<int64_t>(buf.size());
+  garbage_ = 0;
+  return Status::OK();
+}
+
+}  // namespace sok

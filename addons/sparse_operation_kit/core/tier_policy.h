@@ -1,0 +1,89 @@
+// The cache policy of a tiered table (tiered_table.h): what a row costs in a tier's byte budget,
+// and which rows leave the memory tier when it is over budget.
+//
+// LFU keeps the most frequently looked-up rows (the table's frequencies, which travel with the
+// rows); LRU the most recently used ones (a stamp per operation that looked a row up, updated
+// or assigned it). Ties go to the older stamp, then the smaller key, so the choice is
+// deterministic.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <numeric>
+#include <unordered_map>
+#include <vector>
+
+#include "addons/sparse_operation_kit/core/table_config.h"
+
+namespace sok {
+
+// Per-row metadata a tier's budget counts besides values and slots: the key (8), its
+// frequency (4) and version (4), its index slot (8) and its recency stamp (8).
+// sparse_operation_kit/tables/storage.py's ROW_META_BYTES is the same number.
+inline constexpr int64_t kTierRowMetaBytes = 32;
+
+inline int64_t tier_row_bytes(int64_t dim, int num_slots) {
+  return static_cast<int64_t>(sizeof(float)) * dim * (1 + num_slots) + kTierRowMetaBytes;
+}
+
+template <typename K>
+class TierPolicy {
+ public:
+  explicit TierPolicy(CacheStrategy strategy) : strategy_(strategy) {}
+
+  // Stamps the keys as used now (one stamp per call). Thread-safe.
+  void touch(const K* keys, int64_t n) {
+    std::lock_guard<std::mutex> l(mu_);
+    ++clock_;
+    for (int64_t i = 0; i < n; ++i) stamps_[keys[i]] = clock_;
+  }
+
+  // Of the memory tier's rows (keys, freqs), the `count` to move down, coldest first. Forgets
+  // the stamps of the victims and of keys no longer in the tier.
+  std::vector<K> victims(const std::vector<K>& keys, const std::vector<int64_t>& freqs,
+                         int64_t count) {
+    std::lock_guard<std::mutex> l(mu_);
+    const int64_t n = static_cast<int64_t>(keys.size());
+    std::vector<uint64_t> stamp(n);
+    for (int64_t i = 0; i < n; ++i) {
+      auto it = stamps_.find(keys[i]);
+      stamp[i] = it == stamps_.end() ? 0 : it->second;
+    }
+    std::vector<int64_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    const bool lfu = strategy_ == CacheStrategy::kLFU;
+    auto colder = [&](int64_t a, int64_t b) {
+      if (lfu && freqs[a] != freqs[b]) return freqs[a] < freqs[b];
+      if (stamp[a] != stamp[b]) return stamp[a] < stamp[b];
+      return keys[a] < keys[b];
+    };
+    count = std::min(count, n);
+    std::nth_element(order.begin(), order.begin() + count, order.end(), colder);
+    std::vector<K> out;
+    std::unordered_map<K, uint64_t> kept;
+    for (int64_t j = 0; j < n; ++j) {
+      if (j < count) {
+        out.push_back(keys[order[j]]);
+      } else if (stamp[order[j]] != 0) {
+        kept[keys[order[j]]] = stamp[order[j]];
+      }
+    }
+    stamps_.swap(kept);
+    return out;
+  }
+
+  // Forgets every stamp (the table's content was replaced).
+  void reset() {
+    std::lock_guard<std::mutex> l(mu_);
+    stamps_.clear();
+  }
+
+ private:
+  const CacheStrategy strategy_;
+  std::mutex mu_;
+  uint64_t clock_ = 0;
+  std::unordered_map<K, uint64_t> stamps_;  // keys of the memory tier -> last use
+};
+
+}  // namespace sok

@@ -1,0 +1,349 @@
+#include "addons/sparse_operation_kit/core/tiered_table.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <unordered_set>
+#include <utility>
+
+namespace sok {
+namespace {
+
+// Demotion empties the memory tier down to this share of its budget, so that it runs once per
+// many new keys rather than after every operation.
+int64_t low_watermark(int64_t cap) { return cap - cap / 16; }
+
+template <typename K>
+std::vector<SsdStore::Record> to_records(const TableSnapshot<K>& s) {
+  const int64_t d = s.dim, st = s.num_slots * d;
+  std::vector<SsdStore::Record> out(s.keys.size());
+  for (size_t i = 0; i < s.keys.size(); ++i) {
+    SsdStore::Record& r = out[i];
+    r.key = static_cast<int64_t>(s.keys[i]);
+    r.freq = s.freqs[i];
+    r.version = s.versions[i];
+    r.row.assign(s.values.begin() + i * d, s.values.begin() + (i + 1) * d);
+    r.row.insert(r.row.end(), s.slots.begin() + i * st, s.slots.begin() + (i + 1) * st);
+  }
+  return out;
+}
+
+// Appends a record to a snapshot; missing slots (the row went down before the optimizer's
+// first update) get their initial value.
+template <typename K>
+Status append_record(const SsdStore::Record& r, const std::string& table, TableSnapshot<K>* s) {
+  const int64_t d = s->dim;
+  const int64_t slots = static_cast<int64_t>(r.row.size()) / d - 1;
+  if (slots < 0 || slots > s->num_slots) {
+    return Status::Invalid("table '" + table + "': an SSD row of " + std::to_string(r.row.size()) +
+                           " floats does not fit rows of " + std::to_string(s->num_slots) +
+                           " slots");
+  }
+  s->keys.push_back(static_cast<K>(r.key));
+  s->freqs.push_back(r.freq);
+  s->versions.push_back(r.version);
+  s->values.insert(s->values.end(), r.row.begin(), r.row.begin() + d);
+  s->slots.insert(s->slots.end(), r.row.begin() + d, r.row.end());
+  for (int64_t k = slots; k < s->num_slots; ++k)
+    s->slots.insert(s->slots.end(), d, s->slot_init[k]);
+  return Status::OK();
+}
+
+// The rows of `s` at positions `pick`.
+template <typename K>
+TableSnapshot<K> subset(const TableSnapshot<K>& s, const std::vector<int64_t>& pick) {
+  TableSnapshot<K> out;
+  out.dim = s.dim;
+  out.num_slots = s.num_slots;
+  out.slot_kind = s.slot_kind;
+  out.slot_init = s.slot_init;
+  const int64_t d = s.dim, st = s.num_slots * s.dim;
+  for (int64_t i : pick) {
+    out.keys.push_back(s.keys[i]);
+    out.freqs.push_back(s.freqs[i]);
+    out.versions.push_back(s.versions[i]);
+    out.values.insert(out.values.end(), s.values.begin() + i * d, s.values.begin() + (i + 1) * d);
+    out.slots.insert(out.slots.end(), s.slots.begin() + i * st, s.slots.begin() + (i + 1) * st);
+  }
+  return out;
+}
+
+}  // namespace
+
+template <typename K>
+TieredTable<K>::TieredTable(TableConfig config, std::unique_ptr<SsdStore> cold)
+    : hot_(std::move(config)), cold_(std::move(cold)), policy_(hot_.config().cache_strategy) {}
+
+template <typename K>
+Status TieredTable<K>::Create(TableConfig config, std::unique_ptr<TieredTable<K>>* out) {
+  const std::string where = "table '" + config.name + "': ";
+  if (config.storage != StorageKind::kDramSsdHash) {
+    return Status::Invalid(where + "a tiered table needs storage DRAM_SSDHASH");
+  }
+  if (config.storage_path.empty()) {
+    return Status::Invalid(where + "DRAM_SSDHASH needs storage_path, an existing directory");
+  }
+  if (config.dram_bytes < tier_row_bytes(config.dim, 0)) {
+    return Status::Invalid(where + "the DRAM budget of " + std::to_string(config.dram_bytes) +
+                           " bytes is smaller than one row (" +
+                           std::to_string(tier_row_bytes(config.dim, 0)) + " bytes)");
+  }
+  std::unique_ptr<SsdStore> cold;
+  Status s = SsdStore::Open(config.storage_path, config.name, &cold);
+  if (!s.ok()) return s;
+  out->reset(new TieredTable<K>(std::move(config), std::move(cold)));
+  return Status::OK();
+}
+
+template <typename K>
+Status TieredTable<K>::capacity(int num_slots, int64_t* rows) const {
+  const int64_t row = tier_row_bytes(config().dim, num_slots);
+  *rows = config().dram_bytes / row;
+  if (*rows > 0) return Status::OK();
+  return Status::Invalid("table '" + config().name + "': the DRAM budget of " +
+                         std::to_string(config().dram_bytes) + " bytes is smaller than one row (" +
+                         std::to_string(row) + " bytes with " + std::to_string(num_slots) +
+                         " optimizer slots)");
+}
+
+template <typename K>
+int64_t TieredTable<K>::ssd_rows() const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  return cold_->size();
+}
+
+template <typename K>
+Status TieredTable<K>::size(const ExecContext&, int64_t* out) {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  *out = hot_.size() + cold_->size();
+  return Status::OK();
+}
+
+template <typename K>
+bool TieredTable<K>::any_cold(const K* keys, int64_t n) const {
+  if (cold_->size() == 0) return false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (cold_->contains(static_cast<int64_t>(keys[i]))) return true;
+  }
+  return false;
+}
+
+template <typename K>
+void TieredTable<K>::read_cold(const SsdStore::Record& r, float* out) const {
+  // A present row as EmbeddingTable::read_row gives it: not yet admitted reads the default.
+  const TableConfig& c = config();
+  if (c.filter_freq > 0 && r.freq < c.filter_freq) {
+    std::fill(out, out + c.dim, c.default_value_no_permission);
+  } else {
+    std::memcpy(out, r.row.data(), sizeof(float) * c.dim);
+  }
+}
+
+template <typename K>
+Status TieredTable<K>::find(const ExecContext& exec, const K* keys, int64_t n, float* out) {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  hot_.find(keys, n, out, exec.parallel_for);  // cold keys read as absent, then overwritten
+  if (cold_->size() == 0) return Status::OK();
+  SsdStore::Record r;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!cold_->contains(static_cast<int64_t>(keys[i]))) continue;
+    Status s = cold_->read(static_cast<int64_t>(keys[i]), &r);
+    if (!s.ok()) return s;
+    read_cold(r, out + i * config().dim);
+  }
+  return Status::OK();
+}
+
+template <typename K>
+Status TieredTable<K>::promote(const K* keys, int64_t n) {
+  TableSnapshot<K> rows;
+  rows.dim = config().dim;
+  rows.num_slots = hot_.num_slots();
+  TableSnapshot<K> shape = hot_.rows_of(nullptr, 0);  // the memory tier's slot layout
+  rows.slot_kind = shape.slot_kind;
+  rows.slot_init = shape.slot_init;
+  std::unordered_set<int64_t> seen;
+  SsdStore::Record r;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t key = static_cast<int64_t>(keys[i]);
+    if (!cold_->contains(key) || !seen.insert(key).second) continue;
+    Status s = cold_->read(key, &r);
+    if (s.ok()) s = append_record(r, config().name, &rows);
+    if (!s.ok()) return s;
+  }
+  Status s = hot_.put_rows(rows);
+  if (!s.ok()) return s;
+  for (const K key : rows.keys) cold_->remove(static_cast<int64_t>(key));
+  return cold_->maybe_compact(config().ssd_compact_min_bytes);
+}
+
+template <typename K>
+Status TieredTable<K>::demote() {
+  int64_t cap = 0;
+  Status s = capacity(hot_.num_slots(), &cap);
+  if (!s.ok()) return s;
+  if (hot_.size() <= cap) return Status::OK();
+  std::unique_lock<std::shared_mutex> l(mu_);
+  const int64_t n = hot_.size();
+  if (n <= cap) return Status::OK();
+  std::vector<K> keys;
+  std::vector<int64_t> freqs;
+  hot_.keys_and_freqs(&keys, &freqs);
+  const std::vector<K> victims = policy_.victims(keys, freqs, n - low_watermark(cap));
+  const int64_t m = static_cast<int64_t>(victims.size());
+  // Written to the file first, removed from memory after: a failed write loses no row.
+  s = cold_->append(to_records(hot_.rows_of(victims.data(), m)));
+  if (!s.ok()) return s;
+  hot_.erase(victims.data(), m);
+  return cold_->maybe_compact(config().ssd_compact_min_bytes);
+}
+
+template <typename K>
+template <typename Op>
+Status TieredTable<K>::with_keys_in_memory(const K* keys, int64_t n, const Op& op) {
+  Status s;
+  bool done = false;
+  {
+    std::shared_lock<std::shared_mutex> l(mu_);
+    if (!any_cold(keys, n)) {
+      s = op();
+      done = true;
+    }
+  }
+  if (!done) {
+    std::unique_lock<std::shared_mutex> l(mu_);
+    s = promote(keys, n);
+    if (s.ok()) s = op();
+  }
+  if (!s.ok()) return s;
+  policy_.touch(keys, n);
+  return demote();
+}
+
+template <typename K>
+Status TieredTable<K>::find_or_insert(const ExecContext& exec, const K* keys, int64_t n, float* out,
+                                      const int64_t* counts) {
+  return with_keys_in_memory(keys, n, [&]() {
+    hot_.find_or_insert(keys, n, out, counts, exec.parallel_for);
+    return Status::OK();
+  });
+}
+
+template <typename K>
+Status TieredTable<K>::insert_or_assign(const ExecContext&, const K* keys, int64_t n,
+                                        const float* values) {
+  return with_keys_in_memory(keys, n, [&]() {
+    hot_.insert_or_assign(keys, n, values);
+    return Status::OK();
+  });
+}
+
+template <typename K>
+Status TieredTable<K>::apply_gradients(const ExecContext& exec, const K* keys, int64_t n,
+                                       const float* grads, const OptimizerParams& p,
+                                       int64_t global_step, bool keys_unique) {
+  int64_t cap = 0;
+  Status s = capacity(std::max(hot_.num_slots(), sok::num_slots(p.kind)), &cap);
+  if (!s.ok()) return s;  // checked before the update: no row changes on this error
+  return with_keys_in_memory(keys, n, [&]() {
+    return hot_.apply_gradients(keys, n, grads, p, global_step, exec.parallel_for, keys_unique);
+  });
+}
+
+template <typename K>
+Status TieredTable<K>::erase(const K* keys, int64_t n, int64_t* removed) {
+  std::unique_lock<std::shared_mutex> l(mu_);
+  *removed = hot_.erase(keys, n);
+  for (int64_t i = 0; i < n; ++i) *removed += cold_->remove(static_cast<int64_t>(keys[i])) ? 1 : 0;
+  return cold_->maybe_compact(config().ssd_compact_min_bytes);
+}
+
+template <typename K>
+Status TieredTable<K>::shrink(const ExecContext&, int64_t global_step, int64_t* removed) {
+  std::unique_lock<std::shared_mutex> l(mu_);
+  *removed = hot_.shrink(global_step);
+  std::vector<int64_t> victims;
+  Status s = cold_->for_each([&](const SsdStore::Record& r) {
+    if (should_evict(config(), global_step, r.version, r.row.data())) victims.push_back(r.key);
+  });
+  if (!s.ok()) return s;
+  for (int64_t key : victims) cold_->remove(key);
+  *removed += static_cast<int64_t>(victims.size());
+  return cold_->maybe_compact(config().ssd_compact_min_bytes);
+}
+
+template <typename K>
+Status TieredTable<K>::export_rows(const ExecContext&, TableSnapshot<K>* out) {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  *out = hot_.export_rows();
+  Status inner;
+  Status s = cold_->for_each([&](const SsdStore::Record& r) {
+    if (inner.ok()) inner = append_record(r, config().name, out);
+  });
+  return s.ok() ? inner : s;
+}
+
+template <typename K>
+Status TieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t cap) {
+  // The rows that stay in memory: LFU the most frequent, LRU the most recently updated (the
+  // checkpoint keeps no lookup stamps); ties by checkpoint order.
+  const int64_t n = static_cast<int64_t>(s.keys.size());
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  const std::vector<int64_t>& rank =
+      config().cache_strategy == CacheStrategy::kLFU ? s.freqs : s.versions;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return rank[a] > rank[b]; });
+  const int64_t keep = std::min(n, low_watermark(cap));
+  std::vector<int64_t> hot(order.begin(), order.begin() + keep);
+  std::vector<int64_t> cold(order.begin() + keep, order.end());
+  Status st = cold_->clear();
+  if (st.ok()) st = cold_->append(to_records(subset(s, cold)));
+  if (st.ok()) st = hot_.import_rows(subset(s, hot));
+  return st;
+}
+
+template <typename K>
+Status TieredTable<K>::import_rows(const ExecContext&, const TableSnapshot<K>& s) {
+  Status st = check_snapshot(config().name, config().dim, s);
+  if (!st.ok()) return st;
+  int64_t cap = 0;
+  st = capacity(s.num_slots, &cap);
+  if (!st.ok()) return st;
+  std::unordered_set<int64_t> keys;
+  for (const K key : s.keys) {
+    if (!keys.insert(static_cast<int64_t>(key)).second) {
+      return Status::Invalid("cannot restore table '" + config().name + "': key " +
+                             std::to_string(static_cast<int64_t>(key)) +
+                             " appears twice in the checkpoint");
+    }
+  }
+  std::unique_lock<std::shared_mutex> l(mu_);
+  policy_.reset();
+  if (static_cast<int64_t>(s.keys.size()) <= cap) {
+    st = cold_->clear();
+    return st.ok() ? hot_.import_rows(s) : st;
+  }
+  return import_split(s, cap);
+}
+
+template <typename K>
+Status new_cpu_table(const TableConfig& config, std::unique_ptr<Table<K>>* out) {
+  if (config.storage == StorageKind::kDram) {
+    out->reset(new CpuTable<K>(config));
+    return Status::OK();
+  }
+  std::unique_ptr<TieredTable<K>> tiered;
+  Status s = TieredTable<K>::Create(config, &tiered);
+  if (s.ok()) *out = std::move(tiered);
+  return s;
+}
+
+template class TieredTable<int32_t>;
+template class TieredTable<int64_t>;
+template Status new_cpu_table<int32_t>(const TableConfig&, std::unique_ptr<Table<int32_t>>*);
+template Status new_cpu_table<int64_t>(const TableConfig&, std::unique_ptr<Table<int64_t>>*);
+
+}  // namespace sok

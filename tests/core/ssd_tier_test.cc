@@ -1,0 +1,113 @@
+#include "addons/sparse_operation_kit/core/ssd_tier.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace {
+
+using sok::SsdStore;
+
+std::string temp_root() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t ? t : "/tmp";
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+SsdStore::Record rec(int64_t key, int64_t freq, int64_t version, int floats, float base) {
+  SsdStore::Record r{key, freq, version, {}};
+  for (int i = 0; i < floats; ++i) r.row.push_back(base + 0.25f * i);
+  return r;
+}
+
+void expect_same(const SsdStore::Record& a, const SsdStore::Record& b) {
+  EXPECT_EQ(a.key, b.key);
+  EXPECT_EQ(a.freq, b.freq);
+  EXPECT_EQ(a.version, b.version);
+  EXPECT_EQ(a.row, b.row);
+}
+
+}  // namespace
+
+TEST(SsdStoreTest, round_trips_records_and_replaces_keys) {
+  std::unique_ptr<SsdStore> s;
+  ASSERT_TRUE(SsdStore::Open(temp_root(), "t/1", &s).ok());
+  ASSERT_TRUE(s->append({rec(-5, 3, 7, 4, 1.f), rec(1LL << 40, 1, 2, 8, -3.f)}).ok());
+  EXPECT_EQ(s->size(), 2);
+  SsdStore::Record r;
+  ASSERT_TRUE(s->read(-5, &r).ok());
+  expect_same(r, rec(-5, 3, 7, 4, 1.f));
+  ASSERT_TRUE(s->append({rec(-5, 9, 8, 12, 0.5f)}).ok());  // replaced, and longer
+  EXPECT_EQ(s->size(), 2);
+  ASSERT_TRUE(s->read(-5, &r).ok());
+  expect_same(r, rec(-5, 9, 8, 12, 0.5f));
+  EXPECT_GT(s->garbage_bytes(), 0);
+  EXPECT_FALSE(s->read(4, &r).ok());
+  EXPECT_TRUE(s->remove(-5));
+  EXPECT_FALSE(s->remove(-5));
+  EXPECT_FALSE(s->contains(-5));
+  EXPECT_TRUE(s->contains(1LL << 40));
+}
+
+TEST(SsdStoreTest, compaction_keeps_live_records_and_shrinks_the_file) {
+  std::unique_ptr<SsdStore> s;
+  ASSERT_TRUE(SsdStore::Open(temp_root(), "compact", &s).ok());
+  std::map<int64_t, SsdStore::Record> want;
+  for (int round = 0; round < 5; ++round) {
+    std::vector<SsdStore::Record> batch;
+    for (int64_t k = 0; k < 50; ++k) batch.push_back(rec(k, round, k, 6, k + 0.5f * round));
+    ASSERT_TRUE(s->append(batch).ok());
+    for (auto& r : batch) want[r.key] = r;
+  }
+  for (int64_t k = 0; k < 50; k += 3) {
+    s->remove(k);
+    want.erase(k);
+  }
+  const int64_t before = s->file_bytes();
+  ASSERT_TRUE(s->maybe_compact(1LL << 40).ok());  // file below the minimum: untouched
+  EXPECT_EQ(s->file_bytes(), before);
+  ASSERT_TRUE(s->maybe_compact(0).ok());
+  EXPECT_LT(s->file_bytes(), before / 4);
+  EXPECT_EQ(s->garbage_bytes(), 0);
+  std::map<int64_t, SsdStore::Record> got;
+  ASSERT_TRUE(s->for_each([&](const SsdStore::Record& r) { got[r.key] = r; }).ok());
+  ASSERT_EQ(got.size(), want.size());
+  for (auto& kv : want) expect_same(got[kv.first], kv.second);
+  SsdStore::Record r;
+  ASSERT_TRUE(s->read(49, &r).ok());  // the index points into the new file
+  expect_same(r, want[49]);
+}
+
+TEST(SsdStoreTest, each_store_owns_a_directory_removed_with_it) {
+  std::unique_ptr<SsdStore> a, b;
+  ASSERT_TRUE(SsdStore::Open(temp_root(), "same", &a).ok());
+  ASSERT_TRUE(SsdStore::Open(temp_root(), "same", &b).ok());
+  EXPECT_NE(a->dir(), b->dir());
+  ASSERT_TRUE(a->append({rec(1, 1, 1, 2, 1.f)}).ok());
+  const std::string dir = a->dir();
+  EXPECT_TRUE(exists(dir + "/rows.log"));
+  a.reset();
+  EXPECT_FALSE(exists(dir));
+  EXPECT_TRUE(exists(b->dir()));
+  ASSERT_TRUE(b->clear().ok());
+  EXPECT_EQ(b->size(), 0);
+  EXPECT_EQ(b->file_bytes(), 0);
+}
+
+TEST(SsdStoreTest, a_missing_root_is_an_error_naming_the_table) {
+  std::unique_ptr<SsdStore> s;
+  sok::Status st = SsdStore::Open(temp_root() + "/no/such/dir", "emb", &s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("table 'emb'"), std::string::npos) << st.message();
+}

@@ -1,0 +1,361 @@
+"""Multi-tier storage (DeepRec's StorageOption): the option's checks, each error naming the table."""
+import os
+import stat
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from sparse_operation_kit.tables import storage
+from tests.python.support import unique_name
+
+DIM = 4
+ROW = 4 * DIM + storage.ROW_META_BYTES  # one row before optimizer slots
+
+
+def make(option, name=None, dim=DIM):
+    name = name or unique_name("tiered")
+    return sok.EmbeddingVariable(
+        name, dim, initializer=tf.random_uniform_initializer(-1, 1, seed=3),
+        ev_option=sok.EmbeddingVariableOption(storage_option=option))
+
+
+# ---------------------------------------------------------------------------------------------
+# API
+# ---------------------------------------------------------------------------------------------
+def test_names_and_deeprec_numbers():
+    for name in ("DRAM", "HBM", "HBM_DRAM", "DRAM_SSDHASH", "HBM_DRAM_SSDHASH", "PMEM_MEMKIND",
+                 "PMEM_LIBPMEM", "SSDHASH", "LEVELDB", "DRAM_PMEM", "DRAM_LEVELDB",
+                 "DRAM_PMEM_SSDHASH"):
+        assert sok.StorageType[name].name == name
+    assert sok.StorageType.DRAM_SSDHASH == 12 and sok.StorageType.HBM_DRAM_SSDHASH == 102
+    assert (sok.CacheStrategy.LRU, sok.CacheStrategy.LFU) == (0, 1)
+    option = sok.StorageOption(sok.StorageType.DRAM)
+    assert option.cache_strategy == sok.CacheStrategy.LFU
+    assert option.storage_path is None and option.storage_size is None
+
+
+def test_dram_alone_is_todays_table():
+    for t in (sok.StorageType.DRAM, "DRAM", 1, sok.StorageType.DEFAULT):
+        ev = make(sok.StorageOption(t))
+        assert ev._storage.storage_type == sok.StorageType.DRAM and not ev._storage.tiered
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors, each naming the table
+# ---------------------------------------------------------------------------------------------
+def expect_error(option, match, cls=ValueError, dim=DIM):
+    name = unique_name("bad")
+    with pytest.raises(cls, match=f"Embedding Variable '{name}': {match}"):
+        make(option, name, dim)
+
+
+def test_unknown_type_and_strategy():
+    expect_error(sok.StorageOption("NVME"), "unknown storage_type 'NVME'")
+    expect_error(sok.StorageOption(77), "unknown storage_type 77")
+    expect_error(sok.StorageOption(sok.StorageType.DRAM, cache_strategy="MRU"),
+                 "unknown cache_strategy 'MRU'")
+    expect_error("DRAM", "storage_option must be sok.StorageOption", TypeError)
+
+
+@pytest.mark.parametrize("t", ["HBM", "HBM_DRAM", "HBM_DRAM_SSDHASH"])
+def test_hbm_types_are_refused_not_placed_elsewhere(t, tmp_path):
+    expect_error(sok.StorageOption(t, str(tmp_path), [1 << 20] * (len(t.split("_")) - 1)),
+                 f"storage_type {t} is not supported yet: HBM tiers need the GPU tier")
+
+
+@pytest.mark.parametrize("t", ["PMEM_MEMKIND", "PMEM_LIBPMEM", "SSDHASH", "LEVELDB",
+                               "DRAM_PMEM", "DRAM_LEVELDB", "DRAM_PMEM_SSDHASH"])
+def test_unbuilt_types_are_refused(t, tmp_path):
+    expect_error(sok.StorageOption(t, str(tmp_path), [1 << 20] * (len(t.split("_")) - 1)),
+                 f"storage_type {t} is not supported: this build has no PMEM or LevelDB tier")
+
+
+def test_storage_size_checks(tmp_path):
+    path = str(tmp_path)
+    expect_error(sok.StorageOption("DRAM_SSDHASH", path), "storage_size is missing")
+    expect_error(sok.StorageOption("DRAM_SSDHASH", path, [ROW, ROW]),
+                 "storage_size has 2 entries, but DRAM_SSDHASH has 1 cached tier")
+    expect_error(sok.StorageOption("DRAM_SSDHASH", path, []), "storage_size has 0 entries")
+    expect_error(sok.StorageOption("DRAM_SSDHASH", path, [-5]),
+                 "storage_size of tier DRAM must be >= 0, got -5")
+    expect_error(sok.StorageOption("DRAM_SSDHASH", path, [2.5]),
+                 "storage_size of tier DRAM must be an integer", TypeError)
+    expect_error(sok.StorageOption("DRAM_SSDHASH", path, [ROW - 1]),
+                 f"the DRAM budget storage_size\\[0\\] = {ROW - 1} bytes is smaller than one row "
+                 f"\\({ROW} bytes")
+    expect_error(sok.StorageOption("DRAM", None, [1 << 20]),
+                 "storage_size has 1 entries, but DRAM has 0 cached tier")
+
+
+def test_storage_path_checks(tmp_path):
+    expect_error(sok.StorageOption("DRAM_SSDHASH", None, [1 << 20]),
+                 "DRAM_SSDHASH needs storage_path")
+    missing = os.path.join(str(tmp_path), "nope")
+    expect_error(sok.StorageOption("DRAM_SSDHASH", missing, [1 << 20]),
+                 "storage_path '.*nope' is not an existing directory")
+    a_file = os.path.join(str(tmp_path), "file")
+    open(a_file, "w").close()
+    expect_error(sok.StorageOption("DRAM_SSDHASH", a_file, [1 << 20]),
+                 "storage_path .* is not an existing directory")
+    expect_error(sok.StorageOption("DRAM", str(tmp_path)), "storage_path .* is given but DRAM "
+                 "has no SSD tier")
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = os.path.join(str(tmp_path), "locked")
+        os.mkdir(locked)
+        os.chmod(locked, stat.S_IRUSR | stat.S_IXUSR)
+        try:
+            expect_error(sok.StorageOption("DRAM_SSDHASH", locked, [1 << 20]),
+                         "storage_path '.*locked' is not writable")
+        finally:
+            os.chmod(locked, stat.S_IRWXU)
+
+
+def test_partitioned_table_names_its_part():
+    with pytest.raises(ValueError, match="unknown storage_type"):
+        sok.get_embedding_variable(
+            unique_name("parts"), DIM, partitioner=tf.compat.v1.fixed_size_partitioner(2),
+            ev_option=sok.EmbeddingVariableOption(storage_option=sok.StorageOption("X")))
+
+
+def test_numpy_sizes_are_accepted(tmp_path):
+    plan = storage.resolve(sok.StorageOption("DRAM_SSDHASH", str(tmp_path), np.array([ROW])),
+                           "t", DIM)
+    assert plan.tiered and plan.sizes == [ROW] and plan.path == str(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# DRAM_SSDHASH: the same results as the table without StorageOption, to the bit
+# ---------------------------------------------------------------------------------------------
+ADAM_ROW = 4 * DIM * 3 + storage.ROW_META_BYTES  # a row with Adam's two slots
+OPTIMIZERS = {
+    "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+}
+
+
+def tiered(path, strategy=sok.CacheStrategy.LFU, rows=3):
+    return sok.StorageOption(sok.StorageType.DRAM_SSDHASH, str(path), [rows * ADAM_ROW], strategy)
+
+
+def batches(steps=12, seed=0):
+    rng = np.random.RandomState(seed)
+    return [rng.randint(-25, 25, size=7).astype(np.int64) for _ in range(steps)]
+
+
+def sorted_export(ev):
+    snap = {k: np.asarray(v) for k, v in ev.snapshot().items()}
+    order = np.argsort(snap["keys"])
+    return {k: (v[order] if np.ndim(v) and len(v) == len(order) else v) for k, v in snap.items()}
+
+
+def assert_same_table(a, b):
+    ea, eb = sorted_export(a), sorted_export(b)
+    assert set(ea) == set(eb)
+    for field in ea:
+        np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
+
+
+def eager_run(name, option, opt_name, ids_batches, ev=None):
+    ev = ev or make(option, name)
+    opt = sok.OptimizerWrapper(OPTIMIZERS[opt_name]())
+    outs = []
+    for ids in ids_batches:
+        with tf.GradientTape() as tape:
+            rows = ev.sparse_read(tf.constant(ids))
+            loss = tf.reduce_sum(rows * rows * tf.range(1.0, DIM + 1.0))
+        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+        outs.append(rows.numpy())
+    return ev, outs
+
+
+def ssd_dirs(path):
+    return [d for d in os.listdir(path) if d.startswith("sok_ev_")]
+
+
+@pytest.mark.parametrize("strategy", [sok.CacheStrategy.LFU, sok.CacheStrategy.LRU])
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_eager_training_equals_the_dram_table(tmp_path, opt_name, strategy):
+    name = unique_name("eager")  # one name: both tables start from the same initial values
+    ids = batches()
+    two, got = eager_run(name, tiered(tmp_path, strategy), opt_name, ids)
+    one, want = eager_run(name, None, opt_name, ids)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert int(two.size()) == int(one.size()) > 3
+    every = tf.constant(np.arange(-30, 30, dtype=np.int64))
+    np.testing.assert_array_equal(two.sparse_read(every, training=False).numpy(),
+                                  one.sparse_read(every, training=False).numpy())
+    assert_same_table(two, one)
+    # Most rows are in the SSD tier's file.
+    (d,) = ssd_dirs(tmp_path)
+    assert os.path.getsize(os.path.join(str(tmp_path), d, "rows.log")) > 10 * ADAM_ROW
+
+
+def test_files_are_removed_with_the_table(tmp_path):
+    import gc
+
+    ev, _ = eager_run(unique_name("gone"), tiered(tmp_path), "adagrad", batches(4))
+    assert len(ssd_dirs(tmp_path)) == 1
+    del ev, _
+    gc.collect()
+    assert ssd_dirs(tmp_path) == []
+
+
+def test_dump_load_round_trip(tmp_path):
+    name = unique_name("dumped")
+    ids = batches(16, seed=4)
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    a, _ = eager_run(name, tiered(ssd), "adam", ids[:8])
+    sok.dump(str(tmp_path / "dump"), [a])
+    b = make(tiered(ssd), name)
+    sok.load(str(tmp_path / "dump"), [b])
+    assert_same_table(a, b)
+    _, got = eager_run(name, None, "adam", ids[8:], ev=b)
+    one, _ = eager_run(name, None, "adam", ids[:8])
+    _, want = eager_run(name, None, "adam", ids[8:], ev=one)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert_same_table(b, one)
+
+
+def graph_train(name, option, opt_name, ids_batches, save=None, restore=None):
+    """TF1 Session training; returns each step's rows and the final (keys, values)."""
+    from tests.python.support import graph_session
+
+    with graph_session() as sess:
+        ev = sok.get_embedding_variable(
+            name, DIM, initializer=tf.random_uniform_initializer(-1, 1, seed=3),
+            ev_option=sok.EmbeddingVariableOption(storage_option=option))
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = tf.nn.embedding_lookup(ev, ids)
+        loss = tf.reduce_sum(rows * rows * tf.range(1.0, DIM + 1.0))
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        train = sok.OptimizerWrapper(OPTIMIZERS[opt_name]()).minimize(loss, global_step=gs)
+        saver = tf.compat.v1.train.Saver()
+        sess.run(tf.compat.v1.global_variables_initializer())
+        if restore:
+            saver.restore(sess, restore)
+        outs = [sess.run([rows, train], {ids: b})[0] for b in ids_batches]
+        if save:
+            saver.save(sess, save)
+        keys, values = sess.run(ev.export()[:2])
+        order = np.argsort(keys)
+        return outs, keys[order], values[order]
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_tf1_session_and_saver_equal_the_dram_table(tmp_path, opt_name):
+    name = unique_name("graph")
+    ids = batches(14, seed=7)
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    want, keys, values = graph_train(name, None, opt_name, ids)
+    first, _, _ = graph_train(name, tiered(ssd, sok.CacheStrategy.LRU), opt_name, ids[:7],
+                              save=str(tmp_path / "model"))
+    second, k2, v2 = graph_train(name, tiered(ssd, sok.CacheStrategy.LRU), opt_name, ids[7:],
+                                 restore=str(tmp_path / "model"))
+    for g, w in zip(first + second, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(k2, keys)
+    np.testing.assert_array_equal(v2, values)
+    assert ssd_dirs(ssd) == []  # each session's table went with its session
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the option travels, and where it is refused
+# ---------------------------------------------------------------------------------------------
+def test_generic_optimizers_are_refused(tmp_path):
+    ev = make(tiered(tmp_path))
+    opt = sok.OptimizerWrapper(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(ev.sparse_read(tf.constant([1, 2], tf.int64)))
+    with pytest.raises(ValueError, match=f"table '{ev.name}' has storage_type DRAM_SSDHASH.*"
+                       "MomentumOptimizer's would stay in memory"):
+        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+
+
+def test_meta_graph_import_keeps_the_storage(tmp_path):
+    from tests.python.support import graph_session
+
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    name = unique_name("meta")
+    with graph_session() as sess:
+        sok.get_embedding_variable(
+            name, DIM, ev_option=sok.EmbeddingVariableOption(
+                storage_option=tiered(ssd, sok.CacheStrategy.LRU)))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        tf.compat.v1.train.Saver().save(sess, str(tmp_path / "m"))
+    with graph_session():
+        tf.compat.v1.train.import_meta_graph(str(tmp_path / "m.meta"))
+        (got,) = [v for v in tf.compat.v1.global_variables() if getattr(v, "name", "") == name]
+        plan = got._storage
+        assert plan.tiered and plan.path == str(ssd) and plan.sizes == [3 * ADAM_ROW]
+        assert plan.strategy == sok.CacheStrategy.LRU
+
+
+def test_keras_config_keeps_the_storage(tmp_path):
+    layer = sok.Embedding(DIM, name=unique_name("kcfg"),
+                          ev_option=sok.EmbeddingVariableOption(storage_option=tiered(tmp_path)))
+    clone = sok.Embedding.from_config(layer.get_config())
+    assert clone.embedding_variable._storage.tiered
+    assert clone.embedding_variable._storage.sizes == [3 * ADAM_ROW]
+
+
+def test_partitioned_parts_each_get_a_directory(tmp_path):
+    var = sok.get_embedding_variable(
+        unique_name("parts"), DIM, partitioner=tf.compat.v1.fixed_size_partitioner(2),
+        ev_option=sok.EmbeddingVariableOption(storage_option=tiered(tmp_path)))
+    assert len(ssd_dirs(tmp_path)) == 2
+    rows = tf.nn.embedding_lookup(var, tf.constant(np.arange(20), tf.int64))
+    assert rows.shape == (20, DIM) and sum(int(p.size()) for p in var) == 20
+
+
+def test_the_kernel_refuses_what_python_would(tmp_path):
+    from sparse_operation_kit.runtime._ops import ops
+
+    handle = ops.sok_embedding_variable_handle(key_dtype=tf.int64, shared_name=unique_name("raw"))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="Embedding Variable 'raw_t': storage_type 'HBM_DRAM' is not supported"):
+        ops.sok_embedding_variable_initialize(
+            handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
+            init_kind="constant", storage_type="HBM_DRAM", storage_size=[1 << 20])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="table 'raw_t': the DRAM budget of 8 bytes is smaller than one row"):
+        ops.sok_embedding_variable_initialize(
+            handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
+            init_kind="constant", storage_type="DRAM_SSDHASH", storage_path=str(tmp_path),
+            storage_size=[8])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="table 'raw_t': cannot make its SSD directory below"):
+        ops.sok_embedding_variable_initialize(
+            handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
+            init_kind="constant", storage_type="DRAM_SSDHASH",
+            storage_path=str(tmp_path / "missing"), storage_size=[1 << 20])
+
+
+def test_incremental_dump_covers_rows_in_both_tiers(tmp_path):
+    name = unique_name("incr")
+    ids = batches(10, seed=11)
+
+    def run(option):
+        ev = make(option, name)
+        opt = sok.OptimizerWrapper(OPTIMIZERS["adagrad"]())
+        _, _ = eager_run(name, None, "adagrad", ids[:6], ev=ev)  # its own optimizer: fresh steps
+        since = sok.update_step(opt)
+        for b in ids[6:]:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(ev.sparse_read(tf.constant(b)))
+            opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+        keys, values = sok.incremental_model_dump([ev], since)
+        order = np.argsort(keys[0])
+        return keys[0][order], values[0][order]
+
+    k2, v2 = run(tiered(tmp_path))
+    k1, v1 = run(None)
+    assert k1.size > 0
+    np.testing.assert_array_equal(k2, k1)
+    np.testing.assert_array_equal(v2, v1)
