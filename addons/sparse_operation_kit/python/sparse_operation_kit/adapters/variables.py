@@ -11,7 +11,7 @@ from sparse_operation_kit.tables.embedding_variable import (
     EmbeddingVariableOption,
     InitializerOption,
 )
-from sparse_operation_kit.tables.tables import StaticTable, parse_mode, static_table
+from sparse_operation_kit.tables.tables import StaticTable, default_name, parse_mode, static_table
 
 
 def Variable(*args, mode: str | None = None, **kwargs) -> StaticTable:  # SOK 2.x's API name
@@ -86,9 +86,7 @@ class DynamicVariable(EmbeddingVariable):
         **kwargs,
     ):
         if name is None:
-            name = "DynamicVariable"
-            if not tf.executing_eagerly():
-                name = tf.compat.v1.get_default_graph().unique_name(name, mark_as_used=False)
+            name = default_name("sok_dynamic_Variable")
         self.var_type = var_type or "hbm"
         self.mode = mode
         self.config_dict = dict(kwargs)

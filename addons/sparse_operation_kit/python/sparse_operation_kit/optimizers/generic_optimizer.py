@@ -229,16 +229,40 @@ class GenericSparseUpdater:
             # tf.compat.v1 and tf_keras legacy optimizers update through TF kernels that exist
             # for the CPU only (ResourceSparseApplyMomentum, ...RMSProp, ...AdagradDA, ...): their
             # scratch (and so their update) lives on the CPU; Keras's own updates run anywhere.
-            device = "/CPU:0" if self.flavor in ("v1", "keras_legacy") else None
-            with tf.init_scope(), tf.device(device):
-                scratch = tf.Variable(
-                    tf.zeros([self.capacity, table.embedding_dim]),
-                    trainable=False,
-                    name=f"sok_scratch_{next(_uid)}",
-                )
+            scratch = self._new_scratch(table)
             self._tables[id(table)] = _Table(table, scratch)
             new.append(scratch)
         return new
+
+    def _new_scratch(self, table):
+        # tf.compat.v1 and tf_keras legacy optimizers update through TF kernels that exist
+        # for the CPU only (ResourceSparseApplyMomentum, ...RMSProp, ...AdagradDA, ...): their
+        # scratch (and so their update) lives on the CPU; Keras's own updates run anywhere.
+        device = "/CPU:0" if self.flavor in ("v1", "keras_legacy") else None
+        with tf.init_scope(), tf.device(device):
+            return tf.Variable(
+                tf.zeros([self.capacity, table.embedding_dim]),
+                trainable=False,
+                name=f"sok_scratch_{next(_uid)}",
+            )
+
+    def fit_capacity(self, sparse):
+        """Eager: a step touching more rows of a table than the scratch holds first gets larger
+        scratch variables (as SOK 2.x, which has no such bound). They hold nothing between steps
+        (the slot stores do), so they are rebuilt empty. In graphs the capacity is fixed when the
+        step is built, and a larger step fails its capacity check."""
+        if not tf.executing_eagerly() or not sparse:
+            return
+        most = max(int(tf.size(tf.unique(tf.reshape(g.indices, [-1]))[0])) for g, _ in sparse)
+        if most <= self.capacity:
+            return
+        self.capacity = 1 << (most - 1).bit_length()
+        old = []
+        for state in self._tables.values():
+            old.append(state.scratch)
+            state.scratch = self._new_scratch(state.table)
+        self.runner.replace(old, [s.scratch for s in self._tables.values()])
+        self.create_slots()
 
     def create_slots(self):
         """After the scratch optimizer created its slots for the scratch variables: a slot store
@@ -309,6 +333,7 @@ class GenericSparseUpdater:
         and slots then go back to the tables."""
         sparse = [(g, v) for g, v in sparse if g is not None]
         self.ensure([v for _, v in sparse])
+        self.fit_capacity(sparse)
         # Read before anything else, as the optimizer reads its own step when a call starts
         # (a TF1 fetch of this and a direct apply_gradients reads the same step in both).
         own = self._step_var() if step is None and sparse else None  # SOK's own step (v1)

@@ -85,6 +85,12 @@ class ScratchOptimizer:
                 copy.build(list(self._scratch))
             self.optimizer = copy
 
+    def replace(self, old, new):
+        """Scratch variables `old` were rebuilt as `new` (larger): slots for the new ones."""
+        gone = {id(v) for v in old}
+        self._scratch = [v for v in self._scratch if id(v) not in gone]
+        self.prepare(new)
+
     def own_variables(self):
         """The copy's variables beside the scratch slots (its step): kept out of TF1 Savers."""
         if self.flavor != "keras_legacy":

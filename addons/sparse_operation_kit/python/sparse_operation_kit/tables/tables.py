@@ -159,6 +159,8 @@ def static_table(args, kwargs, mode: str | None) -> StaticTable:
     target = parse_mode(mode)
     rank, world = context.rank, context.world_size
     kwargs = _variable_kwargs(args, kwargs)
+    if kwargs.get("name") is None:
+        kwargs["name"] = default_name("sok_static_Variable")
     if world == 1:
         return StaticTable(target=target, world_size=1, **kwargs)
     check_target(target, world, "sok.Variable", kwargs.get("name") or "Variable")
@@ -193,6 +195,18 @@ def static_table(args, kwargs, mode: str | None) -> StaticTable:
 _VARIABLE_ARGS = ("initial_value", "trainable", "validate_shape", "caching_device", "name",
                   "variable_def", "dtype", "import_scope", "constraint", "synchronization",
                   "aggregation", "shape", "experimental_enable_variable_lifting")
+
+
+_default_names = {}
+
+
+def default_name(prefix: str) -> str:
+    """SOK 2.x's name for an unnamed table: prefix_0, prefix_1, ... in creation order, so each
+    table keeps its own files in sok.dump (eager tf.Variables would all be 'Variable') and every
+    rank, creating its tables in the same order, names them alike."""
+    n = _default_names.get(prefix, 0)
+    _default_names[prefix] = n + 1
+    return f"{prefix}_{n}"
 
 
 def _variable_kwargs(args, kwargs):
