@@ -1,5 +1,11 @@
-"""The embedding benchmark's three implementations (benchmarks/embedding/run.py): sok, tf and
-hash, each its tables, its optimizer and its forward pass, plus the loss every one of them takes."""
+"""The embedding benchmark's implementations (benchmarks/embedding/run.py): sok, sok_tier (sok's
+tables in DRAM_SSDHASH storage), tf and hash, each its tables, its optimizer and its forward pass,
+plus the loss every one of them takes."""
+import os
+import shutil
+import tempfile
+
+import numpy as np
 import tensorflow as tf
 from inputs import INIT_MAX, INIT_MIN
 
@@ -19,14 +25,18 @@ def _dense_table(args, name):
 
 
 class SokImpl:
-    def __init__(self, args):
+    tiered = False
+
+    def __init__(self, args, batches=None):
         import sparse_operation_kit as sok
         self.sok = sok
         sok.init(use_horovod=bool(args.horovod))
         self.n = args.fields
-        self.tables = [sok.get_embedding_variable(f"sok_emb_{f}", args.dim, key_dtype=tf.int64,
-                                                  initializer=_initializer(args))
-                       for f in range(args.fields)]
+        self.tier = Tier(args, batches) if self.tiered else None
+        # Same names (so the same initial rows) with or without tiers.
+        self.tables = [sok.get_embedding_variable(
+            f"sok_emb_{f}", args.dim, key_dtype=tf.int64, initializer=_initializer(args),
+            ev_option=self.tier.option(f) if self.tier else None) for f in range(args.fields)]
         self.hash_tables = []
         self.opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(args.lr))
 
@@ -37,8 +47,71 @@ class SokImpl:
         return self.tables[f].sparse_read(keys, training=False)
 
 
+class SokTierImpl(SokImpl):
+    """sok with every table in DRAM_SSDHASH storage (Tier)."""
+
+    tiered = True
+
+
+ADAGRAD_SLOTS = 1
+
+
+class Tier:
+    """The storage of sok_tier's tables: per field a DRAM budget of --dram-fraction of the table's
+    final size (its distinct ids over all batches, which the warm-up inserts, x a row's cost:
+    4 * dim * (1 + Adagrad's slot) + 32 bytes); the other rows in files below a fresh folder in
+    --storage-path. A file record is as long as a row's cost (a 32-byte header)."""
+
+    def __init__(self, args, batches):
+        from sparse_operation_kit.tables.storage import ROW_META_BYTES
+        self.args = args
+        self.row_bytes = 4 * args.dim * (1 + ADAGRAD_SLOTS) + ROW_META_BYTES
+        self.final_rows = [len(np.unique(np.concatenate([b[f][0] for b in batches])))
+                           for f in range(args.fields)]
+        self.budget_rows = [max(1, int(args.dram_fraction * r)) for r in self.final_rows]
+        if args.storage_path:
+            os.makedirs(args.storage_path, exist_ok=True)
+        self.dir = tempfile.mkdtemp(prefix="sok_tier_", dir=args.storage_path)
+
+    def option(self, f):
+        import sparse_operation_kit as sok
+        return sok.EmbeddingVariableOption(storage_option=sok.StorageOption(
+            storage_type=sok.StorageType.DRAM_SSDHASH, storage_path=self.dir,
+            storage_size=[self.budget_rows[f] * self.row_bytes],
+            cache_strategy=sok.CacheStrategy[self.args.cache_strategy.upper()]))
+
+    def files(self):
+        """(files, bytes) under the folder now (the tables' files: live and replaced records)."""
+        sizes = [os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(self.dir)
+                 for n in names]
+        return len(sizes), sum(sizes)
+
+    def describe(self, io):
+        """The tiers' sizes and, from `io` ({rchar, wchar, syscr, steps}: the process's I/O over
+        the timed steps), the file traffic per step."""
+        files, size = self.files()
+        rows, budget = sum(self.final_rows), sum(self.budget_rows)
+        text = (f"tiers ({self.args.cache_strategy.upper()}): {rows} rows in all tables after "
+                f"a cycle of the batches, DRAM budget {budget} rows "
+                f"({self.args.dram_fraction:g}, {self.row_bytes} B a row), so >= {rows - budget} "
+                f"rows on file; files: {files}, {size} bytes")
+        if not io.get("steps"):
+            return text
+        # Reads: a pread per promoted row and per live record a compaction copies; writes: one
+        # per demotion batch and the compaction's copy.
+        per = {k: io[k] / io["steps"] for k in ("rchar", "wchar", "syscr")}
+        return (f"{text}; file traffic per timed step (promotions, demotions, compactions): "
+                f"{per['syscr']:.0f} reads, {per['rchar'] / 1e6:.2f} MB "
+                f"(~{per['rchar'] / self.row_bytes:.0f} records) read, "
+                f"{per['wchar'] / 1e6:.2f} MB (~{per['wchar'] / self.row_bytes:.0f} records) "
+                "written")
+
+    def close(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 class TfImpl:
-    def __init__(self, args):
+    def __init__(self, args, batches=None):
         self.tables = [_dense_table(args, f"tf_emb_{f}") for f in range(args.fields)]
         self.hash_tables = []
         self.opt = tf.compat.v1.train.AdagradOptimizer(args.lr)
@@ -72,7 +145,7 @@ def _hash_rows(table, counter, ids):
 
 
 class HashImpl:
-    def __init__(self, args):
+    def __init__(self, args, batches=None):
         self.tables, self.hash_tables, self.counters = [], [], []
         for f in range(args.fields):
             if args.hash_table == "dense":
@@ -111,7 +184,7 @@ class HashImpl:
         return tf.gather(self.tables[f], self.hash_tables[f].lookup(keys))
 
 
-BUILDERS = {"sok": SokImpl, "tf": TfImpl, "hash": HashImpl}
+BUILDERS = {"sok": SokImpl, "sok_tier": SokTierImpl, "tf": TfImpl, "hash": HashImpl}
 
 
 def loss_of(embs):

@@ -9,6 +9,9 @@ One step = forward (pooled "sum" lookup of every field), backward and an Adagrad
   hash    : TF's own dynamic path: a tf.lookup.experimental.MutableHashTable (or DenseHashTable)
             per field maps ids -> row indices of a tf.Variable (new ids get fresh rows inside the
             step), then tf.nn.embedding_lookup_sparse on the rows, TF Adagrad on the variable;
+  sok_tier: (--storage dram_ssd, CPU) sok with every table in DRAM_SSDHASH storage, DRAM a
+            fraction (--dram-fraction) of each table's final size, the rest in files; timed next
+            to sok, with the ratio sok_tier/sok and the tiers' sizes and file traffic;
   harness : (--harness BINARY, GPU only) the same step on the same ids in the framework-free CUDA
             core (benchmarks/gpu/bench_fields.cu): per field unique_keys -> find_or_insert ->
             pooled_forward -> pooled_backward -> Adagrad apply_gradients, CUDA events.
@@ -81,7 +84,7 @@ from inputs import (  # noqa: E402, F401
 )
 from runners import RUNNERS, FunctionRunner, GraphRunner, device_scope  # noqa: E402, F401
 
-IMPLS = ("sok", "tf", "hash")
+IMPLS = ("sok", "tf", "hash")  # the default; also sok_tier (--storage dram_ssd)
 # Shapes of the benchmark; explicit flags override them.
 CONFIGS = {
     "fields100": dict(
@@ -125,6 +128,17 @@ def parse_args(argv=None):
     p.add_argument("--impls", help="comma list of " + ", ".join(IMPLS) + " (default: all; "
                    "under --horovod only sok)")
     p.add_argument("--hash-table", choices=("mutable", "dense"), default="mutable")
+    p.add_argument("--storage", choices=("dram", "dram_ssd"), default="dram",
+                   help="dram_ssd: also time sok_tier, sok with its tables in DRAM_SSDHASH "
+                   "storage (CPU only), next to sok (--impls defaults to sok,sok_tier)")
+    p.add_argument("--dram-fraction", type=float, default=0.1,
+                   help="sok_tier: each table's DRAM budget, a fraction of its final size (its "
+                   "distinct ids over all batches x a row's cost)")
+    p.add_argument("--cache-strategy", choices=("lfu", "lru"), default="lfu",
+                   help="sok_tier: which rows the DRAM tier keeps")
+    p.add_argument("--storage-path", metavar="DIR",
+                   help="sok_tier: where a fresh folder holds the tables' files (default: the "
+                   "temporary directory); removed afterwards")
     p.add_argument("--num-batches", type=int, default=4, help="pre-built batches cycled through")
     p.add_argument("--warmup", type=int, default=5, help="steps before timing (per implementation)")
     p.add_argument("--steps", type=int, default=2, help="timed steps per implementation and round")
@@ -205,13 +219,19 @@ def parse_args(argv=None):
             setattr(args, key, value)
     if not 1 <= args.min_ids_per_field <= args.ids_per_field:
         p.error("need 1 <= --min-ids-per-field <= --ids-per-field")
+    if args.dram_fraction <= 0:
+        p.error("--dram-fraction must be positive")
     return args
 
 
 def check_horovod_args(p, args):
     """Resolves --impls; under --horovod refuses what has no multi-rank meaning."""
     if not args.horovod:
-        args.impls = args.impls or ",".join(IMPLS)
+        default = "sok" if args.storage == "dram_ssd" else ",".join(IMPLS)
+        impls = (args.impls or default).split(",")
+        if args.storage == "dram_ssd" and "sok_tier" not in impls:
+            impls.append("sok_tier")
+        args.impls = ",".join(impls)
         return
     args.impls = args.impls or "sok"
     others = [i for i in args.impls.split(",") if i and i != "sok"]
@@ -223,6 +243,8 @@ def check_horovod_args(p, args):
     for flag in ("check", "profile", "harness", "dump_ids"):
         if getattr(args, flag):
             p.error(f"--horovod times steps only: --{flag.replace('_', '-')} is single-process")
+    if args.storage != "dram":
+        p.error("--horovod: --storage dram_ssd (sok_tier) is single-process")
 
 
 def ids_label(args):
@@ -250,6 +272,8 @@ def bench(args, mode, batches, device, impls):
     for _ in range(args.rounds):  # interleaved, so machine load hits every implementation alike
         for impl in impls:
             runners[impl].run(args.steps, record=True)
+    for r in runners.values():
+        r.describe_tier()  # before close removes the tables' files
     med = {impl: statistics.median(r.times) * 1e3 for impl, r in runners.items()}
     cpu = {impl: statistics.median(r.cpu_times) * 1e3 for impl, r in runners.items()}
     placement = {impl: r.placement for impl, r in runners.items()}
@@ -305,6 +329,7 @@ def check(args, modes, dists, batches_by_dist, device, impls):
         batches = batches_by_dist[dist]
         inits = {
             "sok": None,
+            "sok_tier": None,
             "tf": sok_values,
             "hash": hash_initial_values(sok_values, batches, args.check),
         }
@@ -326,6 +351,9 @@ def check(args, modes, dists, batches_by_dist, device, impls):
                     r.read_rows(f, touched[f]) - sok_values[f][touched[f]]
                     for f in range(args.fields)
                 ]
+                r.describe_tier()
+                if r.placement.tier:
+                    print(f"TIER mode={mode} dist={dist} {r.placement.tier}")
                 r.close()
             ref = "sok" if "sok" in impls else impls[0]
             for impl in impls:
@@ -542,12 +570,12 @@ def main(argv=None):
     if harness_device:
         print("harness device: " + " ".join(f"{k}={v}" for k, v in harness_device.items()))
     cols = list(impls) + (["harness"] if args.harness else [])
-    ratios = [(o, "sok") for o in ("tf", "hash") if o in impls and "sok" in impls]
+    ratios = [(o, "sok") for o in ("sok_tier", "tf", "hash") if o in impls and "sok" in impls]
     if args.harness and "sok" in impls:
         ratios.append(("sok", "harness"))
     header = (f"{'mode':<9} {'ids':<9} {'time':<6} {'distinct/ids':>12} "
-              + " ".join(f"{c + ' ms':>10}" for c in cols)
-              + "".join(f" {a + '/' + b:>11}" for a, b in ratios))
+              + " ".join(f"{c + ' ms':>11}" for c in cols)
+              + "".join(f" {a + '/' + b:>12}" for a, b in ratios))
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     print(header, flush=True)
     details = []
@@ -569,12 +597,12 @@ def main(argv=None):
                 line = (
                     f"{mode:<9} {dist:<9} {kind:<6} {distinct:>12.3f} "
                     + " ".join(
-                        f"{fmt_ms(vals[c]):>10}" if c in vals else f"{'-':>10}" for c in cols
+                        f"{fmt_ms(vals[c]):>11}" if c in vals else f"{'-':>11}" for c in cols
                     )
                     + "".join(
-                        f" {vals[a] / vals[b]:>10.2f}x"
+                        f" {vals[a] / vals[b]:>11.2f}x"
                         if a in vals and b in vals
-                        else f" {'-':>11}"
+                        else f" {'-':>12}"
                         for a, b in ratios
                     )
                 )
@@ -584,11 +612,11 @@ def main(argv=None):
                 ran["harness"] = "GPU" if h is not None else "-"
             print(
                 f"{mode:<9} {dist:<9} {'ran on':<6} {'':>12} "
-                + " ".join(f"{ran[c]:>10}" for c in cols),
+                + " ".join(f"{ran[c]:>11}" for c in cols),
                 flush=True,
             )
             for impl in impls:
-                details.append(f"  {mode:<8} {dist:<8} {impl:<5} {placement[impl].describe()}")
+                details.append(f"  {mode:<8} {dist:<8} {impl:<8} {placement[impl].describe()}")
         if dist in harness:
             extra = {k: v for k, v in harness[dist].items()
                      if k.endswith("_ms") or k in ("ids", "unique", "table_keys")}

@@ -59,6 +59,7 @@ class Placement:
         self.cpu_op_types = collections.Counter()
         self.tables = collections.defaultdict(set)
         self.sok_kernels = None  # {"CPU": n, "GPU": m} during the timed steps (sok only)
+        self.tier = None  # sok_tier: its tiers and file traffic (Tier.describe)
 
     def add_nodes(self, nodes, tables_from_graph=True):
         for node in nodes:
@@ -109,6 +110,8 @@ class Placement:
         if self.sok_kernels is not None:
             k = self.sok_kernels
             parts.append(f"SOK kernels run in the timed steps: GPU {k['GPU']}, CPU {k['CPU']}")
+        if self.tier:
+            parts.append(self.tier)
         return "; ".join(parts)
 
 
@@ -119,11 +122,21 @@ def device_scope(device):
     return tf.device(device) if device else contextlib.nullcontext()
 
 
+def process_io():
+    """The process's read/write syscall counters (/proc/self/io: rchar, wchar, syscr, ...)."""
+    try:
+        with open("/proc/self/io") as fh:
+            return {k: int(v) for k, v in (line.split(":") for line in fh)}
+    except OSError:
+        return {}
+
+
 class _Timed:
     device = None  # entered around the steps (eager: where the tf.function runs)
 
     def run(self, steps, record):
-        before = self.kernel_counts() if record and self.impl == "sok" else None
+        before = self.kernel_counts() if record and self.impl.startswith("sok") else None
+        io = process_io() if record and getattr(self.model, "tier", None) else None
         with device_scope(self.device):
             for _ in range(steps):
                 c0, t0 = time.process_time(), time.perf_counter()
@@ -135,6 +148,19 @@ class _Timed:
                     self.cpu_times.append(dc)  # CPU time of all threads of this process
         if before is not None:
             self.placement.add_kernels(before, self.kernel_counts())
+        if io is not None:  # file traffic of the timed steps (nothing else reads meanwhile)
+            after = process_io()
+            self.io["steps"] = self.io.get("steps", 0) + steps
+            for k in ("rchar", "wchar", "syscr"):
+                self.io[k] = self.io.get(k, 0) + after.get(k, 0) - io.get(k, 0)
+
+    def describe_tier(self):
+        if getattr(self.model, "tier", None):
+            self.placement.tier = self.model.tier.describe(self.io)
+
+    def close_tier(self, model):
+        if getattr(model, "tier", None):
+            model.tier.close()
 
 
 def print_profile(impl, wall, recs, top, landmarks=""):
@@ -168,7 +194,7 @@ class GraphRunner(_Timed):
         with self.graph.as_default(), device_scope(device):
             tf.compat.v1.set_random_seed(args.seed)
             inputs = id_inputs(args, batches)
-            self.model = BUILDERS[impl](args)
+            self.model = BUILDERS[impl](args, batches)
             if getattr(inputs, "per_batch", False):  # a step graph per batch, nothing fed
                 self.which = None
                 self.losses = [loss_of(self.model.embed(inputs.sparse(b))) for b in range(self.nb)]
@@ -191,7 +217,7 @@ class GraphRunner(_Timed):
                 self.keys = tf.compat.v1.placeholder(tf.int64, [None])
                 self.read_ops = [self.model.read_rows(f, self.keys) for f in range(args.fields)]
             self.counts_op = None
-            if impl == "sok":
+            if impl.startswith("sok"):
                 from sparse_operation_kit.runtime._ops import ops as sok_ops
                 with tf.device("/CPU:0"):
                     self.counts_op = sok_ops.sok_kernel_run_counts()
@@ -204,7 +230,7 @@ class GraphRunner(_Timed):
             for op, ph, value in assign:
                 self.sess.run(op, feed_dict={ph: value})
             self.graph.finalize()
-        self.step, self.times, self.cpu_times = 0, [], []
+        self.step, self.times, self.cpu_times, self.io = 0, [], [], {}
 
     def kernel_counts(self):
         _, counts = self.sess.run(self.counts_op)  # op types, [n, (CPU, GPU)] runs
@@ -256,6 +282,7 @@ class GraphRunner(_Timed):
 
     def close(self):
         self.sess.close()
+        self.close_tier(self.model)
 
 
 STEP_FUNCTION = "train_step"  # the step's tf.function: the profiler's host event of each call
@@ -270,13 +297,13 @@ class FunctionRunner(_Timed):
         self.placement = Placement()
         with device_scope(device):
             inputs = id_inputs(args, batches, eager=True)
-            model = BUILDERS[impl](args)
+            model = BUILDERS[impl](args, batches)
         if init_values is not None:
             for var, value in zip(model.tables, init_values):
                 var.assign(value)
         self.model, self.inputs = model, inputs
-        for kind, objs in (("variables" if impl != "sok" else "embedding variables", model.tables),
-                           ("hash tables", model.hash_tables)):
+        table_kind = "embedding variables" if impl.startswith("sok") else "variables"
+        for kind, objs in ((table_kind, model.tables), ("hash tables", model.hash_tables)):
             for obj in objs:
                 handle = getattr(obj, "handle", None)
                 if handle is None:
@@ -303,7 +330,7 @@ class FunctionRunner(_Timed):
         # per call on an H200 machine, 2026-11-26: a quarter of SOK's step).
         self.calls = [train_step.get_concrete_function(w) for w in whiches]
         self.per_batch, self.whiches = getattr(inputs, "per_batch", False), whiches
-        self.step, self.times, self.cpu_times = 0, [], []
+        self.step, self.times, self.cpu_times, self.io = 0, [], [], {}
         # The first call traces and instantiates the function: record its partitioned graphs.
         from tensorflow.python.eager import context  # no public API returns a function's placement
         ctx = context.context()
@@ -380,8 +407,8 @@ class FunctionRunner(_Timed):
         print_profile(self.impl, wall, s["records"], top, landmarks)
 
     def close(self):
-        self.fn = None
-        self.model = self.inputs = None
+        model, self.fn, self.model, self.inputs, self.calls = self.model, None, None, None, None
+        self.close_tier(model)
 
 
 RUNNERS = {"graph": GraphRunner, "function": FunctionRunner}
