@@ -209,8 +209,8 @@ def test_dump_load_edges_in_one_process(tmp_path):
 
     import sparse_operation_kit as sok
     sok.init()
-    a = sok.DynamicVariable(dimension=2, initializer="1")
-    b = sok.DynamicVariable(dimension=2, initializer="2")
+    a = sok.DynamicVariable(dimension=2, initializer="1", name="edge_dup")
+    b = sok.DynamicVariable(dimension=2, initializer="2", name="edge_dup")
     with pytest.raises(ValueError, match="several variables are named"):
         sok.dump(str(tmp_path / "dup"), [a, b])
 

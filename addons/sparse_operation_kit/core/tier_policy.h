@@ -39,8 +39,10 @@ class TierPolicy {
     for (int64_t i = 0; i < n; ++i) stamps_[keys[i]] = clock_;
   }
 
-  // Of the memory tier's rows (keys, freqs), the `count` to move down, coldest first. Forgets
-  // the stamps of the victims and of keys no longer in the tier.
+  // Of the memory tier's rows (keys, freqs), the `count` to move down, coldest first; the rows of
+  // the latest operation go last (a training step's update follows its lookup with the same
+  // keys: a freshly promoted row, rarely counted yet, would otherwise go straight back down and
+  // be read again). Forgets the stamps of the victims and of keys no longer in the tier.
   std::vector<K> victims(const std::vector<K>& keys, const std::vector<int64_t>& freqs,
                          int64_t count) {
     std::lock_guard<std::mutex> l(mu_);
@@ -53,7 +55,10 @@ class TierPolicy {
     std::vector<int64_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     const bool lfu = strategy_ == CacheStrategy::kLFU;
+    const uint64_t latest = clock_;
     auto colder = [&](int64_t a, int64_t b) {
+      const bool a_latest = stamp[a] == latest, b_latest = stamp[b] == latest;
+      if (a_latest != b_latest) return b_latest;
       if (lfu && freqs[a] != freqs[b]) return freqs[a] < freqs[b];
       if (stamp[a] != stamp[b]) return stamp[a] < stamp[b];
       return keys[a] < keys[b];
