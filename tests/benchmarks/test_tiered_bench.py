@@ -55,5 +55,5 @@ def test_timing_table_has_both_step_times_and_their_ratio(tmp_path):
     sok, tier, ratio = wall.split()[4:7]
     assert abs(float(tier) / float(sok) - float(ratio.rstrip("x"))) < 0.02 * float(ratio[:-1]), wall
     detail = next(ln for ln in out.splitlines() if "sok_tier tables:" in ln)
-    reads, written = re.search(r"(\d+) reads, .* read, ([\d.]+) MB", detail).groups()
-    assert int(reads) > 0 and float(written) > 0 and tier_files(detail)[1] > 0, detail
+    written = re.search(r"\(demotions, compactions\): ([\d.]+) MB", detail).group(1)
+    assert float(written) > 0 and tier_files(detail)[1] > 0, detail

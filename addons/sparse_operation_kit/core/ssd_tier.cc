@@ -1,6 +1,7 @@
 #include "addons/sparse_operation_kit/core/ssd_tier.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,6 +85,7 @@ Status SsdStore::Open(const std::string& root, const std::string& table,
 }
 
 SsdStore::~SsdStore() {
+  unmap();
   if (fd_ >= 0) ::close(fd_);
   ::unlink(file_.c_str());
   ::unlink((file_ + ".compact").c_str());
@@ -95,11 +97,33 @@ Status SsdStore::error(const std::string& what) const {
                          std::strerror(errno));
 }
 
+void SsdStore::unmap() {
+  if (map_ != nullptr) ::munmap(const_cast<char*>(map_), static_cast<size_t>(mapped_));
+  map_ = nullptr;
+  mapped_ = 0;
+}
+
+void SsdStore::remap() {
+  unmap();
+  if (end_ == 0) return;
+  void* p = ::mmap(nullptr, static_cast<size_t>(end_), PROT_READ, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED) return;
+  map_ = static_cast<const char*>(p);
+  mapped_ = end_;
+}
+
 Status SsdStore::read_at(const Loc& loc, Record* out) const {
   int64_t header[kHeaderWords];
-  std::vector<char> buf(loc.bytes);
-  if (!read_all(fd_, buf.data(), loc.bytes, loc.offset)) return error("read failed");
-  std::memcpy(header, buf.data(), kHeaderBytes);
+  std::vector<char> copy;
+  const char* bytes = copy.data();
+  if (loc.offset + loc.bytes <= mapped_) {
+    bytes = map_ + loc.offset;
+  } else {  // outside the mapping (remap failed): read it
+    copy.resize(loc.bytes);
+    if (!read_all(fd_, copy.data(), loc.bytes, loc.offset)) return error("read failed");
+    bytes = copy.data();
+  }
+  std::memcpy(header, bytes, kHeaderBytes);
   if (record_bytes(header[3]) != loc.bytes) {
     errno = EIO;
     return error("a record's length disagrees with the index");
@@ -108,7 +132,7 @@ Status SsdStore::read_at(const Loc& loc, Record* out) const {
   out->freq = header[1];
   out->version = header[2];
   out->row.resize(header[3]);
-  std::memcpy(out->row.data(), buf.data() + kHeaderBytes, header[3] * sizeof(float));
+  std::memcpy(out->row.data(), bytes + kHeaderBytes, header[3] * sizeof(float));
   return Status::OK();
 }
 
@@ -137,6 +161,7 @@ Status SsdStore::append(const std::vector<Record>& records) {
     }
     end_ += loc.bytes;
   }
+  remap();
   return Status::OK();
 }
 
@@ -164,6 +189,7 @@ Status SsdStore::for_each(const std::function<void(const Record&)>& fn) const {
 }
 
 Status SsdStore::clear() {
+  unmap();
   if (::ftruncate(fd_, 0) != 0) return error("truncate failed");
   index_.clear();
   end_ = garbage_ = 0;
@@ -200,11 +226,13 @@ Status SsdStore::compact() {
     ::unlink(tmp.c_str());
     return s.ok() ? error("compaction failed") : s;
   }
+  unmap();
   ::close(fd_);
   fd_ = fd;
   index_.swap(index);
   end_ = end + static_cast<int64_t>(buf.size());
   garbage_ = 0;
+  remap();
   return Status::OK();
 }
 

@@ -6,8 +6,10 @@
 // Each store owns a fresh directory (made with mkdtemp below the root) and removes its file and
 // the directory when destroyed, so tables never share or leak files.
 //
-// Not thread-safe beyond this: read(), contains() and for_each() may run together (pread); the
-// writers (append, remove, clear, compact) need the store alone (the tiered table's lock).
+// Reads go through a read-only mapping of the file (no system call per record; the writers
+// remap it as the file grows). Not thread-safe beyond this: read(), contains() and for_each()
+// may run together; the writers (append, remove, clear, compact) need the store alone (the
+// tiered table's lock).
 #pragma once
 
 #include <cstdint>
@@ -67,11 +69,17 @@ class SsdStore {
   SsdStore(std::string table, std::string dir, int fd);
   Status error(const std::string& what) const;
   Status read_at(const Loc& loc, Record* out) const;
+  // Maps [0, end_) of the file; writers call it when the file changed. Best effort: reads
+  // outside the mapping use pread.
+  void remap();
+  void unmap();
 
   std::string table_;
   std::string dir_;
   std::string file_;
   int fd_ = -1;
+  const char* map_ = nullptr;
+  int64_t mapped_ = 0;   // bytes of the file in map_
   int64_t end_ = 0;      // file length
   int64_t garbage_ = 0;  // bytes of replaced and removed records
   std::unordered_map<int64_t, Loc> index_;
