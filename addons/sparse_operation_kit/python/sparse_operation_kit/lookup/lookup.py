@@ -18,6 +18,7 @@ from sparse_operation_kit.parallel import exchange, partitioned
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.runtime.context import context
+from sparse_operation_kit.runtime.devices import on_host
 from sparse_operation_kit.serving import serving
 from sparse_operation_kit.tables import uniqueness, validation
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
@@ -42,7 +43,7 @@ def _ragged_dense_shape(row_splits):
     the CPU, as on the GPU it would put the count in device memory and cost a copy to the host in
     every step."""
     splits = tf.shape(row_splits, out_type=tf.int64)
-    with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device("/CPU:0"):
+    with on_host():
         return splits - 1
 
 

@@ -1,7 +1,6 @@
 """Optimizers for SOK variables: fused sparse updates of the touched Embedding Variable rows and
 their co-located slots, or the generic path (generic_optimizer) for optimizers without a fused
 kernel; dense variables go to the wrapped TensorFlow/Keras optimizer."""
-import contextlib
 
 import numpy as np
 import tensorflow as tf
@@ -10,6 +9,7 @@ from sparse_operation_kit.optimizers import generic_optimizer, keras_support, sl
 from sparse_operation_kit.optimizers.keras_support import split_gradients
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
+from sparse_operation_kit.runtime.devices import on_host
 from sparse_operation_kit.runtime.keras_version import keras_optimizer_kind
 from sparse_operation_kit.runtime.schema import Optimizer
 from sparse_operation_kit.tables import uniqueness
@@ -88,22 +88,13 @@ def _refuse(optimizer):
     )
 
 
-@contextlib.contextmanager
-def _on_host():
-    """Where the update's host-memory inputs (learning rate, step) are made: on the CPU. Made on a
-    GPU, a constant or variable lives in device memory and costs a copy to the host, waited for,
-    in every step."""
-    with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device("/CPU:0"):
-        yield
-
-
 def _value(x):
     """A learning rate given as number, tensor, variable or callable -> float32 tensor (a number
-    becomes a constant on the CPU: see _on_host)."""
+    becomes a constant on the CPU: see runtime.devices.on_host)."""
     if callable(x) and not isinstance(x, (tf.Variable, tf.Tensor)):
         x = x()
     if isinstance(x, (int, float, np.integer, np.floating)):
-        with _on_host():
+        with on_host():
             return tf.constant(float(x), tf.float32)
     return tf.cast(tf.convert_to_tensor(x), tf.float32)
 
@@ -124,7 +115,7 @@ class _SparseUpdater:
 
     def _step_var(self):
         if self._step is None:
-            with tf.init_scope(), _on_host():
+            with tf.init_scope(), on_host():
                 self._step = tf.Variable(
                     0, dtype=tf.int64, trainable=False, name="sok_optimizer_step"
                 )
@@ -178,7 +169,7 @@ class _SparseUpdater:
         own_step = step is None
         step_var = self._step_var() if own_step else None
         if own_step:
-            with _on_host():  # its read too: TF1 would place the read's Identity on the GPU
+            with on_host():  # its read too: TF1 would place the read's Identity on the GPU
                 step_value = step_var.read_value()
         else:
             step_value = tf.cast(step, tf.int64)

@@ -7,23 +7,16 @@ hash table, not a variable: checkpoints and TF1 initializers are unchanged. Per 
 and one remove on the host, of the step value the update already reads (no extra device-to-host
 copy), nothing per row.
 """
-import contextlib
-
 import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit.runtime._ops import ops
+from sparse_operation_kit.runtime.devices import on_host
 
 # Steps whose time a clock keeps: a `since` older than the last CLOCK_STEPS steps of this
 # process is refused (the step form has no such limit).
 CLOCK_STEPS = 1 << 17
 MIXED = object()  # a table updated by optimizers with different step counters
-
-
-@contextlib.contextmanager
-def _on_host():
-    with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device("/CPU:0"):
-        yield
 
 
 class StepClock:
@@ -36,7 +29,7 @@ class StepClock:
 
     def _lookup(self):
         if self._table is None:
-            with tf.init_scope(), _on_host():
+            with tf.init_scope(), on_host():
                 self._table = tf.lookup.experimental.MutableHashTable(
                     tf.int64, tf.float64, default_value=-1.0, name="sok_step_clock",
                     checkpoint=False,  # not in TF1 Savers or meta graphs: per process
@@ -52,7 +45,7 @@ class StepClock:
             known = getattr(var, "_sok_step_clock", None)
             var._sok_step_clock = self if known in (None, self) else MIXED
         table = self._lookup()
-        with _on_host():
+        with on_host():
             step = tf.reshape(tf.cast(step, tf.int64), [1])  # remove's keys have rank >= 1
             insert = table.insert(step, tf.reshape(ops.sok_wall_clock(), [1]))
             with tf.control_dependencies([insert] if insert is not None else []):

@@ -1,10 +1,21 @@
 """Where SOK's kernels run: a placement check for users and tests
 ("did my lookup run on the GPU?")."""
 
+import contextlib
+
 import tensorflow as tf
 
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
+
+
+@contextlib.contextmanager
+def on_host():
+    """Ops made here run on the CPU, whatever device or colocation encloses them: for small
+    host-memory inputs (a learning rate, a step). Made on a GPU, a constant or variable lives in
+    device memory and costs a copy to the host, waited for, in every step."""
+    with tf.compat.v1.colocate_with(None, ignore_existing=True), tf.device("/CPU:0"):
+        yield
 
 
 def kernel_run_counts(by_op: bool = False) -> dict:
