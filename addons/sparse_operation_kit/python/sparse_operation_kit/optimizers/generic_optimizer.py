@@ -253,7 +253,10 @@ class GenericSparseUpdater:
         step is built, and a larger step fails its capacity check."""
         if not tf.executing_eagerly() or not sparse:
             return
-        most = max(int(tf.size(tf.unique(tf.reshape(g.indices, [-1]))[0])) for g, _ in sparse)
+        # Distinct ids never outnumber ids: the dedup runs only for a step that might not fit.
+        big = [g for g, _ in sparse if int(tf.size(g.indices)) > self.capacity]
+        most = max((int(tf.size(tf.unique(tf.reshape(g.indices, [-1]))[0])) for g in big),
+                   default=0)
         if most <= self.capacity:
             return
         self.capacity = 1 << (most - 1).bit_length()
