@@ -73,8 +73,48 @@ def train_dataset(train, batches, rank, size):
     return ds
 
 
+def train_indices(batches, rank, size):
+    """This rank's row indices of each training batch as a tf.data pipeline prefetched to the GPU
+    (--input resident: the rows themselves are already there, see ResidentSplit)."""
+
+    def indices():
+        for idx in batches:
+            yield idx[rank::size]
+
+    ds = tf.data.Dataset.from_generator(indices, output_signature=_INDEX_SIGNATURE).prefetch(2)
+    gpus = tf.config.list_logical_devices("GPU")
+    if gpus:
+        ds = ds.apply(tf.data.experimental.prefetch_to_device(gpus[0].name, buffer_size=2))
+    return ds
+
+
+class ResidentSplit:
+    """The training split in GPU memory, one variable per column (field ids apart, so that no
+    int64 unstack runs on the host), filled once from placeholders; a step gathers its rows on the
+    GPU, so the only per-step copy is the batch's row indices."""
+
+    def __init__(self, train):
+        columns = [train.dense, train.labels, *np.ascontiguousarray(train.ids.T)]
+        self._placeholders = [tf.compat.v1.placeholder(c.dtype, c.shape) for c in columns]
+        self._columns = columns
+        gpus = tf.config.list_logical_devices("GPU")
+        with tf.device(gpus[0].name if gpus else None):
+            self._vars = [tf.compat.v1.Variable(ph, trainable=False, collections=[], use_resource=True,
+                                                name=f"resident_{i}")
+                          for i, ph in enumerate(self._placeholders)]
+        self.initializer = tf.group(*[v.initializer for v in self._vars])
+
+    def feed(self):
+        return dict(zip(self._placeholders, self._columns))
+
+    def gather(self, idx):
+        """-> dense, field ids (a tuple), labels of rows idx."""
+        out = [tf.gather(v, idx) for v in self._vars]
+        return out[0], tuple(out[2:]), out[1]
+
+
 class Graph:
-    def __init__(self, args, hvd, dataset=None):
+    def __init__(self, args, hvd, dataset=None, resident=None):
         self.graph = tf.Graph()
         with self.graph.as_default():
             tf.compat.v1.set_random_seed(args.seed)
@@ -92,6 +132,7 @@ class Graph:
                 embedding_init=args.embedding_init,
             )
             self.input_init = None
+            self.resident = None
             if dataset is None:
                 dense, ids, labels = self.dense, self.ids, self.labels
             else:
@@ -103,7 +144,11 @@ class Graph:
                 with tf.device(gpus[0].name if gpus else None):
                     it = tf.compat.v1.data.make_initializable_iterator(ds)
                 self.input_init = it.initializer
-                dense, ids, labels = it.get_next()  # ids: one tensor per field
+                if resident is None:
+                    dense, ids, labels = it.get_next()  # ids: one tensor per field
+                else:
+                    self.resident = ResidentSplit(resident)
+                    dense, ids, labels = self.resident.gather(it.get_next())
             logits = self.model(dense, ids, training=True)
             self.loss = tf.reduce_mean(
                 tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)

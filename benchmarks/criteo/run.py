@@ -228,6 +228,13 @@ def _add_output_args(a):
         help="after training, trace 3 more steps and print the time per stage (input, embedding "
         "forward/backward/update, dense) on the GPU and on the host (also in metrics.jsonl)",
     )
+    a(
+        "--trace_dir",
+        default=None,
+        help="after training, record 5 more steps with TensorFlow's profiler (host ops and GPU "
+        "kernels on one clock, little overhead) into this directory; "
+        "benchmarks/common/timeline.py reads it",
+    )
 
 
 def _add_runtime_args(a):
@@ -253,10 +260,12 @@ def _add_runtime_args(a):
     )
     a(
         "--input",
-        choices=("auto", "dataset", "feed"),
+        choices=("auto", "dataset", "resident", "feed"),
         default="auto",
         help="training batches through tf.data with prefetching to the GPU, or feed_dict; auto: dataset "
-        "when TensorFlow sees a GPU, else feed (faster on the CPU alone) (default: %(default)s)",
+        "when TensorFlow sees a GPU, else feed (faster on the CPU alone); resident: the training "
+        "split is copied to the GPU once and each step gathers its rows there (only the row "
+        "indices travel per step) (default: %(default)s)",
     )
 
 
@@ -409,6 +418,7 @@ def main(argv=None):
     final = _final_evaluation(args, job, data, g, sess, metrics)
     # After the evaluation: the traced steps train too; what the run reports is of --steps steps.
     _profile(args, job, g, sess, dataset, metrics)
+    _trace(args, job, g, sess, dataset)
     result = _result(data, trained, steps_per_sec, samples_per_sec, final)
     saved = g.save(sess, args.out_dir, job.rank, job.size) if args.save else None
     sess.close()
@@ -484,7 +494,14 @@ def _build_graph(args, job, data):
         def dataset():
             return job.graph.train_dataset(data.train, schedule, job.rank, job.size)
 
-    g = job.graph.Graph(args, job.hvd, dataset)
+    resident = None
+    if args.input == "resident":
+        resident = data.train
+
+        def dataset():
+            return job.graph.train_indices(schedule, job.rank, job.size)
+
+    g = job.graph.Graph(args, job.hvd, dataset, resident)
     job.log(
         f"model: DLRM dim={args.embedding_dim} tables={args.num_tables} "
         f"bottom={args.bottom_mlp + [args.embedding_dim]} "
@@ -532,6 +549,8 @@ def _open_session(job, g, args):
         config.graph_options.optimizer_options.global_jit_level = tf.compat.v1.OptimizerOptions.ON_1
     sess = tf.compat.v1.Session(graph=g.graph, config=config)
     sess.run(g.init_op)
+    if g.resident is not None:
+        sess.run(g.resident.initializer, feed_dict=g.resident.feed())
     if g.input_init is not None:
         sess.run(g.input_init)
     return sess
@@ -678,6 +697,25 @@ def _profile(args, job, g, sess, dataset, metrics):
                               for s, v in stages.items()})
     elif args.profile:
         job.log("profile:    needs --input dataset (feed_dict steps are not traced)")
+
+
+def _trace(args, job, g, sess, dataset, steps=5):
+    """--trace_dir: a few steps under TensorFlow's profiler, per rank (rank_<r> below the dir)."""
+    if not args.trace_dir:
+        return
+    if dataset is None:
+        job.log("trace:      needs --input dataset (feed_dict steps are not traced)")
+        return
+    tf = job.tf
+    logdir = os.path.join(args.trace_dir, f"rank_{job.rank}")
+    sess.run([g.report_loss, g.train_op])  # not traced: the profiler's first step costs more
+    options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
+                                                       device_tracer_level=1)
+    tf.profiler.experimental.start(logdir, options=options)
+    for _ in range(steps):
+        sess.run([g.report_loss, g.train_op])
+    tf.profiler.experimental.stop()
+    job.log(f"trace:      {steps} steps of each rank in {args.trace_dir}")
 
 
 def _log_summary(args, job, data, result):

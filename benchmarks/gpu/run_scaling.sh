@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On one device machine with N GPUs (see tests/gpu/device_env.sh for what it needs), the
 # several-GPU figures, each on 1, 2, 4, ... GPUs of the same machine (one rank per GPU):
-#   criteo       the Criteo job at per-GPU batch 65,536, with and without --xla
+#   criteo       the Criteo job at per-GPU batch 65,536, with and without --xla, its input
+#                through tf.data (dataset) and GPU-resident (resident)
 #   embedding    benchmarks/embedding's 26-field step at per-GPU batch 8,192 and 65,536
 #   collectives  SOK's and Horovod's all-to-all and all-reduce against NCCL's own (PyTorch)
 # Full logs go to $OUT (or build/gpu_logs); the summary lines go to stdout.
@@ -18,13 +19,17 @@ launch() {  # launch N cmd...: one process on GPU 0, or horovodrun over N GPUs
   else horovodrun -np "$n" -H "localhost:$n" --gloo python3 "$@" --horovod; fi
 }
 
-criteo() {
-  for n in $sizes; do
-    for xla in "" --xla; do
-      log="$out/criteo_np${n}${xla:+_xla}.txt"
-      launch "$n" benchmarks/criteo/run.py --batch_size $((65536 * n)) --steps "${CRITEO_STEPS:-200}" \
-        --warmup_steps 30 --log_every 0 --eval_every 0 --no_plot $xla > "$log" 2>&1
-      echo "criteo gpus=$n ${xla:-no-xla} exit=$? $(grep -o 'RESULT.*' "$log" | tail -n 1)"
+criteo() {  # CRITEO_INPUTS (default: dataset resident), CRITEO_XLA=0 leaves --xla out
+  local xlas="none --xla"; [ "${CRITEO_XLA:-1}" = 0 ] && xlas="none"
+  for input in ${CRITEO_INPUTS:-dataset resident}; do
+    for n in $sizes; do
+      for xla in $xlas; do
+        [ "$xla" = none ] && xla=""
+        log="$out/criteo_${input}_np${n}${xla:+_xla}.txt"
+        launch "$n" benchmarks/criteo/run.py --batch_size $((65536 * n)) --steps "${CRITEO_STEPS:-200}" \
+          --warmup_steps 30 --log_every 0 --eval_every 0 --no_plot --input "$input" $xla > "$log" 2>&1
+        echo "criteo input=$input gpus=$n ${xla:-no-xla} exit=$? $(grep -o 'RESULT.*' "$log" | tail -n 1)"
+      done
     done
   done
 }

@@ -1,0 +1,133 @@
+"""Where a step's time goes, from a TensorFlow profiler trace (the Criteo job's --trace_dir).
+
+Host ops (the executor's "node:OpType" events) and GPU activity (kernels and copies, all
+streams) share one clock there, so the GPU's idle gaps can be put next to what the host was
+running meanwhile: a step bound by the host shows long gaps under chains of host ops or waits.
+
+    python benchmarks/common/timeline.py TRACE_DIR [--gap_us 30] [--top 12]
+
+TRACE_DIR holds rank_<r>/plugins/profile/<run>/<host>.xplane.pb (one file per rank); each
+rank's steps (one SessionRun each) are summarised by medians, and the gaps of its median step
+are listed.
+"""
+import argparse
+import collections
+import glob
+import os
+import statistics
+
+_NOT_OPS = ("ThreadpoolListener", "ExecutorState", "MemoryAllocation", "MemoryDeallocation",
+            "SessionRun", "Iterator", "ExecutorDoneCallback")
+
+
+def _events(plane):
+    """(line name, event name, start_ns, end_ns) of every event of an XPlane."""
+    names = {k: v.name for k, v in plane.event_metadata.items()}
+    for line in plane.lines:
+        base = line.timestamp_ns
+        for e in line.events:
+            start = base + e.offset_ps / 1e3
+            yield line.name, names.get(e.metadata_id, ""), start, start + e.duration_ps / 1e3
+
+
+def load(path):
+    """-> (steps [(start, end)], host ops [(name, start, end)], GPU activity [(name, start,
+    end)]) of one xplane.pb."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    steps, host, gpu = [], [], []
+    for plane in space.planes:
+        if plane.name == "/host:CPU":
+            for line, name, s, e in _events(plane):
+                if name == "SessionRun":
+                    steps.append((s, e))
+                elif ":" in name and not name.startswith(_NOT_OPS) and line.startswith("tf_"):
+                    host.append((name, s, e))
+        elif plane.name.startswith("/device:GPU:"):
+            for line, name, s, e in _events(plane):
+                if "Stream" in line and "Launch" not in line:
+                    gpu.append((name, s, e))
+    return sorted(steps), host, sorted(gpu, key=lambda r: r[1])
+
+
+def _union(intervals):
+    """Merged [start, end) intervals, sorted."""
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _within(records, start, end):
+    return [r for r in records if r[1] < end and r[2] > start]
+
+
+def step_summary(step, host, gpu, gap_us):
+    """Wall, GPU busy and host-busy ms of one step, and its GPU gaps longer than gap_us with the
+    host ops that overlap each most."""
+    s0, s1 = step
+    g = _union([(max(s, s0), min(e, s1)) for _, s, e in _within(gpu, s0, s1)])
+    h = _union([(max(s, s0), min(e, s1)) for _, s, e in _within(host, s0, s1)])
+    busy = sum(e - s for s, e in g)
+    gaps, prev = [], s0
+    for s, e in g + [[s1, s1]]:
+        if s - prev > gap_us * 1e3:
+            ops = sorted(_within(host, prev, s), key=lambda r: -(min(r[2], s) - max(r[1], prev)))
+            gaps.append((prev - s0, s - prev, [o[0] for o in ops[:3]]))
+        prev = max(prev, e)
+    return dict(wall=(s1 - s0) / 1e6, gpu_busy=busy / 1e6,
+                host_busy=sum(e - s for s, e in h) / 1e6, gaps=gaps)
+
+
+def host_ops_by_type(step, host):
+    """{op type: (ms, count)} of the host ops of one step."""
+    out = collections.defaultdict(lambda: [0.0, 0])
+    for name, s, e in _within(host, *step):
+        t = out[name.rsplit(":", 1)[-1]]
+        t[0] += (e - s) / 1e6
+        t[1] += 1
+    return out
+
+
+def report(path, gap_us=30, top=12):
+    steps, host, gpu = load(path)
+    if not steps:
+        return [f"{path}: no SessionRun"]
+    sums = [step_summary(st, host, gpu, gap_us) for st in steps]
+    med = lambda k: statistics.median(x[k] for x in sums)  # noqa: E731
+    lines = [f"{path}: {len(steps)} steps; median wall {med('wall'):.2f} ms, GPU busy "
+             f"{med('gpu_busy'):.2f} ms, host ops busy {med('host_busy'):.2f} ms"]
+    i = min(range(len(sums)), key=lambda j: abs(sums[j]["wall"] - med("wall")))
+    lines.append(f"  GPU gaps over {gap_us} us in the median step (at ms, length ms: host ops "
+                 "overlapping most):")
+    for at, length, ops in sums[i]["gaps"]:
+        lines.append(f"    {at / 1e6:7.3f} {length / 1e6:6.3f}  {'; '.join(ops)}")
+    lines.append("  host ops of that step by type (ms, count):")
+    by_type = sorted(host_ops_by_type(steps[i], host).items(), key=lambda kv: -kv[1][0])
+    for op, (ms, n) in by_type[:top]:
+        lines.append(f"    {op:<40} {ms:7.3f} {n:5d}")
+    return lines
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("trace_dir")
+    p.add_argument("--gap_us", type=float, default=30)
+    p.add_argument("--top", type=int, default=12)
+    args = p.parse_args()
+    files = sorted(glob.glob(os.path.join(args.trace_dir, "rank_*", "plugins", "profile", "*",
+                                          "*.xplane.pb")))
+    if not files:
+        raise SystemExit(f"no rank_*/plugins/profile/*/*.xplane.pb below {args.trace_dir}")
+    for f in files:
+        print("\n".join(report(f, args.gap_us, args.top)))
+
+
+if __name__ == "__main__":
+    main()
