@@ -1,7 +1,5 @@
 // GpuTieredTable<K> (gpu_tiered_table.h): the two tiers' bookkeeping on the host; the kernels
 // that move and read rows are in tier_moves.cu.
-#include "addons/sparse_operation_kit/core/cuda/gpu_tiered_table.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "addons/sparse_operation_kit/core/cuda/gpu_tiered_table.h"
 #include "addons/sparse_operation_kit/core/cuda/runtime.h"
 #include "addons/sparse_operation_kit/core/cuda/table_impl.cuh"
 #include "addons/sparse_operation_kit/core/cuda/tier_moves.cuh"
@@ -164,8 +163,8 @@ Status GpuTieredTable<K>::find(const ExecContext& e, const K* keys, int64_t n, f
 
 // Moves rows from one tier to the other: room in `to` first (growth may sync), then one launch.
 template <typename K>
-Status GpuTieredTable<K>::move(GpuEmbeddingTable<K>* from, GpuEmbeddingTable<K>* to,
-                               const K* keys, int64_t n, cudaStream_t s) {
+Status GpuTieredTable<K>::move(GpuEmbeddingTable<K>* from, GpuEmbeddingTable<K>* to, const K* keys,
+                               int64_t n, cudaStream_t s) {
   auto& src = *from->impl_;
   auto& dst = *to->impl_;
   DeviceGuard g(dst.device);
@@ -173,8 +172,7 @@ Status GpuTieredTable<K>::move(GpuEmbeddingTable<K>* from, GpuEmbeddingTable<K>*
   std::lock_guard<std::mutex> l2(dst.mu);
   src.note_stream(s);
   SOK_RETURN_IF_ERROR(detail::prepare_inserts<typename GpuEmbeddingTable<K>::Impl>({&dst}, {n}, s));
-  return detail::move_rows<K>(src.t, dst.t, keys, n, src.d_counters, dst.d_counters, dst.d_fail,
-                              s);
+  return detail::move_rows<K>(src.t, dst.t, keys, n, src.d_counters, dst.d_counters, dst.d_fail, s);
 }
 
 template <typename K>
@@ -208,8 +206,8 @@ Status GpuTieredTable<K>::after_inserts(const K* keys, int64_t n, cudaStream_t s
   if (hot_bound_ <= cap) {
     if (!snap_pending_ && hot_bound_ > cap / 2) {
       DeviceGuard g(h.device);
-      SOK_CUDA_RETURN(cudaMemcpyAsync(h_live_, h.d_counters, sizeof(int64_t),
-                                      cudaMemcpyDeviceToHost, s));
+      SOK_CUDA_RETURN(
+          cudaMemcpyAsync(h_live_, h.d_counters, sizeof(int64_t), cudaMemcpyDeviceToHost, s));
       SOK_CUDA_RETURN(cudaEventRecord(snap_event_, s));
       snap_pending_ = true;
       since_snap_ = 0;
@@ -253,8 +251,8 @@ Status GpuTieredTable<K>::demote(int64_t count, const K* keys, int64_t n, cudaSt
 }
 
 template <typename K>
-Status GpuTieredTable<K>::find_or_insert(const ExecContext& e, const K* keys, int64_t n,
-                                         float* out, const int64_t* counts) {
+Status GpuTieredTable<K>::find_or_insert(const ExecContext& e, const K* keys, int64_t n, float* out,
+                                         const int64_t* counts) {
   std::lock_guard<std::mutex> l(mu_);
   const cudaStream_t s = stream_of(e);
   if (!hot_) return cold_->find_or_insert(keys, n, out, counts, s);

@@ -77,7 +77,7 @@ class GpuTieredTable final : public Table<K> {
     int64_t promote_launches = 0;  // batches moved up (one launch each)
     int64_t demotions = 0;         // batches moved down
     int64_t demoted_rows = 0;
-    int64_t size_syncs = 0;        // host syncs to read the HBM tier's row count
+    int64_t size_syncs = 0;  // host syncs to read the HBM tier's row count
   };
   Stats stats() const;
 
@@ -99,8 +99,8 @@ class GpuTieredTable final : public Table<K> {
   std::unique_ptr<GpuEmbeddingTable<K>> hot_;   // null: host-only
   std::unique_ptr<GpuEmbeddingTable<K>> cold_;  // rows in pinned host memory
   std::mutex mu_;
-  bool cold_empty_ = true;   // the host knows the host tier holds no row (promotion is skipped)
-  int64_t hot_bound_ = 0;    // upper bound of the HBM tier's rows
+  bool cold_empty_ = true;     // the host knows the host tier holds no row (promotion is skipped)
+  int64_t hot_bound_ = 0;      // upper bound of the HBM tier's rows
   int64_t* h_live_ = nullptr;  // pinned: an asynchronous copy of the HBM tier's row count
   cudaEvent_t snap_event_ = nullptr;
   bool snap_pending_ = false;

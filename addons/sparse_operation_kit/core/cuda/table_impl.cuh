@@ -86,8 +86,8 @@ template <typename K>
 struct GpuEmbeddingTable<K>::Impl {
   TableConfig cfg;
   GpuTableOptions opt;
-  DeviceAllocator* alloc = nullptr;    // temporaries
-  DeviceAllocator* storage = nullptr;  // the arrays below but the rows
+  DeviceAllocator* alloc = nullptr;        // temporaries
+  DeviceAllocator* storage = nullptr;      // the arrays below but the rows
   DeviceAllocator* row_storage = nullptr;  // t.rows (values and slots)
   int device = 0;
   detail::DevTable t;

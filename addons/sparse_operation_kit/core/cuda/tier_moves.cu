@@ -4,9 +4,9 @@
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 
+#include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_select.cuh>
-#include <cstdint>
 #include <limits>
 
 #include "addons/sparse_operation_kit/core/common.h"
@@ -36,7 +36,8 @@ __device__ bool erase_slot(const DevTable& t, int64_t s, uint64_t h) {
 }
 
 template <typename K>
-__global__ void __launch_bounds__(kBlock)
+__global__ void
+__launch_bounds__(kBlock)
     k_move(DevTable src, DevTable dst, const K* keys, int64_t n, int64_t* src_counters,
            int64_t* dst_counters, int* fail) {
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
