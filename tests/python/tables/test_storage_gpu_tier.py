@@ -63,9 +63,11 @@ def test_cpu_placement_is_refused_naming_the_table():
     name = unique_name("hbm_on_cpu")
     with tf.device("/CPU:0"):
         with pytest.raises(tf.errors.InvalidArgumentError,
-                           match=f"table '{name}': storage HBM_DRAM caches rows in GPU memory; "
-                                 "place the table on a GPU"):
-            make(hbm_dram(), name)
+                           match="storage HBM_DRAM caches rows in GPU memory; place the table on "
+                                 "a GPU") as err:
+            ev = make(hbm_dram(), name)
+            ev.sparse_read(tf.constant([1, 2], tf.int64)).numpy()
+    assert f"table '{name}" in str(err.value)
 
 
 @on_gpu

@@ -81,6 +81,7 @@ Status GpuTieredTable<K>::CreateHostOnly(const TableConfig& config, const GpuTab
                                          std::unique_ptr<GpuTieredTable>* out) {
   std::unique_ptr<GpuTieredTable> t(new GpuTieredTable());
   t->cfg_ = config;
+  t->cfg_.storage = StorageKind::kHbmDram;  // the glue tells tiered tables by it (device.h)
   GpuTableOptions host = options;
   host.row_storage = pinned_host_storage_allocator();
   SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::Create(config, host, &t->cold_));
