@@ -95,12 +95,18 @@ def test_training_equals_the_one_tier_table(opt_name, strategy):
 def test_dump_load_round_trip(tmp_path):
     name = unique_name("hbm_dump")
     rng = np.random.RandomState(3)
-    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(6)]
-    ev = make(hbm_dram(), name)
-    eager_run(ev, "adam", ids)
-    sok.dump(str(tmp_path), [ev])
-    back = make(hbm_dram(), name)
-    sok.load(str(tmp_path), [back])
-    ea, eb = sorted_export(back), sorted_export(ev)
+    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(12)]
+    a = make(hbm_dram(), name)
+    eager_run(a, "adam", ids[:6])
+    sok.dump(str(tmp_path), [a])
+    b = make(hbm_dram(), name)
+    sok.load(str(tmp_path), [b])
+    got = eager_run(b, "adam", ids[6:])
+    one = make(None, name)
+    eager_run(one, "adam", ids[:6])
+    want = eager_run(one, "adam", ids[6:])
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    ea, eb = sorted_export(b), sorted_export(one)
     for field in ea:
         np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
