@@ -335,6 +335,11 @@ Status new_cpu_table(const TableConfig& config, std::unique_ptr<Table<K>>* out) 
     out->reset(new CpuTable<K>(config));
     return Status::OK();
   }
+  if (config.storage == StorageKind::kHbmDram) {  // never placed elsewhere silently
+    return Status::Invalid("table '" + config.name +
+                           "': storage HBM_DRAM caches rows in GPU memory; place the table on a "
+                           "GPU (on the CPU use DRAM or DRAM_SSDHASH)");
+  }
   std::unique_ptr<TieredTable<K>> tiered;
   Status s = TieredTable<K>::Create(config, &tiered);
   if (s.ok()) *out = std::move(tiered);

@@ -59,10 +59,10 @@ def test_unknown_type_and_strategy():
     expect_error("DRAM", "storage_option must be sok.StorageOption", TypeError)
 
 
-@pytest.mark.parametrize("t", ["HBM", "HBM_DRAM", "HBM_DRAM_SSDHASH"])
-def test_hbm_types_are_refused_not_placed_elsewhere(t, tmp_path):
+@pytest.mark.parametrize("t", ["HBM", "HBM_DRAM_SSDHASH"])
+def test_unbuilt_hbm_types_are_refused_not_placed_elsewhere(t, tmp_path):
     expect_error(sok.StorageOption(t, str(tmp_path), [1 << 20] * (len(t.split("_")) - 1)),
-                 f"storage_type {t} is not supported yet: HBM tiers need the GPU tier")
+                 f"storage_type {t} is not supported: the GPU tier is built only as HBM_DRAM")
 
 
 @pytest.mark.parametrize("t", ["PMEM_MEMKIND", "PMEM_LIBPMEM", "SSDHASH", "LEVELDB",
@@ -319,10 +319,10 @@ def test_the_kernel_refuses_what_python_would(tmp_path):
 
     handle = ops.sok_embedding_variable_handle(key_dtype=tf.int64, shared_name=unique_name("raw"))
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="Embedding Variable 'raw_t': storage_type 'HBM_DRAM' is not supported"):
+                       match="Embedding Variable 'raw_t': storage_type 'HBM' is not supported"):
         ops.sok_embedding_variable_initialize(
             handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
-            init_kind="constant", storage_type="HBM_DRAM", storage_size=[1 << 20])
+            init_kind="constant", storage_type="HBM", storage_size=[])
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="table 'raw_t': the DRAM budget of 8 bytes is smaller than one row"):
         ops.sok_embedding_variable_initialize(

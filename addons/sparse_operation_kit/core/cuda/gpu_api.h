@@ -49,6 +49,10 @@ class DeviceAllocator {
 DeviceAllocator* default_allocator();
 // Long-lived memory (a table's arrays) from cudaMalloc; frees synchronise the device first.
 DeviceAllocator* default_storage_allocator();
+// Long-lived pinned host memory, mapped into the device's address space (cudaHostAlloc with
+// cudaHostAllocMapped | cudaHostAllocPortable): under unified addressing kernels read and write
+// it through the returned pointer, over PCIe / NVLink-C2C. For rows kept in host DRAM.
+DeviceAllocator* pinned_host_storage_allocator();
 
 // Turns a CUDA error code into a Status ("<what>: <cuda error string>").
 Status cuda_status(cudaError_t e, const char* what);
@@ -212,7 +216,14 @@ struct GpuTableOptions {
   // The table's own arrays (slots, rows, counters); nullptr: default_storage_allocator(). The
   // TF glue passes TensorFlow's allocator of the device, so tables share its memory reservation.
   DeviceAllocator* storage = nullptr;
+  // The rows (values and optimizer slots), the bulk of a table; nullptr: `storage`. With
+  // pinned_host_storage_allocator() the rows live in host DRAM while the index (digests, keys,
+  // frequencies, versions) stays in GPU memory: HierarchicalKV's host-resident values.
+  DeviceAllocator* row_storage = nullptr;
 };
+
+template <typename K>
+class GpuTieredTable;
 
 // A hash table from key to row [value(dim) | optimizer slots (num_slots x dim)] in the memory of
 // the device current at Create(). Buckets of 32 slots: one digest byte per slot (0 empty,
@@ -298,6 +309,7 @@ class GpuEmbeddingTable {
   struct Impl;
 
  private:
+  friend class GpuTieredTable<K>;  // moves rows between two tables' arrays
   GpuEmbeddingTable();
   std::unique_ptr<Impl> impl_;
 };

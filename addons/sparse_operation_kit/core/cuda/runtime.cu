@@ -1,5 +1,6 @@
 // The allocators, CUDA error statuses and the bad-index records of gpu_api.h.
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <mutex>
 #include <string>
@@ -71,6 +72,37 @@ class DeviceMallocAllocator : public DeviceAllocator {
 
 DeviceAllocator* default_storage_allocator() {
   static DeviceMallocAllocator a;
+  return &a;
+}
+
+namespace {
+class PinnedHostAllocator : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes, cudaStream_t) override {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    void* d = nullptr;  // the same address under unified addressing (every 64-bit platform)
+    if (cudaHostGetDevicePointer(&d, p, 0) != cudaSuccess || d != p) {
+      cudaGetLastError();
+      cudaFreeHost(p);
+      return nullptr;
+    }
+    return p;
+  }
+  void deallocate(void* p, size_t, cudaStream_t) override { cudaFreeHost(p); }
+  std::string describe_free_memory() override {
+    const long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    if (pages < 0 || size < 0) return "free host memory unknown";
+    return std::to_string(static_cast<int64_t>(pages) * size) + " bytes of host memory free";
+  }
+};
+}  // namespace
+
+DeviceAllocator* pinned_host_storage_allocator() {
+  static PinnedHostAllocator a;
   return &a;
 }
 

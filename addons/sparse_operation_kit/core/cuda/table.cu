@@ -238,6 +238,7 @@ Status GpuEmbeddingTable<K>::Create(const TableConfig& config, const GpuTableOpt
   m.opt = options;
   m.alloc = options.allocator ? options.allocator : default_allocator();
   m.storage = options.storage ? options.storage : default_storage_allocator();
+  m.row_storage = options.row_storage ? options.row_storage : m.storage;
   SOK_CUDA_RETURN(cudaGetDevice(&m.device));
   if (config.init.kind == InitKind::kMatrix) {
     const size_t count = static_cast<size_t>(config.init.default_value_dim) * config.dim;

@@ -86,8 +86,9 @@ template <typename K>
 struct GpuEmbeddingTable<K>::Impl {
   TableConfig cfg;
   GpuTableOptions opt;
-  DeviceAllocator* alloc = nullptr;    // temporaries
-  DeviceAllocator* storage = nullptr;  // the arrays below
+  DeviceAllocator* alloc = nullptr;        // temporaries
+  DeviceAllocator* storage = nullptr;      // the arrays below but the rows
+  DeviceAllocator* row_storage = nullptr;  // t.rows (values and slots)
   int device = 0;
   detail::DevTable t;
   int64_t capacity = 0;
@@ -125,17 +126,29 @@ struct GpuEmbeddingTable<K>::Impl {
   // the memory free.
   template <typename T>
   Status acquire(T** p, size_t bytes, const char* what) {
-    *p = static_cast<T*>(storage->allocate(bytes < 16 ? 16 : bytes, nullptr));
-    if (*p != nullptr) return Status::OK();
-    cudaGetLastError();
-    return Status::Invalid("table '" + cfg.name + "': cannot allocate " + std::to_string(bytes) +
-                           " bytes for " + what + " on GPU " + std::to_string(device) + " (" +
-                           storage->describe_free_memory() + ")");
+    return acquire_from(storage, p, bytes, what);
   }
   template <typename T>
   void release(T*& p) {
     if (p != nullptr) storage->deallocate(p, 0, nullptr);
     p = nullptr;
+  }
+  // The rows' own allocator (pinned host memory for a host-resident table).
+  Status acquire_rows(float** p, size_t bytes, const char* what) {
+    return acquire_from(row_storage, p, bytes, what);
+  }
+  void release_rows(float*& p) {
+    if (p != nullptr) row_storage->deallocate(p, 0, nullptr);
+    p = nullptr;
+  }
+  template <typename T>
+  Status acquire_from(DeviceAllocator* a, T** p, size_t bytes, const char* what) {
+    *p = static_cast<T*>(a->allocate(bytes < 16 ? 16 : bytes, nullptr));
+    if (*p != nullptr) return Status::OK();
+    cudaGetLastError();
+    return Status::Invalid("table '" + cfg.name + "': cannot allocate " + std::to_string(bytes) +
+                           " bytes for " + what + " on GPU " + std::to_string(device) + " (" +
+                           a->describe_free_memory() + ")");
   }
 
   detail::RowInit row_init() const {
@@ -154,7 +167,7 @@ struct GpuEmbeddingTable<K>::Impl {
     release(a->digests);
     release(a->meta);
     release(a->versions);
-    release(a->rows);
+    release_rows(a->rows);
     *a = detail::DevTable();
   }
 
@@ -170,7 +183,7 @@ struct GpuEmbeddingTable<K>::Impl {
     if (st.ok()) st = acquire(&a->meta, cap * sizeof(detail::Meta), what.c_str());
     if (st.ok()) st = acquire(&a->versions, cap * sizeof(int64_t), what.c_str());
     if (st.ok())
-      st = acquire(&a->rows, static_cast<size_t>(cap) * stride * sizeof(float), what.c_str());
+      st = acquire_rows(&a->rows, static_cast<size_t>(cap) * stride * sizeof(float), what.c_str());
     if (!st.ok()) {
       free_arrays(a);
       return st;

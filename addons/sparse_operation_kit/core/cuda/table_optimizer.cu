@@ -198,14 +198,14 @@ Status GpuEmbeddingTable<K>::Impl::ensure_slots(const OptimizerParams& p, cudaSt
     mixed = false;
     const int64_t stride = cfg.dim * (1 + want);
     float* rows = nullptr;
-    SOK_RETURN_IF_ERROR(acquire(&rows, static_cast<size_t>(capacity) * stride * sizeof(float), "optimizer slots"));
+    SOK_RETURN_IF_ERROR(acquire_rows(&rows, static_cast<size_t>(capacity) * stride * sizeof(float), "optimizer slots"));
     num_slots = want;
     slot_init = init;
     k_relayout<<<grid_for(capacity * kTile, kBlock), kBlock, 0, s>>>(t.rows, t.stride, rows, stride,
                                                                      cfg.dim, row_init(), capacity);
     SOK_LAUNCH_CHECK();
     SOK_CUDA_RETURN(cudaStreamSynchronize(s));
-    release(t.rows);
+    release_rows(t.rows);
     t.rows = rows;
     t.stride = stride;
   }

@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
+#include "addons/sparse_operation_kit/core/cuda/gpu_tiered_table.h"
 #endif
 
 namespace tensorflow {
@@ -278,16 +279,40 @@ struct OnDevice<GpuDevice> {
   }
   // The training read / the optimizer step of every table in few launches (the core fuses up to
   // 16 tables per launch: one op of 26 tables costs the host two launches, not 26).
+  // Tiered tables (HBM_DRAM) take one call each (they move rows between tiers first).
   template <typename K>
   static Status FindOrInsert(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {
-    return ToTf(sok::gpu::GpuEmbeddingTable<K>::find_or_insert_many(GpuCalls(calls), Stream(ctx)));
+    const sok::ExecContext e = Exec(ctx);
+    std::vector<TableCall<K>> plain;
+    for (const TableCall<K>& c : calls) {
+      if (IsPlain(c.table)) {
+        plain.push_back(c);
+        continue;
+      }
+      TF_RETURN_IF_ERROR(
+          ToTf(c.table->find_or_insert(e, c.keys, c.n, c.out, c.counts), c.table->name()));
+    }
+    if (plain.empty()) return OkStatus();
+    return ToTf(sok::gpu::GpuEmbeddingTable<K>::find_or_insert_many(GpuCalls(plain), Stream(ctx)));
   }
   template <typename K>
   static Status Apply(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls,
                       const sok::OptimizerParams& p, int64_t step, bool keys_unique,
                       bool keys_present) {
+    const sok::ExecContext e = Exec(ctx);
+    std::vector<TableCall<K>> plain;
+    for (const TableCall<K>& c : calls) {
+      if (IsPlain(c.table)) {
+        plain.push_back(c);
+        continue;
+      }
+      TF_RETURN_IF_ERROR(
+          ToTf(c.table->apply_gradients(e, c.keys, c.n, c.grads, p, step, keys_unique),
+               c.table->name()));
+    }
+    if (plain.empty()) return OkStatus();
     return ToTf(sok::gpu::GpuEmbeddingTable<K>::apply_gradients_many(
-        GpuCalls(calls), p, step, Stream(ctx), keys_unique, keys_present));
+        GpuCalls(plain), p, step, Stream(ctx), keys_unique, keys_present));
   }
 
   // A table in the memory of the kernel's device, allocated through TensorFlow's allocator
@@ -295,28 +320,24 @@ struct OnDevice<GpuDevice> {
   template <typename K>
   static Status NewTable(OpKernelContext* ctx, const sok::TableConfig& config,
                          std::unique_ptr<sok::Table<K>>* out, std::shared_ptr<void>* keep_alive) {
-    if (config.storage != sok::StorageKind::kDram) {  // never placed elsewhere silently
-      return errors::InvalidArgument(
-          "Embedding Variable '", config.name,
-          "': its storage tiers (DRAM_SSDHASH) are built for the CPU only; place the table on "
-          "the CPU (GPU tiers are not built yet)");
-    }
     auto alloc =
         std::make_shared<TfDeviceAllocator>(ctx->device()->GetAllocator(AllocatorAttributes()));
     sok::gpu::GpuTableOptions options;
     options.allocator = alloc.get();
-    options.storage = alloc.get();
-    std::unique_ptr<sok::gpu::GpuEmbeddingTable<K>> table;
+    options.storage = alloc.get();  // HBM_DRAM's host rows come from pinned host memory
     ScopedStreamDevice on_device(Stream(ctx));
-    TF_RETURN_IF_ERROR(
-        ToTf(sok::gpu::GpuEmbeddingTable<K>::Create(config, options, &table), config.name));
-    out->reset(new sok::gpu::GpuTable<K>(std::move(table)));
+    TF_RETURN_IF_ERROR(ToTf(sok::gpu::new_gpu_table<K>(config, options, out), config.name));
     *keep_alive = alloc;
     return OkStatus();
   }
 
  private:
-  // Every table a GPU kernel sees was made by NewTable above: a sok::gpu::GpuTable.
+  // A one-tier table (sok::gpu::GpuTable), which the fused multi-table launches take; NewTable
+  // above makes only it and GpuTieredTable, so the tag of the config tells them apart.
+  template <typename K>
+  static bool IsPlain(const sok::Table<K>* t) {
+    return t->config().storage == sok::StorageKind::kDram;
+  }
   template <typename K>
   static std::vector<typename sok::gpu::GpuEmbeddingTable<K>::Keys> GpuCalls(
       const std::vector<TableCall<K>>& calls) {

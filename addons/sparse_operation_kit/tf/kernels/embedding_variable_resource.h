@@ -56,8 +56,9 @@ inline Status ParseStorage(OpKernelConstruction* c, sok::TableConfig* config) {
   TF_RETURN_IF_ERROR(c->GetAttr("cache_strategy", &strategy));
   const std::string where = "Embedding Variable '" + config->name + "': ";
   if (!sok::parse_storage_kind(type, &config->storage)) {
-    return errors::InvalidArgument(where, "storage_type '", type,
-                                   "' is not supported (supported: DRAM, DRAM_SSDHASH)");
+    return errors::InvalidArgument(
+        where, "storage_type '", type,
+        "' is not supported (supported: DRAM, DRAM_SSDHASH on the CPU, HBM_DRAM on the GPU)");
   }
   if (!sok::parse_cache_strategy(strategy, &config->cache_strategy)) {
     return errors::InvalidArgument(where, "unknown cache_strategy '", strategy, "'");
@@ -67,8 +68,12 @@ inline Status ParseStorage(OpKernelConstruction* c, sok::TableConfig* config) {
     return errors::InvalidArgument(where, "storage_size has ", sizes.size(), " entries, but ", type,
                                    " has ", cached, " cached tier(s)");
   }
-  if (cached) config->dram_bytes = sizes[0];
-  if (!cached && !config->storage_path.empty()) {
+  if (config->storage == sok::StorageKind::kHbmDram) {
+    config->hbm_bytes = sizes[0];
+  } else if (cached) {
+    config->dram_bytes = sizes[0];
+  }
+  if (config->storage != sok::StorageKind::kDramSsdHash && !config->storage_path.empty()) {
     return errors::InvalidArgument(where, "storage_path is given but ", type, " has no SSD tier");
   }
   return OkStatus();

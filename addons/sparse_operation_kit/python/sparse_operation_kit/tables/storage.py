@@ -6,9 +6,11 @@ the tiers above, each within its byte budget `storage_size[i]` (LFU: the most fr
 rows; LRU: the most recently looked-up or updated rows). Lookups and updates give the same results
 as a table kept whole in DRAM, whatever tier a row is in.
 
-Supported here: DRAM (one tier, the default) and DRAM_SSDHASH (a DRAM cache over a file-backed
-hash store under `storage_path`), on the CPU. HBM tiers need the GPU tier, which is not built yet;
-PMEM and LevelDB tiers are not built. They are refused, never placed elsewhere.
+Supported here: DRAM (one tier, the default); DRAM_SSDHASH (a DRAM cache over a file-backed
+hash store under `storage_path`), on the CPU; HBM_DRAM (a GPU-memory cache over rows in pinned
+host memory), on the GPU. HBM alone, HBM_DRAM_SSDHASH, PMEM and LevelDB tiers are not built. A
+type is refused where it is not built (HBM_DRAM on the CPU, DRAM_SSDHASH on the GPU: the error
+names the table when its initializer runs), never placed elsewhere.
 
 What a row costs in a byte budget (ROW_META_BYTES):
     4 * dim * (1 + slots) bytes of values and optimizer slots (slots: 0 before the first update,
@@ -69,7 +71,9 @@ _TIERS = {
     StorageType.DRAM_PMEM_SSDHASH: ("DRAM", "PMEM", "SSDHASH"),
     StorageType.HBM_DRAM_SSDHASH: ("HBM", "DRAM", "SSDHASH"),
 }
-SUPPORTED = (StorageType.DEFAULT, StorageType.DRAM, StorageType.DRAM_SSDHASH)
+SUPPORTED = (StorageType.DEFAULT, StorageType.DRAM, StorageType.DRAM_SSDHASH, StorageType.HBM_DRAM)
+# The types with a cache tier over a lower one.
+TIERED = (StorageType.DRAM_SSDHASH, StorageType.HBM_DRAM)
 
 
 def _enum_member(value, cls, what):
@@ -93,7 +97,8 @@ class StorageOption:
     storage_path: an existing writable directory, for types with an SSD tier: each table keeps its
         files in a directory of its own below it, removed when the table is destroyed.
     storage_size: the byte budget of each cached tier (every tier but the lowest), top first:
-        DRAM_SSDHASH takes one entry, the DRAM bytes. See this module's docstring for a row's cost.
+        DRAM_SSDHASH takes one entry, the DRAM bytes; HBM_DRAM one, the GPU-memory bytes. See this
+        module's docstring for a row's cost.
     cache_strategy: `sok.CacheStrategy.LFU` (default) or `LRU`.
 
     The option is checked when a table is made with it, so that each error names the table.
@@ -119,7 +124,7 @@ class StoragePlan:
 
     @property
     def tiered(self):
-        return self.storage_type == StorageType.DRAM_SSDHASH
+        return self.storage_type in TIERED
 
     def to_config(self):
         """A JSON-able description (Keras layer configs); None for plain DRAM."""
@@ -199,21 +204,22 @@ def resolve(option, table, dim):
         raise ValueError(f"{where}: unknown cache_strategy {option.cache_strategy!r} (expected "
                          "sok.CacheStrategy.LFU or LRU)")
     tiers = _TIERS[stype]
-    if "HBM" in tiers:
-        raise ValueError(f"{where}: storage_type {stype.name} is not supported yet: HBM tiers "
-                         "need the GPU tier, which is not built (supported: DRAM, DRAM_SSDHASH "
-                         "on the CPU)")
+    if "HBM" in tiers and stype not in SUPPORTED:
+        raise ValueError(f"{where}: storage_type {stype.name} is not supported: the GPU tier is "
+                         "built only as HBM_DRAM (a GPU-memory cache over host memory); HBM alone "
+                         "and HBM_DRAM_SSDHASH are not (supported: DRAM, DRAM_SSDHASH on the "
+                         "CPU, HBM_DRAM on the GPU)")
     if stype not in SUPPORTED:
         raise ValueError(f"{where}: storage_type {stype.name} is not supported: this build has "
                          "no PMEM or LevelDB tier, and an SSD tier only under a DRAM cache "
-                         "(supported: DRAM, DRAM_SSDHASH)")
+                         "(supported: DRAM, DRAM_SSDHASH on the CPU, HBM_DRAM on the GPU)")
     checked = StorageOption(stype, option.storage_path, option.storage_size, strategy)
     sizes = _sizes(checked, tiers, where)
     row = 4 * dim + ROW_META_BYTES
     if sizes and sizes[0] < row:
-        raise ValueError(f"{where}: the DRAM budget storage_size[0] = {sizes[0]} bytes is smaller "
-                         f"than one row ({row} bytes: 4 * dim {dim} + {ROW_META_BYTES} of "
-                         "metadata, before optimizer slots)")
+        raise ValueError(f"{where}: the {tiers[0]} budget storage_size[0] = {sizes[0]} bytes is "
+                         f"smaller than one row ({row} bytes: 4 * dim {dim} + {ROW_META_BYTES} "
+                         "of metadata, before optimizer slots)")
     path = _path(checked, tiers, where)
     if stype == StorageType.DEFAULT:
         stype = StorageType.DRAM

@@ -1,0 +1,224 @@
+// The device work of GpuTieredTable (tier_moves.cuh): moving rows between the tiers, reading the
+// host tier, picking the coldest rows of the HBM tier.
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_select.cuh>
+#include <limits>
+
+#include "addons/sparse_operation_kit/core/common.h"
+#include "addons/sparse_operation_kit/core/cuda/device_util.cuh"
+#include "addons/sparse_operation_kit/core/cuda/runtime.h"
+#include "addons/sparse_operation_kit/core/cuda/tier_moves.cuh"
+
+namespace sok {
+namespace gpu {
+namespace detail {
+namespace {
+
+namespace cg = cooperative_groups;
+
+// Marks `s` erased (lane 0); false when another tile erased it first.
+__device__ bool erase_slot(const DevTable& t, int64_t s, uint64_t h) {
+  uint32_t* wp = t.digests + (s >> 2);
+  const int sh = 8 * static_cast<int>(s & 3);
+  const uint32_t d = digest_of(h);
+  uint32_t w = ld_relaxed_u32(wp);
+  while (((w >> sh) & 0xffu) == d) {
+    const uint32_t old = atomicCAS(wp, w, (w & ~(0xffu << sh)) | (kErasedB << sh));
+    if (old == w) return true;
+    w = old;
+  }
+  return false;
+}
+
+template <typename K>
+__global__ void
+__launch_bounds__(kBlock)
+    k_move(DevTable src, DevTable dst, const K* keys, int64_t n, int64_t* src_counters,
+           int64_t* dst_counters, int* fail) {
+  const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  const int lane = tile.thread_rank();
+  int inserted = 0, erased = 0;
+  if (i < n) {
+    const int64_t key = static_cast<int64_t>(keys[i]);
+    const uint64_t h = hash_key(key);
+    const int64_t s = probe_find<true>(tile, src, key, h);
+    // A repeated key: the tile that claims the destination copies; whichever tile gets there
+    // first erases the source (its row stays readable: slots are not reused before a rehash).
+    const Claim r = s >= 0 ? probe_insert(tile, dst, key, h, fail) : Claim{-1, false};
+    if (r.slot >= 0 && r.fresh) {
+      if (lane == 0) {
+        dst.meta[r.slot] = src.meta[s];
+        dst.versions[r.slot] = src.versions[s];
+      }
+      const float* from = src.rows + s * src.stride;
+      float* to = dst.rows + r.slot * dst.stride;
+      for (int64_t c = lane; c < dst.stride; c += kTile) to[c] = __ldcg(from + c);
+      publish(tile, dst, r.slot, h);
+      inserted = lane == 0;
+    }
+    if (r.slot >= 0 && lane == 0) erased = erase_slot(src, s, h) ? 1 : 0;
+  }
+  add_count(dst_counters, inserted);
+  const int total = __syncthreads_count(erased);
+  if (threadIdx.x == 0 && total != 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(&src_counters[0]),
+              static_cast<unsigned long long>(-total));
+    atomicAdd(reinterpret_cast<unsigned long long*>(&src_counters[1]),
+              static_cast<unsigned long long>(total));
+  }
+}
+
+template <typename K>
+__global__ void __launch_bounds__(kBlock) k_find_present(DevTable t, int64_t filter, float no_perm,
+                                                         const K* keys, int64_t n, float* out) {
+  const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  if (i >= n) return;
+  const int64_t key = static_cast<int64_t>(keys[i]);
+  const int64_t s = probe_find<false>(tile, t, key, hash_key(key));
+  if (s < 0) return;
+  float* o = out + i * t.dim;
+  if (filter > 0 && ld_relaxed_i64(&t.meta[s].freq) < filter) {
+    fill_row<false>(tile, no_perm, o, t.dim);
+  } else {
+    copy_row<false>(tile, t.rows + s * t.stride, o, t.dim);
+  }
+}
+
+template <typename K>
+__global__ void __launch_bounds__(kBlock)
+    k_protect(DevTable t, const K* keys, int64_t n, uint8_t* flags) {
+  const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  if (i >= n) return;
+  const int64_t key = static_cast<int64_t>(keys[i]);
+  const int64_t s = probe_find<false>(tile, t, key, hash_key(key));
+  if (s >= 0 && tile.thread_rank() == 0) flags[s] = 1;
+}
+
+struct IsLiveSlot {
+  const uint32_t* digests;
+  __device__ bool operator()(int64_t s) const {
+    return ((digests[s >> 2] >> (8 * (s & 3))) & 0xffu) >= 3u;
+  }
+};
+
+// The sort key of each listed slot: protected rows (and entries past the real count) last.
+__global__ void k_scores(DevTable t, int64_t* slots, const int64_t* d_num, int64_t m,
+                         const uint8_t* flags, bool lfu, uint64_t* scores) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= m) return;
+  constexpr uint64_t kLast = ~uint64_t{0};
+  if (j >= *d_num) {
+    slots[j] = -1;
+    scores[j] = kLast;
+    return;
+  }
+  const int64_t s = slots[j];
+  uint64_t v;
+  if (flags[s] != 0) {
+    v = kLast;
+  } else {
+    const int64_t x = lfu ? t.meta[s].freq : t.versions[s];
+    v = static_cast<uint64_t>(x) ^ (uint64_t{1} << 63);  // signed order as unsigned
+    if (v == kLast) v = kLast - 1;
+  }
+  scores[j] = v;
+}
+
+template <typename K>
+__global__ void k_keys_of(DevTable t, const int64_t* slots, int64_t count, K* out) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (j >= count) return;
+  const int64_t s = slots[j] >= 0 ? slots[j] : slots[0];  // a stale count: repeat a real victim
+  out[j] = static_cast<K>(t.meta[s].key);
+}
+
+}  // namespace
+
+template <typename K>
+Status move_rows(const DevTable& src, const DevTable& dst, const K* keys, int64_t n,
+                 int64_t* src_counters, int64_t* dst_counters, int* dst_fail, cudaStream_t s) {
+  if (n <= 0) return Status::OK();
+  if (src.stride != dst.stride) return Status::Invalid("tiers of different row layouts");
+  k_move<K><<<grid_for(n * kTile, kBlock), kBlock, 0, s>>>(src, dst, keys, n, src_counters,
+                                                           dst_counters, dst_fail);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+template <typename K>
+Status find_present(const DevTable& t, const RowInit& ri, const K* keys, int64_t n, float* out,
+                    cudaStream_t s) {
+  if (n <= 0) return Status::OK();
+  k_find_present<K><<<grid_for(n * kTile, kBlock), kBlock, 0, s>>>(t, ri.filter_freq, ri.no_perm,
+                                                                   keys, n, out);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+template <typename K>
+Status coldest_keys(const DevTable& t, int64_t capacity, int64_t live, bool lfu, const K* keys,
+                    int64_t n, int64_t count, K* victims, DeviceAllocator* alloc, cudaStream_t s) {
+  if (count <= 0 || live <= 0) return Status::OK();
+  if (live > std::numeric_limits<int>::max() || count > live)
+    return Status::Invalid("demotion: bad row count");
+  const int m = static_cast<int>(live);
+  thrust::counting_iterator<int64_t> it(0);
+  const IsLiveSlot pred{t.digests};
+  size_t sel_bytes = 0, sort_bytes = 0;
+  SOK_CUDA_RETURN(cub::DeviceSelect::If(nullptr, sel_bytes, it, static_cast<int64_t*>(nullptr),
+                                        static_cast<int64_t*>(nullptr), capacity, pred, s));
+  SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
+      static_cast<int64_t*>(nullptr), static_cast<int64_t*>(nullptr), m, 0, 64, s));
+  uint8_t* flags;
+  int64_t *slots, *sorted, *num;
+  uint64_t *scores, *scores_out;
+  void *sel_tmp, *sort_tmp;
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(carve_temp(alloc, s, &tmp, [&](Workspace& ws) {
+    flags = ws.take<uint8_t>(capacity);
+    slots = ws.take<int64_t>(capacity);
+    sorted = ws.take<int64_t>(m);
+    num = ws.take<int64_t>(1);
+    scores = ws.take<uint64_t>(m);
+    scores_out = ws.take<uint64_t>(m);
+    sel_tmp = ws.take_bytes(sel_bytes);
+    sort_tmp = ws.take_bytes(sort_bytes);
+  }));
+  SOK_CUDA_RETURN(cudaMemsetAsync(flags, 0, capacity, s));
+  if (n > 0) {
+    k_protect<K><<<grid_for(n * kTile, kBlock), kBlock, 0, s>>>(t, keys, n, flags);
+    SOK_LAUNCH_CHECK();
+  }
+  SOK_CUDA_RETURN(cub::DeviceSelect::If(sel_tmp, sel_bytes, it, slots, num, capacity, pred, s));
+  k_scores<<<grid_for(m, kBlock), kBlock, 0, s>>>(t, slots, num, m, flags, lfu, scores);
+  SOK_LAUNCH_CHECK();
+  SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, scores, scores_out, slots,
+                                                  sorted, m, 0, 64, s));
+  k_keys_of<K><<<grid_for(count, kBlock), kBlock, 0, s>>>(t, sorted, count, victims);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+#define SOK_TIER_MOVES(K)                                                                       \
+  template Status move_rows<K>(const DevTable&, const DevTable&, const K*, int64_t, int64_t*,   \
+                               int64_t*, int*, cudaStream_t);                                   \
+  template Status find_present<K>(const DevTable&, const RowInit&, const K*, int64_t, float*,   \
+                                  cudaStream_t);                                                \
+  template Status coldest_keys<K>(const DevTable&, int64_t, int64_t, bool, const K*, int64_t, \
+                                  int64_t, K*, DeviceAllocator*, cudaStream_t);
+SOK_TIER_MOVES(int32_t)
+SOK_TIER_MOVES(int64_t)
+#undef SOK_TIER_MOVES
+
+}  // namespace detail
+}  // namespace gpu
+}  // namespace sok

@@ -1,0 +1,271 @@
+// GpuTieredTable (HBM_DRAM: a small GPU cache over rows in pinned host memory) vs one
+// GpuEmbeddingTable holding every row: lookups, every fused optimizer, erase, shrink and
+// export/import must agree to the bit, whichever tier a row is in; the cache must stay within its
+// budget while rows really live in both tiers. Also the host-only table (no cache).
+// Usage: test_tiered_table [seed (0: from the clock)] [name filter]; see test_util.cuh.
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "addons/sparse_operation_kit/core/cuda/gpu_tiered_table.h"
+#include "addons/sparse_operation_kit/core/tier_policy.h"
+#include "tests/gpu/test_util.cuh"
+
+using namespace sok_gpu_test;  // NOLINT
+
+namespace {
+
+constexpr int64_t kCacheRows = 300;
+const ExecContext kExec;  // the default stream
+
+// Keys of a step: uniform over the pool, or power-law (a few keys most of the time).
+template <typename K>
+std::vector<K> step_keys(const std::vector<K>& pool, size_t n, bool power_law) {
+  if (!power_law) return draw(pool, n);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<K> v(n);
+  for (auto& x : v) x = pool[static_cast<size_t>(pool.size() * std::pow(u(g_rng), 3.0))];
+  return v;
+}
+
+TableConfig tiered_cfg(int64_t dim, CacheStrategy strategy, int slots, int64_t filter = 0) {
+  TableConfig c = make_cfg(dim, InitKind::kUniform, filter);
+  c.storage = StorageKind::kHbmDram;
+  c.cache_strategy = strategy;
+  c.hbm_bytes = kCacheRows * tier_row_bytes(dim, slots);
+  c.steps_to_live = 12;
+  return c;
+}
+
+template <typename K>
+std::unique_ptr<GpuTieredTable<K>> make_tiered(const TableConfig& c, bool host_only = false) {
+  std::unique_ptr<GpuTieredTable<K>> t;
+  GpuTableOptions o;
+  SOK_OK(host_only ? GpuTieredTable<K>::CreateHostOnly(c, o, &t)
+                   : GpuTieredTable<K>::Create(c, o, &t));
+  return t;
+}
+
+// The reference (every row in one table) and the table under test, driven alike.
+template <typename K>
+struct Pair {
+  std::unique_ptr<GpuEmbeddingTable<K>> ref;
+  std::unique_ptr<GpuTieredTable<K>> got;
+  int64_t dim;
+
+  bool lookup(const std::vector<K>& keys, bool train,
+              const std::vector<int64_t>* counts = nullptr) {
+    const size_t n = keys.size();
+    DevBuf<K> dk = to_device(keys);
+    DevBuf<float> a(n * dim), b(n * dim);
+    a.poison();
+    b.poison();
+    DevBuf<int64_t> dc = to_device(counts ? *counts : std::vector<int64_t>(1, 1));
+    const int64_t* cp = counts ? dc.get() : nullptr;
+    if (train) {
+      SOK_OK(ref->find_or_insert(dk.get(), n, a.get(), cp, nullptr));
+      SOK_OK(got->find_or_insert(kExec, dk.get(), n, b.get(), cp));
+    } else {
+      SOK_OK(ref->find(dk.get(), n, a.get(), nullptr));
+      SOK_OK(got->find(kExec, dk.get(), n, b.get()));
+    }
+    return sok_test::expect_near(train ? "find_or_insert" : "find", b.download(), a.download(), 0,
+                                 0);
+  }
+  void apply(const std::vector<K>& keys, const OptimizerParams& p, int64_t step, bool unique) {
+    const std::vector<float> g = randn(keys.size() * dim, 0.5f);
+    DevBuf<K> dk = to_device(keys);
+    DevBuf<float> dg = to_device(g);
+    SOK_OK(ref->apply_gradients(dk.get(), keys.size(), dg.get(), p, step, nullptr, unique));
+    SOK_OK(got->apply_gradients(kExec, dk.get(), keys.size(), dg.get(), p, step, unique));
+  }
+  bool same_size() {
+    int64_t a = 0, b = 0;
+    SOK_OK(ref->size(&a, nullptr));
+    SOK_OK(got->size(kExec, &b));
+    return a == b || FAIL("size %lld, want %lld", (long long)b, (long long)a);
+  }
+  bool same_export() {
+    TableSnapshot<K> s;
+    SOK_OK(got->export_rows(kExec, &s));
+    return expect_same_table(s, gpu_export(*ref), 0, 0);
+  }
+  // Rows in both tiers, the cache within its budget.
+  bool tiers_ok(bool expect_both) {
+    int64_t hbm = 0, host = 0;
+    SOK_OK(got->tier_sizes(nullptr, &hbm, &host));
+    const int64_t budget = got->hbm_budget_rows();
+    bool ok = hbm <= budget ||
+              FAIL("HBM tier %lld rows over its budget %lld", (long long)hbm, (long long)budget);
+    if (expect_both && (hbm == 0 || host == 0))
+      ok = FAIL("rows not in both tiers: HBM %lld, host %lld", (long long)hbm, (long long)host);
+    return ok;
+  }
+};
+
+template <typename K>
+Pair<K> make_pair(const TableConfig& c, bool host_only = false) {
+  TableConfig one = c;
+  one.storage = StorageKind::kDram;
+  return Pair<K>{make_gpu<K>(one), make_tiered<K>(c, host_only), c.dim};
+}
+
+OptimizerParams params(OptimizerKind kind) {
+  OptimizerParams p;
+  p.kind = kind;
+  p.lr = kind == OptimizerKind::kSGD ? 0.1f : 0.05f;
+  p.epsilon = kind == OptimizerKind::kAdam ? 1e-7f : 0.f;
+  p.initial_accumulator = 0.1f;
+  p.l1 = kind == OptimizerKind::kFtrl ? 0.001f : 0.f;
+  p.l2 = kind == OptimizerKind::kFtrl ? 0.01f : 0.f;
+  return p;
+}
+
+// Training steps (lookup then update of the same keys, as lookup_sparse does) and evaluation
+// reads of present and missing keys; then shrink and erase over both tiers.
+template <typename K>
+bool test_training(OptimizerKind kind, CacheStrategy strategy, bool power_law, bool host_only) {
+  const int64_t dim = sizeof(K) == 8 ? 8 : 5;
+  Pair<K> t = make_pair<K>(tiered_cfg(dim, strategy, num_slots(kind)), host_only);
+  const std::vector<K> pool = key_pool<K>(4000);
+  OptimizerParams p = params(kind);
+  bool ok = true;
+  for (int s = 1; s <= 30 && ok; ++s) {
+    const std::vector<K> keys = step_keys(pool, 256, power_law);
+    p.step = s;
+    ok &= t.lookup(keys, true);
+    t.apply(keys, p, 100 + s, false);
+    if (s % 5 == 0) {
+      ok &= t.lookup(draw(key_pool<K>(6000), 2000), false);  // many absent: inserts nothing
+      ok &= t.same_size();
+    }
+    if (!host_only) ok &= t.tiers_ok(s > 3);
+  }
+  ok &= t.same_export();
+  if (!host_only) {
+    const auto st = t.got->stats();
+    if (st.demotions == 0 || st.promote_launches == 0)
+      ok = FAIL("no row moved: %lld demotions, %lld promotions", (long long)st.demotions,
+                (long long)st.promote_launches);
+    std::printf("    %lld promotions, %lld demotions (%lld rows), %lld size syncs in 30 steps\n",
+                (long long)st.promote_launches, (long long)st.demotions, (long long)st.demoted_rows,
+                (long long)st.size_syncs);
+  }
+  int64_t a = 0, b = 0;
+  SOK_OK(t.ref->shrink(118, nullptr, &a));
+  SOK_OK(t.got->shrink(kExec, 118, &b));
+  if (a != b || a == 0)
+    ok = FAIL("shrink removed %lld, want %lld (> 0)", (long long)b, (long long)a);
+  const std::vector<K> gone = draw(pool, 1500);
+  DevBuf<K> dg = to_device(gone);
+  SOK_OK(t.ref->erase(dg.get(), gone.size(), nullptr, &a));
+  SOK_OK(t.got->erase(dg.get(), gone.size(), nullptr, &b));
+  if (a != b) ok = FAIL("erase removed %lld, want %lld", (long long)b, (long long)a);
+  ok &= t.same_export();
+  return ok && t.lookup(step_keys(pool, 1024, power_law), true) && t.same_export();
+}
+
+// Counter filter (counts per key) and insert_or_assign over both tiers.
+template <typename K>
+bool test_filter_and_assign() {
+  Pair<K> t = make_pair<K>(tiered_cfg(16, CacheStrategy::kLRU, 1, /*filter=*/3));
+  const std::vector<K> pool = key_pool<K>(3000);
+  bool ok = true;
+  for (int s = 1; s <= 12 && ok; ++s) {
+    std::vector<K> keys = draw(pool, 800);
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    std::vector<int64_t> counts(keys.size());
+    for (auto& c : counts) c = 1 + static_cast<int64_t>(g_rng() % 2);
+    ok &= t.lookup(keys, true, &counts);
+    OptimizerParams p = params(OptimizerKind::kAdagrad);
+    p.step = s;
+    t.apply(keys, p, s, true);
+    // Distinct keys: with repeats the value kept is either one's.
+    const std::vector<float> v = randn(keys.size() / 2 * 16, 1.f);
+    DevBuf<K> dk = to_device(std::vector<K>(keys.begin(), keys.begin() + keys.size() / 2));
+    DevBuf<float> dv = to_device(v);
+    SOK_OK(t.ref->insert_or_assign(dk.get(), keys.size() / 2, dv.get(), nullptr));
+    SOK_OK(t.got->insert_or_assign(kExec, dk.get(), keys.size() / 2, dv.get()));
+    ok &= t.lookup(draw(pool, 1000), false) && t.tiers_ok(s > 3);
+  }
+  return ok && t.same_export();
+}
+
+// export -> import into a fresh tiered table (split over the tiers) and into a host-only one;
+// both then train on like the reference.
+template <typename K>
+bool test_export_import(CacheStrategy strategy) {
+  const TableConfig cfg = tiered_cfg(8, strategy, 2);
+  Pair<K> t = make_pair<K>(cfg);
+  const std::vector<K> pool = key_pool<K>(3000);
+  OptimizerParams p = params(OptimizerKind::kAdam);
+  for (int s = 1; s <= 8; ++s) {
+    const std::vector<K> keys = draw(pool, 1024);
+    p.step = s;
+    t.lookup(keys, true);
+    t.apply(keys, p, s, false);
+  }
+  TableSnapshot<K> snap;
+  SOK_OK(t.got->export_rows(kExec, &snap));
+  bool ok = expect_same_table(snap, gpu_export(*t.ref), 0, 0);
+  for (bool host_only : {false, true}) {
+    Pair<K> u{make_gpu<K>(cfg), make_tiered<K>(cfg, host_only), cfg.dim};
+    SOK_OK(u.ref->import_rows(snap, nullptr));
+    SOK_OK(u.got->import_rows(kExec, snap));
+    ok &= u.same_export();
+    if (!host_only) ok &= u.tiers_ok(true);
+    for (int s = 9; s <= 14; ++s) {
+      const std::vector<K> keys = draw(pool, 1024);
+      p.step = s;
+      ok &= u.lookup(keys, true);
+      u.apply(keys, p, s, false);
+    }
+    ok &= u.same_export();
+  }
+  snap.keys.push_back(snap.keys[0]);  // a repeated key, one copy per tier
+  snap.values.insert(snap.values.end(), snap.values.begin(), snap.values.begin() + 8);
+  snap.slots.insert(snap.slots.end(), snap.slots.begin(), snap.slots.begin() + 16);
+  snap.freqs.push_back(0);
+  snap.versions.push_back(0);
+  const Status s = t.got->import_rows(kExec, snap);
+  if (s.ok() || s.message().find("appears twice") == std::string::npos)
+    ok = FAIL("a repeated key was not refused: '%s'", s.message().c_str());
+  return ok;
+}
+
+bool test_refusals() {
+  TableConfig c = tiered_cfg(8, CacheStrategy::kLFU, 0);
+  c.hbm_bytes = 10;
+  std::unique_ptr<GpuTieredTable<int64_t>> t;
+  const Status s = GpuTieredTable<int64_t>::Create(c, GpuTableOptions(), &t);
+  return (!s.ok() && s.message().find("smaller than one row") != std::string::npos) ||
+         FAIL("a budget below one row was accepted: '%s'", s.message().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return sok_gpu_test::gpu_test_main(argc, argv, "test_tiered_table", [] {
+    for (OptimizerKind o : {OptimizerKind::kSGD, OptimizerKind::kAdagrad, OptimizerKind::kAdam,
+                            OptimizerKind::kFtrl}) {
+      for (CacheStrategy c : {CacheStrategy::kLFU, CacheStrategy::kLRU}) {
+        const std::string tag =
+            std::string(oname(o)) + (c == CacheStrategy::kLFU ? " lfu" : " lru");
+        run("train " + tag + " uniform int64",
+            [=] { return test_training<int64_t>(o, c, false, false); });
+        run("train " + tag + " power-law int32",
+            [=] { return test_training<int32_t>(o, c, true, false); });
+      }
+      run(std::string("train host-only ") + oname(o) + " int64",
+          [=] { return test_training<int64_t>(o, CacheStrategy::kLFU, true, true); });
+    }
+    run("counter filter + insert_or_assign int64",
+        [] { return test_filter_and_assign<int64_t>(); });
+    run("export/import lfu int64", [] { return test_export_import<int64_t>(CacheStrategy::kLFU); });
+    run("export/import lru int32", [] { return test_export_import<int32_t>(CacheStrategy::kLRU); });
+    run("refusals", [] { return test_refusals(); });
+  });
+}

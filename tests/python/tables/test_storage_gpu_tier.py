@@ -1,0 +1,112 @@
+"""HBM_DRAM (the GPU tier): with SOK_TEST_DEVICE=gpu, a table whose GPU cache holds a few rows
+trains exactly like a one-tier table; on the CPU the type is refused, naming the table."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sparse_operation_kit as sok
+from sparse_operation_kit.tables import storage
+from tests.python.support import TEST_DEVICE, unique_name
+
+DIM = 4
+ADAM_ROW = 4 * DIM * 3 + storage.ROW_META_BYTES  # a row with Adam's two slots
+OPTIMIZERS = {
+    "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
+    "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+    "ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(0.05, l1_regularization_strength=0.001),
+}
+on_gpu = pytest.mark.skipif(TEST_DEVICE != "gpu", reason="HBM_DRAM needs SOK_TEST_DEVICE=gpu")
+
+
+def hbm_dram(strategy=sok.CacheStrategy.LFU, rows=3):
+    return sok.StorageOption(sok.StorageType.HBM_DRAM, storage_size=[rows * ADAM_ROW],
+                             cache_strategy=strategy)
+
+
+def make(option, name):
+    return sok.EmbeddingVariable(
+        name, DIM, initializer=tf.random_uniform_initializer(-1, 1, seed=3),
+        ev_option=sok.EmbeddingVariableOption(storage_option=option))
+
+
+def sorted_export(ev):
+    snap = {k: np.asarray(v) for k, v in ev.snapshot().items()}
+    order = np.argsort(snap["keys"])
+    return {k: (v[order] if np.ndim(v) and len(v) == len(order) else v) for k, v in snap.items()}
+
+
+def eager_run(ev, opt_name, ids_batches):
+    opt = sok.OptimizerWrapper(OPTIMIZERS[opt_name]())
+    outs = []
+    for ids in ids_batches:
+        with tf.GradientTape() as tape:
+            rows = ev.sparse_read(tf.constant(ids))
+            loss = tf.reduce_sum(rows * rows * tf.range(1.0, DIM + 1.0))
+        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+        outs.append(rows.numpy())
+    return outs
+
+
+def test_python_accepts_hbm_dram():
+    plan = storage.resolve(hbm_dram(), "t", DIM)
+    assert plan.tiered and plan.storage_type == sok.StorageType.HBM_DRAM
+    assert plan.path == "" and plan.sizes == [3 * ADAM_ROW]
+    with pytest.raises(ValueError, match="storage_path '/x' is given but HBM_DRAM has no SSD"):
+        storage.resolve(sok.StorageOption("HBM_DRAM", "/x", [1 << 20]), "t", DIM)
+    with pytest.raises(ValueError, match="the HBM budget storage_size\\[0\\] = 8 bytes"):
+        storage.resolve(sok.StorageOption("HBM_DRAM", None, [8]), "t", DIM)
+
+
+@pytest.mark.cpu_placement
+def test_cpu_placement_is_refused_naming_the_table():
+    name = unique_name("hbm_on_cpu")
+    with tf.device("/CPU:0"):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="storage HBM_DRAM caches rows in GPU memory; place the table on "
+                                 "a GPU") as err:
+            ev = make(hbm_dram(), name)
+            ev.sparse_read(tf.constant([1, 2], tf.int64)).numpy()
+    assert f"table '{name}" in str(err.value)
+
+
+@on_gpu
+@pytest.mark.parametrize("strategy", [sok.CacheStrategy.LFU, sok.CacheStrategy.LRU])
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_training_equals_the_one_tier_table(opt_name, strategy):
+    name = unique_name("hbm")  # one name: both tables start from the same initial values
+    rng = np.random.RandomState(7)
+    ids = [rng.randint(-40, 40, size=9).astype(np.int64) for _ in range(15)]
+    two, one = make(hbm_dram(strategy), name), make(None, name)
+    for g, w in zip(eager_run(two, opt_name, ids), eager_run(one, opt_name, ids), strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert int(two.size()) == int(one.size()) > 3 * 8
+    every = tf.constant(np.arange(-50, 50, dtype=np.int64))
+    np.testing.assert_array_equal(two.sparse_read(every, training=False).numpy(),
+                                  one.sparse_read(every, training=False).numpy())
+    assert int(two.size()) == int(one.size())  # the evaluation read inserted nothing
+    ea, eb = sorted_export(two), sorted_export(one)
+    assert set(ea) == set(eb)
+    for field in ea:
+        np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
+
+
+@on_gpu
+def test_dump_load_round_trip(tmp_path):
+    name = unique_name("hbm_dump")
+    rng = np.random.RandomState(3)
+    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(12)]
+    a = make(hbm_dram(), name)
+    eager_run(a, "adam", ids[:6])
+    sok.dump(str(tmp_path), [a])
+    b = make(hbm_dram(), name)
+    sok.load(str(tmp_path), [b])
+    got = eager_run(b, "adam", ids[6:])
+    one = make(None, name)
+    eager_run(one, "adam", ids[:6])
+    want = eager_run(one, "adam", ids[6:])
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    ea, eb = sorted_export(b), sorted_export(one)
+    for field in ea:
+        np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
