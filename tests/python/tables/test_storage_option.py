@@ -10,6 +10,17 @@ import sparse_operation_kit as sok
 from sparse_operation_kit.tables import storage
 from tests.python.support import unique_name
 
+# DRAM_SSDHASH tables live on the CPU (the tier is built there), also under SOK_TEST_DEVICE=gpu;
+# HBM_DRAM is tests/python/tables/test_storage_gpu_tier.py's.
+pytestmark = pytest.mark.cpu_placement
+
+
+@pytest.fixture(autouse=True)
+def _eager_ops_on_the_cpu():
+    with tf.device("/CPU:0"):
+        yield
+
+
 DIM = 4
 ROW = 4 * DIM + storage.ROW_META_BYTES  # one row before optimizer slots
 
@@ -225,7 +236,7 @@ def graph_train(name, option, opt_name, ids_batches, save=None, restore=None):
     """TF1 Session training; returns each step's rows and the final (keys, values)."""
     from tests.python.support import graph_session
 
-    with graph_session() as sess:
+    with graph_session() as sess, tf.device("/CPU:0"):
         ev = sok.get_embedding_variable(
             name, DIM, initializer=tf.random_uniform_initializer(-1, 1, seed=3),
             ev_option=sok.EmbeddingVariableOption(storage_option=option))
@@ -283,7 +294,7 @@ def test_meta_graph_import_keeps_the_storage(tmp_path):
     ssd = tmp_path / "ssd"
     ssd.mkdir()
     name = unique_name("meta")
-    with graph_session() as sess:
+    with graph_session() as sess, tf.device("/CPU:0"):
         sok.get_embedding_variable(
             name, DIM, ev_option=sok.EmbeddingVariableOption(
                 storage_option=tiered(ssd, sok.CacheStrategy.LRU)))
