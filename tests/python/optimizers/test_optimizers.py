@@ -283,11 +283,11 @@ def test_keras_optimizer_matches_tf(kind, repeated):
         reference.apply(ref_grads[0], ref, ref_grads[1], ref_w)
         np.testing.assert_allclose(loss.numpy(), ref_loss.numpy(), rtol=2e-4, atol=1e-5)
     check_tables(exported(ev), ref.numpy(), w.numpy(), ref_w.numpy(), batches)
-    assert int(wrapper.optimizer.iterations.numpy()) == STEPS
+    assert int(wrapper.iterations.numpy()) == STEPS  # the wrapper's own step
 
 
 def test_keras_wrapper_only_embedding_variables_counts_steps():
-    """With no dense variable the wrapper still advances the Keras step counter (Adam's t)."""
+    """With no dense variable the wrapper still advances its step counter (Adam's t)."""
     ev = sok.get_embedding_variable(unique_name(), 2, initializer=tf.zeros_initializer())
     wrapper = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1))
     key = tf.constant([4], tf.int64)
@@ -295,7 +295,7 @@ def test_keras_wrapper_only_embedding_variables_counts_steps():
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(ev.sparse_read(key))
         wrapper.apply_gradients([(tape.gradient(loss, ev), ev)])
-    assert int(wrapper.optimizer.iterations.numpy()) == 3
+    assert int(wrapper.iterations.numpy()) == 3  # the wrapper's own step
     # A constant gradient 1: lazy Adam moves the row by lr every step (bias-corrected
     # m/sqrt(v) = 1).
     np.testing.assert_allclose(exported(ev)[4], [-0.3, -0.3], rtol=1e-4)
@@ -393,7 +393,7 @@ def test_keras_adam_inside_tf_function_matches_eager():
             step = tf.function(step)
         for rows, target in batches[:8]:
             step(to_ragged(keyed(rows)), tf.constant(target))
-        assert int(wrapper.optimizer.iterations.numpy()) == 8
+        assert int(wrapper.iterations.numpy()) == 8  # the wrapper's own step
         tables.append(exported(ev))
     assert tables[0].keys() == tables[1].keys()
     for k in tables[0]:

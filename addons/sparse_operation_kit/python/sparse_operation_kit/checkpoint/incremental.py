@@ -2,8 +2,9 @@
 updated since a point of training, and loading such increments onto a table.
 
 The clock is the optimizer step. Every optimizer update of a row records in the row's `versions`
-field the step it ran at: the wrapped Keras optimizer's `iterations` before the step, or for
-tf.compat.v1 optimizers and sok.SGD SOK's own step counter (0, 1, 2, ...).
+field the step it ran at: the step of the sok.OptimizerWrapper (or sok.SGD) before the call, its
+own counter of its calls (0, 1, 2, ...; optimizers/wrapper_step.py), apart from the wrapped
+optimizer's `iterations`.
 `sok.update_step(optimizer)` is the number the next update will record, so
 
     since = sok.update_step(optimizer)      # or datetime.now(pytz.utc), as in SOK 2.x
@@ -47,12 +48,12 @@ _PER_ROW = ("keys", "values", "slots", "freqs", "versions")
 def update_step(optimizer):
     """The step number the next update by `optimizer` (a sok.OptimizerWrapper, its Keras form,
     or sok.SGD) records in the rows it updates: an int (eager) or an int64 tensor (graphs)."""
-    step = getattr(optimizer, "sok_optimizer_step", None)  # fused path of v1 optimizers, sok.SGD
-    if step is None:  # generic path of v1 optimizers
+    # The wrapper's own counter (optimizers/wrapper_step.py), never the wrapped optimizer's.
+    step = getattr(optimizer, "sok_optimizer_step", None)  # fused path, sok.SGD
+    if step is None:  # generic path
         step = getattr(getattr(optimizer, "sok_slots", None), "step", None)
-    if step is None and not isinstance(getattr(optimizer, "optimizer", None),
-                                       tf.compat.v1.train.Optimizer):
-        step = getattr(optimizer, "iterations", None)  # Keras: the wrapped optimizer's counter
+    if step is None and hasattr(optimizer, "_sok_updater"):
+        step = optimizer.iterations  # the Keras form of the wrapper: its own `iterations`
     if step is None:  # no update yet: the first one records step 0
         return 0 if tf.executing_eagerly() else tf.constant(0, tf.int64)
     value = tf.cast(tf.convert_to_tensor(step), tf.int64)

@@ -9,8 +9,8 @@ Keras's dense Adam, Lion, ...) run their own update on a *scratch* variable:
   2. a step sums the gradient of repeated ids (as tf.compat.v1 optimizers do), gathers the
      touched rows and their slots into the first n rows of the scratch and of its slots, and
      has that optimizer update them, the gradient as tf.IndexedSlices over rows 0..n-1, at the
-     step the wrapped optimizer is at; the wrapped optimizer updates every other variable and
-     its step (Keras iterations) moves once per call, as its own apply_gradients moves it;
+     wrapper's step (wrapper_step); the wrapped optimizer updates every other variable, and the
+     wrapper's step moves once per call;
   3. the first n rows of the scratch and its slots are written back to the table and its slots.
 
 Slots live in a per-table *slot store*: one Embedding Variable per slot, keyed like the table
@@ -34,6 +34,7 @@ from sparse_operation_kit.optimizers import (
     scratch_rows,
     static_staging,
     step_clock,
+    wrapper_step,
 )
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
@@ -319,12 +320,11 @@ class GenericSparseUpdater:
         ) or any(var is s.scratch for s in self._tables.values())
 
     # --- the update -------------------------------------------------------------------------
-    def _step_var(self):
+    def step_variable(self):
+        """The wrapper's step counter (see wrapper_step), made on first use; tracked at once, so a
+        pending tf.train.Checkpoint restore lands before the first read."""
         if self._step is None:
-            with tf.init_scope(), tf.device("/CPU:0"):  # read on the host (step clock, stamps)
-                self._step = tf.Variable(
-                    0, dtype=tf.int64, trainable=False, name="sok_generic_optimizer_step"
-                )
+            self._step = wrapper_step.new_counter("sok_generic_optimizer_step")
             if self._tracker is not None:
                 self._tracker.track_step(self._step)
         return self._step
@@ -332,14 +332,15 @@ class GenericSparseUpdater:
     def apply(self, sparse, dense, apply_fn, step=None):
         """One step. `apply_fn(pairs)` is the wrapped optimizer's apply_gradients: on the dense
         pairs, and for tf.compat.v1 optimizers (step None) on the scratch pairs in the same call.
-        step: a Keras optimizer's iterations, which this call advances once. The touched rows
-        and slots then go back to the tables."""
+        step: for Keras optimizers the wrapper's step counter (the optimizer's `iterations`
+        during the call, see wrapper_step), which this call advances once. The touched rows and
+        slots then go back to the tables."""
         sparse = [(g, v) for g, v in sparse if g is not None]
         self.ensure([v for _, v in sparse])
         self.fit_capacity(sparse)
         # Read before anything else, as the optimizer reads its own step when a call starts
         # (a TF1 fetch of this and a direct apply_gradients reads the same step in both).
-        own = self._step_var() if step is None and sparse else None  # SOK's own step (v1)
+        own = self.step_variable() if step is None and sparse else None  # SOK's own step (v1)
         counter = step if step is not None else own
         step_now = None if counter is None else tf.cast(read(counter), tf.int64)
         staged, deps, finish = [], [], []

@@ -20,7 +20,7 @@ import types
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit.optimizers import generic_optimizer, slots
+from sparse_operation_kit.optimizers import generic_optimizer, slots, wrapper_step
 from sparse_operation_kit.optimizers.generic_optimizer import SlotStores
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime.keras_version import keras_is_v3, keras_optimizer_kind
@@ -228,20 +228,21 @@ def _build_inner(updater, opt, variables):
         updater.ensure([v for _, v in sparse])
 
 
-def _sok_apply(updater, opt, sparse, dense, apply_dense):
-    """SOK's update (at the wrapped optimizer's current step) and the wrapped optimizer's."""
-    step = opt.iterations
+def _sok_apply(updater, opt, counter, sparse, dense, apply_dense):
+    """SOK's update and the wrapped optimizer's, both at the wrapper's step `counter` (the
+    wrapper's own `_iterations`, see wrapper_step), which the call advances once."""
     dense = [(g, v) for g, v in dense if g is not None]
-    if _is_generic(updater):
-        updater.apply(sparse, dense, apply_dense, step=step)
-        return
-    update = updater.apply(sparse, step=step)
-    graph_update = isinstance(update, (tf.Operation, tf.Tensor)) and not tf.executing_eagerly()
-    with tf.control_dependencies([update] if graph_update else []):
-        if dense:
-            apply_dense(dense)
-        else:
-            step.assign_add(1)
+    with wrapper_step.counting_with(opt, counter):
+        if _is_generic(updater):
+            updater.apply(sparse, dense, apply_dense, step=counter)
+            return
+        update = updater.apply(sparse, step=counter)
+        graph_update = isinstance(update, (tf.Operation, tf.Tensor)) and not tf.executing_eagerly()
+        with tf.control_dependencies([update] if graph_update else []):
+            if dense:
+                apply_dense(dense)
+            else:
+                wrapper_step.advance(counter)
 
 
 class _SlotAccess(slots.HiddenFromCheckpointSlots):
@@ -295,7 +296,9 @@ class _OptimizerWrapperBase(_SlotAccess):
 
     @property
     def iterations(self):
-        return self._opt.iterations
+        """The wrapper's own step (Keras made it with this optimizer): its calls, apart from the
+        wrapped optimizer's `iterations` (see wrapper_step)."""
+        return self._iterations
 
     @property
     def learning_rate(self):
@@ -314,12 +317,13 @@ class _OptimizerWrapperBase(_SlotAccess):
         self._opt.finalize_variable_values([v for _, v in dense])
 
     # The wrapped optimizer is a child of this one in .keras files and checkpoints: it saves its
-    # own variables (this one has none of its own to save).
+    # own variables; this one saves its step only.
     def save_own_variables(self, store):
-        pass
+        store["sok_iterations"] = np.asarray(self._iterations.numpy())
 
     def load_own_variables(self, store):
-        pass
+        if "sok_iterations" in store:  # files written before the wrapper counted its own steps
+            self._iterations.assign(store["sok_iterations"])
 
     def get_config(self):
         return {
@@ -337,7 +341,7 @@ class _Keras3Parts:
     """sok.OptimizerWrapper(keras.optimizers.X(...)) for Keras 3: a Keras optimizer, so that
     `model.compile(optimizer=...)` takes it. SOK tables (their gradient carriers in `fit`, or
     the tables themselves in custom loops) get SOK's fused sparse update of the same
-    optimizer at the wrapped optimizer's step; every other variable the wrapped optimizer."""
+    optimizer at the wrapper's own step (wrapper_step); every other variable the wrapped optimizer."""
 
     _sok_base_init_kwargs = {"learning_rate": 0.0}
 
@@ -366,7 +370,7 @@ class _Keras3Parts:
                 self._opt.build([v for _, v in pairs])
             self._opt.apply([g for g, _ in pairs], [v for _, v in pairs])
 
-        _sok_apply(self._sok_updater, self._opt, sparse, dense, apply_dense)
+        _sok_apply(self._sok_updater, self._opt, self._iterations, sparse, dense, apply_dense)
 
     def scale_loss(self, loss):
         return self._opt.scale_loss(loss)
@@ -386,7 +390,7 @@ class _TfKerasParts:
 
     @_OptimizerWrapperBase.iterations.setter
     def iterations(self, variable):
-        pass  # the wrapped optimizer counts the steps
+        pass  # the wrapper made its step counter with itself (_create_iteration_variable)
 
     def build(self, var_list):
         _build_inner(self._sok_updater, self._opt, var_list)
@@ -395,7 +399,9 @@ class _TfKerasParts:
         self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs
     ):
         sparse, dense = split_gradients(grads_and_vars)
-        _sok_apply(self._sok_updater, self._opt, sparse, dense, self._opt.apply_gradients)
+        _sok_apply(
+            self._sok_updater, self._opt, self._iterations, sparse, dense, self._opt.apply_gradients
+        )
         return self.iterations
 
 

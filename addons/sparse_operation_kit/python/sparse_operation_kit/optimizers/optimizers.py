@@ -5,7 +5,13 @@ kernel; dense variables go to the wrapped TensorFlow/Keras optimizer."""
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit.optimizers import generic_optimizer, keras_support, slots, step_clock
+from sparse_operation_kit.optimizers import (
+    generic_optimizer,
+    keras_support,
+    slots,
+    step_clock,
+    wrapper_step,
+)
 from sparse_operation_kit.optimizers.keras_support import split_gradients
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
@@ -115,13 +121,10 @@ class _SparseUpdater:
 
     def _step_var(self):
         if self._step is None:
-            with tf.init_scope(), on_host():
-                self._step = tf.Variable(
-                    0, dtype=tf.int64, trainable=False, name="sok_optimizer_step"
-                )
-                if self._on_step_created is not None:
-                    # Before the first read: a pending tf.train.Checkpoint restore lands now.
-                    self._on_step_created(self._step)
+            self._step = wrapper_step.new_counter("sok_optimizer_step")
+            if self._on_step_created is not None:
+                # Before the first read: a pending tf.train.Checkpoint restore lands now.
+                self._on_step_created(self._step)
         return self._step
 
     def step_variable(self):
@@ -265,6 +268,14 @@ class OptimizerWrapper(
         self.sok_optimizer_step = step
 
     @property
+    def iterations(self):
+        """The wrapper's step (see wrapper_step): how many calls it ran, apart from
+        `optimizer.iterations`. tf.compat.v1 optimizers have none."""
+        if self._is_v1:
+            raise AttributeError("iterations")  # a tf.compat.v1 optimizer counts no steps
+        return self._updater.step_variable()
+
+    @property
     def optimizer(self):
         return self._opt
 
@@ -315,53 +326,65 @@ class OptimizerWrapper(
     def apply_gradients(self, grads_and_vars, global_step=None, name=None, **kwargs):
         # Gradient carriers of SOK layers -> their tables.
         sparse, dense = split_gradients(grads_and_vars)
+        dense = [(g, v) for g, v in dense if g is not None]
+        if self._is_v1:
+            return self._apply_v1(sparse, dense, global_step, name)
+        # Keras: the whole call runs at the wrapper's step (SOK 2.x), dense variables included.
+        counter = self._updater.step_variable()
+        with wrapper_step.counting_with(self._opt, counter):
+            if isinstance(self._updater, generic_optimizer.GenericSparseUpdater):
+                train_op = self._updater.apply(
+                    sparse, dense, self._opt.apply_gradients, step=counter
+                )
+            else:
+                train_op = self._apply_fused(sparse, dense, counter, name)
+        if global_step is None:
+            return train_op
+        with tf.control_dependencies([train_op] if train_op is not None else []):
+            increment = global_step.assign_add(1, read_value=False)
+        return None if tf.executing_eagerly() else tf.group(train_op, increment, name=name)
+
+    def _apply_fused(self, sparse, dense, counter, name):
+        """A Keras optimizer with a fused kernel: the tables at the wrapper's step, then the dense
+        variables (whose update advances the counter), or the counter alone."""
+        update = self._updater.apply(sparse, step=counter)
+        with tf.control_dependencies([update] if not tf.executing_eagerly() else []):
+            if dense:
+                last = self._opt.apply_gradients(dense)
+            else:
+                last = wrapper_step.advance(counter)
+        if tf.executing_eagerly():
+            return None
+        # Keras's apply_gradients returns its step variable, which tf.group does not take.
+        parts = [o for o in (update, last) if isinstance(o, (tf.Operation, tf.Tensor))]
+        return tf.group(*parts, name=name)
+
+    def _apply_v1(self, sparse, dense, global_step, name):
+        """A tf.compat.v1 optimizer: SOK's own counter numbers the tables' updates; the dense
+        pairs go to the optimizer itself."""
         if isinstance(self._updater, generic_optimizer.GenericSparseUpdater):
-            dense = [(g, v) for g, v in dense if g is not None]
             applied = []  # the wrapped optimizer's own update op
 
             def apply_fn(pairs):
-                if self._is_v1:
-                    applied.append(
-                        self._opt.apply_gradients(pairs, global_step=global_step, name=name)
-                    )
-                    return applied[-1]
-                return self._opt.apply_gradients(pairs)
+                applied.append(self._opt.apply_gradients(pairs, global_step=global_step, name=name))
+                return applied[-1]
 
-            step = None if self._is_v1 else self._opt.iterations
-            train_op = self._updater.apply(sparse, dense, apply_fn, step=step)
-            if self._is_v1 and train_op is not None:
+            train_op = self._updater.apply(sparse, dense, apply_fn)
+            if train_op is not None:
                 _register_train_op(applied, train_op)
             return train_op
-        step = None
-        if not self._is_v1 and hasattr(self._opt, "iterations"):
-            step = self._opt.iterations  # Keras: share the wrapped optimizer's step counter
-        ops_ = []
-        update = self._updater.apply(sparse, step=step)
-        ops_.append(update)
-        dense = [(g, v) for g, v in dense if g is not None]
-        with tf.control_dependencies([update] if step is not None else []):
-            if dense:
-                if self._is_v1:
-                    ops_.append(
-                        self._opt.apply_gradients(dense, global_step=global_step, name=name)
-                    )
-                    global_step = None
-                else:
-                    ops_.append(self._opt.apply_gradients(dense))
-            elif step is not None:
-                ops_.append(self._opt.iterations.assign_add(1))
+        ops_ = [self._updater.apply(sparse)]
+        if dense:
+            ops_.append(self._opt.apply_gradients(dense, global_step=global_step, name=name))
+            global_step = None
         if global_step is not None:
             with tf.control_dependencies([o for o in ops_ if o is not None]):
-                # read_value=False: an op (a read-back variable would be dropped by the group
-                # below).
+                # read_value=False: an op (a read-back variable would be dropped by the group).
                 ops_.append(global_step.assign_add(1, read_value=False))
         if tf.executing_eagerly():
             return None
-        # Keras 3's apply_gradients returns its step variable, which tf.group does not take (inside
-        # tf.function every stateful op runs anyway).
-        train_op = tf.group(*[o for o in ops_ if isinstance(o, (tf.Operation, tf.Tensor))], name=name)
-        if self._is_v1:
-            _register_train_op(ops_, train_op)
+        train_op = tf.group(*[o for o in ops_ if o is not None], name=name)
+        _register_train_op(ops_, train_op)
         return train_op
 
     def minimize(self, loss, var_list=None, global_step=None, name=None, tape=None, **kwargs):

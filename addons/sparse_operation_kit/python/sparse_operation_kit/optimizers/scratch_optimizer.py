@@ -10,9 +10,8 @@ wrapper's staging instead of when the call starts):
     global_step, as on its own).
   * Keras 3, tf_keras and tf_keras legacy optimizers: a private copy of `opt` (same class and
     configuration) updates the scratch. Before each update the copy takes `opt`'s learning rate
-    (the same variable or schedule: later changes apply) and the step the wrapper read from
-    `opt.iterations`; GenericSparseUpdater then advances `opt.iterations` once for the call, as
-    `opt.apply_gradients` does.
+    (the same variable or schedule: later changes apply) and the wrapper's step (wrapper_step);
+    GenericSparseUpdater then advances the wrapper's step once for the call.
 
 Other state a Keras optimizer keeps beside its step and slots (Nadam's momentum-schedule product)
 is per object: the copy's follows the wrapper's calls, `opt`'s the direct ones.
