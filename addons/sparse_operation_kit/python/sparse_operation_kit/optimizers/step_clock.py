@@ -16,7 +16,8 @@ from sparse_operation_kit.runtime.devices import on_host
 # Steps whose time a clock keeps: a `since` older than the last CLOCK_STEPS steps of this
 # process is refused (the step form has no such limit).
 CLOCK_STEPS = 1 << 17
-MIXED = object()  # a table updated by optimizers with different step counters
+MIXED = object()
+SCOPE = "sok_step_clock"  # the per-step host ops' names (tests tell them from a step's own)  # a table updated by optimizers with different step counters
 
 
 class StepClock:
@@ -45,7 +46,7 @@ class StepClock:
             known = getattr(var, "_sok_step_clock", None)
             var._sok_step_clock = self if known in (None, self) else MIXED
         table = self._lookup()
-        with on_host():
+        with on_host(), tf.name_scope(SCOPE):
             step = tf.reshape(tf.cast(step, tf.int64), [1])  # remove's keys have rank >= 1
             insert = table.insert(step, tf.reshape(ops.sok_wall_clock(), [1]))
             with tf.control_dependencies([insert] if insert is not None else []):
