@@ -1,5 +1,5 @@
 """The embedding benchmark's implementations (benchmarks/embedding/run.py): sok, sok_tier (sok's
-tables in DRAM_SSDHASH storage), tf and hash, each its tables, its optimizer and its forward pass,
+tables in DRAM_SSDHASH or HBM_DRAM storage), tf and hash, each its tables, its optimizer and its forward pass,
 plus the loss every one of them takes."""
 import os
 import shutil
@@ -48,36 +48,50 @@ class SokImpl:
 
 
 class SokTierImpl(SokImpl):
-    """sok with every table in DRAM_SSDHASH storage (Tier)."""
+    """sok with every table in tiered storage (Tier: DRAM_SSDHASH or HBM_DRAM, by --storage)."""
 
     tiered = True
 
 
 ADAGRAD_SLOTS = 1
+# --storage -> (the StorageType, the flag holding the upper tier's fraction, that tier's name).
+TIER_KINDS = {
+    "dram_ssd": ("DRAM_SSDHASH", "dram_fraction", "DRAM"),
+    "hbm_dram": ("HBM_DRAM", "cache_fraction", "HBM"),
+}
 
 
 class Tier:
-    """The storage of sok_tier's tables: per field a DRAM budget of --dram-fraction of the table's
-    final size (its distinct ids over all batches, which the warm-up inserts, x a row's cost:
-    4 * dim * (1 + Adagrad's slot) + 32 bytes); the other rows in files below a fresh folder in
-    --storage-path. A file record is as long as a row's cost (a 32-byte header)."""
+    """The storage of sok_tier's tables: per field an upper-tier budget (DRAM for dram_ssd, HBM for
+    hbm_dram) of --dram-fraction / --cache-fraction of the table's final size (its distinct ids
+    over all batches, which the warm-up inserts, x a row's cost: 4 * dim * (1 + Adagrad's slot) +
+    32 bytes), in whole rows. dram_ssd keeps the other rows in files below a fresh folder in
+    --storage-path (a file record is as long as a row's cost); hbm_dram in pinned host memory."""
 
     def __init__(self, args, batches):
         from sparse_operation_kit.tables.storage import ROW_META_BYTES
         self.args = args
+        self.type_name, fraction_flag, self.upper = TIER_KINDS[args.storage]
+        self.fraction = getattr(args, fraction_flag)
         self.row_bytes = 4 * args.dim * (1 + ADAGRAD_SLOTS) + ROW_META_BYTES
         self.final_rows = [len(np.unique(np.concatenate([b[f][0] for b in batches])))
                            for f in range(args.fields)]
-        self.budget_rows = [max(1, int(args.dram_fraction * r)) for r in self.final_rows]
-        if args.storage_path:
-            os.makedirs(args.storage_path, exist_ok=True)
-        self.dir = tempfile.mkdtemp(prefix="sok_tier_", dir=args.storage_path)
+        # Whole rows, at least one: a budget under one row is refused by the storage.
+        self.budget_rows = [max(1, int(self.fraction * r)) for r in self.final_rows]
+        self.dir = None
+        if self.type_name == "DRAM_SSDHASH":
+            if args.storage_path:
+                os.makedirs(args.storage_path, exist_ok=True)
+            self.dir = tempfile.mkdtemp(prefix="sok_tier_", dir=args.storage_path)
+
+    def budget_bytes(self, f):
+        return self.budget_rows[f] * self.row_bytes
 
     def option(self, f):
         import sparse_operation_kit as sok
         return sok.EmbeddingVariableOption(storage_option=sok.StorageOption(
-            storage_type=sok.StorageType.DRAM_SSDHASH, storage_path=self.dir,
-            storage_size=[self.budget_rows[f] * self.row_bytes],
+            storage_type=sok.StorageType[self.type_name], storage_path=self.dir,
+            storage_size=[self.budget_bytes(f)],
             cache_strategy=sok.CacheStrategy[self.args.cache_strategy.upper()]))
 
     def files(self):
@@ -87,14 +101,16 @@ class Tier:
         return len(sizes), sum(sizes)
 
     def describe(self, io):
-        """The tiers' sizes and, from `io` ({rchar, wchar, syscr, steps}: the process's I/O over
-        the timed steps), the file traffic per step."""
-        files, size = self.files()
+        """The tiers' sizes and, for dram_ssd, from `io` ({rchar, wchar, syscr, steps}: the
+        process's I/O over the timed steps), the file traffic per step."""
         rows, budget = sum(self.final_rows), sum(self.budget_rows)
         text = (f"tiers ({self.args.cache_strategy.upper()}): {rows} rows in all tables after "
-                f"a cycle of the batches, DRAM budget {budget} rows "
-                f"({self.args.dram_fraction:g}, {self.row_bytes} B a row), so >= {rows - budget} "
-                f"rows on file; files: {files}, {size} bytes")
+                f"a cycle of the batches, {self.upper} budget {budget} rows "
+                f"({self.fraction:g}, {self.row_bytes} B a row), so >= {rows - budget} ")
+        if self.dir is None:
+            return text + "rows in host memory"
+        files, size = self.files()
+        text += f"rows on file; files: {files}, {size} bytes"
         if not io.get("steps"):
             return text
         # Reads go through a mapping of the file (no system call: /proc/self/io cannot count
@@ -106,7 +122,8 @@ class Tier:
                 "written")
 
     def close(self):
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class TfImpl:

@@ -10,8 +10,10 @@ One step = forward (pooled "sum" lookup of every field), backward and an Adagrad
             per field maps ids -> row indices of a tf.Variable (new ids get fresh rows inside the
             step), then tf.nn.embedding_lookup_sparse on the rows, TF Adagrad on the variable;
   sok_tier: (--storage dram_ssd, CPU) sok with every table in DRAM_SSDHASH storage, DRAM a
-            fraction (--dram-fraction) of each table's final size, the rest in files; timed next
-            to sok, with the ratio sok_tier/sok and the tiers' sizes and file traffic;
+            fraction (--dram-fraction) of each table's final size, the rest in files; or
+            (--storage hbm_dram, GPU) every table in HBM_DRAM storage, GPU memory a fraction
+            (--cache-fraction) of each table's final size, the rest in pinned host memory; timed
+            next to sok, with the ratio sok_tier/sok and the tiers' sizes (and file traffic);
   harness : (--harness BINARY, GPU only) the same step on the same ids in the framework-free CUDA
             core (benchmarks/gpu/bench_fields.cu): per field unique_keys -> find_or_insert ->
             pooled_forward -> pooled_backward -> Adagrad apply_gradients, CUDA events.
@@ -33,6 +35,9 @@ the losses of N steps of all implementations from identical initial values inste
     PYTHONPATH=addons/sparse_operation_kit/python .venv/bin/python benchmarks/embedding/run.py
     python benchmarks/embedding/run.py --config criteo26 --mode both \\
         --harness benchmarks/gpu/build/fields/bench_fields          # on a GPU machine
+    python benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \\
+        --storage hbm_dram --cache-fraction 0.1 --cache-strategy lfu --impls sok,sok_tier \\
+        --dists powerlaw --steps 10 --rounds 3                        # HBM_DRAM, on a GPU machine
 
 The code: inputs.py (the id batches and how a step reads them), impls.py (the three
 implementations), runners.py (timing and tracing a step); run.py: flags, check, harness, table.
@@ -84,7 +89,7 @@ from inputs import (  # noqa: E402, F401
 )
 from runners import RUNNERS, FunctionRunner, GraphRunner, device_scope  # noqa: E402, F401
 
-IMPLS = ("sok", "tf", "hash")  # the default; also sok_tier (--storage dram_ssd)
+IMPLS = ("sok", "tf", "hash")  # the default; also sok_tier (--storage dram_ssd or hbm_dram)
 # Shapes of the benchmark; explicit flags override them.
 CONFIGS = {
     "fields100": dict(
@@ -95,6 +100,25 @@ CONFIGS = {
         fields=26, ids_per_field=8, min_ids_per_field=1, vocab=200000, dim=16, batch=8192
     ),
 }
+
+
+def add_storage_args(p):
+    """sok_tier's flags: which tiered storage and each table's budget in its upper tier."""
+    p.add_argument("--storage", choices=("dram", "dram_ssd", "hbm_dram"), default="dram",
+                   help="dram_ssd: also time sok_tier, sok with its tables in DRAM_SSDHASH "
+                   "storage (CPU only), next to sok (--impls defaults to sok,sok_tier); "
+                   "hbm_dram: the same with HBM_DRAM storage (GPU only)")
+    p.add_argument("--dram-fraction", type=float, default=0.1,
+                   help="sok_tier, dram_ssd: each table's DRAM budget, a fraction of its final "
+                   "size (its distinct ids over all batches x a row's cost)")
+    p.add_argument("--cache-fraction", type=float, default=0.1,
+                   help="sok_tier, hbm_dram: each table's GPU-memory (HBM) budget, a fraction "
+                   "of its final size (as --dram-fraction)")
+    p.add_argument("--cache-strategy", choices=("lfu", "lru"), default="lfu",
+                   help="sok_tier: which rows the upper tier (DRAM or HBM) keeps")
+    p.add_argument("--storage-path", metavar="DIR",
+                   help="sok_tier, dram_ssd: where a fresh folder holds the tables' files "
+                   "(default: the temporary directory); removed afterwards")
 
 
 def parse_args(argv=None):
@@ -128,17 +152,7 @@ def parse_args(argv=None):
     p.add_argument("--impls", help="comma list of " + ", ".join(IMPLS) + " (default: all; "
                    "under --horovod only sok)")
     p.add_argument("--hash-table", choices=("mutable", "dense"), default="mutable")
-    p.add_argument("--storage", choices=("dram", "dram_ssd"), default="dram",
-                   help="dram_ssd: also time sok_tier, sok with its tables in DRAM_SSDHASH "
-                   "storage (CPU only), next to sok (--impls defaults to sok,sok_tier)")
-    p.add_argument("--dram-fraction", type=float, default=0.1,
-                   help="sok_tier: each table's DRAM budget, a fraction of its final size (its "
-                   "distinct ids over all batches x a row's cost)")
-    p.add_argument("--cache-strategy", choices=("lfu", "lru"), default="lfu",
-                   help="sok_tier: which rows the DRAM tier keeps")
-    p.add_argument("--storage-path", metavar="DIR",
-                   help="sok_tier: where a fresh folder holds the tables' files (default: the "
-                   "temporary directory); removed afterwards")
+    add_storage_args(p)
     p.add_argument("--num-batches", type=int, default=4, help="pre-built batches cycled through")
     p.add_argument("--warmup", type=int, default=5, help="steps before timing (per implementation)")
     p.add_argument("--steps", type=int, default=2, help="timed steps per implementation and round")
@@ -219,17 +233,29 @@ def parse_args(argv=None):
             setattr(args, key, value)
     if not 1 <= args.min_ids_per_field <= args.ids_per_field:
         p.error("need 1 <= --min-ids-per-field <= --ids-per-field")
-    if args.dram_fraction <= 0:
-        p.error("--dram-fraction must be positive")
+    if args.dram_fraction <= 0 or args.cache_fraction <= 0:
+        p.error("--dram-fraction and --cache-fraction must be positive")
+    if args.storage == "hbm_dram":
+        check_hbm_args(p, args)
     return args
+
+
+def check_hbm_args(p, args):
+    """--storage hbm_dram: refused where the run would not be on a GPU (SOK refuses HBM_DRAM
+    tables on the CPU, so it would fail only after building the batches)."""
+    if args.device == "cpu" or not tf.config.list_physical_devices("GPU"):
+        why = "--device cpu" if args.device == "cpu" else "TensorFlow sees no GPU"
+        p.error(f"--storage hbm_dram: HBM_DRAM needs a GPU ({why})")
+    if args.storage_path:
+        p.error("--storage hbm_dram keeps no files: --storage-path is for dram_ssd")
 
 
 def check_horovod_args(p, args):
     """Resolves --impls; under --horovod refuses what has no multi-rank meaning."""
     if not args.horovod:
-        default = "sok" if args.storage == "dram_ssd" else ",".join(IMPLS)
+        default = "sok" if args.storage != "dram" else ",".join(IMPLS)
         impls = (args.impls or default).split(",")
-        if args.storage == "dram_ssd" and "sok_tier" not in impls:
+        if args.storage != "dram" and "sok_tier" not in impls:
             impls.append("sok_tier")
         args.impls = ",".join(impls)
         return
@@ -244,7 +270,7 @@ def check_horovod_args(p, args):
         if getattr(args, flag):
             p.error(f"--horovod times steps only: --{flag.replace('_', '-')} is single-process")
     if args.storage != "dram":
-        p.error("--horovod: --storage dram_ssd (sok_tier) is single-process")
+        p.error(f"--horovod: --storage {args.storage} (sok_tier) is single-process")
 
 
 def ids_label(args):

@@ -1,12 +1,16 @@
 """run.py --storage dram_ssd on a tiny shape (CPU): sok_tier (sok's tables in DRAM_SSDHASH storage,
 DRAM a tenth of each table) trains like sok, and the timing table gives both step times and their
 ratio, with the tier's files and file traffic. Each run is a subprocess (graph mode switches eager
-execution off for the whole process)."""
+execution off for the whole process). --storage hbm_dram needs a GPU: here only its refusal and
+the per-table HBM budgets, in-process."""
+import importlib
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,3 +61,65 @@ def test_timing_table_has_both_step_times_and_their_ratio(tmp_path):
     detail = next(ln for ln in out.splitlines() if "sok_tier tables:" in ln)
     written = re.search(r"\(demotions, compactions\): ([\d.]+) MB", detail).group(1)
     assert float(written) > 0 and tier_files(detail)[1] > 0, detail
+
+
+@pytest.fixture(scope="module")
+def bench():
+    # Its own module name: tests/benchmarks/test_criteo.py imports the Criteo job's run.py.
+    spec = importlib.util.spec_from_file_location("embedding_bench_run", RUN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # also puts benchmarks/embedding on sys.path (impls)
+    return module
+
+
+def test_hbm_dram_is_refused_on_the_cpu(bench, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args([*TINY, "--storage", "hbm_dram"])
+    assert e.value.code == 2
+    assert "HBM_DRAM needs a GPU (--device cpu)" in capsys.readouterr().err
+
+
+def test_hbm_dram_is_refused_without_a_gpu(bench, capsys):
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("TensorFlow sees a GPU")
+    with pytest.raises(SystemExit):
+        bench.parse_args([*TINY, "--storage", "hbm_dram", "--device", "auto"])
+    assert "HBM_DRAM needs a GPU (TensorFlow sees no GPU)" in capsys.readouterr().err
+
+
+def test_hbm_dram_budget_is_the_cache_fraction_of_each_table(bench, tmp_path):
+    """Parsed as dram_ssd (hbm_dram is refused here), then switched: the budgets take
+    --cache-fraction, not --dram-fraction, and the tables get no folder."""
+    import sparse_operation_kit as sok
+    from sparse_operation_kit.tables.storage import ROW_META_BYTES
+
+    impls = importlib.import_module("impls")
+    args = bench.parse_args([*TINY, "--dim", "8", "--cache-fraction", "0.25",
+                             "--dram-fraction", "0.5", "--cache-strategy", "lru"])
+    args.storage = "hbm_dram"
+    batches = bench.make_batches(args, "powerlaw")
+    tier = impls.Tier(args, batches)
+    row = 4 * 8 * 2 + ROW_META_BYTES  # values + Adagrad's accumulator + metadata
+    assert tier.dir is None and tier.row_bytes == row
+    for f in range(args.fields):
+        rows = len(np.unique(np.concatenate([b[f][0] for b in batches])))
+        assert tier.final_rows[f] == rows
+        budget = tier.option(f).storage_option
+        assert budget.storage_type == sok.StorageType.HBM_DRAM
+        assert budget.storage_path is None and budget.cache_strategy == sok.CacheStrategy.LRU
+        assert budget.storage_size == [max(1, int(0.25 * rows)) * row]
+        assert 0.25 * rows * row - row < budget.storage_size[0] <= 0.25 * rows * row
+    text = tier.describe({"steps": 3, "wchar": 0})
+    assert "HBM budget" in text and f"(0.25, {row} B a row)" in text and "host memory" in text
+    tier.close()
+    # The same arguments as dram_ssd: --dram-fraction and a folder below --storage-path.
+    args.storage, args.storage_path = "dram_ssd", str(tmp_path)
+    ssd = impls.Tier(args, batches)
+    option = ssd.option(0).storage_option
+    assert option.storage_type == sok.StorageType.DRAM_SSDHASH
+    assert option.storage_size == [max(1, int(0.5 * ssd.final_rows[0])) * row]
+    assert os.path.dirname(option.storage_path) == str(tmp_path)
+    ssd.close()
+    assert os.listdir(tmp_path) == []
