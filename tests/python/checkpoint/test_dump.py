@@ -91,6 +91,7 @@ def test_dynamic_table_with_a_plain_optimizer_is_refused(tmp_path):
         sok.dump(str(tmp_path), [static], object())
 
 
+@pytest.mark.cpu_placement  # the dense variable's lookup runs on the CPU, beside it
 def test_wrapper_slots_read_by_unique_id_as_sok2():
     """SOK 2.x programs: `optimizer._slots.get(var._unique_id)`, then get_slot / get_slot_names."""
     trained = sok.DynamicVariable(dimension=DIM, initializer="0.5", name=unique_name("uid"))

@@ -273,6 +273,8 @@ def _session_program(make, with_c, table_name=None):
     return sok_step, ref_step, feeds, table, (b, c, a, rb, rc), (opt, wrapper)
 
 
+# The TF1 programs run on the CPU (their dense optimizers have no GPU sparse kernels).
+@pytest.mark.cpu_placement
 @pytest.mark.parametrize("flavor,name,mode", _params(["v1", "keras_legacy"], ["session"]))
 def test_wrapper_counts_its_own_steps_tf1(flavor, name, mode):
     with graph_session() as sess, tf.device("/CPU:0"):
@@ -315,6 +317,7 @@ def _saver_run(make, batches, save=None, restore=None):
         return _rows(table, sess), sess.run(b), sess.run(c), steps, opt_steps
 
 
+@pytest.mark.cpu_placement
 @pytest.mark.parametrize("flavor,name", [("keras_legacy", "adamax"), ("keras_legacy", "adam"),
                                          ("v1", "momentum")])
 def test_restored_wrapper_continues_at_its_step_tf1_saver(flavor, name, tmp_path):
