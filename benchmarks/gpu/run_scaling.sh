@@ -34,8 +34,8 @@ criteo() {  # CRITEO_INPUTS (default: dataset resident), CRITEO_XLA=0 leaves --x
   done
 }
 
-embedding() {  # under horovodrun at every size (1 rank: the one-process lookup)
-  for batch in 8192 65536; do
+embedding() {  # under horovodrun at every size (1 rank: the one-process lookup); EMB_BATCHES
+  for batch in ${EMB_BATCHES:-8192 65536}; do
     for n in $sizes; do
       log="$out/embedding_np${n}_b${batch}.txt"
       horovodrun -np "$n" -H "localhost:$n" --gloo python3 benchmarks/embedding/run.py --horovod \
