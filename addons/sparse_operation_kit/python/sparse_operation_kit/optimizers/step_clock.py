@@ -16,8 +16,8 @@ from sparse_operation_kit.runtime.devices import on_host
 # Steps whose time a clock keeps: a `since` older than the last CLOCK_STEPS steps of this
 # process is refused (the step form has no such limit).
 CLOCK_STEPS = 1 << 17
-MIXED = object()
-SCOPE = "sok_step_clock"  # the per-step host ops' names (tests tell them from a step's own)  # a table updated by optimizers with different step counters
+MIXED = object()  # a table updated by optimizers with different step counters
+SCOPE = "sok_step_clock"  # the per-step host ops' names (tests tell them from a step's own)
 
 
 class StepClock:
