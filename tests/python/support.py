@@ -63,6 +63,13 @@ def exported(var, sess=None):
     return {int(k): v for k, v in zip(keys, values)}
 
 
+def sorted_export(ev):
+    """An Embedding Variable's snapshot fields as numpy arrays, rows ordered by key."""
+    snap = {k: np.asarray(v) for k, v in ev.snapshot().items()}
+    order = np.argsort(snap["keys"])
+    return {k: (v[order] if np.ndim(v) and len(v) == len(order) else v) for k, v in snap.items()}
+
+
 def densify_by_key(grad, dim):
     """{key: summed gradient row} of a tf.IndexedSlices (values numpy-converted by the caller)."""
     indices, values = grad

@@ -107,6 +107,25 @@ struct TableSnapshot {
   std::vector<int64_t> versions;
 };
 
+// The rows of `s` at positions `pick`, same layout (a tiered import splits a snapshot by tier).
+template <typename K>
+TableSnapshot<K> snapshot_rows(const TableSnapshot<K>& s, const std::vector<int64_t>& pick) {
+  TableSnapshot<K> out;
+  out.dim = s.dim;
+  out.num_slots = s.num_slots;
+  out.slot_kind = s.slot_kind;
+  out.slot_init = s.slot_init;
+  const int64_t d = s.dim, st = s.num_slots * s.dim;
+  for (int64_t i : pick) {
+    out.keys.push_back(s.keys[i]);
+    out.freqs.push_back(s.freqs[i]);
+    out.versions.push_back(s.versions[i]);
+    out.values.insert(out.values.end(), s.values.begin() + i * d, s.values.begin() + (i + 1) * d);
+    out.slots.insert(out.slots.end(), s.slots.begin() + i * st, s.slots.begin() + (i + 1) * st);
+  }
+  return out;
+}
+
 // Whether a snapshot can be restored into a table of dimension `dim`; an error naming `table`.
 template <typename K>
 Status check_snapshot(const std::string& table, int64_t dim, const TableSnapshot<K>& s) {

@@ -51,25 +51,6 @@ Status append_record(const SsdStore::Record& r, const std::string& table, TableS
   return Status::OK();
 }
 
-// The rows of `s` at positions `pick`.
-template <typename K>
-TableSnapshot<K> subset(const TableSnapshot<K>& s, const std::vector<int64_t>& pick) {
-  TableSnapshot<K> out;
-  out.dim = s.dim;
-  out.num_slots = s.num_slots;
-  out.slot_kind = s.slot_kind;
-  out.slot_init = s.slot_init;
-  const int64_t d = s.dim, st = s.num_slots * s.dim;
-  for (int64_t i : pick) {
-    out.keys.push_back(s.keys[i]);
-    out.freqs.push_back(s.freqs[i]);
-    out.versions.push_back(s.versions[i]);
-    out.values.insert(out.values.end(), s.values.begin() + i * d, s.values.begin() + (i + 1) * d);
-    out.slots.insert(out.slots.end(), s.slots.begin() + i * st, s.slots.begin() + (i + 1) * st);
-  }
-  return out;
-}
-
 }  // namespace
 
 template <typename K>
@@ -300,8 +281,8 @@ Status TieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t cap) {
   std::vector<int64_t> hot(order.begin(), order.begin() + keep);
   std::vector<int64_t> cold(order.begin() + keep, order.end());
   Status st = cold_->clear();
-  if (st.ok()) st = cold_->append(to_records(subset(s, cold)));
-  if (st.ok()) st = hot_.import_rows(subset(s, hot));
+  if (st.ok()) st = cold_->append(to_records(snapshot_rows(s, cold)));
+  if (st.ok()) st = hot_.import_rows(snapshot_rows(s, hot));
   return st;
 }
 

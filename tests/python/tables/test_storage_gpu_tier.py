@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit.tables import storage
-from tests.python.support import TEST_DEVICE, unique_name
+from tests.python.support import TEST_DEVICE, sorted_export, unique_name
 
 DIM = 4
 ADAM_ROW = 4 * DIM * 3 + storage.ROW_META_BYTES  # a row with Adam's two slots
@@ -28,12 +28,6 @@ def make(option, name):
     return sok.EmbeddingVariable(
         name, DIM, initializer=tf.random_uniform_initializer(-1, 1, seed=3),
         ev_option=sok.EmbeddingVariableOption(storage_option=option))
-
-
-def sorted_export(ev):
-    snap = {k: np.asarray(v) for k, v in ev.snapshot().items()}
-    order = np.argsort(snap["keys"])
-    return {k: (v[order] if np.ndim(v) and len(v) == len(order) else v) for k, v in snap.items()}
 
 
 def eager_run(ev, opt_name, ids_batches):

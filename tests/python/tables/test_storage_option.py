@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit.tables import storage
-from tests.python.support import unique_name
+from tests.python.support import sorted_export, unique_name
 
 # DRAM_SSDHASH tables live on the CPU (the tier is built there), also under SOK_TEST_DEVICE=gpu;
 # HBM_DRAM is tests/python/tables/test_storage_gpu_tier.py's.
@@ -153,12 +153,6 @@ def tiered(path, strategy=sok.CacheStrategy.LFU, rows=3):
 def batches(steps=12, seed=0):
     rng = np.random.RandomState(seed)
     return [rng.randint(-25, 25, size=7).astype(np.int64) for _ in range(steps)]
-
-
-def sorted_export(ev):
-    snap = {k: np.asarray(v) for k, v in ev.snapshot().items()}
-    order = np.argsort(snap["keys"])
-    return {k: (v[order] if np.ndim(v) and len(v) == len(order) else v) for k, v in snap.items()}
 
 
 def assert_same_table(a, b):

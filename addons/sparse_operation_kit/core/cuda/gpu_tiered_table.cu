@@ -28,25 +28,6 @@ int64_t low_watermark(int64_t cap) { return cap - cap / 8; }
 
 cudaStream_t stream_of(const ExecContext& e) { return static_cast<cudaStream_t>(e.stream); }
 
-// The rows of `s` at positions `pick` (same layout).
-template <typename K>
-TableSnapshot<K> subset(const TableSnapshot<K>& s, const std::vector<int64_t>& pick) {
-  TableSnapshot<K> out;
-  out.dim = s.dim;
-  out.num_slots = s.num_slots;
-  out.slot_kind = s.slot_kind;
-  out.slot_init = s.slot_init;
-  const int64_t d = s.dim, st = s.num_slots * s.dim;
-  for (int64_t i : pick) {
-    out.keys.push_back(s.keys[i]);
-    out.freqs.push_back(s.freqs[i]);
-    out.versions.push_back(s.versions[i]);
-    out.values.insert(out.values.end(), s.values.begin() + i * d, s.values.begin() + (i + 1) * d);
-    out.slots.insert(out.slots.end(), s.slots.begin() + i * st, s.slots.begin() + (i + 1) * st);
-  }
-  return out;
-}
-
 template <typename K>
 void append(const TableSnapshot<K>& from, TableSnapshot<K>* to) {
   to->keys.insert(to->keys.end(), from.keys.begin(), from.keys.end());
@@ -350,8 +331,8 @@ Status GpuTieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t keep,
   keep = std::min(n, keep);
   const std::vector<int64_t> up(order.begin(), order.begin() + keep);
   const std::vector<int64_t> down(order.begin() + keep, order.end());
-  SOK_RETURN_IF_ERROR(hot_->import_rows(subset(s, up), stream));
-  SOK_RETURN_IF_ERROR(cold_->import_rows(subset(s, down), stream));
+  SOK_RETURN_IF_ERROR(hot_->import_rows(snapshot_rows(s, up), stream));
+  SOK_RETURN_IF_ERROR(cold_->import_rows(snapshot_rows(s, down), stream));
   note_exact(keep, n - keep);
   return Status::OK();
 }

@@ -284,14 +284,9 @@ struct OnDevice<GpuDevice> {
   static Status FindOrInsert(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {
     const sok::ExecContext e = Exec(ctx);
     std::vector<TableCall<K>> plain;
-    for (const TableCall<K>& c : calls) {
-      if (IsPlain(c.table)) {
-        plain.push_back(c);
-        continue;
-      }
-      TF_RETURN_IF_ERROR(
-          ToTf(c.table->find_or_insert(e, c.keys, c.n, c.out, c.counts), c.table->name()));
-    }
+    TF_RETURN_IF_ERROR(EachTiered(calls, &plain, [&](const TableCall<K>& c) {
+      return c.table->find_or_insert(e, c.keys, c.n, c.out, c.counts);
+    }));
     if (plain.empty()) return OkStatus();
     return ToTf(sok::gpu::GpuEmbeddingTable<K>::find_or_insert_many(GpuCalls(plain), Stream(ctx)));
   }
@@ -301,15 +296,9 @@ struct OnDevice<GpuDevice> {
                       bool keys_present) {
     const sok::ExecContext e = Exec(ctx);
     std::vector<TableCall<K>> plain;
-    for (const TableCall<K>& c : calls) {
-      if (IsPlain(c.table)) {
-        plain.push_back(c);
-        continue;
-      }
-      TF_RETURN_IF_ERROR(
-          ToTf(c.table->apply_gradients(e, c.keys, c.n, c.grads, p, step, keys_unique),
-               c.table->name()));
-    }
+    TF_RETURN_IF_ERROR(EachTiered(calls, &plain, [&](const TableCall<K>& c) {
+      return c.table->apply_gradients(e, c.keys, c.n, c.grads, p, step, keys_unique);
+    }));
     if (plain.empty()) return OkStatus();
     return ToTf(sok::gpu::GpuEmbeddingTable<K>::apply_gradients_many(
         GpuCalls(plain), p, step, Stream(ctx), keys_unique, keys_present));
@@ -337,6 +326,20 @@ struct OnDevice<GpuDevice> {
   template <typename K>
   static bool IsPlain(const sok::Table<K>* t) {
     return t->config().storage == sok::StorageKind::kDram;
+  }
+  // Runs `one` (a sok::Status of one call) on each tiered table's call, in order; the plain
+  // tables' calls go to *plain for one fused launch.
+  template <typename K, typename One>
+  static Status EachTiered(const std::vector<TableCall<K>>& calls, std::vector<TableCall<K>>* plain,
+                           const One& one) {
+    for (const TableCall<K>& c : calls) {
+      if (IsPlain(c.table)) {
+        plain->push_back(c);
+      } else {
+        TF_RETURN_IF_ERROR(ToTf(one(c), c.table->name()));
+      }
+    }
+    return OkStatus();
   }
   template <typename K>
   static std::vector<typename sok::gpu::GpuEmbeddingTable<K>::Keys> GpuCalls(
