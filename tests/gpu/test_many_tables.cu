@@ -103,10 +103,7 @@ bool test_many_tables(int num_tables, bool keys_unique) {
   std::iota(table_of.begin(), table_of.end(), 0);
   table_of.push_back(1);
   const std::vector<K> pool = key_pool<K>(2000);
-  OptimizerParams p;
-  p.kind = OptimizerKind::kAdagrad;
-  p.lr = 0.05f;
-  p.initial_accumulator = 0.1f;
+  OptimizerParams p = test_params(OptimizerKind::kAdagrad);
   bool ok = true;
   for (int s = 1; s <= 4 && ok; ++s) {
     std::vector<std::vector<K>> keys(table_of.size());

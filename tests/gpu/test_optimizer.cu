@@ -16,13 +16,7 @@ bool test_optimizer(OptimizerKind kind, int64_t dim, bool unique_ids) {
   EmbeddingTable<K> cpu(cfg);
   auto gpu = make_gpu<K>(cfg);
   const std::vector<K> pool = key_pool<K>(3000);
-  OptimizerParams p;
-  p.kind = kind;
-  p.lr = kind == OptimizerKind::kSGD ? 0.1f : 0.05f;
-  p.epsilon = kind == OptimizerKind::kAdam ? 1e-7f : 0.f;
-  p.initial_accumulator = 0.1f;
-  p.l1 = kind == OptimizerKind::kFtrl ? 0.001f : 0.f;
-  p.l2 = kind == OptimizerKind::kFtrl ? 0.01f : 0.f;
+  OptimizerParams p = test_params(kind);
   for (int s = 1; s <= 20; ++s) {
     std::vector<K> keys = draw(pool, 4096);
     if (unique_ids) {

@@ -112,17 +112,6 @@ Pair<K> make_pair(const TableConfig& c, bool host_only = false) {
   return Pair<K>{make_gpu<K>(one), make_tiered<K>(c, host_only), c.dim};
 }
 
-OptimizerParams params(OptimizerKind kind) {
-  OptimizerParams p;
-  p.kind = kind;
-  p.lr = kind == OptimizerKind::kSGD ? 0.1f : 0.05f;
-  p.epsilon = kind == OptimizerKind::kAdam ? 1e-7f : 0.f;
-  p.initial_accumulator = 0.1f;
-  p.l1 = kind == OptimizerKind::kFtrl ? 0.001f : 0.f;
-  p.l2 = kind == OptimizerKind::kFtrl ? 0.01f : 0.f;
-  return p;
-}
-
 // Training steps (lookup then update of the same keys, as lookup_sparse does) and evaluation
 // reads of present and missing keys; then shrink and erase over both tiers.
 template <typename K>
@@ -130,7 +119,7 @@ bool test_training(OptimizerKind kind, CacheStrategy strategy, bool power_law, b
   const int64_t dim = sizeof(K) == 8 ? 8 : 5;
   Pair<K> t = make_pair<K>(tiered_cfg(dim, strategy, num_slots(kind)), host_only);
   const std::vector<K> pool = key_pool<K>(4000);
-  OptimizerParams p = params(kind);
+  OptimizerParams p = test_params(kind);
   bool ok = true;
   for (int s = 1; s <= 30 && ok; ++s) {
     const std::vector<K> keys = step_keys(pool, 256, power_law);
@@ -180,7 +169,7 @@ bool test_filter_and_assign() {
     std::vector<int64_t> counts(keys.size());
     for (auto& c : counts) c = 1 + static_cast<int64_t>(g_rng() % 2);
     ok &= t.lookup(keys, true, &counts);
-    OptimizerParams p = params(OptimizerKind::kAdagrad);
+    OptimizerParams p = test_params(OptimizerKind::kAdagrad);
     p.step = s;
     t.apply(keys, p, s, true);
     // Distinct keys: with repeats the value kept is either one's.
@@ -201,7 +190,7 @@ bool test_export_import(CacheStrategy strategy) {
   const TableConfig cfg = tiered_cfg(8, strategy, 2);
   Pair<K> t = make_pair<K>(cfg);
   const std::vector<K> pool = key_pool<K>(3000);
-  OptimizerParams p = params(OptimizerKind::kAdam);
+  OptimizerParams p = test_params(OptimizerKind::kAdam);
   for (int s = 1; s <= 8; ++s) {
     const std::vector<K> keys = draw(pool, 1024);
     p.step = s;

@@ -169,6 +169,18 @@ TableSnapshot<K> gpu_export(GpuEmbeddingTable<K>& t) {
   return s;
 }
 
+// The optimizer settings the table tests train with (per kind; Adagrad: lr 0.05, accumulator 0.1).
+inline OptimizerParams test_params(OptimizerKind kind) {
+  OptimizerParams p;
+  p.kind = kind;
+  p.lr = kind == OptimizerKind::kSGD ? 0.1f : 0.05f;
+  p.epsilon = kind == OptimizerKind::kAdam ? 1e-7f : 0.f;
+  p.initial_accumulator = 0.1f;
+  p.l1 = kind == OptimizerKind::kFtrl ? 0.001f : 0.f;
+  p.l2 = kind == OptimizerKind::kFtrl ? 0.01f : 0.f;
+  return p;
+}
+
 inline const char* kname(InitKind k) {
   switch (k) {
     case InitKind::kConstant: return "constant";
