@@ -81,6 +81,26 @@ void plan(const std::vector<TableSpec>& tables, int world, const int64_t* const*
   }
 }
 
+HeaderCheck check_headers(const int64_t* received, int world, int n, int64_t signature) {
+  HeaderCheck out;
+  for (int q = 0; q < world; ++q) {
+    const int64_t* row = received + static_cast<int64_t>(q) * (n + 2);
+    out.same_tables = out.same_tables && row[n] == signature;
+    out.ids_valid = out.ids_valid && row[n + 1] == 0;
+  }
+  return out;
+}
+
+void floats_per_rank(const int64_t* counts, int world, const std::vector<int64_t>& dims,
+                     int64_t* out) {
+  const int n = static_cast<int>(dims.size());
+  for (int q = 0; q < world; ++q) {
+    const int64_t* row = counts + static_cast<int64_t>(q) * (n + 2);
+    out[q] = 0;
+    for (int t = 0; t < n; ++t) out[q] += row[t] * dims[t];
+  }
+}
+
 void owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l, const int64_t* received,
                 OwnerKeys* out) {
   const int n = l.n, world = l.world;

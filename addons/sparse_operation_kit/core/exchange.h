@@ -66,6 +66,20 @@ void plan(const std::vector<TableSpec>& tables, int world, const int64_t* const*
           const int64_t* const* counts, const int64_t* sizes, int64_t signature, int64_t* request,
           int64_t* matrix, int64_t* row_at);
 
+// After the sizes' exchange, on the host: received [world, n + 2], row q what rank q sent here
+// (its counts for this rank, then [signature, bad]). Every rank sees every rank's header, so a
+// mismatch fails on all of them at once instead of hanging the next exchange.
+struct HeaderCheck {
+  bool same_tables = true;  // every rank sent `signature`
+  bool ids_valid = true;    // no rank flagged a static id outside its table
+};
+HeaderCheck check_headers(const int64_t* received, int world, int n, int64_t signature);
+
+// out[q] = sum over tables t of counts[q, t] * dims[t] (counts [world, n + 2]): the floats of the
+// row blocks to or from rank q.
+void floats_per_rank(const int64_t* counts, int world, const std::vector<int64_t>& dims,
+                     int64_t* out);
+
 // The owner's side. Its distinct keys of each table (local keys: a static shard's rows), in order
 // of first appearance among the received rows (requesters in rank order), each key's counts summed
 // over the requesters, and where each one's rows lie in the flat rank-major rows (`layout`, with

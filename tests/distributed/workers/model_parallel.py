@@ -472,6 +472,16 @@ def expect_error(what, fn, exc, *needles):
     raise AssertionError(f"{what}: no error was raised")
 
 
+def _fed_ragged(values, row_splits):
+    """TF1 ragged ids from placeholders with defaults: as a program feeds them, and out of reach
+    of Grappler's constant folding (which would run the index ops once on the CPU, where the GPU
+    device check counts them)."""
+    def fed(x):
+        return tf.compat.v1.placeholder_with_default(tf.constant(x, tf.int64), [None])
+
+    return tf.RaggedTensor.from_row_splits(fed(values), fed(row_splits))
+
+
 def run_errors(hvd, rank, world):
     def ev(name, dim):
         return sok.get_embedding_variable(name, dim, initializer=tf.ones_initializer())
@@ -518,11 +528,7 @@ def run_errors(hvd, rank, world):
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.Session(graph=graph) as sess:
         g_a, g_b = ev("gerr_a", 4), ev("gerr_b", 4)
-        # Fed, as a TF1 program's ids are: constant ids would let Grappler's constant folding
-        # run the index ops once on the CPU (which the GPU device check would count).
-        g_ids = tf.RaggedTensor.from_row_splits(
-            tf.compat.v1.placeholder_with_default(tf.constant([1, 2], tf.int64), [None]),
-            tf.compat.v1.placeholder_with_default(tf.constant([0, 2], tf.int64), [None]))
+        g_ids = _fed_ragged([1, 2], [0, 2])
         out = sok.lookup_sparse([g_a, g_b] if rank == 0 else [g_b, g_a], [g_ids, g_ids])
         sess.run(tf.compat.v1.global_variables_initializer())
         expect_error(
@@ -589,13 +595,13 @@ def run_chains(hvd, rank, world):
     (nor inserts keys)."""
     with tf.Graph().as_default():
         ev = sok.get_embedding_variable("chains_ev", 4)
-        ids = tf.ragged.constant([[1, 2], [3 + rank]], dtype=tf.int64)
+        ids = _fed_ragged([1, 2, 3 + rank], [0, 2, 3])
         opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
         loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], training=True)[0])
         train = opt.apply_gradients(opt.compute_gradients(loss, [ev]))
         training_ops = {op for op in tf.compat.v1.get_default_graph().get_operations()
                         if "lltoall" in op.type or "AllToAll" in op.type}
-        probe = tf.ragged.constant([[7, 8 + rank]], dtype=tf.int64)
+        probe = _fed_ragged([7, 8 + rank], [0, 2])
         evaluation = sok.lookup_sparse([ev], [probe], training=False)[0]
         pulled = training_ops & _ancestors([evaluation])
         assert not pulled, f"evaluation depends on training collectives {sorted(o.name for o in pulled)}"

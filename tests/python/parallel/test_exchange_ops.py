@@ -174,3 +174,30 @@ def test_bad_shapes_are_named():
     with pytest.raises(tf.errors.InvalidArgumentError, match="sizes add up to 3"):
         ops.sok_exchange_gather_rows(tf.zeros([12]), tf.zeros([4], tf.int64),
                                      tf.constant([2, 1], tf.int64), N=2, dims=[4, 4])
+
+
+def _matrix(counts, sig, bad):
+    """A [world, n + 2] size matrix: per rank its counts, then [signature, bad]."""
+    return tf.constant([list(c) + [s, b] for c, s, b in zip(counts, sig, bad)], tf.int64)
+
+
+def test_sizes_are_floats_per_rank():
+    received = _matrix([[2, 1], [0, 3]], [7, 7], [0, 0])
+    sent = _matrix([[1, 0], [4, 2]], [7, 7], [0, 0])
+    owed, due = ops.sok_exchange_sizes(received, sent, dims=[4, 2], signature=7,
+                                       mismatch="tables differ.", bad_ids="bad ids:")
+    np.testing.assert_array_equal(owed.numpy(), [2 * 4 + 1 * 2, 3 * 2])
+    np.testing.assert_array_equal(due.numpy(), [1 * 4, 4 * 4 + 2 * 2])
+
+
+def test_sizes_fail_on_any_rank_s_signature_or_bad_id():
+    ok = _matrix([[1], [1]], [7, 7], [0, 0])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"tables differ\. Table-list signatures of ranks 0\.\.1: \[7 9\]"):
+        ops.sok_exchange_sizes(_matrix([[1], [1]], [7, 9], [0, 0]), ok, dims=[4], signature=7,
+                               mismatch="tables differ.", bad_ids="bad ids:")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"bad ids: \[0 1\]"):
+        ops.sok_exchange_sizes(_matrix([[1], [1]], [7, 7], [0, 1]), ok, dims=[4], signature=7,
+                               mismatch="tables differ.", bad_ids="bad ids:")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"must be \[world, 4\], got \[2,3\]"):
+        ops.sok_exchange_sizes(ok, ok, dims=[4, 4], signature=7, mismatch="m", bad_ids="b")

@@ -214,6 +214,62 @@ Status RowsInput(OpKernelContext* ctx, const std::vector<int64_t>& dims,
 
 }  // namespace
 
+// CPU only: its inputs are sizes the all-to-all already left in host memory.
+class ExchangeSizesOp : public SokOpKernel<CpuDevice> {
+ public:
+  explicit ExchangeSizesOp(OpKernelConstruction* ctx) : SokOpKernel<CpuDevice>(ctx) {
+    std::vector<int64_t> dims;  // ReadDims checks them; GetAttr appends to a list
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dims", &dims));
+    OP_REQUIRES_OK(ctx, ReadDims(ctx, static_cast<int>(dims.size()), &dims_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("signature", &signature_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("mismatch", &mismatch_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("bad_ids", &bad_ids_));
+  }
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
+    const Tensor& received = ctx->input(0);
+    const Tensor& sent = ctx->input(1);
+    const int n = static_cast<int>(dims_.size());
+    for (const Tensor* m : {&received, &sent}) {
+      OP_REQUIRES(ctx,
+                  m->dims() == 2 && m->dim_size(1) == n + 2 && m->dim_size(0) >= 1 &&
+                      m->shape() == received.shape(),
+                  errors::InvalidArgument("exchange: size matrices must be [world, ", n + 2,
+                                          "], got ", received.shape().DebugString(), " and ",
+                                          sent.shape().DebugString()));
+    }
+    const int world = static_cast<int>(received.dim_size(0));
+    const int64_t* recv = received.flat<int64_t>().data();
+    const ex::HeaderCheck check = ex::check_headers(recv, world, n, signature_);
+    OP_REQUIRES(ctx, check.same_tables,
+                errors::InvalidArgument(mismatch_, " Table-list signatures of ranks 0..", world - 1,
+                                        ": ", Column(recv, world, n, n)));
+    OP_REQUIRES(ctx, check.ids_valid,
+                errors::InvalidArgument(bad_ids_, " ", Column(recv, world, n, n + 1)));
+    Tensor *owed_to, *due_from;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({world}), &owed_to));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({world}), &due_from));
+    ex::floats_per_rank(recv, world, dims_, owed_to->flat<int64_t>().data());
+    ex::floats_per_rank(sent.flat<int64_t>().data(), world, dims_,
+                        due_from->flat<int64_t>().data());
+  }
+
+ private:
+  // Every rank's header column c, as "[a b ...]".
+  static std::string Column(const int64_t* m, int world, int n, int c) {
+    std::string out = "[";
+    for (int q = 0; q < world; ++q) {
+      absl::StrAppend(&out, q ? " " : "", m[static_cast<int64_t>(q) * (n + 2) + c]);
+    }
+    return out + "]";
+  }
+
+  std::vector<int64_t> dims_;
+  int64_t signature_ = 0;
+  std::string mismatch_, bad_ids_;
+};
+
 template <typename Device>
 class ExchangePlanOp : public SokOpKernel<Device> {
  public:
@@ -456,6 +512,7 @@ class ExchangeScatterRowsOp : public SokOpKernel<Device> {
   std::vector<int64_t> dims_;
 };
 
+REGISTER_KERNEL_BUILDER(Name("SokExchangeSizes").Device(DEVICE_CPU), ExchangeSizesOp);
 REGISTER_KERNEL_BUILDER(Name("SokExchangePlan").Device(DEVICE_CPU), ExchangePlanOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokExchangeOwnerKeys").Device(DEVICE_CPU),
                         ExchangeOwnerKeysOp<CpuDevice>);

@@ -67,6 +67,28 @@ REGISTER_OP("SokExchangeOwnerKeys")
       return OkStatus();
     });
 
+// On the host, after the sizes' all-to-all: received / sent [world, N + 2] (what each rank sent
+// here / what this rank sent each rank). Fails with `mismatch` (and every rank's signature)
+// unless every rank passed the tables of `signature`, and with `bad_ids` (and every rank's flag)
+// if any rank passed a static id outside its table; else owed_to[q] / due_from[q]: the floats of
+// the rows this rank sends rank q / receives from rank q. One op for what every rank checks alike.
+REGISTER_OP("SokExchangeSizes")
+    .Input("received: int64")
+    .Input("sent: int64")
+    .Output("owed_to: int64")
+    .Output("due_from: int64")
+    .Attr("dims: list(int)")
+    .Attr("signature: int")
+    .Attr("mismatch: string")
+    .Attr("bad_ids: string")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle m;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &m));
+      c->set_output(0, c->Vector(c->Dim(m, 0)));
+      c->set_output(1, c->Vector(c->Dim(m, 0)));
+      return OkStatus();
+    });
+
 Status SetTableRowsShapes(InferenceContext* c, int first_output) {
   std::vector<int> dims;
   TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));

@@ -57,37 +57,17 @@ def _mismatch(params, names, sig):
     )
 
 
-def _checks(received_headers, params, names, sig):
-    """Asserts, on every rank alike, that all ranks passed these tables and valid static ids.
-
-    Each rank sends every rank [signature, bad-id flag] with its sizes (the first exchange), so
-    every rank sees what every other rank passed: a mismatch fails on every rank at once, before
-    the second exchange, instead of hanging in it.
-    """
+def _bad_ids(params, names):
     world = context.world_size
-    sigs, bad = tf.unstack(received_headers, num=2, axis=1)
-    same = tf.debugging.Assert(
-        tf.reduce_all(tf.equal(sigs, tf.constant(sig, tf.int64))),
-        [_mismatch(params, names, sig) + f" Table-list signatures of ranks 0..{world - 1}:", sigs],
-        summarize=world,
-    )
     bounds = ", ".join(
         f"{i + 1}: '{nm}' [0, {global_rows(p)})"
         for i, (p, nm) in enumerate(zip(params, names))
         if not isinstance(p, EmbeddingVariable)
     )
-    valid = tf.debugging.Assert(
-        tf.reduce_all(tf.equal(bad, 0)),
-        [
-            "lookup_sparse: an id outside the rows of a static table (tables of this call: "
-            f"{bounds}). "
-            f"Per rank 0..{world - 1}, the table number it passed an out-of-range id for (0: "
-            "none):",
-            bad,
-        ],
-        summarize=world,
+    return (
+        f"lookup_sparse: an id outside the rows of a static table (tables of this call: {bounds})."
+        f" Per rank 0..{world - 1}, the table number it passed an out-of-range id for (0: none):"
     )
-    return [same, valid]
 
 
 def _not_xla_compiled():
@@ -135,9 +115,15 @@ def _send_keys(params, keys, counts, names, device, chain):
         **_specs(params))
     ex = collectives.exchange(request, matrix, device, row_columns=n,
                               width_mismatch=_mismatch(params, names, sig), chain=chain)
+    # Each rank sent every rank [signature, bad-id flag] with its sizes, so every rank sees what
+    # every other rank passed: a mismatch fails on every rank at once, before the second
+    # exchange, instead of hanging in it. The same op sizes the rows' exchange.
     with _on_host():
-        checks = _checks(ex.received[:, n:], params, names, sig)
-    return types.SimpleNamespace(ex=ex, checks=checks, sizes=sizes, row_at=row_at)
+        owed_to, due_from = ops.sok_exchange_sizes(
+            ex.received, ex.sent, dims=[_dim(p) for p in params], signature=sig,
+            mismatch=_mismatch(params, names, sig), bad_ids=_bad_ids(params, names))
+    return types.SimpleNamespace(ex=ex, sizes=sizes, row_at=row_at, owed_to=owed_to,
+                                 due_from=due_from)
 
 
 def _owned_keys(params, sent, training):
@@ -146,7 +132,7 @@ def _owned_keys(params, sent, training):
     gradient summed over them in rank order (one process's IndexedSlices hold each key once too:
     Keras 3's Adagrad, e.g., squares the values before it sums duplicates)."""
     n = len(params)
-    with tf.control_dependencies(sent.checks):  # nothing goes on before every rank's check
+    with tf.control_dependencies([sent.owed_to]):  # nothing goes on before every rank's check
         received = tf.identity(sent.ex.rows)
     keys, counts, row_pos, distinct = ops.sok_exchange_owner_keys(
         received, sent.ex.received, N=n, dims=[_dim(p) for p in params], **_specs(params))
@@ -165,11 +151,8 @@ def _return_rows(rows, owned, sent, dims, device, chain):
     A custom gradient sends each row's gradient back the same way, reversed, built outside XLA:
     XLA's auto-jit would recompile for every step's new sizes."""
     n = len(dims)
-    recv, sent_counts = sent.ex.received, sent.ex.sent  # [world, n + 2] each, host
-    with _on_host():
-        dim = tf.constant(dims, tf.int64)
-        owed_to = tf.reduce_sum(recv[:, :n] * dim, axis=1)  # floats per requester
-        due_from = tf.reduce_sum(sent_counts[:, :n] * dim, axis=1)  # floats per owner
+    recv = sent.ex.received  # [world, n + 2], host
+    owed_to, due_from = sent.owed_to, sent.due_from  # floats per requester / per owner
 
     # The gradient's ops make no host arithmetic of their own: optimizers may colocate a
     # gradient with its op, and one on the GPU cannot share a group with host ops.
