@@ -95,6 +95,28 @@ def host_ops_by_type(step, host):
     return out
 
 
+def _short(kernel):
+    """A kernel's name without return type, template arguments and parameters."""
+    name = kernel.replace("(anonymous namespace)", "anon").split("(")[0]
+    depth, out = 0, []
+    for ch in name:
+        depth += ch == "<"
+        if depth == 0:
+            out.append(ch)
+        depth -= ch == ">"
+    return "".join(out).replace("void ", "").strip().rsplit("::", 1)[-1] or kernel[:40]
+
+
+def gpu_by_kernel(step, gpu):
+    """{kernel (short name): (ms, count)} of the GPU activity of one step (all streams)."""
+    out = collections.defaultdict(lambda: [0.0, 0])
+    for name, s, e in _within(gpu, *step):
+        k = out[_short(name)]
+        k[0] += (min(e, step[1]) - max(s, step[0])) / 1e6
+        k[1] += 1
+    return out
+
+
 def report(path, gap_us=30, top=12):
     steps, host, gpu = load(path)
     if not steps:
@@ -112,6 +134,10 @@ def report(path, gap_us=30, top=12):
     by_type = sorted(host_ops_by_type(steps[i], host).items(), key=lambda kv: -kv[1][0])
     for op, (ms, n) in by_type[:top]:
         lines.append(f"    {op:<40} {ms:7.3f} {n:5d}")
+    lines.append("  GPU time of that step by kernel (ms, count; streams may overlap):")
+    by_kernel = sorted(gpu_by_kernel(steps[i], gpu).items(), key=lambda kv: -kv[1][0])
+    for k, (ms, n) in by_kernel[:2 * top]:
+        lines.append(f"    {k:<40} {ms:7.3f} {n:5d}")
     return lines
 
 
