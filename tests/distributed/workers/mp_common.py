@@ -17,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 import sparse_operation_kit as sok  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-5
-GLOBAL_BATCH = 6  # split evenly over 1, 2 and 3 ranks
+GLOBAL_BATCH = 12  # split evenly over 1, 2, 3 and 4 ranks
 
 
 def setup(use_horovod=True):
@@ -180,10 +180,8 @@ def global_batch(seed, step, tables):
         for b in range(GLOBAL_BATCH):
             n = int(rng.integers(0, 5))
             ids = [int(x) for x in rng.integers(0, spec.rows, n)]
-            if b % 2 == 0:  # first sample of each slice for 1, 2, 3 ranks (0, 2, 3 are even or 3)
+            if b % 2 == 0 or b % 3 == 0:  # the first sample of each slice for 1 to 4 ranks
                 ids = ids + [0, 0]
-            if b == 3:
-                ids = ids + [0]
             samples.append(ids)
         if step == 3 and t == len(tables) - 1:
             for b in range(GLOBAL_BATCH // 3):
