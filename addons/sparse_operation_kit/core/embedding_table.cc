@@ -297,6 +297,10 @@ int64_t EmbeddingTable<K>::erase(const K* keys, int64_t n) {
   arena_.truncate(out);
   freqs_.resize(out);
   versions_.resize(out);
+  // The freed tail of the columns goes back (to the OS when they are mapped).
+  row_keys_.shrink_to_fit();
+  freqs_.shrink_to_fit();
+  versions_.shrink_to_fit();
   rehash(index_.max_rows());
   return removed;
 }
@@ -430,7 +434,7 @@ TableSnapshot<K> EmbeddingTable<K>::export_rows() const {
   s.num_slots = num_slots_;
   s.slot_kind = slot_kind_;
   s.slot_init = slot_init_;
-  s.keys = row_keys_;
+  s.keys = row_keys_.to_vector();
   s.freqs = freqs_.to_vector();
   s.versions = versions_.to_vector();
   s.values.resize(n * d);
@@ -449,7 +453,8 @@ Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
   Status valid = check_snapshot(config_.name, d, s);
   if (!valid.ok()) return valid;
   std::unique_lock<std::shared_mutex> l(mu_);
-  row_keys_.clear();
+  row_keys_.release();
+  row_keys_.reserve(n);
   num_slots_ = s.num_slots;
   slot_kind_ = s.num_slots > 0 ? s.slot_kind : -1;
   slot_init_ = s.slot_init;
@@ -475,7 +480,7 @@ Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
 template <typename K>
 void EmbeddingTable<K>::keys_and_freqs(std::vector<K>* keys, std::vector<int64_t>* freqs) const {
   std::shared_lock<std::shared_mutex> l(mu_);
-  *keys = row_keys_;
+  *keys = row_keys_.to_vector();
   *freqs = freqs_.to_vector();
 }
 

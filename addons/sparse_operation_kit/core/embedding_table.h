@@ -4,7 +4,9 @@
 //
 // Memory per key beyond values and slots: the key, a 4-byte frequency and a 4-byte version
 // (NarrowColumn: widened losslessly to 8 bytes if a value ever needs it) and 10 to 15 bytes of
-// index (RowIndex); rows live in fixed-size blocks (RowArena), so growth copies no rows.
+// index (RowIndex); rows live in fixed-size blocks (RowArena), so growth copies no rows. The
+// index, the columns and the blocks are mapped from the OS when large (PageVector): growth slack
+// not yet written is not resident, and what growth frees goes back to the OS at once.
 //
 // Concurrency (TensorFlow runs several lookups and updates of one table at once):
 //  - a shared_mutex guards the index and the row arena's layout: lookups of present keys and
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/narrow_column.h"
+#include "addons/sparse_operation_kit/core/page_vector.h"
 #include "addons/sparse_operation_kit/core/parallel.h"
 #include "addons/sparse_operation_kit/core/row_arena.h"
 #include "addons/sparse_operation_kit/core/row_index.h"
@@ -102,7 +105,7 @@ class EmbeddingTable {
   mutable std::shared_mutex mu_;
   RowIndex index_;
   // Rows, in insertion order.
-  std::vector<K> row_keys_;
+  PageVector<K> row_keys_;
   RowArena arena_;
   NarrowColumn<uint32_t> freqs_;
   NarrowColumn<int32_t> versions_;

@@ -1,7 +1,7 @@
 // NarrowColumn<N>: a column of int64 values (one a row) kept as N (4 bytes instead of 8) while
 // every value fits in N, and widened to int64 for good the first time one does not. Lossless:
 // no value is ever clipped. The table keeps its frequencies and versions (global steps) in it,
-// which stay far below 2^31 in practice.
+// which stay far below 2^31 in practice. Its values live in a PageVector (page_vector.h).
 //
 // Not thread-safe beyond this: under a shared lock, readers, set() of distinct rows (when the
 // value fits, see can_hold) and try_add() may run together; growth and widening need the column
@@ -12,14 +12,14 @@
 #include <limits>
 #include <vector>
 
+#include "addons/sparse_operation_kit/core/page_vector.h"
+
 namespace sok {
 
 template <typename N>
 class NarrowColumn {
  public:
-  int64_t size() const {
-    return static_cast<int64_t>(wide_ ? wide_values_.size() : narrow_values_.size());
-  }
+  int64_t size() const { return wide_ ? wide_values_.size() : narrow_values_.size(); }
   bool wide() const { return wide_; }
   static bool fits(int64_t v) {
     return v >= std::numeric_limits<N>::min() && v <= std::numeric_limits<N>::max();
@@ -80,6 +80,11 @@ class NarrowColumn {
       narrow_values_.push_back(static_cast<N>(v));
     }
   }
+  // Frees the capacity beyond size().
+  void shrink_to_fit() {
+    narrow_values_.shrink_to_fit();
+    wide_values_.shrink_to_fit();
+  }
   void resize(int64_t n) {
     if (wide_) {
       wide_values_.resize(n);
@@ -90,30 +95,30 @@ class NarrowColumn {
   // Replaces the content (narrow again when every value fits).
   void assign(const std::vector<int64_t>& values) {
     wide_ = false;
-    narrow_values_.clear();
-    wide_values_.clear();
+    narrow_values_.release();
+    wide_values_.release();
     for (int64_t v : values) wide_ = wide_ || !fits(v);
     if (wide_) {
-      wide_values_ = values;
+      wide_values_.assign(values.begin(), values.end());
     } else {
       narrow_values_.assign(values.begin(), values.end());
     }
   }
   std::vector<int64_t> to_vector() const {
-    if (wide_) return wide_values_;
+    if (wide_) return wide_values_.to_vector();
     return std::vector<int64_t>(narrow_values_.begin(), narrow_values_.end());
   }
   void widen() {
     if (wide_) return;
     wide_values_.assign(narrow_values_.begin(), narrow_values_.end());
-    std::vector<N>().swap(narrow_values_);
+    narrow_values_.release();
     wide_ = true;
   }
 
  private:
   bool wide_ = false;
-  std::vector<N> narrow_values_;
-  std::vector<int64_t> wide_values_;
+  PageVector<N> narrow_values_;
+  PageVector<int64_t> wide_values_;
 };
 
 }  // namespace sok

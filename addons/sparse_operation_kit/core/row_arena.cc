@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "addons/sparse_operation_kit/core/page_vector.h"
+
 namespace sok {
 namespace {
 
@@ -16,10 +18,14 @@ RowArena::RowArena(int64_t stride) : stride_(stride) {
   mask_ = (int64_t{1} << shift_) - 1;
 }
 
+RowArena::~RowArena() {
+  for (float* b : blocks_) buffer_free(b, block_bytes());
+}
+
 float* RowArena::append() {
   if ((size_ >> shift_) == static_cast<int64_t>(blocks_.size())) {
-    // Not value-initialised: the block's pages stay unused until rows are written there.
-    blocks_.emplace_back(new float[rows_per_block() * stride_]);
+    // Not written: the block's pages stay unused until rows are written there.
+    blocks_.push_back(static_cast<float*>(buffer_alloc(block_bytes(), false)));
   }
   return row(size_++);
 }
@@ -27,7 +33,9 @@ float* RowArena::append() {
 void RowArena::truncate(int64_t rows) {
   if (rows >= size_) return;
   size_ = rows;
-  blocks_.resize((rows + mask_) >> shift_);
+  const size_t keep = static_cast<size_t>((size_ + mask_) >> shift_);
+  for (size_t b = keep; b < blocks_.size(); ++b) buffer_free(blocks_[b], block_bytes());
+  blocks_.resize(keep);
 }
 
 void RowArena::swap(RowArena& other) {

@@ -9,7 +9,7 @@ void RowIndex::reset(int64_t min_rows) {
   // three when it is absent.
   const int64_t slots = std::max<int64_t>(min_rows, 1) * 5 / 4 + 1;
   const int64_t buckets = (slots + kSlotsPerBucket - 1) / kSlotsPerBucket;
-  buckets_.assign(buckets, Bucket{});
+  buckets_.assign_zeroed(buckets);  // an all-zero slot is empty
   max_rows_ = buckets * kSlotsPerBucket * 4 / 5;
 }
 

@@ -9,11 +9,15 @@
 // The bucket count is any integer (the hash's high bits scale to it), so growth is by 3/2,
 // not by doubling, which bounds the empty slots after growth.
 //
+// The slots live in a PageVector (mapped from the OS when large): growth frees the old slots
+// before the new ones are filled, and they go back to the OS at once.
+//
 // Not thread-safe: readers may share it, a writer needs it alone (the table's shared_mutex).
 #pragma once
 
 #include <cstdint>
-#include <vector>
+
+#include "addons/sparse_operation_kit/core/page_vector.h"
 
 namespace sok {
 
@@ -27,11 +31,12 @@ class RowIndex {
   // Empty, with room for min_rows rows.
   explicit RowIndex(int64_t min_rows = 0) { reset(min_rows); }
 
-  // Empties it, with room for min_rows rows (at most 4/5 of the slots).
+  // Empties it, with room for min_rows rows (at most 4/5 of the slots). The old slots are freed
+  // first.
   void reset(int64_t min_rows);
   // How many rows it holds before it must grow.
   int64_t max_rows() const { return max_rows_; }
-  int64_t num_slots() const { return static_cast<int64_t>(buckets_.size()) * kSlotsPerBucket; }
+  int64_t num_slots() const { return buckets_.size() * kSlotsPerBucket; }
 
   // The first row whose tag matches the hash, or kNone, in which case no row has this hash. The
   // row's key is not compared: the caller confirms it (see find for the full search).
@@ -80,13 +85,12 @@ class RowIndex {
   static int64_t row_of(uint64_t slot) { return static_cast<int64_t>(slot & kRowMask) - 1; }
   // The hash's high bits scaled to [0, buckets) (Lemire's multiply-shift).
   int64_t home(uint64_t hash) const {
-    return static_cast<int64_t>((static_cast<unsigned __int128>(hash) * buckets_.size()) >> 64);
+    return static_cast<int64_t>(
+        (static_cast<unsigned __int128>(hash) * static_cast<uint64_t>(buckets_.size())) >> 64);
   }
-  int64_t next(int64_t b) const {
-    return b + 1 == static_cast<int64_t>(buckets_.size()) ? 0 : b + 1;
-  }
+  int64_t next(int64_t b) const { return b + 1 == buckets_.size() ? 0 : b + 1; }
 
-  std::vector<Bucket> buckets_;
+  PageVector<Bucket> buckets_;
   int64_t max_rows_ = 0;
 };
 
