@@ -23,7 +23,7 @@ def make_batches(args, dist, rank=0, world_size=1):
     uniformly from [min, max] per sample. Power-law ids are ranked by a random permutation per
     field so hot ids are spread over the id space. Under --horovod each rank draws its own
     stream (the seed offset by the rank), so ranks look up different ids; world_size is unused.
-    (Fixed lengths draw exactly the ids of earlier versions of this script.)"""
+    (Fixed lengths draw nothing from the generator: only the ids come from it.)"""
     rng = np.random.default_rng(args.seed + 7919 * rank)
     perms = [rng.permutation(args.vocab) for _ in range(args.fields)]
     if dist == "powerlaw":

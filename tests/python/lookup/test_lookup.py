@@ -540,8 +540,8 @@ def test_unique_keys_op_many_tables_eager_function_and_session(rng):
 
 def test_unique_keys_batch_sizes_of_dense_tables():
     """Dense tables (positions [0, 0]) give dim 0 of the shape passed as their dense shape; an
-    empty one (graphs written before) gives -1, which SokPooledCombine refuses as a negative
-    batch size."""
+    empty one (a graph that passes no dense shape) gives -1, which SokPooledCombine refuses as a
+    negative batch size."""
     keys = [tf.constant([3, 1, 3], tf.int64), tf.constant([5, 5], tf.int64)]
     positions = [tf.zeros([0, 0], tf.int64)] * 2
     shapes = [tf.constant([3], tf.int64), tf.zeros([0], tf.int64)]

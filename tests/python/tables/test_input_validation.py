@@ -1,5 +1,5 @@
-"""Inputs that were once accepted silently (and lost or mixed up data) now raise a clear error that
-names the table and the problem."""
+"""Inputs that would lose or mix up data if accepted raise a clear error that names the table and
+the problem."""
 import os
 
 import numpy as np

@@ -388,7 +388,7 @@ struct LookupSteps<GpuDevice> {
 // Table names of the ops' error messages; "#i" when the graph gives none.
 Status TableNames(OpKernelConstruction* c, int n, std::vector<std::string>* names) {
   TF_RETURN_IF_ERROR(c->GetAttr("table_names", names));
-  if (names->empty()) {  // graphs written before the ops had names
+  if (names->empty()) {  // a graph that gives no names: tables by position
     for (int i = 0; i < n; ++i) names->push_back("#" + std::to_string(i));
   }
   if (static_cast<int>(names->size()) != n) {
@@ -540,7 +540,7 @@ class PooledCombineOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(c, c->GetAttr("N", &n));
     OP_REQUIRES_OK(c, ParseCombiners(c, n, &combiners_));
     OP_REQUIRES_OK(c, c->GetAttr("table_names", &names_));
-    if (names_.empty()) {  // graphs written before the gradient op had names
+    if (names_.empty()) {  // a graph that gives no names: tables by position
       for (int i = 0; i < n; ++i) names_.push_back("#" + std::to_string(i));
     }
     OP_REQUIRES(c, static_cast<int>(names_.size()) == n,

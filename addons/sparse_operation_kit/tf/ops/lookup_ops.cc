@@ -13,7 +13,7 @@ using shape_inference::ShapeHandle;
 // With M == N, also checks every table's id positions (SparseTensor indices [n_i, r], or a
 // RaggedTensor's row ids as [n_i, 1]) lie within dense_shapes_i, naming the first bad table, and
 // gives segment_order_i: [0] when the samples (column 0) do not decrease, else the stable
-// permutation that lists the ids in sample order. M == 0: no checks (graphs written before).
+// permutation that lists the ids in sample order. M == 0 (no positions given): no checks.
 // Positions of shape [0, 0] mark a table of dense ids ([batch] or [batch, k]): no check, order [0].
 // batch_sizes [M] (host memory): dim 0 of each dense shape (-1 for an empty one), the batch sizes
 // SokPooledCombine takes, so that no op on the CPU computes them in a GPU step.

@@ -322,7 +322,7 @@ class _OptimizerWrapperBase(_SlotAccess):
         store["sok_iterations"] = np.asarray(self._iterations.numpy())
 
     def load_own_variables(self, store):
-        if "sok_iterations" in store:  # files written before the wrapper counted its own steps
+        if "sok_iterations" in store:  # a file without the wrapper's step leaves it as is
             self._iterations.assign(store["sok_iterations"])
 
     def get_config(self):

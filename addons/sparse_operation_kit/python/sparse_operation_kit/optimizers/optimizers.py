@@ -241,8 +241,8 @@ class OptimizerWrapper(
     Wrapping a Keras 3 or tf_keras optimizer gives a Keras optimizer (a subclass of Keras's
     Optimizer, registered as "sok>OptimizerWrapper"), so `model.compile(optimizer=
     sok.OptimizerWrapper(keras.optimizers.Adam(1e-3)))` + `model.fit` train the tables of SOK
-    layers (see sparse_operation_kit.optimizers.keras_support); it also takes SOK tables in
-    `apply_gradients` of custom loops, as before.
+    layers (see sparse_operation_kit.optimizers.keras_support); its `apply_gradients` also takes
+    SOK tables in custom loops.
     """
 
     def __new__(cls, optimizer=None, *args, **kwargs):
