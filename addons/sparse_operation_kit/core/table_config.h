@@ -15,15 +15,17 @@ namespace sok {
 // Where a table's rows live (DeepRec's StorageOption; numbers are DeepRec's StorageType).
 // kDram: every row in memory. kDramSsdHash: every row is in memory or in a file-backed hash
 // store (ssd_tier.h); the most used rows stay in memory within dram_bytes (tiered_table.h).
+// kHbm (GPU only): every row in GPU memory, the GPU's one-tier table.
 // kHbmDram (GPU only): every row is in GPU memory or in pinned host memory; the most used stay in
 // GPU memory within hbm_bytes (cuda/gpu_tiered_table.h).
-enum class StorageKind : int { kDram = 1, kDramSsdHash = 12, kHbmDram = 13 };
+enum class StorageKind : int { kDram = 1, kHbm = 6, kDramSsdHash = 12, kHbmDram = 13 };
 // Which rows the memory tier keeps (DeepRec's CacheStrategy numbers).
 enum class CacheStrategy : int { kLRU = 0, kLFU = 1 };
 
 inline bool parse_storage_kind(const std::string& name, StorageKind* out) {
   if (name == "DRAM") *out = StorageKind::kDram;
   else if (name == "DRAM_SSDHASH") *out = StorageKind::kDramSsdHash;
+  else if (name == "HBM") *out = StorageKind::kHbm;
   else if (name == "HBM_DRAM") *out = StorageKind::kHbmDram;
   else return false;
   return true;

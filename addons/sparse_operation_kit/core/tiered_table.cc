@@ -316,10 +316,13 @@ Status new_cpu_table(const TableConfig& config, std::unique_ptr<Table<K>>* out) 
     out->reset(new CpuTable<K>(config));
     return Status::OK();
   }
-  if (config.storage == StorageKind::kHbmDram) {  // never placed elsewhere silently
-    return Status::Invalid("table '" + config.name +
-                           "': storage HBM_DRAM caches rows in GPU memory; place the table on a "
-                           "GPU (on the CPU use DRAM or DRAM_SSDHASH)");
+  if (config.storage == StorageKind::kHbm || config.storage == StorageKind::kHbmDram) {
+    // never placed elsewhere silently
+    return Status::Invalid(
+        "table '" + config.name + "': storage " +
+        (config.storage == StorageKind::kHbm ? "HBM keeps its rows" : "HBM_DRAM caches rows") +
+        " in GPU memory; place the table on a GPU (on the CPU use DRAM or "
+        "DRAM_SSDHASH)");
   }
   std::unique_ptr<TieredTable<K>> tiered;
   Status s = TieredTable<K>::Create(config, &tiered);

@@ -1,5 +1,6 @@
-"""HBM_DRAM (the GPU tier): with SOK_TEST_DEVICE=gpu, a table whose GPU cache holds a few rows
-trains exactly like a one-tier table; on the CPU the type is refused, naming the table."""
+"""HBM and HBM_DRAM (GPU memory as a tier): with SOK_TEST_DEVICE=gpu, a table whose GPU cache
+holds a few rows trains exactly like a one-tier table, and an HBM table is that one-tier table; on
+the CPU both types are refused, naming the table."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -52,16 +53,40 @@ def test_python_accepts_hbm_dram():
         storage.resolve(sok.StorageOption("HBM_DRAM", None, [8]), "t", DIM)
 
 
+def test_python_accepts_hbm_alone():
+    plan = storage.resolve(sok.StorageOption(sok.StorageType.HBM), "t", DIM)
+    assert not plan.tiered and plan.storage_type == sok.StorageType.HBM and plan.sizes == []
+    with pytest.raises(ValueError, match="storage_size has 1 entries, but HBM has 0 cached tier"):
+        storage.resolve(sok.StorageOption("HBM", None, [1 << 20]), "t", DIM)
+
+
 @pytest.mark.cpu_placement
-def test_cpu_placement_is_refused_naming_the_table():
+@pytest.mark.parametrize("option, what", [
+    (hbm_dram(), "storage HBM_DRAM caches rows in GPU memory"),
+    (sok.StorageOption(sok.StorageType.HBM), "storage HBM keeps its rows in GPU memory"),
+])
+def test_cpu_placement_is_refused_naming_the_table(option, what):
     name = unique_name("hbm_on_cpu")
     with tf.device("/CPU:0"):
         with pytest.raises(tf.errors.InvalidArgumentError,
-                           match="storage HBM_DRAM caches rows in GPU memory; place the table on "
-                                 "a GPU") as err:
-            ev = make(hbm_dram(), name)
+                           match=what + "; place the table on a GPU") as err:
+            ev = make(option, name)
             ev.sparse_read(tf.constant([1, 2], tf.int64)).numpy()
     assert f"table '{name}" in str(err.value)
+
+
+@on_gpu
+def test_hbm_alone_is_the_one_tier_gpu_table():
+    name = unique_name("hbm_alone")
+    rng = np.random.RandomState(5)
+    ids = [rng.randint(-40, 40, size=9).astype(np.int64) for _ in range(6)]
+    hbm, one = make(sok.StorageOption(sok.StorageType.HBM), name), make(None, name)
+    assert "GPU" in hbm.device
+    for g, w in zip(eager_run(hbm, "adam", ids), eager_run(one, "adam", ids), strict=True):
+        np.testing.assert_array_equal(g, w)
+    ea, eb = sorted_export(hbm), sorted_export(one)
+    for field in ea:
+        np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
 
 
 @on_gpu

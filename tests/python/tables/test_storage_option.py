@@ -70,10 +70,9 @@ def test_unknown_type_and_strategy():
     expect_error("DRAM", "storage_option must be sok.StorageOption", TypeError)
 
 
-@pytest.mark.parametrize("t", ["HBM", "HBM_DRAM_SSDHASH"])
-def test_unbuilt_hbm_types_are_refused_not_placed_elsewhere(t, tmp_path):
-    expect_error(sok.StorageOption(t, str(tmp_path), [1 << 20] * (len(t.split("_")) - 1)),
-                 f"storage_type {t} is not supported: the GPU tier is built only as HBM_DRAM")
+def test_unbuilt_hbm_types_are_refused_not_placed_elsewhere(tmp_path):
+    expect_error(sok.StorageOption("HBM_DRAM_SSDHASH", str(tmp_path), [1 << 20] * 2),
+                 "storage_type HBM_DRAM_SSDHASH is not supported: GPU memory is a tier of HBM")
 
 
 @pytest.mark.parametrize("t", ["PMEM_MEMKIND", "PMEM_LIBPMEM", "SSDHASH", "LEVELDB",
@@ -324,10 +323,11 @@ def test_the_kernel_refuses_what_python_would(tmp_path):
 
     handle = ops.sok_embedding_variable_handle(key_dtype=tf.int64, shared_name=unique_name("raw"))
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="Embedding Variable 'raw_t': storage_type 'HBM' is not supported"):
+                       match="Embedding Variable 'raw_t': storage_type 'HBM_DRAM_SSDHASH' is "
+                             "not supported"):
         ops.sok_embedding_variable_initialize(
             handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
-            init_kind="constant", storage_type="HBM", storage_size=[])
+            init_kind="constant", storage_type="HBM_DRAM_SSDHASH", storage_size=[])
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="table 'raw_t': the DRAM budget of 8 bytes is smaller than one row"):
         ops.sok_embedding_variable_initialize(

@@ -365,10 +365,11 @@ Status new_gpu_table(const TableConfig& config, const GpuTableOptions& options,
     *out = std::move(t);
     return Status::OK();
   }
-  if (config.storage != StorageKind::kDram) {  // never placed elsewhere silently
+  if (config.storage != StorageKind::kDram && config.storage != StorageKind::kHbm) {
+    // never placed elsewhere silently
     return Status::Invalid("table '" + config.name +
                            "': storage DRAM_SSDHASH is built for the CPU only; place the table "
-                           "on the CPU (on the GPU use DRAM or HBM_DRAM)");
+                           "on the CPU (on the GPU use DRAM, HBM or HBM_DRAM)");
   }
   std::unique_ptr<GpuEmbeddingTable<K>> t;
   SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::Create(config, options, &t));

@@ -58,12 +58,15 @@ inline Status ParseStorage(OpKernelConstruction* c, sok::TableConfig* config) {
   if (!sok::parse_storage_kind(type, &config->storage)) {
     return errors::InvalidArgument(
         where, "storage_type '", type,
-        "' is not supported (supported: DRAM, DRAM_SSDHASH on the CPU, HBM_DRAM on the GPU)");
+        "' is not supported (supported: DRAM, DRAM_SSDHASH on the CPU, DRAM, HBM, HBM_DRAM on the "
+        "GPU)");
   }
   if (!sok::parse_cache_strategy(strategy, &config->cache_strategy)) {
     return errors::InvalidArgument(where, "unknown cache_strategy '", strategy, "'");
   }
-  const size_t cached = config->storage == sok::StorageKind::kDram ? 0 : 1;
+  const bool one_tier =
+      config->storage == sok::StorageKind::kDram || config->storage == sok::StorageKind::kHbm;
+  const size_t cached = one_tier ? 0 : 1;
   if (sizes.size() != cached) {
     return errors::InvalidArgument(where, "storage_size has ", sizes.size(), " entries, but ", type,
                                    " has ", cached, " cached tier(s)");

@@ -6,11 +6,12 @@ the tiers above, each within its byte budget `storage_size[i]` (LFU: the most fr
 rows; LRU: the most recently looked-up or updated rows). Lookups and updates give the same results
 as a table kept whole in DRAM, whatever tier a row is in.
 
-Supported here: DRAM (one tier, the default); DRAM_SSDHASH (a DRAM cache over a file-backed
-hash store under `storage_path`), on the CPU; HBM_DRAM (a GPU-memory cache over rows in pinned
-host memory), on the GPU. HBM alone, HBM_DRAM_SSDHASH, PMEM and LevelDB tiers are not built. A
-type is refused where it is not built (HBM_DRAM on the CPU, DRAM_SSDHASH on the GPU: the error
-names the table when its initializer runs), never placed elsewhere.
+Supported here: DRAM (one tier, the default: host memory on the CPU, GPU memory for a table
+placed on a GPU); DRAM_SSDHASH (a DRAM cache over a file-backed hash store under
+`storage_path`), on the CPU; HBM (every row in GPU memory) and HBM_DRAM (a GPU-memory cache over
+rows in pinned host memory), on the GPU. HBM_DRAM_SSDHASH, PMEM and LevelDB tiers are not built.
+A type is refused where it is not built (HBM and HBM_DRAM on the CPU, DRAM_SSDHASH on the GPU: the
+error names the table when its initializer runs), never placed elsewhere.
 
 What a row costs in a byte budget (ROW_META_BYTES):
     4 * dim * (1 + slots) bytes of values and optimizer slots (slots: 0 before the first update,
@@ -71,7 +72,8 @@ _TIERS = {
     StorageType.DRAM_PMEM_SSDHASH: ("DRAM", "PMEM", "SSDHASH"),
     StorageType.HBM_DRAM_SSDHASH: ("HBM", "DRAM", "SSDHASH"),
 }
-SUPPORTED = (StorageType.DEFAULT, StorageType.DRAM, StorageType.DRAM_SSDHASH, StorageType.HBM_DRAM)
+SUPPORTED = (StorageType.DEFAULT, StorageType.DRAM, StorageType.DRAM_SSDHASH, StorageType.HBM,
+             StorageType.HBM_DRAM)
 # The types with a cache tier over a lower one.
 TIERED = (StorageType.DRAM_SSDHASH, StorageType.HBM_DRAM)
 
@@ -205,14 +207,15 @@ def resolve(option, table, dim):
                          "sok.CacheStrategy.LFU or LRU)")
     tiers = _TIERS[stype]
     if "HBM" in tiers and stype not in SUPPORTED:
-        raise ValueError(f"{where}: storage_type {stype.name} is not supported: the GPU tier is "
-                         "built only as HBM_DRAM (a GPU-memory cache over host memory); HBM alone "
-                         "and HBM_DRAM_SSDHASH are not (supported: DRAM, DRAM_SSDHASH on the "
-                         "CPU, HBM_DRAM on the GPU)")
+        raise ValueError(f"{where}: storage_type {stype.name} is not supported: GPU memory is a "
+                         "tier of HBM (every row in GPU memory) and HBM_DRAM (a GPU-memory cache "
+                         "over host memory); HBM_DRAM_SSDHASH is not built (supported: DRAM, "
+                         "DRAM_SSDHASH on the CPU, DRAM, HBM, HBM_DRAM on the GPU)")
     if stype not in SUPPORTED:
         raise ValueError(f"{where}: storage_type {stype.name} is not supported: this build has "
                          "no PMEM or LevelDB tier, and an SSD tier only under a DRAM cache "
-                         "(supported: DRAM, DRAM_SSDHASH on the CPU, HBM_DRAM on the GPU)")
+                         "(supported: DRAM, DRAM_SSDHASH on the CPU, DRAM, HBM, HBM_DRAM on the "
+                         "GPU)")
     checked = StorageOption(stype, option.storage_path, option.storage_size, strategy)
     sizes = _sizes(checked, tiers, where)
     row = 4 * dim + ROW_META_BYTES
