@@ -52,9 +52,9 @@ Status GpuTieredTable<K>::Create(const TableConfig& config, const GpuTableOption
   }
   std::unique_ptr<GpuTieredTable> t;
   SOK_RETURN_IF_ERROR(CreateHostOnly(config, options, &t));
-  // Sized once for 1.5 times the largest budget (no slots): the HBM tier never grows, and the
-  // erased slots of demoted rows fill the spare room over many passes before a rehash (at the
-  // same capacity) drops them.
+  // Sized for 1.5 times the largest budget (no slots; fit_capacity resizes it once slots come):
+  // the HBM tier never grows, and the erased slots of demoted rows fill the spare room over many
+  // passes before a rehash (at the same capacity) drops them.
   TableConfig hot = config;
   const int64_t max_rows = config.hbm_bytes / tier_row_bytes(config.dim, 0);
   hot.initial_capacity = max_rows + max_rows / 2;
@@ -297,6 +297,24 @@ Status GpuTieredTable<K>::fit_budget(const K* keys, int64_t n, cudaStream_t s) {
   hot_bound_ = std::min(live, cap);
   hot_floor_ = hot_bound_;
   snap_pending_ = false;
+  return fit_capacity(cap, s);
+}
+
+// The HBM tier's hash table, sized at creation for the budget in rows without slots, down to
+// 1.5 times the budget in rows of the new layout (its spare room holds the erased slots of
+// demoted rows until a rehash drops them).
+template <typename K>
+Status GpuTieredTable<K>::fit_capacity(int64_t cap, cudaStream_t s) {
+  auto& h = *hot_->impl_;
+  const int64_t want = detail::capacity_for(cap + cap / 2, h.opt.max_load_factor);
+  if (want >= h.capacity) return Status::OK();
+  DeviceGuard g(h.device);
+  std::lock_guard<std::mutex> l(h.mu);
+  h.note_stream(s);
+  int64_t live = 0, erased = 0;
+  SOK_RETURN_IF_ERROR(h.sync_counts(s, &live, &erased));
+  SOK_RETURN_IF_ERROR(h.rehash(want, s));
+  h.set_upper(live);
   return Status::OK();
 }
 

@@ -2,8 +2,8 @@
 // GPU mirror of core/tiered_table.h. Two GpuEmbeddingTables with the same layout:
 //   - the HBM tier caches the most used rows within config.hbm_bytes (rows counted as
 //     tier_policy.h's tier_row_bytes: values, slots and 32 bytes of metadata; the hash table's
-//     spare room is not counted: it is created once for 1.5 times the budget, so its arrays hold
-//     2 to 4 times the budget's rows, and it never grows);
+//     spare room is not counted: it is sized for 1.5 times the budget, so its arrays hold 2 to 4
+//     times the budget's rows, and it never grows);
 //   - the host tier holds the rest; its index (digests, keys, frequencies, versions) is in GPU
 //     memory, its rows in pinned, mapped host memory (pinned_host_storage_allocator()), which
 //     kernels read and write directly.
@@ -122,6 +122,7 @@ class GpuTieredTable final : public Table<K> {
   Status plan(const K* keys, int64_t n, const detail::PlanRule& rule, cudaStream_t s);
   void refresh_floor();
   Status fit_budget(const K* keys, int64_t n, cudaStream_t s);
+  Status fit_capacity(int64_t cap, cudaStream_t s);
   Status demote(int64_t live, int64_t count, const K* keys, int64_t n, cudaStream_t s);
   Status move(GpuEmbeddingTable<K>* from, GpuEmbeddingTable<K>* to, const K* keys, int64_t n,
               const int64_t* d_n, int64_t* moved, cudaStream_t s);

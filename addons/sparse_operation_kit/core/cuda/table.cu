@@ -272,12 +272,13 @@ Status GpuEmbeddingTable<K>::first_tiers(const std::vector<Keys>& calls,
   out->assign(calls.size(), FirstTier());
   for (size_t i = 0; i < calls.size(); ++i) {
     const Keys& c = calls[i];
+    (*out)[i].counts = c.tier_counts;
     if (c.probe_first == nullptr) continue;
     const DevTable& first = c.probe_first->impl_->t;
     if (first.stride != c.table->impl_->t.stride || first.dim != c.table->impl_->t.dim)
       return Status::Invalid("table '" + c.table->impl_->cfg.name +
                              "': its tiers have different row layouts");
-    (*out)[i] = FirstTier{first, c.tier_counts};
+    (*out)[i].t = first;
   }
   return Status::OK();
 }
