@@ -131,9 +131,9 @@ std::vector<K> distinct(std::vector<K> keys) {
   return keys;
 }
 
-// Rows a placement pass may move each way (gpu_tiered_table.cu: the largest budget / 32).
+// At least the rows a placement pass may move each way (gpu_tiered_table.cu: the budget / 8).
 int64_t max_swaps(const TableConfig& c) {
-  return std::max<int64_t>(1, c.hbm_bytes / tier_row_bytes(c.dim, 0) / 32);
+  return std::max<int64_t>(1, c.hbm_bytes / tier_row_bytes(c.dim, 0) / 8);
 }
 
 // Training steps (lookup then update of the same keys, as lookup_sparse does) and evaluation

@@ -33,9 +33,10 @@ void append(const TableSnapshot<K>& from, TableSnapshot<K>* to) {
   to->versions.insert(to->versions.end(), from.versions.begin(), from.versions.end());
 }
 
-// Rows each way per placement pass, as a share of the budget: enough to converge on a skewed
-// working set within tens of steps, little PCIe traffic when the working set is flat.
-constexpr int64_t kSwapShare = 32;
+// Rows each way per placement pass, as a share of the budget: a skewed working set settles
+// within some 8 steps, and when it is flat (uniform ids, every pass swaps the most) the swaps
+// stay a few percent of the PCIe traffic of the rows served from host memory.
+constexpr int64_t kSwapShare = 8;
 
 }  // namespace
 
@@ -52,12 +53,12 @@ Status GpuTieredTable<K>::Create(const TableConfig& config, const GpuTableOption
   }
   std::unique_ptr<GpuTieredTable> t;
   SOK_RETURN_IF_ERROR(CreateHostOnly(config, options, &t));
-  // Sized for 1.5 times the largest budget (no slots; fit_capacity resizes it once slots come):
-  // the HBM tier never grows, and the erased slots of demoted rows fill the spare room over many
-  // passes before a rehash (at the same capacity) drops them.
+  // Sized for twice the largest budget (no slots; fit_capacity resizes it once slots come): the
+  // HBM tier never grows, and the erased slots of demoted rows fill the spare room over several
+  // passes before a rehash (at the same capacity, a device sync) drops them.
   TableConfig hot = config;
   const int64_t max_rows = config.hbm_bytes / tier_row_bytes(config.dim, 0);
-  hot.initial_capacity = max_rows + max_rows / 2;
+  hot.initial_capacity = 2 * max_rows;
   SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::Create(hot, options, &t->hot_));
   t->max_up_ = max_rows;
   t->max_swaps_ = std::max<int64_t>(1, max_rows / kSwapShare);
@@ -301,12 +302,12 @@ Status GpuTieredTable<K>::fit_budget(const K* keys, int64_t n, cudaStream_t s) {
 }
 
 // The HBM tier's hash table, sized at creation for the budget in rows without slots, down to
-// 1.5 times the budget in rows of the new layout (its spare room holds the erased slots of
-// demoted rows until a rehash drops them).
+// twice the budget in rows of the new layout; the swaps per pass follow the budget.
 template <typename K>
 Status GpuTieredTable<K>::fit_capacity(int64_t cap, cudaStream_t s) {
+  max_swaps_ = std::max<int64_t>(1, cap / kSwapShare);
   auto& h = *hot_->impl_;
-  const int64_t want = detail::capacity_for(cap + cap / 2, h.opt.max_load_factor);
+  const int64_t want = detail::capacity_for(2 * cap, h.opt.max_load_factor);
   if (want >= h.capacity) return Status::OK();
   DeviceGuard g(h.device);
   std::lock_guard<std::mutex> l(h.mu);

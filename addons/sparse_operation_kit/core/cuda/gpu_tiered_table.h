@@ -2,7 +2,7 @@
 // GPU mirror of core/tiered_table.h. Two GpuEmbeddingTables with the same layout:
 //   - the HBM tier caches the most used rows within config.hbm_bytes (rows counted as
 //     tier_policy.h's tier_row_bytes: values, slots and 32 bytes of metadata; the hash table's
-//     spare room is not counted: it is sized for 1.5 times the budget, so its arrays hold 2 to 4
+//     spare room is not counted: it is sized for twice the budget, so its arrays hold 2.7 to 5.3
 //     times the budget's rows, and it never grows);
 //   - the host tier holds the rest; its index (digests, keys, frequencies, versions) is in GPU
 //     memory, its rows in pinned, mapped host memory (pinned_host_storage_allocator()), which
@@ -30,7 +30,7 @@
 //    max_swaps HBM rows lie; up to max_swaps of the call's host-tier rows hotter than it swap
 //    with as many HBM rows at or below it (those go down first). A row comes up only when
 //    strictly hotter than each row it replaces, so a working set larger than the cache cannot
-//    thrash: at most max_swaps (budget / 32) rows each way per pass.
+//    thrash: at most max_swaps (an eighth of the budget) rows each way per pass.
 // Budget rule: after every call the HBM tier holds at most hbm_budget_rows() rows (the tier
 // inserts only under the bound above, promotion takes device-side tokens of the room left, swaps
 // are one for one). When the first optimizer step adds slots and so lowers the budget in rows,
