@@ -105,7 +105,11 @@ Status GpuTieredTable<K>::alloc_policy_buffers() {
 
 template <typename K>
 GpuTieredTable<K>::~GpuTieredTable() {
-  if (d_plan_ != nullptr) storage_->deallocate(d_plan_, 0, nullptr);
+  if (d_plan_ != nullptr) {
+    DeviceGuard g(hot_->impl_->device);
+    cudaDeviceSynchronize();  // no placement pass still reads the buffers
+    storage_->deallocate(d_plan_, 0, nullptr);
+  }
   if (snap_event_ != nullptr) cudaEventDestroy(snap_event_);
   if (h_live_ != nullptr) cudaFreeHost(h_live_);
   cudaGetLastError();
@@ -190,7 +194,7 @@ Status GpuTieredTable<K>::find(const ExecContext& e, const K* keys, int64_t n, f
 // Which tier inserts this call's new keys: the HBM tier while its row bound leaves room for
 // every key of the call, else the host tier; the other one is probed first.
 template <typename K>
-Status GpuTieredTable<K>::route(const K* keys, int64_t n, Keys* call) {
+Status GpuTieredTable<K>::route(const K* keys, int64_t n, cudaStream_t s, Keys* call) {
   int64_t cap = 0;
   SOK_RETURN_IF_ERROR(budget_rows(hot_->num_slots(), &cap));
   call->keys = keys;
@@ -205,6 +209,11 @@ Status GpuTieredTable<K>::route(const K* keys, int64_t n, Keys* call) {
     call->table = cold_.get();
     call->probe_first = hot_.get();
     call->tier_counts = d_counts_ + kSpillCounts;
+  }
+  if (call->probe_first != nullptr) {  // its growth must see this stream's use
+    auto& m = *call->probe_first->impl_;
+    std::lock_guard<std::mutex> l(m.mu);
+    m.note_stream(s);
   }
   return Status::OK();
 }
@@ -353,7 +362,7 @@ Status GpuTieredTable<K>::find_or_insert(const ExecContext& e, const K* keys, in
   if (!hot_) return cold_->find_or_insert(keys, n, out, counts, s);
   if (n <= 0) return Status::OK();
   Keys call;
-  SOK_RETURN_IF_ERROR(route(keys, n, &call));
+  SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
   call.out = out;
   call.counts = counts;
   SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::find_or_insert_many({call}, s));
@@ -368,7 +377,7 @@ Status GpuTieredTable<K>::insert_or_assign(const ExecContext& e, const K* keys, 
   if (!hot_) return cold_->insert_or_assign(keys, n, values, s);
   if (n <= 0) return Status::OK();
   Keys call;
-  SOK_RETURN_IF_ERROR(route(keys, n, &call));
+  SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
   SOK_RETURN_IF_ERROR(call.table->insert_or_assign(keys, n, values, s, call.probe_first));
   return trained_ ? Status::OK() : place(keys, n, s);
 }
@@ -402,7 +411,7 @@ Status GpuTieredTable<K>::apply_gradients(const ExecContext& e, const K* keys, i
   now_ = std::max(now_, global_step);
   if (n <= 0) return Status::OK();
   Keys call;
-  SOK_RETURN_IF_ERROR(route(keys, n, &call));
+  SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
   call.grads = grads;
   SOK_RETURN_IF_ERROR(
       GpuEmbeddingTable<K>::apply_gradients_many({call}, p, global_step, s, keys_unique));

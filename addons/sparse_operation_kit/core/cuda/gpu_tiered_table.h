@@ -117,7 +117,7 @@ class GpuTieredTable final : public Table<K> {
   GpuTieredTable() = default;
   Status budget_rows(int num_slots, int64_t* rows) const;
   Status alloc_policy_buffers();
-  Status route(const K* keys, int64_t n, Keys* call);
+  Status route(const K* keys, int64_t n, cudaStream_t s, Keys* call);
   Status place(const K* keys, int64_t n, cudaStream_t s);
   Status plan(const K* keys, int64_t n, const detail::PlanRule& rule, cudaStream_t s);
   void refresh_floor();
