@@ -1,7 +1,9 @@
 // GpuTieredTable (HBM_DRAM: a small GPU cache over rows in pinned host memory) vs one
 // GpuEmbeddingTable holding every row: lookups, every fused optimizer, erase, shrink and
 // export/import must agree to the bit, whichever tier a row is in; the cache must stay within its
-// budget while rows really live in both tiers. Also the host-only table (no cache).
+// budget while rows really live in both tiers, also when a step's keys are several times the
+// cache (placement moves a bounded number of rows) and over many steps (the hot keys settle in
+// HBM). Also the host-only table (no cache).
 // Usage: test_tiered_table [seed (0: from the clock)] [name filter]; see test_util.cuh.
 #include <algorithm>
 #include <cmath>
