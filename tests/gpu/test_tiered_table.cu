@@ -1,8 +1,11 @@
 // GpuTieredTable (HBM_DRAM: a small GPU cache over rows in pinned host memory) vs one
 // GpuEmbeddingTable holding every row: lookups, every fused optimizer, erase, shrink and
 // export/import must agree to the bit, whichever tier a row is in; the cache must stay within its
-// budget while rows really live in both tiers. Also the host-only table (no cache).
+// budget while rows really live in both tiers, also when a step's keys are several times the
+// cache (placement moves a bounded number of rows) and over many steps (the hot keys settle in
+// HBM). Also the host-only table (no cache).
 // Usage: test_tiered_table [seed (0: from the clock)] [name filter]; see test_util.cuh.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -112,6 +115,29 @@ Pair<K> make_pair(const TableConfig& c, bool host_only = false) {
   return Pair<K>{make_gpu<K>(one), make_tiered<K>(c, host_only), c.dim};
 }
 
+template <typename Stats>
+void print_stats(const Stats& st, int steps) {
+  std::printf(
+      "    %d steps: %lld placement passes, rows %lld up / %lld down, %lld budget demotions, "
+      "%lld size syncs; keys served %lld HBM / %lld host\n",
+      steps, (long long)st.placement_passes, (long long)st.promoted_rows,
+      (long long)st.demoted_rows, (long long)st.budget_demotions, (long long)st.size_syncs,
+      (long long)st.hbm_keys, (long long)st.host_keys);
+}
+
+template <typename K>
+std::vector<K> distinct(std::vector<K> keys) {
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::shuffle(keys.begin(), keys.end(), g_rng);
+  return keys;
+}
+
+// At least the rows a placement pass may move each way (gpu_tiered_table.cu: the budget / 8).
+int64_t max_swaps(const TableConfig& c) {
+  return std::max<int64_t>(1, c.hbm_bytes / tier_row_bytes(c.dim, 0) / 8);
+}
+
 // Training steps (lookup then update of the same keys, as lookup_sparse does) and evaluation
 // reads of present and missing keys; then shrink and erase over both tiers.
 template <typename K>
@@ -135,12 +161,11 @@ bool test_training(OptimizerKind kind, CacheStrategy strategy, bool power_law, b
   ok &= t.same_export();
   if (!host_only) {
     const auto st = t.got->stats();
-    if (st.demotions == 0 || st.promote_launches == 0)
-      ok = FAIL("no row moved: %lld demotions, %lld promotions", (long long)st.demotions,
-                (long long)st.promote_launches);
-    std::printf("    %lld promotions, %lld demotions (%lld rows), %lld size syncs in 30 steps\n",
-                (long long)st.promote_launches, (long long)st.demotions, (long long)st.demoted_rows,
-                (long long)st.size_syncs);
+    if (st.promoted_rows == 0 || st.demoted_rows == 0 || st.host_keys == 0 || st.hbm_keys == 0)
+      ok = FAIL("tiers unused: %lld rows up, %lld down, keys served %lld HBM / %lld host",
+                (long long)st.promoted_rows, (long long)st.demoted_rows, (long long)st.hbm_keys,
+                (long long)st.host_keys);
+    print_stats(st, 30);
   }
   int64_t a = 0, b = 0;
   SOK_OK(t.ref->shrink(118, nullptr, &a));
@@ -225,6 +250,79 @@ bool test_export_import(CacheStrategy strategy) {
   return ok;
 }
 
+// Every step's working set is several times the cache (uniform keys): rows are served in place
+// in both tiers, each call leaves the cache within its budget, and placement moves a bounded
+// number of rows per pass instead of the whole working set.
+template <typename K>
+bool test_thrashing(CacheStrategy strategy) {
+  const TableConfig cfg = tiered_cfg(16, strategy, 1);
+  Pair<K> t = make_pair<K>(cfg);
+  const std::vector<K> pool = key_pool<K>(5000);
+  OptimizerParams p = test_params(OptimizerKind::kAdagrad);
+  bool ok = true;
+  int64_t served = 0;
+  const int steps = 20;
+  for (int s = 1; s <= steps && ok; ++s) {
+    const std::vector<K> keys = distinct(draw(pool, 1500));  // ~4x the cache
+    p.step = s;
+    ok &= t.lookup(keys, true) && t.tiers_ok(false);
+    t.apply(keys, p, s, true);
+    ok &= t.tiers_ok(s > 1);
+    served += 2 * static_cast<int64_t>(keys.size());
+  }
+  ok &= t.same_export() && t.same_size();
+  const auto st = t.got->stats();
+  print_stats(st, steps);
+  const int64_t bound = st.placement_passes * max_swaps(cfg) + kCacheRows * 2;
+  if (st.demoted_rows > bound)
+    ok = FAIL("%lld rows demoted in %lld passes: over the bound %lld", (long long)st.demoted_rows,
+              (long long)st.placement_passes, (long long)bound);
+  if (st.hbm_keys + st.host_keys != served)
+    ok = FAIL("keys served %lld HBM + %lld host, want %lld", (long long)st.hbm_keys,
+              (long long)st.host_keys, (long long)served);
+  if (st.host_keys < served / 2)
+    ok = FAIL("only %lld of %lld keys served from the host tier", (long long)st.host_keys,
+              (long long)served);
+  return ok;
+}
+
+// Many calls with power-law keys: the cache never passes its budget after any call, stays bit
+// for bit equal to one table, and the hot keys end up in HBM (a higher share of the keys served
+// there than the cache's share of the keys).
+template <typename K>
+bool test_many_calls(CacheStrategy strategy) {
+  const TableConfig cfg = tiered_cfg(8, strategy, 2);
+  Pair<K> t = make_pair<K>(cfg);
+  const std::vector<K> pool = key_pool<K>(4000);
+  OptimizerParams p = test_params(OptimizerKind::kAdam);
+  bool ok = true;
+  const int steps = 200;
+  int64_t hbm_before = 0, host_before = 0;
+  for (int s = 1; s <= steps && ok; ++s) {
+    const std::vector<K> keys = distinct(step_keys(pool, 256, true));
+    p.step = s;
+    ok &= t.lookup(keys, true) && t.tiers_ok(false);
+    t.apply(keys, p, s, true);
+    ok &= t.tiers_ok(s > 3);
+    if (s % 25 == 0) ok &= t.lookup(draw(pool, 500), false) && t.same_size();
+    if (s == steps / 2) {
+      const auto st = t.got->stats();
+      hbm_before = st.hbm_keys;
+      host_before = st.host_keys;
+    }
+  }
+  ok &= t.same_export();
+  const auto st = t.got->stats();
+  print_stats(st, steps);
+  const double hbm = static_cast<double>(st.hbm_keys - hbm_before);
+  const double share = hbm / (hbm + static_cast<double>(st.host_keys - host_before));
+  const double cache_share = static_cast<double>(kCacheRows) / static_cast<double>(pool.size());
+  std::printf("    second half: %.1f%% of the keys served from HBM (cache: %.1f%% of the keys)\n",
+              100 * share, 100 * cache_share);
+  if (share < 2 * cache_share) ok = FAIL("the hot keys did not settle in HBM");
+  return ok;
+}
+
 bool test_refusals() {
   TableConfig c = tiered_cfg(8, CacheStrategy::kLFU, 0);
   c.hbm_bytes = 10;
@@ -255,6 +353,10 @@ int main(int argc, char** argv) {
         [] { return test_filter_and_assign<int64_t>(); });
     run("export/import lfu int64", [] { return test_export_import<int64_t>(CacheStrategy::kLFU); });
     run("export/import lru int32", [] { return test_export_import<int32_t>(CacheStrategy::kLRU); });
+    run("thrashing lfu int64", [] { return test_thrashing<int64_t>(CacheStrategy::kLFU); });
+    run("thrashing lru int32", [] { return test_thrashing<int32_t>(CacheStrategy::kLRU); });
+    run("many calls lfu int32", [] { return test_many_calls<int32_t>(CacheStrategy::kLFU); });
+    run("many calls lru int64", [] { return test_many_calls<int64_t>(CacheStrategy::kLRU); });
     run("refusals", [] { return test_refusals(); });
   });
 }

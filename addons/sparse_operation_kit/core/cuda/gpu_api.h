@@ -224,6 +224,9 @@ struct GpuTableOptions {
 
 template <typename K>
 class GpuTieredTable;
+namespace detail {
+struct FirstTier;
+}  // namespace detail
 
 // A hash table from key to row [value(dim) | optimizer slots (num_slots x dim)] in the memory of
 // the device current at Create(). Buckets of 32 slots: one digest byte per slot (0 empty,
@@ -255,6 +258,12 @@ class GpuEmbeddingTable {
     const int64_t* counts = nullptr;  // find_or_insert: or null (1 each)
     const float* grads = nullptr;     // apply_gradients: [n, dim]
     const int64_t* d_n = nullptr;     // optional device count <= n
+    // Tiered tables (GpuTieredTable): a table of the same row layout, probed first. The keys it
+    // holds are served there in place (read, counted, updated); it never gets a new key. The
+    // caller keeps it from changing during the call.
+    const GpuEmbeddingTable* probe_first = nullptr;
+    // Optional device counters [2]: += the keys served by probe_first / by this table.
+    int64_t* tier_counts = nullptr;
   };
 
   // Read-only lookup: out[n, dim]. Missing keys read their initial value (initializer.h) or,
@@ -273,8 +282,10 @@ class GpuEmbeddingTable {
   // All tables on one device.
   static Status find_or_insert_many(const std::vector<Keys>& calls, cudaStream_t stream);
 
-  // Overwrites the values (inserting missing keys, slots at their initial value).
-  Status insert_or_assign(const K* keys, int64_t n, const float* values, cudaStream_t stream);
+  // Overwrites the values (inserting missing keys, slots at their initial value). probe_first:
+  // as in Keys.
+  Status insert_or_assign(const K* keys, int64_t n, const float* values, cudaStream_t stream,
+                          const GpuEmbeddingTable* probe_first = nullptr);
 
   // Evicts the rows should_evict() selects (table_config.h); *removed = how many (synchronises).
   Status shrink(int64_t global_step, cudaStream_t stream, int64_t* removed);
@@ -311,6 +322,8 @@ class GpuEmbeddingTable {
  private:
   friend class GpuTieredTable<K>;  // moves rows between two tables' arrays
   GpuEmbeddingTable();
+  // Each call's probe_first as the kernels see it (checks that the row layouts match).
+  static Status first_tiers(const std::vector<Keys>& calls, std::vector<detail::FirstTier>* out);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -22,10 +22,6 @@ using detail::DeviceGuard;
 
 namespace {
 
-// Demotion empties the HBM tier down to this share of its budget: a demotion costs a host sync,
-// so it should come once per many new rows, not after every call.
-int64_t low_watermark(int64_t cap) { return cap - cap / 8; }
-
 cudaStream_t stream_of(const ExecContext& e) { return static_cast<cudaStream_t>(e.stream); }
 
 template <typename K>
@@ -36,6 +32,11 @@ void append(const TableSnapshot<K>& from, TableSnapshot<K>* to) {
   to->freqs.insert(to->freqs.end(), from.freqs.begin(), from.freqs.end());
   to->versions.insert(to->versions.end(), from.versions.begin(), from.versions.end());
 }
+
+// Rows each way per placement pass, as a share of the budget: a skewed working set settles
+// within some 8 steps, and when it is flat (uniform ids, every pass swaps the most) the swaps
+// stay a few percent of the PCIe traffic of the rows served from host memory.
+constexpr int64_t kSwapShare = 8;
 
 }  // namespace
 
@@ -52,7 +53,16 @@ Status GpuTieredTable<K>::Create(const TableConfig& config, const GpuTableOption
   }
   std::unique_ptr<GpuTieredTable> t;
   SOK_RETURN_IF_ERROR(CreateHostOnly(config, options, &t));
-  SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::Create(config, options, &t->hot_));
+  // Sized for twice the largest budget (no slots; fit_capacity resizes it once slots come): the
+  // HBM tier never grows, and the erased slots of demoted rows fill the spare room over several
+  // passes before a rehash (at the same capacity, a device sync) drops them.
+  TableConfig hot = config;
+  const int64_t max_rows = config.hbm_bytes / tier_row_bytes(config.dim, 0);
+  hot.initial_capacity = 2 * max_rows;
+  SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::Create(hot, options, &t->hot_));
+  t->max_up_ = max_rows;
+  t->max_swaps_ = std::max<int64_t>(1, max_rows / kSwapShare);
+  SOK_RETURN_IF_ERROR(t->alloc_policy_buffers());
   *out = std::move(t);
   return Status::OK();
 }
@@ -73,7 +83,33 @@ Status GpuTieredTable<K>::CreateHostOnly(const TableConfig& config, const GpuTab
 }
 
 template <typename K>
+Status GpuTieredTable<K>::alloc_policy_buffers() {
+  storage_ = hot_->impl_->storage;
+  const size_t keys = static_cast<size_t>(max_up_ + 2 * max_swaps_) * sizeof(K);
+  const size_t bytes = sizeof(detail::PlanScratch) + kNumCounts * sizeof(int64_t) + keys;
+  char* p = static_cast<char*>(storage_->allocate(bytes, nullptr));
+  if (p == nullptr) {
+    cudaGetLastError();
+    return Status::Invalid("table '" + cfg_.name + "': cannot allocate " + std::to_string(bytes) +
+                           " bytes for the tiers' placement (" + storage_->describe_free_memory() +
+                           ")");
+  }
+  d_plan_ = reinterpret_cast<detail::PlanScratch*>(p);
+  d_counts_ = reinterpret_cast<int64_t*>(p + sizeof(detail::PlanScratch));
+  d_up_ = reinterpret_cast<K*>(d_counts_ + kNumCounts);
+  d_swap_in_ = d_up_ + max_up_;
+  d_victims_ = d_swap_in_ + max_swaps_;
+  SOK_CUDA_RETURN(cudaMemset(d_counts_, 0, kNumCounts * sizeof(int64_t)));
+  return Status::OK();
+}
+
+template <typename K>
 GpuTieredTable<K>::~GpuTieredTable() {
+  if (d_plan_ != nullptr) {
+    DeviceGuard g(hot_->impl_->device);
+    cudaDeviceSynchronize();  // no placement pass still reads the buffers
+    storage_->deallocate(d_plan_, 0, nullptr);
+  }
   if (snap_event_ != nullptr) cudaEventDestroy(snap_event_);
   if (h_live_ != nullptr) cudaFreeHost(h_live_);
   cudaGetLastError();
@@ -99,15 +135,27 @@ int64_t GpuTieredTable<K>::hbm_budget_rows() const {
 
 template <typename K>
 typename GpuTieredTable<K>::Stats GpuTieredTable<K>::stats() const {
-  return stats_;
+  Stats st = stats_;
+  if (d_counts_ == nullptr) return st;
+  int64_t c[kNumCounts] = {};
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpy(c, d_counts_, sizeof(c), cudaMemcpyDeviceToHost) != cudaSuccess) {
+    cudaGetLastError();
+    return st;
+  }
+  st.host_keys = c[kFillCounts] + c[kSpillCounts + 1];
+  st.hbm_keys = c[kFillCounts + 1] + c[kSpillCounts];
+  st.promoted_rows = c[kPromoted];
+  st.demoted_rows = c[kDemoted];
+  return st;
 }
 
 template <typename K>
 void GpuTieredTable<K>::note_exact(int64_t hbm_rows, int64_t host_rows) {
   hot_bound_ = hbm_rows;
+  hot_floor_ = hbm_rows;
   cold_empty_ = host_rows == 0;
   snap_pending_ = false;
-  since_snap_ = 0;
 }
 
 template <typename K>
@@ -143,10 +191,38 @@ Status GpuTieredTable<K>::find(const ExecContext& e, const K* keys, int64_t n, f
   return detail::find_present(c.t, c.row_init(), keys, n, out, s);
 }
 
+// Which tier inserts this call's new keys: the HBM tier while its row bound leaves room for
+// every key of the call, else the host tier; the other one is probed first.
+template <typename K>
+Status GpuTieredTable<K>::route(const K* keys, int64_t n, cudaStream_t s, Keys* call) {
+  int64_t cap = 0;
+  SOK_RETURN_IF_ERROR(budget_rows(hot_->num_slots(), &cap));
+  call->keys = keys;
+  call->n = n;
+  if (hot_bound_ + n <= cap) {
+    hot_bound_ += n;
+    call->table = hot_.get();
+    call->probe_first = cold_empty_ ? nullptr : cold_.get();
+    call->tier_counts = d_counts_ + kFillCounts;
+  } else {
+    cold_empty_ = false;
+    call->table = cold_.get();
+    call->probe_first = hot_.get();
+    call->tier_counts = d_counts_ + kSpillCounts;
+  }
+  if (call->probe_first != nullptr) {  // its growth must see this stream's use
+    auto& m = *call->probe_first->impl_;
+    std::lock_guard<std::mutex> l(m.mu);
+    m.note_stream(s);
+  }
+  return Status::OK();
+}
+
 // Moves rows from one tier to the other: room in `to` first (growth may sync), then one launch.
 template <typename K>
 Status GpuTieredTable<K>::move(GpuEmbeddingTable<K>* from, GpuEmbeddingTable<K>* to, const K* keys,
-                               int64_t n, cudaStream_t s) {
+                               int64_t n, const int64_t* d_n, int64_t* moved, cudaStream_t s) {
+  if (n <= 0) return Status::OK();
   auto& src = *from->impl_;
   auto& dst = *to->impl_;
   DeviceGuard g(dst.device);
@@ -154,56 +230,102 @@ Status GpuTieredTable<K>::move(GpuEmbeddingTable<K>* from, GpuEmbeddingTable<K>*
   std::lock_guard<std::mutex> l2(dst.mu);
   src.note_stream(s);
   SOK_RETURN_IF_ERROR(detail::prepare_inserts<typename GpuEmbeddingTable<K>::Impl>({&dst}, {n}, s));
-  return detail::move_rows<K>(src.t, dst.t, keys, n, src.d_counters, dst.d_counters, dst.d_fail, s);
+  return detail::move_rows<K>(src.t, dst.t, keys, n, d_n, src.d_counters, dst.d_counters,
+                              dst.d_fail, moved, s);
 }
 
 template <typename K>
-Status GpuTieredTable<K>::promote(const K* keys, int64_t n, cudaStream_t s) {
-  if (cold_empty_ || n <= 0) return Status::OK();
-  ++stats_.promote_launches;
-  return move(cold_.get(), hot_.get(), keys, n, s);
-}
-
-// After a call that may have added up to n rows to the HBM tier: demotes when it is over budget.
-// The exact count needs a sync; it is read only when the host's bound passes the budget, and the
-// bound is tightened first from the last asynchronous copy of the count, once that has landed.
-template <typename K>
-Status GpuTieredTable<K>::after_inserts(const K* keys, int64_t n, cudaStream_t s) {
-  int64_t cap = 0;
-  SOK_RETURN_IF_ERROR(budget_rows(hot_->num_slots(), &cap));
-  hot_bound_ += n;
-  since_snap_ += n;
-  if (hot_bound_ > cap && snap_pending_) {
-    const cudaError_t q = cudaEventQuery(snap_event_);
-    if (q == cudaSuccess) {
-      hot_bound_ = std::min(hot_bound_, *h_live_ + since_snap_);
-      snap_pending_ = false;
-    } else if (q == cudaErrorNotReady) {
-      cudaGetLastError();  // not ready is no error
-    } else {
-      return cuda_status(q, "the HBM tier's row count");
-    }
-  }
+Status GpuTieredTable<K>::plan(const K* keys, int64_t n, const detail::PlanRule& rule,
+                               cudaStream_t s) {
   auto& h = *hot_->impl_;
-  if (hot_bound_ <= cap) {
-    if (!snap_pending_ && hot_bound_ > cap / 2) {
-      DeviceGuard g(h.device);
-      SOK_CUDA_RETURN(
-          cudaMemcpyAsync(h_live_, h.d_counters, sizeof(int64_t), cudaMemcpyDeviceToHost, s));
-      SOK_CUDA_RETURN(cudaEventRecord(snap_event_, s));
-      snap_pending_ = true;
-      since_snap_ = 0;
-    }
-    return Status::OK();
+  auto& c = *cold_->impl_;
+  DeviceGuard g(h.device);
+  std::lock_guard<std::mutex> l1(h.mu);
+  std::lock_guard<std::mutex> l2(c.mu);
+  h.note_stream(s);
+  c.note_stream(s);
+  return detail::plan_moves<K>(h.t, h.capacity, h.d_counters, c.t, keys, n, rule, d_plan_, d_up_,
+                               d_swap_in_, d_victims_, s);
+}
+
+// The last asynchronous copy of the HBM tier's row count, once it has landed, as its floor.
+template <typename K>
+void GpuTieredTable<K>::refresh_floor() {
+  if (!snap_pending_) return;
+  const cudaError_t q = cudaEventQuery(snap_event_);
+  if (q == cudaErrorNotReady) {
+    cudaGetLastError();  // not ready is no error
+    return;
   }
-  int64_t live = 0;
+  if (q == cudaSuccess) hot_floor_ = std::max(hot_floor_, *h_live_);
+  snap_pending_ = false;
+}
+
+// One placement pass over a call's keys (the header comment): plan, demote the victims, promote
+// into the room left and the swapped-in rows. No host sync.
+template <typename K>
+Status GpuTieredTable<K>::place(const K* keys, int64_t n, cudaStream_t s) {
+  if (cold_empty_ || n <= 0) return Status::OK();
+  detail::PlanRule rule;
+  SOK_RETURN_IF_ERROR(budget_rows(hot_->num_slots(), &rule.budget));
+  rule.lfu = cfg_.cache_strategy == CacheStrategy::kLFU;
+  rule.now = now_;
+  rule.max_up = max_up_;
+  rule.max_swaps = max_swaps_;
+  refresh_floor();
+  const int64_t room = std::min({rule.budget - hot_floor_, max_up_, n});
+  SOK_RETURN_IF_ERROR(plan(keys, n, rule, s));
+  ++stats_.placement_passes;
+  const int64_t* swaps = &d_plan_->num_swaps;
+  SOK_RETURN_IF_ERROR(
+      move(hot_.get(), cold_.get(), d_victims_, max_swaps_, swaps, d_counts_ + kDemoted, s));
+  SOK_RETURN_IF_ERROR(
+      move(cold_.get(), hot_.get(), d_up_, room, &d_plan_->num_up, d_counts_ + kPromoted, s));
+  SOK_RETURN_IF_ERROR(
+      move(cold_.get(), hot_.get(), d_swap_in_, max_swaps_, swaps, d_counts_ + kPromoted, s));
+  if (room <= 0) return Status::OK();
+  hot_bound_ = std::min(rule.budget, hot_bound_ + room);
+  // While the tier fills, a copy of its row count tightens the room the next pass reserves.
+  auto& h = *hot_->impl_;
+  DeviceGuard g(h.device);
+  SOK_CUDA_RETURN(
+      cudaMemcpyAsync(h_live_, h.d_counters, sizeof(int64_t), cudaMemcpyDeviceToHost, s));
+  SOK_CUDA_RETURN(cudaEventRecord(snap_event_, s));
+  snap_pending_ = true;
+  return Status::OK();
+}
+
+// After the first optimizer step added slots (fewer rows fit the budget): the coldest rows over
+// it move down. Reads the row count (a host sync).
+template <typename K>
+Status GpuTieredTable<K>::fit_budget(const K* keys, int64_t n, cudaStream_t s) {
+  int64_t cap = 0, live = 0;
+  SOK_RETURN_IF_ERROR(budget_rows(hot_->num_slots(), &cap));
   ++stats_.size_syncs;
   SOK_RETURN_IF_ERROR(hot_->size(&live, s));
-  hot_bound_ = live;
+  if (live > cap) SOK_RETURN_IF_ERROR(demote(live, live - cap, keys, n, s));
+  hot_bound_ = std::min(live, cap);
+  hot_floor_ = hot_bound_;
   snap_pending_ = false;
-  since_snap_ = 0;
-  if (live <= cap) return Status::OK();
-  return demote(live - low_watermark(cap), keys, n, s);
+  return fit_capacity(cap, s);
+}
+
+// The HBM tier's hash table, sized at creation for the budget in rows without slots, down to
+// twice the budget in rows of the new layout; the swaps per pass follow the budget.
+template <typename K>
+Status GpuTieredTable<K>::fit_capacity(int64_t cap, cudaStream_t s) {
+  max_swaps_ = std::max<int64_t>(1, cap / kSwapShare);
+  auto& h = *hot_->impl_;
+  const int64_t want = detail::capacity_for(2 * cap, h.opt.max_load_factor);
+  if (want >= h.capacity) return Status::OK();
+  DeviceGuard g(h.device);
+  std::lock_guard<std::mutex> l(h.mu);
+  h.note_stream(s);
+  int64_t live = 0, erased = 0;
+  SOK_RETURN_IF_ERROR(h.sync_counts(s, &live, &erased));
+  SOK_RETURN_IF_ERROR(h.rehash(want, s));
+  h.set_upper(live);
+  return Status::OK();
 }
 
 template <typename K>
@@ -217,17 +339,17 @@ Status GpuTieredTable<K>::select_victims(int64_t live, int64_t count, const K* k
   return detail::coldest_keys<K>(h.t, h.capacity, live, lfu, keys, n, count, victims, h.alloc, s);
 }
 
-// Moves `count` of the HBM tier's rows down, the coldest first; the rows of keys[0, n) last.
+// Moves `count` of the HBM tier's `live` rows down, the coldest first; the rows of keys[0, n)
+// last.
 template <typename K>
-Status GpuTieredTable<K>::demote(int64_t count, const K* keys, int64_t n, cudaStream_t s) {
-  const int64_t live = hot_bound_;
+Status GpuTieredTable<K>::demote(int64_t live, int64_t count, const K* keys, int64_t n,
+                                 cudaStream_t s) {
   detail::Temp victims;
   SOK_RETURN_IF_ERROR(victims.alloc(hot_->impl_->alloc, count * sizeof(K), s));
   SOK_RETURN_IF_ERROR(select_victims(live, count, keys, n, victims.as<K>(), s));
-  SOK_RETURN_IF_ERROR(move(hot_.get(), cold_.get(), victims.as<K>(), count, s));
-  ++stats_.demotions;
-  stats_.demoted_rows += count;
-  hot_bound_ = live - count;
+  SOK_RETURN_IF_ERROR(
+      move(hot_.get(), cold_.get(), victims.as<K>(), count, nullptr, d_counts_ + kDemoted, s));
+  ++stats_.budget_demotions;
   cold_empty_ = false;
   return Status::OK();
 }
@@ -238,9 +360,13 @@ Status GpuTieredTable<K>::find_or_insert(const ExecContext& e, const K* keys, in
   std::lock_guard<std::mutex> l(mu_);
   const cudaStream_t s = stream_of(e);
   if (!hot_) return cold_->find_or_insert(keys, n, out, counts, s);
-  SOK_RETURN_IF_ERROR(promote(keys, n, s));
-  SOK_RETURN_IF_ERROR(hot_->find_or_insert(keys, n, out, counts, s));
-  return after_inserts(keys, n, s);
+  if (n <= 0) return Status::OK();
+  Keys call;
+  SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
+  call.out = out;
+  call.counts = counts;
+  SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::find_or_insert_many({call}, s));
+  return trained_ ? Status::OK() : place(keys, n, s);
 }
 
 template <typename K>
@@ -249,9 +375,11 @@ Status GpuTieredTable<K>::insert_or_assign(const ExecContext& e, const K* keys, 
   std::lock_guard<std::mutex> l(mu_);
   const cudaStream_t s = stream_of(e);
   if (!hot_) return cold_->insert_or_assign(keys, n, values, s);
-  SOK_RETURN_IF_ERROR(promote(keys, n, s));
-  SOK_RETURN_IF_ERROR(hot_->insert_or_assign(keys, n, values, s));
-  return after_inserts(keys, n, s);
+  if (n <= 0) return Status::OK();
+  Keys call;
+  SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
+  SOK_RETURN_IF_ERROR(call.table->insert_or_assign(keys, n, values, s, call.probe_first));
+  return trained_ ? Status::OK() : place(keys, n, s);
 }
 
 // Both tiers take the optimizer's slots together, so a row keeps its layout when it moves.
@@ -276,10 +404,18 @@ Status GpuTieredTable<K>::apply_gradients(const ExecContext& e, const K* keys, i
   if (!hot_) return cold_->apply_gradients(keys, n, grads, p, global_step, s, keys_unique);
   int64_t cap = 0;
   SOK_RETURN_IF_ERROR(budget_rows(std::max(hot_->num_slots(), sok::num_slots(p.kind)), &cap));
+  const int slots_before = hot_->num_slots();
   SOK_RETURN_IF_ERROR(ensure_same_slots(p, s));
-  SOK_RETURN_IF_ERROR(promote(keys, n, s));
-  SOK_RETURN_IF_ERROR(hot_->apply_gradients(keys, n, grads, p, global_step, s, keys_unique));
-  return after_inserts(keys, n, s);
+  if (hot_->num_slots() != slots_before) SOK_RETURN_IF_ERROR(fit_budget(keys, n, s));
+  trained_ = true;
+  now_ = std::max(now_, global_step);
+  if (n <= 0) return Status::OK();
+  Keys call;
+  SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
+  call.grads = grads;
+  SOK_RETURN_IF_ERROR(
+      GpuEmbeddingTable<K>::apply_gradients_many({call}, p, global_step, s, keys_unique));
+  return place(keys, n, s);
 }
 
 template <typename K>
@@ -289,6 +425,8 @@ Status GpuTieredTable<K>::erase(const K* keys, int64_t n, cudaStream_t s, int64_
   if (hot_) SOK_RETURN_IF_ERROR(hot_->erase(keys, n, s, removed ? &a : nullptr));
   SOK_RETURN_IF_ERROR(cold_->erase(keys, n, s, removed ? &b : nullptr));
   if (removed) *removed = a + b;
+  hot_floor_ = 0;
+  snap_pending_ = false;
   return Status::OK();
 }
 
@@ -299,6 +437,8 @@ Status GpuTieredTable<K>::shrink(const ExecContext& e, int64_t global_step, int6
   if (hot_) SOK_RETURN_IF_ERROR(hot_->shrink(global_step, stream_of(e), &a));
   SOK_RETURN_IF_ERROR(cold_->shrink(global_step, stream_of(e), &b));
   *removed = a + b;
+  hot_floor_ = 0;
+  snap_pending_ = false;
   return Status::OK();
 }
 
@@ -353,7 +493,7 @@ Status GpuTieredTable<K>::import_rows(const ExecContext& e, const TableSnapshot<
     }
   }
   const int64_t n = static_cast<int64_t>(s.keys.size());
-  return import_split(s, n <= cap ? n : low_watermark(cap), stream_of(e));
+  return import_split(s, std::min(n, cap), stream_of(e));
 }
 
 template <typename K>

@@ -2,27 +2,45 @@
 // GPU mirror of core/tiered_table.h. Two GpuEmbeddingTables with the same layout:
 //   - the HBM tier caches the most used rows within config.hbm_bytes (rows counted as
 //     tier_policy.h's tier_row_bytes: values, slots and 32 bytes of metadata; the hash table's
-//     spare room is not counted);
+//     spare room is not counted: it is sized for twice the budget, so its arrays hold 2.7 to 5.3
+//     times the budget's rows, and it never grows);
 //   - the host tier holds the rest; its index (digests, keys, frequencies, versions) is in GPU
 //     memory, its rows in pinned, mapped host memory (pinned_host_storage_allocator()), which
 //     kernels read and write directly.
 // Every row is in exactly one tier and travels whole (values, slots, frequency, version), by one
 // kernel per batch that probes the source, claims the slot in the destination and erases the
-// source slot. Results equal those of one GpuEmbeddingTable holding every row:
-//  - find reads the HBM tier, then overwrites the keys the host tier holds; it inserts and moves
-//    nothing;
-//  - find_or_insert, insert_or_assign and apply_gradients first move their keys that the host
-//    tier holds up (one launch, no host sync), then run the HBM table's own kernels;
-//  - afterwards, when the HBM tier may be over budget, the coldest rows move down in one batch
-//    to 7/8 of the budget (hysteresis: demotion is rare). LFU: the lowest frequency; LRU: the
-//    oldest version (the step of the last update; rows only looked up count as their last update).
-//    The keys of the operation just run stay up (a step's update follows its lookup).
-//  - shrink, erase, export, import and size cover both tiers.
-// Host syncs: size reads (only when a host-side bound of the HBM rows passes the budget; the
-// bound is tightened without a sync from an asynchronous copy of the HBM tier's counter), a
-// demotion (it needs the exact row count to size its sort), and whatever the two tables sync
-// for themselves (growth, slot relayout, export/import/shrink).
-// Calls on one table are serialised by a mutex (the TF glue's resource lock does that anyway).
+// source slot.
+//
+// Rows are served IN PLACE, in whichever tier holds them: a step's working set can be many times
+// the cache (uniform ids), and moving every touched row up and the coldest back down each call
+// cost more PCIe traffic and host syncs than reading the missing rows over PCIe once. The table's
+// own kernels do every op (so results equal one GpuEmbeddingTable's to the bit), with the other
+// tier probed first (GpuEmbeddingTable::Keys::probe_first: served in place, never inserted into):
+//  - find reads the HBM tier, then overwrites the rows the host tier holds; it inserts nothing;
+//  - find_or_insert, insert_or_assign and apply_gradients: one launch. While the HBM tier
+//    surely has room for every key of the call (a host-side upper bound of its rows), new keys go
+//    there (host tier probed first); else to the host tier (HBM tier probed first). One tier
+//    inserts per call, so a key repeated in a call meets one slot.
+// Placement is a separate, bounded pass after each apply_gradients (after find_or_insert and
+// insert_or_assign only while the table has seen no apply_gradients: inference), over that
+// call's keys, planned and run on the device with no host sync (tier_moves.cuh, plan_moves):
+//  - promotion into room: the call's host-tier rows move up while the HBM tier is under budget;
+//  - swaps: a histogram of the HBM rows' heat (LFU: frequency; LRU: recency, now - version, with
+//    now the latest global step; log scale, 4 bins an octave) gives the threshold under which
+//    max_swaps HBM rows lie; up to max_swaps of the call's host-tier rows hotter than it swap
+//    with as many HBM rows at or below it (those go down first). A row comes up only when
+//    strictly hotter than each row it replaces, so a working set larger than the cache cannot
+//    thrash: at most max_swaps (an eighth of the budget) rows each way per pass.
+// Budget rule: after every call the HBM tier holds at most hbm_budget_rows() rows (the tier
+// inserts only under the bound above, promotion takes device-side tokens of the room left, swaps
+// are one for one). When the first optimizer step adds slots and so lowers the budget in rows,
+// the coldest rows over it move down in one sorted batch (a host sync; once per table).
+// shrink, erase, export, import and size cover both tiers.
+// Host syncs: that relayout demotion, and whatever the two tables sync for themselves (growth,
+// slot relayout, export/import/shrink, a rehash that drops erased slots).
+// Calls on one table are serialised by a mutex (the TF glue's resource lock does that anyway);
+// the device work of two calls must also be ordered (one stream, or the caller's events): the
+// placement passes share their device buffers.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,6 +54,10 @@
 
 namespace sok {
 namespace gpu {
+namespace detail {
+struct PlanRule;
+struct PlanScratch;
+}  // namespace detail
 
 template <typename K>
 class GpuTieredTable final : public Table<K> {
@@ -72,23 +94,38 @@ class GpuTieredTable final : public Table<K> {
   Status tier_sizes(cudaStream_t stream, int64_t* hbm_rows, int64_t* host_rows);
   // The HBM tier's budget in rows of the current slot layout (0 without an HBM tier).
   int64_t hbm_budget_rows() const;
-  // What the tiers did so far (tests, benchmarks).
+  // What the tiers did so far (tests, benchmarks). Reads device counters: synchronises the
+  // device; not while a call runs.
   struct Stats {
-    int64_t promote_launches = 0;  // batches moved up (one launch each)
-    int64_t demotions = 0;         // batches moved down
-    int64_t demoted_rows = 0;
-    int64_t size_syncs = 0;  // host syncs to read the HBM tier's row count
+    int64_t placement_passes = 0;  // placement passes launched (plan, then moves)
+    int64_t promoted_rows = 0;     // rows moved up (into room or by swaps)
+    int64_t demoted_rows = 0;      // rows moved down (swaps and over-budget demotions)
+    int64_t budget_demotions = 0;  // over-budget demotions (slot relayout; a host sync each)
+    int64_t size_syncs = 0;        // host syncs to read the HBM tier's row count
+    // Keys of find_or_insert and apply_gradients, by the tier that served them in place.
+    int64_t hbm_keys = 0;
+    int64_t host_keys = 0;
   };
   Stats stats() const;
 
  private:
+  using Keys = typename GpuEmbeddingTable<K>::Keys;
+  // d_counts_: [0, 2) tier_counts while the HBM tier inserts (host tier probed first),
+  // [2, 4) while the host tier inserts, then rows promoted, rows demoted.
+  enum Count { kFillCounts = 0, kSpillCounts = 2, kPromoted = 4, kDemoted = 5, kNumCounts = 6 };
+
   GpuTieredTable() = default;
   Status budget_rows(int num_slots, int64_t* rows) const;
-  Status promote(const K* keys, int64_t n, cudaStream_t s);
-  Status after_inserts(const K* keys, int64_t n, cudaStream_t s);
-  Status demote(int64_t count, const K* keys, int64_t n, cudaStream_t s);
+  Status alloc_policy_buffers();
+  Status route(const K* keys, int64_t n, cudaStream_t s, Keys* call);
+  Status place(const K* keys, int64_t n, cudaStream_t s);
+  Status plan(const K* keys, int64_t n, const detail::PlanRule& rule, cudaStream_t s);
+  void refresh_floor();
+  Status fit_budget(const K* keys, int64_t n, cudaStream_t s);
+  Status fit_capacity(int64_t cap, cudaStream_t s);
+  Status demote(int64_t live, int64_t count, const K* keys, int64_t n, cudaStream_t s);
   Status move(GpuEmbeddingTable<K>* from, GpuEmbeddingTable<K>* to, const K* keys, int64_t n,
-              cudaStream_t s);
+              const int64_t* d_n, int64_t* moved, cudaStream_t s);
   Status select_victims(int64_t live, int64_t count, const K* keys, int64_t n, K* victims,
                         cudaStream_t s);
   Status ensure_same_slots(const OptimizerParams& p, cudaStream_t s);
@@ -99,12 +136,24 @@ class GpuTieredTable final : public Table<K> {
   std::unique_ptr<GpuEmbeddingTable<K>> hot_;   // null: host-only
   std::unique_ptr<GpuEmbeddingTable<K>> cold_;  // rows in pinned host memory
   std::mutex mu_;
-  bool cold_empty_ = true;     // the host knows the host tier holds no row (promotion is skipped)
-  int64_t hot_bound_ = 0;      // upper bound of the HBM tier's rows
+  bool cold_empty_ = true;  // the host knows the host tier holds no row (nothing to move up)
+  int64_t hot_bound_ = 0;   // upper bound of the HBM tier's rows
+  // Lower bound of the HBM tier's rows (its row count only falls by erase, shrink and demotion
+  // to the budget, which reset this): the room promotion may take is at most budget - it.
+  int64_t hot_floor_ = 0;
   int64_t* h_live_ = nullptr;  // pinned: an asynchronous copy of the HBM tier's row count
   cudaEvent_t snap_event_ = nullptr;
   bool snap_pending_ = false;
-  int64_t since_snap_ = 0;  // keys of the calls enqueued after that copy
+  bool trained_ = false;  // an apply_gradients ran: placement follows apply_gradients only
+  int64_t now_ = 0;       // the latest global step (LRU recency)
+  // The placement pass's device buffers (from the HBM tier's storage allocator).
+  DeviceAllocator* storage_ = nullptr;
+  detail::PlanScratch* d_plan_ = nullptr;
+  K* d_up_ = nullptr;  // max_up_ keys
+  K* d_swap_in_ = nullptr;
+  K* d_victims_ = nullptr;  // max_swaps_ keys each
+  int64_t max_up_ = 0, max_swaps_ = 1;
+  int64_t* d_counts_ = nullptr;  // kNumCounts
   Stats stats_;
 };
 

@@ -60,6 +60,7 @@ struct InsertPart {
   int64_t* counters;
   int* fail;
   int64_t n;
+  FirstTier first;
 };
 static_assert(sizeof(PartsLaunch<InsertPart<int64_t>>) <= 4096, "kernel parameters beyond 4 KB");
 
@@ -74,11 +75,14 @@ __global__ void __launch_bounds__(kBlock)
   const int64_t i = key_of_thread(L.first_block[part]);
   const int lane = tile.thread_rank();
   int inserted = 0;
+  bool in_first = false, served = false;
   if (i < effective_n(q.n, q.d_n)) {
     const int64_t key = static_cast<int64_t>(q.keys[i]);
     const uint64_t h = hash_key(key);
     const int64_t cnt = q.counts ? q.counts[i] : 1;
-    const Claim r = probe_insert(tile, t, key, h, q.fail);
+    const Claim r = claim_in_tiers(tile, q.first.t, t, key, h, q.fail, &in_first);
+    const DevTable& rt = in_first ? q.first.t : t;  // the tier that holds the row
+    served = r.slot >= 0;
     float* o = q.out ? q.out + i * t.dim : nullptr;
     if (r.slot < 0) {
       if (o) fill_row<V4>(tile, 0.f, o, t.dim);
@@ -97,7 +101,7 @@ __global__ void __launch_bounds__(kBlock)
       publish(tile, t, r.slot, h);
       inserted = lane == 0;
     } else {
-      unsigned long long* fp = reinterpret_cast<unsigned long long*>(&t.meta[r.slot].freq);
+      unsigned long long* fp = reinterpret_cast<unsigned long long*>(&rt.meta[r.slot].freq);
       bool admitted = true;
       if (ri.filter_freq > 0) {  // the new frequency decides what is read
         int64_t f = 0;
@@ -108,17 +112,18 @@ __global__ void __launch_bounds__(kBlock)
       }
       if (o) {
         if (!admitted) fill_row<V4>(tile, ri.no_perm, o, t.dim);
-        else copy_row<V4>(tile, t.rows + r.slot * t.stride, o, t.dim);
+        else copy_row<V4>(tile, rt.rows + r.slot * t.stride, o, t.dim);
       }
     }
   }
   add_count(q.counters, inserted);
+  count_tiers(q.first.counts, served, in_first);
 }
 
 template <typename K>
-__global__ void __launch_bounds__(kBlock) k_insert_or_assign(DevTable t, RowInit ri, const K* keys,
-                                                             int64_t n, const float* values,
-                                                             int64_t* counters, int* fail) {
+__global__ void __launch_bounds__(kBlock)
+    k_insert_or_assign(DevTable t, RowInit ri, const K* keys, int64_t n, const float* values,
+                       int64_t* counters, int* fail, DevTable first) {
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
   const int lane = tile.thread_rank();
@@ -126,10 +131,11 @@ __global__ void __launch_bounds__(kBlock) k_insert_or_assign(DevTable t, RowInit
   if (i < n) {
     const int64_t key = static_cast<int64_t>(keys[i]);
     const uint64_t h = hash_key(key);
-    const Claim r = probe_insert(tile, t, key, h, fail);
+    bool in_first = false;
+    const Claim r = claim_in_tiers(tile, first, t, key, h, fail, &in_first);
     const float* v = values + i * t.dim;
     if (r.slot >= 0) {
-      float* row = t.rows + r.slot * t.stride;
+      float* row = (in_first ? first.rows : t.rows) + r.slot * t.stride;
       if (r.fresh) {
         if (lane == 0) {
           t.meta[r.slot].key = key;
@@ -261,6 +267,23 @@ Status GpuEmbeddingTable<K>::Create(const TableConfig& config, const GpuTableOpt
 }
 
 template <typename K>
+Status GpuEmbeddingTable<K>::first_tiers(const std::vector<Keys>& calls,
+                                         std::vector<FirstTier>* out) {
+  out->assign(calls.size(), FirstTier());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Keys& c = calls[i];
+    (*out)[i].counts = c.tier_counts;
+    if (c.probe_first == nullptr) continue;
+    const DevTable& first = c.probe_first->impl_->t;
+    if (first.stride != c.table->impl_->t.stride || first.dim != c.table->impl_->t.dim)
+      return Status::Invalid("table '" + c.table->impl_->cfg.name +
+                             "': its tiers have different row layouts");
+    (*out)[i].t = first;
+  }
+  return Status::OK();
+}
+
+template <typename K>
 const TableConfig& GpuEmbeddingTable<K>::config() const { return impl_->cfg; }
 template <typename K>
 int64_t GpuEmbeddingTable<K>::dim() const { return impl_->cfg.dim; }
@@ -325,6 +348,8 @@ Status GpuEmbeddingTable<K>::find_or_insert_many(const std::vector<Keys>& calls,
   std::vector<int64_t> ns;
   for (const Keys& c : calls) ns.push_back(c.n);
   SOK_RETURN_IF_ERROR(prepare_inserts(impls, ns, stream));
+  std::vector<FirstTier> firsts;
+  SOK_RETURN_IF_ERROR(first_tiers(calls, &firsts));
   return for_each_launch(impls, [&](int begin, int end) -> Status {
     PartsLaunch<InsertPart<K>> L;
     L.count = end - begin;
@@ -333,8 +358,9 @@ Status GpuEmbeddingTable<K>::find_or_insert_many(const std::vector<Keys>& calls,
     for (int i = begin; i < end; ++i) {
       const Keys& c = calls[i];
       Impl& m = *impls[i];
-      L.part[i - begin] = InsertPart<K>{m.t, m.row_init(), c.keys, c.d_n, c.out, c.counts,
-                                        m.d_counters, m.d_fail, std::max<int64_t>(c.n, 0)};
+      L.part[i - begin] = InsertPart<K>{m.t,        m.row_init(), c.keys, c.d_n,
+                                        c.out,      c.counts,     m.d_counters,
+                                        m.d_fail,   std::max<int64_t>(c.n, 0), firsts[i]};
       L.first_block[i - begin] = static_cast<int32_t>(blocks);
       blocks += blocks_for_keys(c.n);
       v4 = v4 && m.cfg.dim % 4 == 0 && reinterpret_cast<uintptr_t>(c.out) % 16 == 0;
@@ -351,14 +377,20 @@ Status GpuEmbeddingTable<K>::find_or_insert_many(const std::vector<Keys>& calls,
 
 template <typename K>
 Status GpuEmbeddingTable<K>::insert_or_assign(const K* keys, int64_t n, const float* values,
-                                              cudaStream_t stream) {
+                                              cudaStream_t stream,
+                                              const GpuEmbeddingTable* probe_first) {
   if (n <= 0) return Status::OK();
   Impl& m = *impl_;
   DeviceGuard g(m.device);
   std::lock_guard<std::mutex> l(m.mu);
   SOK_RETURN_IF_ERROR(prepare_inserts<Impl>({&m}, {n}, stream));
-  k_insert_or_assign<K><<<grid_for(n * kTile, kBlock), kBlock, 0, stream>>>(m.t, m.row_init(), keys, n,
-                                                                           values, m.d_counters, m.d_fail);
+  Keys call;
+  call.table = this;
+  call.probe_first = probe_first;
+  std::vector<FirstTier> firsts;
+  SOK_RETURN_IF_ERROR(first_tiers({call}, &firsts));
+  k_insert_or_assign<K><<<grid_for(n * kTile, kBlock), kBlock, 0, stream>>>(
+      m.t, m.row_init(), keys, n, values, m.d_counters, m.d_fail, firsts[0].t);
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }

@@ -159,6 +159,29 @@ __device__ inline Claim probe_insert(const Tile& tile, const DevTable& t, int64_
   }
 }
 
+// Tiered tables (GpuTieredTable): `first` is the other tier, probed before the table a kernel
+// inserts into. A key it holds is served there in place (read, counted, updated); it never gets
+// a new key, so a key repeated in one call still meets one slot (in the inserting table).
+// first.digests == nullptr: no other tier.
+struct FirstTier {
+  DevTable t;
+  int64_t* counts = nullptr;  // optional: [keys served by `first`, keys served by the table]
+};
+
+// The slot of `key`: in `first` if it holds the key (*in_first), else found or claimed in `t`.
+__device__ inline Claim claim_in_tiers(const Tile& tile, const DevTable& first, const DevTable& t,
+                                       int64_t key, uint64_t h, int* fail, bool* in_first) {
+  *in_first = false;
+  if (first.digests != nullptr) {
+    const int64_t s = probe_find<false>(tile, first, key, h);
+    if (s >= 0) {
+      *in_first = true;
+      return Claim{s, false};
+    }
+  }
+  return probe_insert(tile, t, key, h, fail);
+}
+
 // Makes a claimed slot visible: everything the tile wrote becomes visible before the digest.
 __device__ __forceinline__ void publish(const Tile& tile, const DevTable& t, int64_t slot,
                                         uint64_t h) {
@@ -228,6 +251,13 @@ __device__ __forceinline__ void add_count(int64_t* counter, int local) {
   if (threadIdx.x == 0 && total != 0)
     atomicAdd(reinterpret_cast<unsigned long long*>(counter),
               static_cast<unsigned long long>(total));
+}
+
+// Adds the block's keys served by each tier to FirstTier::counts (block-uniform `counts`).
+__device__ __forceinline__ void count_tiers(int64_t* counts, bool served, bool in_first) {
+  if (counts == nullptr) return;
+  add_count(counts, served && in_first);
+  add_count(counts + 1, served && !in_first);
 }
 
 inline int64_t next_pow2(int64_t x) {

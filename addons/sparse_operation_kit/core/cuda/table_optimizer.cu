@@ -39,6 +39,7 @@ struct ApplyPart {
   int64_t* counters;
   int* fail;
   int64_t n;
+  FirstTier first;
 };
 struct ApplyStep {
   OptimizerParams p;
@@ -51,18 +52,20 @@ struct ApplyLaunch : PartsLaunch<ApplyPart<K>> {
 };
 static_assert(sizeof(ApplyLaunch<int64_t>) <= 4096, "kernel parameters beyond 4 KB");
 
-// The row of `key` for an update, inserted at its initial value if missing (inserted: 1 on the
-// lane that inserted it). freq: the key's frequency before this step (0 when fresh).
+// The row of `key` for an update, inserted into `t` at its initial value if missing (inserted:
+// 1 on the lane that inserted it), or `first`'s row where that tier holds it (*in_first).
+// freq: the key's frequency before this step (0 when fresh).
 template <typename K>
-__device__ float* claim_update_row(const Tile& tile, const DevTable& t, const RowInit& ri,
-                                   int64_t key, int* fail, int64_t* slot, int64_t* freq,
-                                   int* inserted) {
+__device__ float* claim_update_row(const Tile& tile, const DevTable& first, const DevTable& t,
+                                   const RowInit& ri, int64_t key, int* fail, int64_t* slot,
+                                   int64_t* freq, int* inserted, bool* in_first) {
   const uint64_t h = hash_key(key);
-  const Claim r = probe_insert(tile, t, key, h, fail);
+  const Claim r = claim_in_tiers(tile, first, t, key, h, fail, in_first);
   *slot = r.slot;
   *freq = 0;
   if (r.slot < 0) return nullptr;
-  float* row = t.rows + r.slot * t.stride;
+  const DevTable& rt = *in_first ? first : t;
+  float* row = rt.rows + r.slot * t.stride;
   if (r.fresh) {
     if (tile.thread_rank() == 0) {
       t.meta[r.slot].key = key;
@@ -74,7 +77,7 @@ __device__ float* claim_update_row(const Tile& tile, const DevTable& t, const Ro
     publish(tile, t, r.slot, h);
     *inserted = tile.thread_rank() == 0;
   } else {
-    *freq = ld_relaxed_i64(&t.meta[r.slot].freq);
+    *freq = ld_relaxed_i64(&rt.meta[r.slot].freq);
   }
   return row;
 }
@@ -148,10 +151,13 @@ __launch_bounds__(kBlock) k_apply(const __grid_constant__ ApplyLaunch<K> L) {
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = key_of_thread(L.first_block[part]);
   int inserted = 0;
+  bool in_first = false, served = false;
   if (i < effective_n(q.n, q.d_n)) {
     const int64_t key = static_cast<int64_t>(q.keys[i]);
     int64_t slot, freq;
-    float* row = claim_update_row<K>(tile, t, q.ri, key, q.fail, &slot, &freq, &inserted);
+    float* row = claim_update_row<K>(tile, q.first.t, t, q.ri, key, q.fail, &slot, &freq,
+                                     &inserted, &in_first);
+    served = row != nullptr;
     if (row != nullptr && (q.ri.filter_freq <= 0 || freq >= q.ri.filter_freq)) {
       const float* g = q.grads + i * t.dim;
       const int lane = tile.thread_rank();
@@ -161,10 +167,11 @@ __launch_bounds__(kBlock) k_apply(const __grid_constant__ ApplyLaunch<K> L) {
       } else {
         apply_row_scalar(L.s.p, L.s.alpha, row, g, t.dim, q.ri.num_slots, lane);
       }
-      if (lane == 0) t.versions[slot] = L.s.step;
+      if (lane == 0) (in_first ? q.first.t : t).versions[slot] = L.s.step;
     }
   }
   add_count(q.counters, inserted);
+  count_tiers(q.first.counts, served, in_first);
 }
 
 // [value | old slots] -> [value | new slots at their initial value], every slot position.
@@ -272,6 +279,8 @@ Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls
   std::vector<int64_t> ns;
   for (const Keys& c : calls) ns.push_back(keys_present ? 0 : c.n);
   SOK_RETURN_IF_ERROR(prepare_inserts(impls, ns, stream));
+  std::vector<FirstTier> firsts;
+  SOK_RETURN_IF_ERROR(first_tiers(calls, &firsts));
   ApplyStep s{p, p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f, global_step};
   return for_each_launch(impls, [&](int begin, int end) -> Status {
     ApplyLaunch<K> L;
@@ -282,8 +291,9 @@ Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls
     for (int i = begin; i < end; ++i) {
       const Keys& c = distinct[i];
       Impl& m = *impls[i];
-      L.part[i - begin] = ApplyPart<K>{m.t, m.row_init(), c.keys, c.d_n, c.grads,
-                                       m.d_counters, m.d_fail, std::max<int64_t>(c.n, 0)};
+      L.part[i - begin] = ApplyPart<K>{m.t,          m.row_init(), c.keys,
+                                       c.d_n,        c.grads,      m.d_counters,
+                                       m.d_fail,     std::max<int64_t>(c.n, 0), firsts[i]};
       L.first_block[i - begin] = static_cast<int32_t>(blocks);
       blocks += blocks_for_keys(c.n);
       max_dim = std::max(max_dim, m.cfg.dim);

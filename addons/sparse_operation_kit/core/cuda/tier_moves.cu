@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_select.cuh>
@@ -38,13 +39,13 @@ __device__ bool erase_slot(const DevTable& t, int64_t s, uint64_t h) {
 template <typename K>
 __global__ void
 __launch_bounds__(kBlock)
-    k_move(DevTable src, DevTable dst, const K* keys, int64_t n, int64_t* src_counters,
-           int64_t* dst_counters, int* fail) {
+    k_move(DevTable src, DevTable dst, const K* keys, int64_t n, const int64_t* d_n,
+           int64_t* src_counters, int64_t* dst_counters, int* fail, int64_t* moved) {
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
   const int lane = tile.thread_rank();
   int inserted = 0, erased = 0;
-  if (i < n) {
+  if (i < effective_n(n, d_n)) {
     const int64_t key = static_cast<int64_t>(keys[i]);
     const uint64_t h = hash_key(key);
     const int64_t s = probe_find<true>(tile, src, key, h);
@@ -65,6 +66,7 @@ __launch_bounds__(kBlock)
     if (r.slot >= 0 && lane == 0) erased = erase_slot(src, s, h) ? 1 : 0;
   }
   add_count(dst_counters, inserted);
+  if (moved != nullptr) add_count(moved, inserted);
   const int total = __syncthreads_count(erased);
   if (threadIdx.x == 0 && total != 0) {
     atomicAdd(reinterpret_cast<unsigned long long*>(&src_counters[0]),
@@ -140,15 +142,112 @@ __global__ void k_keys_of(DevTable t, const int64_t* slots, int64_t count, K* ou
   out[j] = static_cast<K>(t.meta[s].key);
 }
 
+
+// Heat on a log scale with 4 steps per octave (a small histogram covers every int64): LFU the
+// frequency, LRU the recency (rule.now - version, reversed). Higher is hotter.
+__device__ __forceinline__ int log_bin(int64_t x) {
+  if (x < 4) return x < 0 ? 0 : static_cast<int>(x);
+  const int e = 63 - __clzll(static_cast<long long>(x));
+  return 4 * (e - 1) + static_cast<int>((x >> (e - 2)) & 3);
+}
+__device__ __forceinline__ int heat_bin(const PlanRule& r, const DevTable& t, int64_t s) {
+  if (r.lfu) return log_bin(t.meta[s].freq);
+  return kHeatBins - 1 - log_bin(r.now - t.versions[s]);
+}
+
+__device__ __forceinline__ bool live_slot(const DevTable& t, int64_t s) {
+  return ((t.digests[s >> 2] >> (8 * (s & 3))) & 0xffu) >= 3u;
+}
+
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__device__ __forceinline__ int64_t atomic_inc(int64_t* p) {
+  return static_cast<int64_t>(atomicAdd(reinterpret_cast<unsigned long long*>(p), 1ull));
+}
+
+int scan_grid(int64_t slots) { return std::min(grid_for(slots, kBlock), 1024); }
+
+__global__ void __launch_bounds__(kBlock)
+    k_heat_hist(DevTable t, int64_t capacity, PlanRule rule, PlanScratch* ps) {
+  __shared__ uint32_t hist[kHeatBins];
+  for (int b = threadIdx.x; b < kHeatBins; b += blockDim.x) hist[b] = 0;
+  __syncthreads();
+  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < capacity;
+       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (live_slot(t, s)) atomicAdd(&hist[heat_bin(rule, t, s)], 1u);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < kHeatBins; b += blockDim.x)
+    if (hist[b] != 0) atomicAdd(&ps->hist[b], hist[b]);
+}
+
+// The room left, and the threshold: the lowest bin at which max_swaps HBM rows are at or below.
+__global__ void k_plan_threshold(const int64_t* hot_counters, PlanRule rule, PlanScratch* ps) {
+  ps->room = rule.budget - hot_counters[0];
+  int64_t below = 0;
+  ps->threshold = kHeatBins;  // too few rows to swap: no host row is hotter
+  for (int b = 0; b < kHeatBins; ++b) {
+    below += ps->hist[b];
+    if (below >= rule.max_swaps) {
+      ps->threshold = b;
+      break;
+    }
+  }
+}
+
+// The host tier's rows of this call's keys: into the room left while there is some, else into
+// swap_in when hotter than the threshold.
+template <typename K>
+__global__ void __launch_bounds__(kBlock) k_pick_up(DevTable cold, const K* keys, int64_t n,
+                                                    PlanRule rule, PlanScratch* ps, K* up,
+                                                    K* swap_in) {
+  const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  if (i >= n) return;
+  const int64_t key = static_cast<int64_t>(keys[i]);
+  const int64_t s = probe_find<false>(tile, cold, key, hash_key(key));
+  if (s < 0 || tile.thread_rank() != 0) return;
+  const int64_t token = static_cast<int64_t>(atomicAdd(
+      reinterpret_cast<unsigned long long*>(&ps->room), static_cast<unsigned long long>(-1)));
+  if (token > 0) {
+    const int64_t j = atomic_inc(&ps->num_up);
+    if (j < rule.max_up) up[j] = keys[i];
+    return;
+  }
+  if (heat_bin(rule, cold, s) <= ps->threshold) return;
+  const int64_t j = atomic_inc(&ps->num_in);
+  if (j < rule.max_swaps) swap_in[j] = keys[i];
+}
+
+// HBM rows at or below the threshold, as many as there are hotter host rows to replace them.
+template <typename K>
+__global__ void __launch_bounds__(kBlock)
+    k_pick_victims(DevTable hot, int64_t capacity, PlanRule rule, PlanScratch* ps, K* victims) {
+  const int64_t want = imin(ps->num_in, rule.max_swaps);
+  if (want == 0) return;
+  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < capacity;
+       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (!live_slot(hot, s) || heat_bin(rule, hot, s) > ps->threshold) continue;
+    const int64_t j = atomic_inc(&ps->num_victims);
+    if (j < want) victims[j] = static_cast<K>(hot.meta[s].key);
+  }
+}
+
+__global__ void k_plan_swaps(PlanRule rule, PlanScratch* ps) {
+  ps->num_up = imin(ps->num_up, rule.max_up);
+  ps->num_swaps = imin(imin(ps->num_in, ps->num_victims), rule.max_swaps);
+}
+
 }  // namespace
 
 template <typename K>
 Status move_rows(const DevTable& src, const DevTable& dst, const K* keys, int64_t n,
-                 int64_t* src_counters, int64_t* dst_counters, int* dst_fail, cudaStream_t s) {
+                 const int64_t* d_n, int64_t* src_counters, int64_t* dst_counters, int* dst_fail,
+                 int64_t* moved, cudaStream_t s) {
   if (n <= 0) return Status::OK();
   if (src.stride != dst.stride) return Status::Invalid("tiers of different row layouts");
-  k_move<K><<<grid_for(n * kTile, kBlock), kBlock, 0, s>>>(src, dst, keys, n, src_counters,
-                                                           dst_counters, dst_fail);
+  k_move<K><<<grid_for(n * kTile, kBlock), kBlock, 0, s>>>(src, dst, keys, n, d_n, src_counters,
+                                                           dst_counters, dst_fail, moved);
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }
@@ -208,9 +307,33 @@ Status coldest_keys(const DevTable& t, int64_t capacity, int64_t live, bool lfu,
   return Status::OK();
 }
 
+template <typename K>
+Status plan_moves(const DevTable& hot, int64_t hot_capacity, const int64_t* hot_counters,
+                  const DevTable& cold, const K* keys, int64_t n, const PlanRule& rule,
+                  PlanScratch* ps, K* up, K* swap_in, K* victims, cudaStream_t s) {
+  SOK_CUDA_RETURN(cudaMemsetAsync(ps, 0, sizeof(PlanScratch), s));
+  if (n <= 0) return Status::OK();
+  const int scan = scan_grid(hot_capacity);
+  k_heat_hist<<<scan, kBlock, 0, s>>>(hot, hot_capacity, rule, ps);
+  SOK_LAUNCH_CHECK();
+  k_plan_threshold<<<1, 1, 0, s>>>(hot_counters, rule, ps);
+  SOK_LAUNCH_CHECK();
+  k_pick_up<K><<<grid_for(n * kTile, kBlock), kBlock, 0, s>>>(cold, keys, n, rule, ps, up,
+                                                              swap_in);
+  SOK_LAUNCH_CHECK();
+  k_pick_victims<K><<<scan, kBlock, 0, s>>>(hot, hot_capacity, rule, ps, victims);
+  SOK_LAUNCH_CHECK();
+  k_plan_swaps<<<1, 1, 0, s>>>(rule, ps);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
 #define SOK_TIER_MOVES(K)                                                                       \
-  template Status move_rows<K>(const DevTable&, const DevTable&, const K*, int64_t, int64_t*,   \
-                               int64_t*, int*, cudaStream_t);                                   \
+  template Status move_rows<K>(const DevTable&, const DevTable&, const K*, int64_t,             \
+                               const int64_t*, int64_t*, int64_t*, int*, int64_t*, cudaStream_t); \
+  template Status plan_moves<K>(const DevTable&, int64_t, const int64_t*, const DevTable&,      \
+                                const K*, int64_t, const PlanRule&, PlanScratch*, K*, K*, K*,   \
+                                cudaStream_t);                                                  \
   template Status find_present<K>(const DevTable&, const RowInit&, const K*, int64_t, float*,   \
                                   cudaStream_t);                                                \
   template Status coldest_keys<K>(const DevTable&, int64_t, int64_t, bool, const K*, int64_t, \

@@ -14,10 +14,37 @@ namespace detail {
 
 // Moves the keys `src` holds into `dst` (same stride), whole: key, frequency, version, row. The
 // source slot is erased once the destination has the row; a key `src` lacks is skipped, a key
-// repeated in `keys` moves once. counters: each table's [live, erased] (table_impl.cuh).
+// repeated in `keys` moves once. counters: each table's [live, erased] (table_impl.cuh). d_n:
+// optional device count <= n; moved (optional device counter) += the rows moved.
 template <typename K>
 Status move_rows(const DevTable& src, const DevTable& dst, const K* keys, int64_t n,
-                 int64_t* src_counters, int64_t* dst_counters, int* dst_fail, cudaStream_t s);
+                 const int64_t* d_n, int64_t* src_counters, int64_t* dst_counters, int* dst_fail,
+                 int64_t* moved, cudaStream_t s);
+
+// One pass of the tiers' placement policy (gpu_tiered_table.h), what it moves.
+constexpr int kHeatBins = 256;
+struct PlanRule {
+  bool lfu = true;
+  int64_t now = 0;        // LRU: the latest global step (recency = now - version)
+  int64_t budget = 0;     // the HBM tier's rows allowed
+  int64_t max_up = 0;     // capacity of `up`
+  int64_t max_swaps = 1;  // capacity of swap_in and victims
+};
+struct PlanScratch {         // device memory
+  uint32_t hist[kHeatBins];  // the HBM tier's rows per heat bin
+  int64_t room;              // promotion tokens: budget - HBM rows
+  int64_t threshold;         // HBM rows at or below this bin may go down, hotter host rows up
+  int64_t num_up;            // up[0, num_up): the call's host rows promoted into the room left
+  int64_t num_in;            // host rows of the call hotter than the threshold
+  int64_t num_victims;       // HBM rows at or below it
+  int64_t num_swaps;         // swap_in[0, num_swaps) go up after victims[0, num_swaps) go down
+};
+// Plans a pass over the keys of one call (no host sync): up, swap_in (the host tier's rows of
+// `keys`) and victims (the HBM tier's coldest rows, never a row hotter than any of swap_in).
+template <typename K>
+Status plan_moves(const DevTable& hot, int64_t hot_capacity, const int64_t* hot_counters,
+                  const DevTable& cold, const K* keys, int64_t n, const PlanRule& rule,
+                  PlanScratch* ps, K* up, K* swap_in, K* victims, cudaStream_t s);
 
 // out[i] = the row of keys[i] where `t` holds it (the counter filter's default value while not
 // admitted); other rows of out are left alone.
