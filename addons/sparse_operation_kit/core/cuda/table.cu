@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kBlock)
     const int64_t cnt = q.counts ? q.counts[i] : 1;
     const Claim r = claim_in_tiers(tile, q.first.t, t, key, h, q.fail, &in_first);
     const DevTable& rt = in_first ? q.first.t : t;  // the tier that holds the row
-    served = r.slot >= 0;
+    served = r.slot >= 0 && lane == 0;  // one count per key, not per lane
     float* o = q.out ? q.out + i * t.dim : nullptr;
     if (r.slot < 0) {
       if (o) fill_row<V4>(tile, 0.f, o, t.dim);

@@ -157,7 +157,7 @@ __launch_bounds__(kBlock) k_apply(const __grid_constant__ ApplyLaunch<K> L) {
     int64_t slot, freq;
     float* row = claim_update_row<K>(tile, q.first.t, t, q.ri, key, q.fail, &slot, &freq,
                                      &inserted, &in_first);
-    served = row != nullptr;
+    served = row != nullptr && tile.thread_rank() == 0;  // one count per key, not per lane
     if (row != nullptr && (q.ri.filter_freq <= 0 || freq >= q.ri.filter_freq)) {
       const float* g = q.grads + i * t.dim;
       const int lane = tile.thread_rank();
