@@ -61,7 +61,8 @@ step_ms: median over steps of the slowest rank's time (gathered over the ranks);
 global_batch / step_ms; sent_MB_per_rank: bytes a rank sends the others per step in the
 embedding exchange (the largest rank's, from the ids: 16 B per distinct key sent to its owner,
 dim x 4 B per row sent back and per row gradient sent to the owner); allreduce_MB: the MLP's
-gradients each rank all-reduces per step (0 without --mlp). Embedding gradients need no
+gradients each rank all-reduces per step (0 without --mlp or on one rank); mlp_in_sync: yes
+where every rank's MLP weights were bit-equal after the timed steps. Embedding gradients need no
 all-reduce (the exchange's backward sums them at the owner). Without --mlp the step has no dense
 variables; with --mlp the MLP is data-parallel: every rank holds all of it, and its gradients are
 averaged over the ranks with sok.all_reduce(grads, op="mean") before the update, so every rank's
@@ -607,14 +608,16 @@ def horovod_line(args, mode, dist, world, times, sent, ran, mlp_in_sync="-"):
     return (f"HOROVOD mode={mode} dist={dist} ranks={world} scaling={scaling} "
             f"global_batch={global_batch} batch_per_rank={args.batch} mlp={mlp_label(args)} "
             f"step_ms={fmt_ms(step_ms)} samples_per_s={global_batch / step_ms * 1e3:.0f} "
-            f"sent_MB_per_rank={sent / 1e6:.3f} allreduce_MB={mlp_allreduce_bytes(args) / 1e6:.3f} "
+            f"sent_MB_per_rank={sent / 1e6:.3f} "
+            f"allreduce_MB={mlp_allreduce_bytes(args, world) / 1e6:.3f} "
             f"mlp_in_sync={mlp_in_sync} rank_step_ms={per_rank} "
             f"collectives={collectives_kind()} ran_on={ran} steps={times.shape[1]}")
 
 
-def mlp_allreduce_bytes(args):
-    """Bytes of the MLP's float32 gradients a rank all-reduces per step (0 without --mlp)."""
-    if not args.mlp:
+def mlp_allreduce_bytes(args, world):
+    """Bytes of the MLP's float32 gradients a rank all-reduces per step (0 without --mlp and on
+    one rank, where sok.all_reduce returns them as they are)."""
+    if not args.mlp or world == 1:
         return 0
     widths = [args.fields * args.dim] + list(args.mlp) + [1]
     return 4 * sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
