@@ -1,6 +1,6 @@
 """The embedding benchmark's implementations (benchmarks/embedding/run.py): sok, sok_tier (sok's
 tables in DRAM_SSDHASH or HBM_DRAM storage), tf and hash, each its tables, its optimizer and its forward pass,
-plus the loss every one of them takes."""
+plus the loss every one of them takes: the stand-in (loss_of) or, with --mlp, the same MLP (Mlp)."""
 import os
 import shutil
 import tempfile
@@ -207,3 +207,48 @@ def loss_of(embs):
     # A cheap stand-in for the dense part (which takes the embeddings side by side, as DLRM's
     # interaction or an MLP does): every embedding gets a gradient.
     return tf.reduce_sum(tf.square(tf.concat(embs, 1))) * 1e-3
+
+
+class Mlp:
+    """--mlp WIDTHS: the dense part every implementation shares. On the pooled embeddings side by
+    side ([batch, fields x dim]): one ReLU layer per width, then a linear 1-unit output; the loss
+    is the mean over the batch of the squared output (no labels: the step's cost is what counts).
+    Its weights are plain tf.Variables (float32) initialised from numpy with --seed (Glorot
+    uniform kernels, zero biases): the same on every rank and for every implementation, so the
+    implementations' losses agree (--check) and data-parallel ranks start equal. The step updates
+    them with the optimizer it uses for the tables (Adagrad: TF's, or SOK's wrapper, which hands
+    dense variables to the TF optimizer it wraps)."""
+
+    def __init__(self, args):
+        rng = np.random.RandomState(args.seed + 7919)  # not the ids' stream (inputs.py)
+        self.widths = list(args.mlp)
+        self.kernels, self.biases = [], []
+        fan_in = args.fields * args.dim
+        for i, width in enumerate(self.widths + [1]):
+            limit = np.sqrt(6.0 / (fan_in + width))
+            kernel = rng.uniform(-limit, limit, size=(fan_in, width)).astype(np.float32)
+            self.kernels.append(tf.Variable(kernel, name=f"mlp_kernel_{i}"))
+            self.biases.append(tf.Variable(np.zeros(width, np.float32), name=f"mlp_bias_{i}"))
+            fan_in = width
+        self.variables = [v for pair in zip(self.kernels, self.biases) for v in pair]
+
+    def num_params(self):
+        return sum(int(np.prod(v.shape)) for v in self.variables)
+
+    def __call__(self, embs):
+        x = tf.concat(embs, 1)
+        last = len(self.kernels) - 1
+        for i, (kernel, bias) in enumerate(zip(self.kernels, self.biases)):
+            x = tf.nn.bias_add(tf.matmul(x, kernel), bias)
+            if i < last:
+                x = tf.nn.relu(x)
+        return tf.reduce_mean(tf.square(x))
+
+
+def dense_part(args):
+    """(loss function of the pooled embeddings, its trainable dense variables): the stand-in
+    (no variables) or, with --mlp, an Mlp built in the current graph / eagerly."""
+    if not getattr(args, "mlp", None):
+        return loss_of, []
+    mlp = Mlp(args)
+    return mlp, mlp.variables

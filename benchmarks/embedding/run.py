@@ -1,7 +1,13 @@
 """Embedding-layer training-step benchmark: SOK vs. stock TensorFlow, on the CPU or the GPU, in
 TF1 graph mode (Session) and TF2 tf.function mode, plus the framework-free CUDA harness.
 
-One step = forward (pooled "sum" lookup of every field), backward and an Adagrad update, for
+One step = forward (pooled "sum" lookup of every field), the loss, backward and an Adagrad
+update. The loss is a weightless stand-in (sum of the squared pooled embeddings) or, with --mlp
+WIDTHS, a dense part every implementation shares (impls.Mlp): on the pooled embeddings side by
+side, one ReLU layer per width, then a 1-unit output; loss = mean over the batch of the squared
+output. Its weights are plain tf.Variables initialised from --seed (the same on every rank and for
+every implementation), updated by the step's Adagrad (TF's, or the TF Adagrad SOK's wrapper
+hands dense variables to), in the same backward pass as the tables. Per implementation:
   sok     : one sok.EmbeddingVariable per field, ONE sok.lookup_sparse call over all fields,
             sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer);
   tf      : one tf.Variable [vocab, dim] per field, tf.nn.embedding_lookup_sparse,
@@ -45,19 +51,30 @@ implementations), runners.py (timing and tracing a step); run.py: flags, check, 
 --horovod (under horovodrun, one rank per process and GPU): SOK only, its Embedding Variables
 sharded over all ranks (sok.init under Horovod; target_gpu -1: id k on rank k mod N), one
 lookup_sparse exchanging keys and rows between ranks. --batch is PER RANK (weak scaling: a step
-of N ranks trains N x --batch samples); each rank draws its own ids (seed offset by its rank).
-Every rank times the same steps; rank 0 prints per mode and distribution one line
-  HOROVOD mode= dist= ranks= batch_per_rank= step_ms= samples_per_s= sent_MB_per_rank= ...
+of N ranks trains N x --batch samples); --global-batch G instead fixes the step's samples over
+all ranks (strong scaling: each rank G / N, which must divide; the two flags exclude each other).
+Each rank draws its own ids (seed offset by its rank). Every rank times the same steps; rank 0
+prints per mode and distribution one line
+  HOROVOD mode= dist= ranks= scaling= global_batch= batch_per_rank= mlp= step_ms= samples_per_s=
+          sent_MB_per_rank= allreduce_MB= ...
 step_ms: median over steps of the slowest rank's time (gathered over the ranks); samples_per_s:
-N x --batch / step_ms; sent_MB_per_rank: bytes a rank sends the others per step (the largest
-rank's, from the ids: 16 B per distinct key sent to its owner, dim x 4 B per row sent back and
-per row gradient sent to the owner). Embedding gradients need no all-reduce (the exchange's
-backward sums them at the owner); the step has no dense variables (the loss is a weightless
-stand-in), so there is nothing for sok.all_reduce to average. tf and hash keep whole tables in
-one process and are refused, as are --check, --profile, --harness and --dump-ids.
+global_batch / step_ms; sent_MB_per_rank: bytes a rank sends the others per step in the
+embedding exchange (the largest rank's, from the ids: 16 B per distinct key sent to its owner,
+dim x 4 B per row sent back and per row gradient sent to the owner); allreduce_MB: the MLP's
+gradients each rank all-reduces per step (0 without --mlp or on one rank); mlp_in_sync: yes
+where every rank's MLP weights were bit-equal after the timed steps. Embedding gradients need no
+all-reduce (the exchange's backward sums them at the owner). Without --mlp the step has no dense
+variables; with --mlp the MLP is data-parallel: every rank holds all of it, and its gradients are
+averaged over the ranks with sok.all_reduce(grads, op="mean") before the update, so every rank's
+weights stay equal. tf and hash keep whole tables in one process and are refused, as are --check,
+--profile, --harness and --dump-ids. Without --horovod, --global-batch is the one process's
+--batch.
 
     horovodrun -np 8 -H localhost:8 python benchmarks/embedding/run.py --horovod \\
         --config criteo26 --batch 65536 --mode both
+    horovodrun -np 4 -H localhost:4 python benchmarks/embedding/run.py --horovod \\
+        --config fields100 --mlp 1024,1024,1024,1024,1024,1024 --global-batch 65536 \\
+        --impls sok --mode graph --inputs resident     # strong scaling, the seed's synthetic case
 """
 import argparse
 import os
@@ -147,6 +164,15 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int,
                    help="samples per step; under --horovod per rank (weak scaling: N ranks step "
                    "through N x --batch samples)")
+    p.add_argument("--global-batch", type=int, metavar="N",
+                   help="samples per step over all ranks: under --horovod each rank gets N / ranks "
+                   "(strong scaling; must divide); without it the same as --batch N. Not with "
+                   "--batch")
+    p.add_argument("--mlp", type=parse_widths, metavar="WIDTHS",
+                   help="the dense part: comma list of ReLU layer widths (e.g. 1024,1024,1024,"
+                   "1024,1024,1024) then a 1-unit output, loss = mean squared output; the same "
+                   "MLP for every implementation, data-parallel under --horovod (gradients "
+                   "averaged with sok.all_reduce). Default: a weightless stand-in loss")
     p.add_argument("--dists", default="uniform,powerlaw", help="comma list of uniform, powerlaw")
     p.add_argument("--zipf", type=float, default=1.1, help="power-law exponent: p(rank k) ~ 1/k^a")
     p.add_argument("--impls", help="comma list of " + ", ".join(IMPLS) + " (default: all; "
@@ -224,8 +250,11 @@ def parse_args(argv=None):
     )
     args = p.parse_args(argv)
     check_horovod_args(p, args)
+    check_batch_args(p, args)
     preset = CONFIGS[args.config]
     for key, value in preset.items():
+        if key == "batch" and args.global_batch is not None:
+            continue  # --horovod: the per-rank batch once the ranks are known (resolve_batch)
         if getattr(args, key) is None:
             # The fewest ids follow an explicit --ids-per-field when only that is given.
             if key == "min_ids_per_field" and args.ids_per_field != preset["ids_per_field"]:
@@ -238,6 +267,48 @@ def parse_args(argv=None):
     if args.storage == "hbm_dram":
         check_hbm_args(p, args)
     return args
+
+
+def parse_widths(text):
+    """--mlp: "1024,1024" -> [1024, 1024] (positive ints)."""
+    try:
+        widths = [int(w) for w in text.split(",")]
+    except ValueError:
+        widths = []
+    if not widths or min(widths) < 1:
+        raise argparse.ArgumentTypeError(
+            f"--mlp wants a comma list of positive layer widths (e.g. 1024,1024), not {text!r}")
+    return widths
+
+
+def check_batch_args(p, args):
+    """--batch (per rank) and --global-batch (over all ranks) exclude each other; without
+    --horovod the one process's batch is --global-batch."""
+    if args.global_batch is None:
+        return
+    if args.batch is not None:
+        p.error("--batch (samples per rank: weak scaling) and --global-batch (samples over all "
+                "ranks: strong scaling) exclude each other: pass one")
+    if args.global_batch < 1:
+        p.error("--global-batch must be positive")
+    if not args.horovod:
+        args.batch = args.global_batch  # one process: the global batch is its batch
+
+
+def resolve_batch(args, world):
+    """--horovod: the per-rank batch (args.batch) from --global-batch over `world` ranks; exits
+    with a message where it does not divide. Without --global-batch, --batch stays per rank."""
+    if args.global_batch is None:
+        return
+    if args.global_batch % world:
+        sys.exit(f"--global-batch {args.global_batch} does not divide among {world} ranks "
+                 f"(strong scaling gives each rank global batch / ranks samples): pass a multiple "
+                 f"of {world}")
+    args.batch = args.global_batch // world
+
+
+def mlp_label(args):
+    return ",".join(str(w) for w in args.mlp) if args.mlp else "none"
 
 
 def check_hbm_args(p, args):
@@ -281,9 +352,10 @@ def ids_label(args):
 # ---------------------------------------------------------------------------------------------
 # Benchmark, check, harness
 # ---------------------------------------------------------------------------------------------
-def bench(args, mode, batches, device, impls):
+def bench(args, mode, batches, device, impls, digests=None):
     """Per implementation: median wall and CPU ms per step, placement, and every timed step's
-    wall time in seconds (--horovod gathers those over the ranks); None under --profile."""
+    wall time in seconds (--horovod gathers those over the ranks); None under --profile. A dict
+    `digests` gets per implementation a digest of its MLP's weights after the steps."""
     runners = {}
     for impl in impls:
         runners[impl] = RUNNERS[mode](impl, args, batches, device)
@@ -304,6 +376,8 @@ def bench(args, mode, batches, device, impls):
     cpu = {impl: statistics.median(r.cpu_times) * 1e3 for impl, r in runners.items()}
     placement = {impl: r.placement for impl, r in runners.items()}
     times = {impl: list(r.times) for impl, r in runners.items()}
+    if digests is not None:
+        digests.update({impl: r.dense_digest() for impl, r in runners.items()})
     for r in runners.values():
         r.close()
     return med, cpu, placement, times
@@ -523,15 +597,30 @@ def exchange_bytes(counts, dim, tables):
     return asked * (KEY_ROW_BYTES + row) + served * row + (world - 1) * (tables + 2) * 8
 
 
-def horovod_line(args, mode, dist, world, times, sent, ran):
+def horovod_line(args, mode, dist, world, times, sent, ran, mlp_in_sync="-"):
     """The summary a driver greps. times [ranks, steps] in s: a step ends on every rank when the
-    slowest one's exchange completes, so the step time is the slowest rank's."""
+    slowest one's exchange completes, so the step time is the slowest rank's. mlp_in_sync: yes
+    where every rank's MLP weights were bit-equal after the steps (- without --mlp)."""
     step_ms = float(np.median(times.max(axis=0))) * 1e3
     per_rank = ",".join(fmt_ms(float(np.median(t)) * 1e3) for t in times)
-    return (f"HOROVOD mode={mode} dist={dist} ranks={world} batch_per_rank={args.batch} "
-            f"step_ms={fmt_ms(step_ms)} samples_per_s={world * args.batch / step_ms * 1e3:.0f} "
-            f"sent_MB_per_rank={sent / 1e6:.3f} rank_step_ms={per_rank} "
+    scaling = "strong" if args.global_batch is not None else "weak"
+    global_batch = world * args.batch
+    return (f"HOROVOD mode={mode} dist={dist} ranks={world} scaling={scaling} "
+            f"global_batch={global_batch} batch_per_rank={args.batch} mlp={mlp_label(args)} "
+            f"step_ms={fmt_ms(step_ms)} samples_per_s={global_batch / step_ms * 1e3:.0f} "
+            f"sent_MB_per_rank={sent / 1e6:.3f} "
+            f"allreduce_MB={mlp_allreduce_bytes(args, world) / 1e6:.3f} "
+            f"mlp_in_sync={mlp_in_sync} rank_step_ms={per_rank} "
             f"collectives={collectives_kind()} ran_on={ran} steps={times.shape[1]}")
+
+
+def mlp_allreduce_bytes(args, world):
+    """Bytes of the MLP's float32 gradients a rank all-reduces per step (0 without --mlp and on
+    one rank, where sok.all_reduce returns them as they are)."""
+    if not args.mlp or world == 1:
+        return 0
+    widths = [args.fields * args.dim] + list(args.mlp) + [1]
+    return 4 * sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
 
 
 def horovod_main(args, dists, modes):
@@ -540,12 +629,14 @@ def horovod_main(args, dists, modes):
     device, device_label = select_device(args)  # before sok.init: --device cpu hides the GPUs
     hvd = init_horovod()
     rank, world = hvd.rank(), hvd.size()
+    resolve_batch(args, world)
     if args.mode == "graph":
         tf.compat.v1.disable_eager_execution()
     if rank == 0:
         print(f"horovod: {world} ranks, config={args.config} fields={args.fields} "
               f"ids/sample/field={ids_label(args)} vocab/field={args.vocab} dim={args.dim} "
-              f"batch/rank={args.batch} inputs={args.inputs} steps={args.rounds}x{args.steps} "
+              f"batch/rank={args.batch} global batch={world * args.batch} mlp={mlp_label(args)} "
+              f"inputs={args.inputs} steps={args.rounds}x{args.steps} "
               f"(after {args.warmup} warm-up), TF {tf.__version__}, device {device_label} per "
               f"rank, collectives {collectives_kind()}", flush=True)
     for dist in dists:
@@ -554,11 +645,15 @@ def horovod_main(args, dists, modes):
         # The steps cycle through the batches: the mean over batches is the mean per step.
         sent = float(exchange_bytes(counts, args.dim, args.fields).mean(axis=1).max())
         for mode in modes:
-            _, _, placement, times = bench(args, mode, batches, device, ["sok"])
+            digests = {}
+            _, _, placement, times = bench(args, mode, batches, device, ["sok"], digests)
             gathered = allgather(hvd, np.asarray(times["sok"])[None], f"bench_times_{mode}_{dist}")
+            # Data-parallel MLP: after the same steps every rank must hold the same weights.
+            weights = allgather(hvd, digests["sok"][None], f"bench_mlp_{mode}_{dist}")
+            in_sync = "-" if not args.mlp else "yes" if (weights == weights[0]).all() else "NO"
             if rank == 0:
                 print(horovod_line(args, mode, dist, world, gathered, sent,
-                                   placement["sok"].short()), flush=True)
+                                   placement["sok"].short(), in_sync), flush=True)
     return 0
 
 
@@ -589,7 +684,7 @@ def main(argv=None):
     print(
         f"config={args.config} fields={args.fields} ids/sample/field={ids_label(args)} "
         f"vocab/field={args.vocab} "
-        f"dim={args.dim} batch={args.batch} inputs={args.inputs} hash_table={args.hash_table} "
+        f"dim={args.dim} batch={args.batch} mlp={mlp_label(args)} inputs={args.inputs} hash_table={args.hash_table} "
         f"steps={args.rounds}x{args.steps} (after {args.warmup} warm-up), TF {tf.__version__}, "
         f"{os.cpu_count()} CPUs, device {device_label}, mode {args.mode}"
     )

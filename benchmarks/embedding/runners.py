@@ -9,8 +9,9 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import tensorflow as tf
-from impls import BUILDERS, loss_of
+from impls import BUILDERS, dense_part
 from inputs import INPUT_SCOPE, id_inputs
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
@@ -154,6 +155,13 @@ class _Timed:
             for k in ("rchar", "wchar", "syscr"):
                 self.io[k] = self.io.get(k, 0) + after.get(k, 0) - io.get(k, 0)
 
+    def dense_digest(self):
+        """float64 [2 per MLP variable]: each one's sum and sum of squares now (equal on every
+        rank where the data-parallel MLP stayed in sync); empty without --mlp."""
+        values = self.dense_values()
+        return np.array([f(v.astype(np.float64)) for v in values
+                         for f in (np.sum, lambda x: np.sum(x * x))], np.float64)
+
     def describe_tier(self):
         if getattr(self.model, "tier", None):
             self.placement.tier = self.model.tier.describe(self.io)
@@ -161,6 +169,16 @@ class _Timed:
     def close_tier(self, model):
         if getattr(model, "tier", None):
             model.tier.close()
+
+
+def average_dense(args, grads):
+    """--mlp under --horovod: the MLP is data-parallel, so each rank's dense gradients are averaged
+    over the ranks (sok.all_reduce) before the update and every rank's weights stay equal. The
+    tables need none: the exchange's backward already sums their row gradients at the owner."""
+    if not grads or not args.horovod:
+        return list(grads)
+    import sparse_operation_kit as sok
+    return sok.all_reduce(list(grads), op="mean")
 
 
 def print_profile(impl, wall, recs, top, landmarks=""):
@@ -195,15 +213,15 @@ class GraphRunner(_Timed):
             tf.compat.v1.set_random_seed(args.seed)
             inputs = id_inputs(args, batches)
             self.model = BUILDERS[impl](args, batches)
+            loss_fn, self.dense_vars = dense_part(args)
             if getattr(inputs, "per_batch", False):  # a step graph per batch, nothing fed
                 self.which = None
-                self.losses = [loss_of(self.model.embed(inputs.sparse(b))) for b in range(self.nb)]
+                self.losses = [loss_fn(self.model.embed(inputs.sparse(b))) for b in range(self.nb)]
             else:
                 with tf.device("/CPU:0"):
                     self.which = tf.compat.v1.placeholder(tf.int32, [], name="batch_index")
-                self.losses = [loss_of(self.model.embed(inputs.sparse(self.which)))]
-            self.train_ops = [self.model.opt.minimize(loss, var_list=self.model.tables)
-                              for loss in self.losses]
+                self.losses = [loss_fn(self.model.embed(inputs.sparse(self.which)))]
+            self.train_ops = [self._train_op(loss) for loss in self.losses]
             init = [tf.compat.v1.global_variables_initializer()]
             init += [
                 op for op in self.graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)
@@ -231,6 +249,20 @@ class GraphRunner(_Timed):
                 self.sess.run(op, feed_dict={ph: value})
             self.graph.finalize()
         self.step, self.times, self.cpu_times, self.io = 0, [], [], {}
+
+    def _train_op(self, loss):
+        """The update of the tables (and, with --mlp, of the MLP: one backward pass for both, the
+        MLP's gradients averaged over the ranks under --horovod) by the implementation's
+        optimizer."""
+        tables = self.model.tables
+        if not self.dense_vars:  # the stand-in loss: the step as it always was
+            return self.model.opt.minimize(loss, var_list=tables)
+        grads = tf.gradients(loss, tables + self.dense_vars)
+        grads = grads[:len(tables)] + average_dense(self.args, grads[len(tables):])
+        return self.model.opt.apply_gradients(zip(grads, tables + self.dense_vars))
+
+    def dense_values(self):
+        return self.sess.run(self.dense_vars) if self.dense_vars else []
 
     def kernel_counts(self):
         _, counts = self.sess.run(self.counts_op)  # op types, [n, (CPU, GPU)] runs
@@ -298,6 +330,8 @@ class FunctionRunner(_Timed):
         with device_scope(device):
             inputs = id_inputs(args, batches, eager=True)
             model = BUILDERS[impl](args, batches)
+            loss_fn, dense_vars = dense_part(args)
+        self.dense_vars = dense_vars
         if init_values is not None:
             for var, value in zip(model.tables, init_values):
                 var.assign(value)
@@ -314,9 +348,12 @@ class FunctionRunner(_Timed):
         def train_step(which):
             sp = inputs.sparse(which)
             with tf.GradientTape() as tape:
-                loss = loss_of(model.embed(sp))
-            grads = tape.gradient(loss, model.tables)
-            model.opt.apply_gradients(zip(grads, model.tables))
+                loss = loss_fn(model.embed(sp))
+            variables = model.tables + dense_vars
+            grads = tape.gradient(loss, variables)
+            n = len(model.tables)
+            grads = grads[:n] + average_dense(args, grads[n:])
+            model.opt.apply_gradients(zip(grads, variables))
             return loss
 
         self.fn = train_step
@@ -347,6 +384,9 @@ class FunctionRunner(_Timed):
         ]
         if by_function:
             self.placement.add_nodes(max(by_function, key=len), tables_from_graph=False)
+
+    def dense_values(self):
+        return [v.numpy() for v in self.dense_vars]
 
     def kernel_counts(self):
         return self.model.sok.kernel_run_counts()

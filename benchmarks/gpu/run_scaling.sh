@@ -5,8 +5,12 @@
 #                through tf.data (dataset) and GPU-resident (resident)
 #   embedding    benchmarks/embedding's 26-field step at per-GPU batch 8,192 and 65,536
 #   collectives  SOK's and Horovod's all-to-all and all-reduce against NCCL's own (PyTorch)
+#   fields100    the seed's synthetic case (100 fields x 10 ids, vocab 8,192, an MLP of six
+#                1,024-wide layers) at a FIXED global batch (strong scaling) on 1, 2 and 4 GPUs,
+#                plus sok and tf in one process on 1 GPU (the "x over TensorFlow" baseline)
 # Full logs go to $OUT (or build/gpu_logs); the summary lines go to stdout.
-#   bash benchmarks/gpu/run_scaling.sh [criteo|embedding|collectives ...]   (default: all three)
+#   bash benchmarks/gpu/run_scaling.sh [criteo|embedding|collectives|fields100 ...]
+#   (default: criteo embedding collectives)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 . tests/gpu/device_env.sh
@@ -44,6 +48,23 @@ embedding() {  # under horovodrun at every size (1 rank: the one-process lookup)
       echo "embedding gpus=$n batch=$batch exit=$?"; grep -o 'HOROVOD .*' "$log"
     done
   done
+}
+
+fields100() {  # F100_BATCH: the global batch on every GPU count (default 65,536)
+  local batch="${F100_BATCH:-65536}" mlp=1024,1024,1024,1024,1024,1024
+  local common=(--config fields100 --device gpu --mlp "$mlp" --global-batch "$batch" --mode graph
+                --inputs resident --rounds 3 --steps 10)
+  for n in $sizes; do
+    [ "$n" -gt 4 ] && continue
+    log="$out/fields100_np${n}.txt"
+    horovodrun -np "$n" -H "localhost:$n" --gloo python3 benchmarks/embedding/run.py --horovod \
+      "${common[@]}" --impls sok > "$log" 2>&1
+    echo "fields100 gpus=$n global_batch=$batch exit=$?"; grep -o 'HOROVOD .*' "$log"
+  done
+  log="$out/fields100_sok_tf_np1.txt"  # one process, no Horovod: the TensorFlow baseline
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/embedding/run.py "${common[@]}" --impls sok,tf \
+    > "$log" 2>&1
+  echo "fields100 sok,tf gpus=1 batch=$batch exit=$?"; grep -E '^(config=|mode |graph )' "$log"
 }
 
 collectives() {

@@ -204,3 +204,102 @@ def test_horovod_mode_on_two_cpu_ranks():
         assert kv["ranks"] == "2" and kv["batch_per_rank"] == "64", line
         assert float(kv["step_ms"]) > 0 and float(kv["samples_per_s"]) > 0, line
         assert float(kv["sent_MB_per_rank"]) > 0 and len(kv["rank_step_ms"].split(",")) == 2
+
+
+def check_losses(out):
+    """{(mode, impl): [losses]} of --check's CHECK lines."""
+    losses = {}
+    for line in out.splitlines():
+        if line.startswith("CHECK"):
+            kv = dict(w.split("=", 1) for w in line.split() if "=" in w)
+            words = line.split("losses=", 1)[1].split()
+            losses[(kv["mode"], kv["impl"])] = [float(x) for x in words[:3]]
+    return losses
+
+
+def test_mlp_keeps_sok_and_tf_equal():
+    """--mlp 8,8: the same MLP for sok and tf (deterministic weights, the same Adagrad), so --check
+    still finds equal losses; and the MLP is really in the step: the losses differ from the
+    stand-in's and fall as the MLP and the tables train."""
+    common = ["--check", "3", "--mode", "both", "--impls", "sok,tf", "--dists", "uniform"]
+    out = run(*common, "--mlp", "8,8", timeout=120)
+    lines = [line for line in out.splitlines() if line.startswith("CHECK")]
+    assert len(lines) == 2 * 2 and all(line.endswith("OK") for line in lines), out
+    assert "check passed" in out
+    with_mlp = check_losses(out)
+    plain = check_losses(run(*common, timeout=120))
+    for key, losses in with_mlp.items():
+        np.testing.assert_allclose(losses, with_mlp[("graph", "sok")], rtol=1e-5, err_msg=key)
+        assert losses != plain[key], (key, losses, plain[key])
+        assert losses[-1] < losses[0], (key, losses)
+
+
+def test_mlp_runs_in_the_timing_table():
+    out = run("--mlp", "8,8", "--impls", "sok,tf", "--mode", "both", "--rounds", "1", "--steps",
+              "1", "--warmup", "1", "--dists", "uniform", timeout=120)
+    assert "mlp=8,8" in out, out
+    rows = {tuple(line.split()[:3]) for line in out.splitlines()
+            if line.startswith(("graph ", "function "))}
+    assert {("graph", "uniform", "wall"), ("function", "uniform", "wall")} <= rows, out
+    assert "tf/sok" in out
+
+
+def test_batch_flags_refuse_mixing_and_bad_values(capsys):
+    bench = load_bench()
+    for extra in (["--horovod"], []):
+        with pytest.raises(SystemExit):
+            bench.parse_args([*extra, "--batch", "8", "--global-batch", "16"])
+        err = capsys.readouterr().err
+        assert "--global-batch" in err and "exclude each other" in err, err
+    for bad in ("8,x", "0", ""):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--mlp", bad])
+        assert "--mlp wants a comma list" in capsys.readouterr().err
+    # Without --horovod the global batch is the one process's batch; with it, per rank later.
+    assert bench.parse_args(["--global-batch", "16"]).batch == 16
+    args = bench.parse_args(["--horovod", "--global-batch", "16", "--mlp", "4,2"])
+    assert args.batch is None and args.mlp == [4, 2]
+    bench.resolve_batch(args, 4)
+    assert args.batch == 4
+    args = bench.parse_args(["--horovod", "--global-batch", "10"])
+    with pytest.raises(SystemExit) as e:
+        bench.resolve_batch(args, 4)
+    assert "--global-batch 10 does not divide among 4 ranks" in str(e.value)
+    # Per rank (--batch) stays weak scaling: resolve_batch leaves it.
+    args = bench.parse_args(["--horovod", "--batch", "10"])
+    bench.resolve_batch(args, 4)
+    assert args.batch == 10 and args.global_batch is None
+
+
+@pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="no horovodrun next to the interpreter")
+def test_horovod_strong_scaling_with_mlp_on_two_cpu_ranks():
+    """--global-batch 8 --mlp 8,8 under horovodrun -np 2: each rank 4 samples, the MLP's gradients
+    averaged over the ranks, so both ranks end with the same weights (mlp_in_sync=yes)."""
+    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, RUN,
+           "--horovod", *[a for a in TINY if a not in ("--batch", "64")], "--global-batch", "8",
+           "--mlp", "8,8", "--device", "cpu", "--mode", "both", "--dists", "uniform",
+           "--rounds", "1", "--steps", "2", "--warmup", "1"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    lines = [line.split("HOROVOD ", 1)[1] for line in r.stdout.splitlines() if "HOROVOD " in line]
+    assert len(lines) == 2, r.stdout
+    for mode, line in zip(("graph", "function"), lines):
+        kv = dict(w.split("=", 1) for w in line.split())
+        assert kv["mode"] == mode and kv["ranks"] == "2" and kv["scaling"] == "strong", line
+        assert kv["global_batch"] == "8" and kv["batch_per_rank"] == "4", line
+        assert kv["mlp"] == "8,8" and kv["mlp_in_sync"] == "yes", line
+        # 3 fields x dim 16 -> 8 -> 8 -> 1: weights and biases, float32.
+        assert float(kv["allreduce_MB"]) == round(4 * (48 * 8 + 8 + 8 * 8 + 8 + 8 + 1) / 1e6, 3)
+
+
+@pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="no horovodrun next to the interpreter")
+def test_horovod_global_batch_must_divide_among_ranks():
+    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, RUN,
+           "--horovod", "--fields", "3", "--vocab", "500", "--global-batch", "7",
+           "--device", "cpu", "--dists", "uniform"]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0, r.stdout[-4000:]
+    assert "--global-batch 7 does not divide among 2 ranks" in r.stdout + r.stderr, \
+        r.stdout[-4000:] + r.stderr[-4000:]
