@@ -18,8 +18,10 @@ What a row costs in a byte budget (ROW_META_BYTES):
     1 for Adagrad, 2 for Adam and FTRL), plus 32 bytes of metadata: the key (8), its frequency
     (4) and version (4), its index slot (8) and its recency stamp (8). Not counted: the hash maps'
     own overhead (the SSD tier's key -> offset index, the stamps' map) and the table's spare index
-    room. The budget holds between operations: an operation's keys are in DRAM while it runs, and
-    afterwards the coldest rows move down in a batch (to 15/16 of the budget).
+    room. The budget holds between operations. DRAM_SSDHASH: an operation's keys are in DRAM
+    while it runs, and afterwards the coldest rows move down in a batch (to 15/16 of the budget).
+    HBM_DRAM: an operation reads and updates each row in whichever tier holds it; after an update
+    a bounded pass moves the hottest host rows into free GPU room or swaps them for colder ones.
 """
 import enum
 import numbers
