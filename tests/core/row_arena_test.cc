@@ -21,9 +21,9 @@ bool holds(const RowArena& a, int64_t r) {
 }
 
 TEST(RowArenaTest, blocks_are_a_power_of_two_rows_of_about_a_mebibyte) {
-  EXPECT_TRUE(RowArena(32).rows_per_block() == 8192);  // 128-byte rows
-  EXPECT_TRUE(RowArena(33).rows_per_block() == 4096);
-  EXPECT_TRUE(RowArena(1 << 20).rows_per_block() == 1);  // a row larger than a block
+  EXPECT_TRUE(RowArena(32).rows_per_block() == 32768);  // 128-byte rows
+  EXPECT_TRUE(RowArena(33).rows_per_block() == 16384);
+  EXPECT_TRUE(RowArena(1 << 22).rows_per_block() == 1);  // a row larger than a block
 }
 
 TEST(RowArenaTest, rows_never_move_while_it_grows) {

@@ -7,7 +7,9 @@
 namespace sok {
 namespace {
 
-constexpr int64_t kBlockBytes = int64_t{1} << 20;
+// 4 MiB: a block's untouched pages cost address space only, and a table of 128 GB of rows stays
+// at 32K mappings, half the kernel's default vm.max_map_count even if none of them merge.
+constexpr int64_t kBlockBytes = int64_t{4} << 20;
 
 }  // namespace
 

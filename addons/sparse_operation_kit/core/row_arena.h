@@ -1,4 +1,4 @@
-// RowArena: rows of `stride` floats in fixed-size blocks (about 1 MiB each). Growing adds a
+// RowArena: rows of `stride` floats in fixed-size blocks (about 4 MiB each). Growing adds a
 // block: rows never move and no copy is made, and the unused room is at most one block (a
 // doubling vector copies everything and may leave a whole table's worth unused). Blocks are
 // mapped from the OS (buffer_alloc in page_vector.h): a block's pages not written yet are not
