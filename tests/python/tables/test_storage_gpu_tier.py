@@ -111,6 +111,17 @@ def test_training_equals_the_one_tier_table(opt_name, strategy):
 
 
 @on_gpu
+def test_generic_optimizers_are_refused_naming_the_hbm_budget():
+    ev = make(hbm_dram(), unique_name("hbm_generic"))
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.RMSprop(0.01))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(ev.sparse_read(tf.constant([1, 2], tf.int64)))
+    with pytest.raises(ValueError, match="has storage_type HBM_DRAM.*RMSprop's would stay in "
+                                         "memory outside the HBM budget"):
+        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+
+
+@on_gpu
 def test_dump_load_round_trip(tmp_path):
     name = unique_name("hbm_dump")
     rng = np.random.RandomState(3)

@@ -277,7 +277,7 @@ def test_generic_optimizers_are_refused(tmp_path):
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(ev.sparse_read(tf.constant([1, 2], tf.int64)))
     with pytest.raises(ValueError, match=f"table '{ev.name}' has storage_type DRAM_SSDHASH.*"
-                       "MomentumOptimizer's would stay in memory"):
+                       "MomentumOptimizer's would stay in memory outside the DRAM budget"):
         opt.apply_gradients([(tape.gradient(loss, ev), ev)])
 
 

@@ -40,6 +40,7 @@ from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.runtime.keras_version import keras_optimizer_kind
 from sparse_operation_kit.runtime.schema import Optimizer
+from sparse_operation_kit.tables import storage
 from sparse_operation_kit.tables.embedding_variable import (
     EmbeddingVariable,
     EmbeddingVariableOption,
@@ -211,7 +212,7 @@ class GenericSparseUpdater:
                 f"{table._storage.storage_type.name}, whose rows carry their optimizer slots "
                 "between tiers; only SOK's fused optimizers (SGD, Adagrad, Adam, FTRL) keep slots "
                 f"in the rows, and {type(self.optimizer).__name__}'s would stay in memory outside "
-                "the DRAM budget"
+                f"the {storage.tiers_of(table._storage.storage_type)[0]} budget"
             )
         if table._filter_freq > 0:
             raise ValueError(

@@ -80,6 +80,11 @@ SUPPORTED = (StorageType.DEFAULT, StorageType.DRAM, StorageType.DRAM_SSDHASH, St
 TIERED = (StorageType.DRAM_SSDHASH, StorageType.HBM_DRAM)
 
 
+def tiers_of(storage_type):
+    """The tiers of a StorageType, top to bottom (e.g. ("HBM", "DRAM"))."""
+    return _TIERS[StorageType(storage_type)]
+
+
 def _enum_member(value, cls, what):
     """A member of `cls` from a member, its name or its DeepRec number; None if unknown."""
     if isinstance(value, cls):
