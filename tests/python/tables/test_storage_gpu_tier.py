@@ -8,8 +8,8 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 from sparse_operation_kit.tables import storage
 from tests.python.support import TEST_DEVICE, sorted_export, unique_name
+from tests.python.tables.tier_support import DIM, assert_same_table, make, train
 
-DIM = 4
 ADAM_ROW = 4 * DIM * 3 + storage.ROW_META_BYTES  # a row with Adam's two slots
 OPTIMIZERS = {
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
@@ -25,22 +25,8 @@ def hbm_dram(strategy=sok.CacheStrategy.LFU, rows=3):
                              cache_strategy=strategy)
 
 
-def make(option, name):
-    return sok.EmbeddingVariable(
-        name, DIM, initializer=tf.random_uniform_initializer(-1, 1, seed=3),
-        ev_option=sok.EmbeddingVariableOption(storage_option=option))
-
-
 def eager_run(ev, opt_name, ids_batches):
-    opt = sok.OptimizerWrapper(OPTIMIZERS[opt_name]())
-    outs = []
-    for ids in ids_batches:
-        with tf.GradientTape() as tape:
-            rows = ev.sparse_read(tf.constant(ids))
-            loss = tf.reduce_sum(rows * rows * tf.range(1.0, DIM + 1.0))
-        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
-        outs.append(rows.numpy())
-    return outs
+    return train(ev, OPTIMIZERS[opt_name], ids_batches)
 
 
 def test_python_accepts_hbm_dram():
@@ -104,10 +90,7 @@ def test_training_equals_the_one_tier_table(opt_name, strategy):
     np.testing.assert_array_equal(two.sparse_read(every, training=False).numpy(),
                                   one.sparse_read(every, training=False).numpy())
     assert int(two.size()) == int(one.size())  # the evaluation read inserted nothing
-    ea, eb = sorted_export(two), sorted_export(one)
-    assert set(ea) == set(eb)
-    for field in ea:
-        np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
+    assert_same_table(two, one)
 
 
 @on_gpu

@@ -8,7 +8,8 @@ import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit.tables import storage
-from tests.python.support import sorted_export, unique_name
+from tests.python.support import unique_name
+from tests.python.tables.tier_support import DIM, assert_same_table, make, train
 
 # DRAM_SSDHASH tables live on the CPU (the tier is built there), also under SOK_TEST_DEVICE=gpu;
 # HBM_DRAM is tests/python/tables/test_storage_gpu_tier.py's.
@@ -21,15 +22,7 @@ def _eager_ops_on_the_cpu():
         yield
 
 
-DIM = 4
 ROW = 4 * DIM + storage.ROW_META_BYTES  # one row before optimizer slots
-
-
-def make(option, name=None, dim=DIM):
-    name = name or unique_name("tiered")
-    return sok.EmbeddingVariable(
-        name, dim, initializer=tf.random_uniform_initializer(-1, 1, seed=3),
-        ev_option=sok.EmbeddingVariableOption(storage_option=option))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,24 +147,9 @@ def batches(steps=12, seed=0):
     return [rng.randint(-25, 25, size=7).astype(np.int64) for _ in range(steps)]
 
 
-def assert_same_table(a, b):
-    ea, eb = sorted_export(a), sorted_export(b)
-    assert set(ea) == set(eb)
-    for field in ea:
-        np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
-
-
 def eager_run(name, option, opt_name, ids_batches, ev=None):
     ev = ev or make(option, name)
-    opt = sok.OptimizerWrapper(OPTIMIZERS[opt_name]())
-    outs = []
-    for ids in ids_batches:
-        with tf.GradientTape() as tape:
-            rows = ev.sparse_read(tf.constant(ids))
-            loss = tf.reduce_sum(rows * rows * tf.range(1.0, DIM + 1.0))
-        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
-        outs.append(rows.numpy())
-    return ev, outs
+    return ev, train(ev, OPTIMIZERS[opt_name], ids_batches)
 
 
 def ssd_dirs(path):
