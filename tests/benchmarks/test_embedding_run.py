@@ -185,24 +185,33 @@ def test_horovod_exchange_bytes_count_keys_rows_and_gradients():
     assert list(sent) == [2 * (16 + row) + row + sizes, (16 + row) + 2 * row + sizes]
 
 
+def _two_cpu_ranks(*args, timeout=600):
+    """run.py --horovod ARGS under horovodrun -np 2 (Gloo, no GPU): the completed process."""
+    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, RUN,
+           "--horovod", *args]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _horovod_lines(r):
+    """The HOROVOD lines' key=value pairs, after horovodrun's "[0]<stdout>:" prefixes."""
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    lines = [line.split("HOROVOD ", 1)[1] for line in r.stdout.splitlines() if "HOROVOD " in line]
+    return [dict(w.split("=", 1) for w in line.split()) for line in lines]
+
+
 @pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="no horovodrun next to the interpreter")
 def test_horovod_mode_on_two_cpu_ranks():
     """--horovod under horovodrun -np 2 (Gloo, CPU): SOK's tables sharded over the two ranks, each
     rank its own ids; rank 0 prints one HOROVOD line per mode."""
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, RUN,
-           "--horovod", *TINY, "--device", "cpu", "--mode", "both", "--dists", "uniform",
-           "--rounds", "1", "--steps", "2", "--warmup", "1"]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    # horovodrun prefixes each rank's lines ("[0]<stdout>:"): the summary starts after that.
-    lines = [line.split("HOROVOD ", 1)[1] for line in r.stdout.splitlines() if "HOROVOD " in line]
+    r = _two_cpu_ranks(*TINY, "--device", "cpu", "--mode", "both", "--dists", "uniform",
+                       "--rounds", "1", "--steps", "2", "--warmup", "1")
+    lines = _horovod_lines(r)
     assert len(lines) == 2, r.stdout
-    for mode, line in zip(("graph", "function"), lines):
-        kv = dict(w.split("=", 1) for w in line.split())
-        assert kv["mode"] == mode and kv["dist"] == "uniform", line
-        assert kv["ranks"] == "2" and kv["batch_per_rank"] == "64", line
-        assert float(kv["step_ms"]) > 0 and float(kv["samples_per_s"]) > 0, line
+    for mode, kv in zip(("graph", "function"), lines):
+        assert kv["mode"] == mode and kv["dist"] == "uniform", kv
+        assert kv["ranks"] == "2" and kv["batch_per_rank"] == "64", kv
+        assert float(kv["step_ms"]) > 0 and float(kv["samples_per_s"]) > 0, kv
         assert float(kv["sent_MB_per_rank"]) > 0 and len(kv["rank_step_ms"].split(",")) == 2
 
 
@@ -275,31 +284,23 @@ def test_batch_flags_refuse_mixing_and_bad_values(capsys):
 def test_horovod_strong_scaling_with_mlp_on_two_cpu_ranks():
     """--global-batch 8 --mlp 8,8 under horovodrun -np 2: each rank 4 samples, the MLP's gradients
     averaged over the ranks, so both ranks end with the same weights (mlp_in_sync=yes)."""
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, RUN,
-           "--horovod", *[a for a in TINY if a not in ("--batch", "64")], "--global-batch", "8",
-           "--mlp", "8,8", "--device", "cpu", "--mode", "both", "--dists", "uniform",
-           "--rounds", "1", "--steps", "2", "--warmup", "1"]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    lines = [line.split("HOROVOD ", 1)[1] for line in r.stdout.splitlines() if "HOROVOD " in line]
+    r = _two_cpu_ranks(*[a for a in TINY if a not in ("--batch", "64")], "--global-batch", "8",
+                       "--mlp", "8,8", "--device", "cpu", "--mode", "both", "--dists", "uniform",
+                       "--rounds", "1", "--steps", "2", "--warmup", "1", timeout=120)
+    lines = _horovod_lines(r)
     assert len(lines) == 2, r.stdout
-    for mode, line in zip(("graph", "function"), lines):
-        kv = dict(w.split("=", 1) for w in line.split())
-        assert kv["mode"] == mode and kv["ranks"] == "2" and kv["scaling"] == "strong", line
-        assert kv["global_batch"] == "8" and kv["batch_per_rank"] == "4", line
-        assert kv["mlp"] == "8,8" and kv["mlp_in_sync"] == "yes", line
+    for mode, kv in zip(("graph", "function"), lines):
+        assert kv["mode"] == mode and kv["ranks"] == "2" and kv["scaling"] == "strong", kv
+        assert kv["global_batch"] == "8" and kv["batch_per_rank"] == "4", kv
+        assert kv["mlp"] == "8,8" and kv["mlp_in_sync"] == "yes", kv
         # 3 fields x dim 16 -> 8 -> 8 -> 1: weights and biases, float32.
         assert float(kv["allreduce_MB"]) == round(4 * (48 * 8 + 8 + 8 * 8 + 8 + 8 + 1) / 1e6, 3)
 
 
 @pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="no horovodrun next to the interpreter")
 def test_horovod_global_batch_must_divide_among_ranks():
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, RUN,
-           "--horovod", "--fields", "3", "--vocab", "500", "--global-batch", "7",
-           "--device", "cpu", "--dists", "uniform"]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    r = _two_cpu_ranks("--fields", "3", "--vocab", "500", "--global-batch", "7", "--device",
+                       "cpu", "--dists", "uniform", timeout=120)
     assert r.returncode != 0, r.stdout[-4000:]
     assert "--global-batch 7 does not divide among 2 ranks" in r.stdout + r.stderr, \
         r.stdout[-4000:] + r.stderr[-4000:]
