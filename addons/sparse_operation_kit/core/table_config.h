@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -29,6 +30,11 @@ inline bool parse_storage_kind(const std::string& name, StorageKind* out) {
   else if (name == "HBM_DRAM") *out = StorageKind::kHbmDram;
   else return false;
   return true;
+}
+
+// Cached tiers over the lowest one: one for a tiered kind, none for DRAM and HBM.
+inline size_t cached_tiers(StorageKind kind) {
+  return kind == StorageKind::kDram || kind == StorageKind::kHbm ? 0 : 1;
 }
 
 inline bool parse_cache_strategy(const std::string& name, CacheStrategy* out) {

@@ -505,8 +505,7 @@ Status new_gpu_table(const TableConfig& config, const GpuTableOptions& options,
     *out = std::move(t);
     return Status::OK();
   }
-  if (config.storage != StorageKind::kDram && config.storage != StorageKind::kHbm) {
-    // never placed elsewhere silently
+  if (cached_tiers(config.storage) > 0) {  // a CPU-only tiered kind: never placed elsewhere
     return Status::Invalid("table '" + config.name +
                            "': storage DRAM_SSDHASH is built for the CPU only; place the table "
                            "on the CPU (on the GPU use DRAM, HBM or HBM_DRAM)");

@@ -64,9 +64,7 @@ inline Status ParseStorage(OpKernelConstruction* c, sok::TableConfig* config) {
   if (!sok::parse_cache_strategy(strategy, &config->cache_strategy)) {
     return errors::InvalidArgument(where, "unknown cache_strategy '", strategy, "'");
   }
-  const bool one_tier =
-      config->storage == sok::StorageKind::kDram || config->storage == sok::StorageKind::kHbm;
-  const size_t cached = one_tier ? 0 : 1;
+  const size_t cached = sok::cached_tiers(config->storage);
   if (sizes.size() != cached) {
     return errors::InvalidArgument(where, "storage_size has ", sizes.size(), " entries, but ", type,
                                    " has ", cached, " cached tier(s)");
