@@ -215,13 +215,17 @@ class GraphRunner(_Timed):
             self.model = BUILDERS[impl](args, batches)
             loss_fn, self.dense_vars = dense_part(args)
             if getattr(inputs, "per_batch", False):  # a step graph per batch, nothing fed
-                self.which = None
-                self.losses = [loss_fn(self.model.embed(inputs.sparse(b))) for b in range(self.nb)]
+                self.which, which = None, range(self.nb)
             else:
                 with tf.device("/CPU:0"):
                     self.which = tf.compat.v1.placeholder(tf.int32, [], name="batch_index")
-                self.losses = [loss_fn(self.model.embed(inputs.sparse(self.which)))]
-            self.train_ops = [self._train_op(loss) for loss in self.losses]
+                which = [self.which]
+            # Each step's train op right after its loss: SOK chains a TF1 graph's collectives,
+            # and a step built after another's gradients runs none of the other's.
+            self.losses, self.train_ops = [], []
+            for w in which:
+                self.losses.append(loss_fn(self.model.embed(inputs.sparse(w))))
+                self.train_ops.append(self._train_op(self.losses[-1]))
             init = [tf.compat.v1.global_variables_initializer()]
             init += [
                 op for op in self.graph.get_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS)

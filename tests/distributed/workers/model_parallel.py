@@ -580,7 +580,7 @@ def run_collectives(hvd, rank, world):
 
 
 def _ancestors(tensors):
-    seen, todo = set(), [t.op for t in tensors]
+    seen, todo = set(), [getattr(t, "op", t) for t in tensors]  # tensors or ops
     while todo:
         op = todo.pop()
         if op not in seen:
@@ -589,18 +589,32 @@ def _ancestors(tensors):
     return seen
 
 
+def _collectives(graph):
+    return {op for op in graph.get_operations() if "lltoall" in op.type or "AllToAll" in op.type}
+
+
 def run_chains(hvd, rank, world):
     """TF1: SOK orders its collectives with control dependencies, training ones apart from
     lookups that do not train, so an evaluation run never runs a training step's collectives
-    (nor inserts keys)."""
-    with tf.Graph().as_default():
+    (nor inserts keys). Two lookups of one step are ordered; a second train op (a step built
+    after the first one's gradients) runs none of the first step's collectives."""
+    with tf.Graph().as_default() as g:
         ev = sok.get_embedding_variable("chains_ev", 4)
+        other = sok.get_embedding_variable("chains_other", 4)
         ids = _fed_ragged([1, 2, 3 + rank], [0, 2, 3])
         opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
-        loss = tf.reduce_sum(sok.lookup_sparse([ev], [ids], training=True)[0])
-        train = opt.apply_gradients(opt.compute_gradients(loss, [ev]))
-        training_ops = {op for op in tf.compat.v1.get_default_graph().get_operations()
-                        if "lltoall" in op.type or "AllToAll" in op.type}
+        first = sok.lookup_sparse([ev], [ids], training=True)[0]
+        first_ops = _collectives(g)
+        second = sok.lookup_sparse([other], [ids], training=True)[0]
+        assert first_ops <= _ancestors([second]), "two lookups of one step are not ordered"
+        loss = tf.reduce_sum(first) + tf.reduce_sum(second)
+        train = opt.apply_gradients(opt.compute_gradients(loss, [ev, other]))
+        training_ops = _collectives(g)
+        ids2 = _fed_ragged([4, 5 + rank], [0, 1, 2])
+        loss2 = tf.reduce_sum(sok.lookup_sparse([ev], [ids2], training=True)[0])
+        train2 = opt.apply_gradients(opt.compute_gradients(loss2, [ev]))
+        pulled = training_ops & _ancestors([train2])
+        assert not pulled, f"a second train op runs the first's {sorted(o.name for o in pulled)}"
         probe = _fed_ragged([7, 8 + rank], [0, 2])
         evaluation = sok.lookup_sparse([ev], [probe], training=False)[0]
         pulled = training_ops & _ancestors([evaluation])
@@ -611,7 +625,9 @@ def run_chains(hvd, rank, world):
             size = sess.run(ev.size())
             sess.run(evaluation)
             assert sess.run(ev.size()) == size, "an evaluation lookup inserted keys"
-    done("chains: evaluation lookups run none of the training collectives")
+            for step in (train2, train, train2):  # separate runs, so in the same order everywhere
+                sess.run(step)
+    done("chains: evaluation lookups run none of the training collectives; steps apart")
 
 
 def run_bytes(hvd, rank, world, per_rank=64, dim=16):

@@ -114,7 +114,8 @@ def _send_keys(params, keys, counts, names, device, chain):
         world=context.world_size, dims=[_dim(p) for p in params], signature=sig,
         **_specs(params))
     ex = collectives.exchange(request, matrix, device, row_columns=n,
-                              width_mismatch=_mismatch(params, names, sig), chain=chain)
+                              width_mismatch=_mismatch(params, names, sig), chain=chain,
+                              opens_lookup=True)
     # Each rank sent every rank [signature, bad-id flag] with its sizes, so every rank sees what
     # every other rank passed: a mismatch fails on every rank at once, before the second
     # exchange, instead of hanging in it. The same op sizes the rows' exchange.
@@ -168,7 +169,8 @@ def _return_rows(rows, owned, sent, dims, device, chain):
                           for g, o in zip(d_outs, outs)]
                 d_back = ops.sok_exchange_scatter_rows(d_outs, sent.row_at, sent.sizes,
                                                        dims=dims)
-                d_flat = collectives.all_to_all_sized(d_back, due_from, owed_to, device)
+                d_flat = collectives.all_to_all_sized(d_back, due_from, owed_to, device,
+                                                      ends_step=True)
                 return list(ops.sok_exchange_rows_from_blocks(d_flat, owned.row_pos,
                                                               owned.distinct, N=n, dims=dims))
 

@@ -10,8 +10,11 @@ Ranks must run the same collectives in the same order. Eager code and tf.functio
 control dependencies of stateful ops) do; in a TF1 graph each SOK collective gets a control
 dependency on the one created before it in its chain: "train" (training lookups, their
 gradients, sok.all_reduce) or "lookup" (lookups that do not train, e.g. evaluation), so that
-running an evaluation never runs a training step's collectives. A Session.run that fetches both
-kinds at once may order them differently on different ranks: fetch them in separate runs.
+running an evaluation never runs a training step's collectives. A training step's chain ends at
+its gradients' collectives: a training lookup built after them starts a new step (another train
+op: a dependency would make every run of it also run the earlier step's lookups and gradients).
+A Session.run that fetches two steps, or both kinds, at once may order their collectives
+differently on different ranks: fetch them in separate runs.
 """
 import logging
 import os
@@ -205,16 +208,18 @@ def all_to_all(x, counts, device="", chain=TRAIN):
     return ex.rows, ex.received
 
 
-def exchange(x, counts, device="", row_columns=-1, width_mismatch=None, chain=TRAIN):
+def exchange(x, counts, device="", row_columns=-1, width_mismatch=None, chain=TRAIN,
+             opens_lookup=False):
     """The all-to-all with sizes in a matrix: counts [world, k] (int64), row p for rank p, whose
     first `row_columns` columns (-1: all) add up to the rows of `x` for rank p; the other columns
     travel along (values every rank must see). Returns .rows (received, in rank order),
     .received (the [world, k] values rank p sent here, row p) and .sent (`counts`), both in host
     memory on GPUs: the wait for sizes on the host happens here. Ranks whose k differ all fail
-    with `width_mismatch` (a message) and every rank's k."""
+    with `width_mismatch` (a message) and every rank's k. `opens_lookup`: the first collective of
+    a lookup (TF1 chains, module doc)."""
     counts = tf.cast(counts, tf.int64)
     message = width_mismatch or "the ranks sent count matrices of different widths"
-    with _after_previous(chain):
+    with _after_previous(chain, opens_lookup):
         if uses_nccl(device):
             rows, _, sent, received = ops.sok_all_to_all(
                 x, counts, row_columns=row_columns, width_mismatch=message)
@@ -242,7 +247,7 @@ def _horovod_exchange(x, counts, row_columns, message):
     return rows, received, counts
 
 
-def all_to_all_sized(x, send_rows, recv_rows, device="", chain=TRAIN):
+def all_to_all_sized(x, send_rows, recv_rows, device="", chain=TRAIN, ends_step=False):
     """The all-to-all when both sides know the sizes: send_rows[p] rows of `x` to rank p,
     recv_rows[p] rows from rank p (int64 [world], host values from `exchange`). On GPUs no
     sizes are exchanged and nothing waits on the host."""
@@ -251,7 +256,7 @@ def all_to_all_sized(x, send_rows, recv_rows, device="", chain=TRAIN):
             out = ops.sok_all_to_all_sized(x, send_rows, recv_rows)
         else:
             out, _ = _job.hvd.alltoall(x, splits=tf.cast(send_rows, tf.int32))
-    _remember(out, chain)
+    _remember(out, chain, ends_step)
     return out
 
 
@@ -278,25 +283,26 @@ def all_reduce(tensors, op="mean"):
     for idx in by_dtype.values():
         with _after_previous():
             reduced = ops.sok_all_reduce([tensors[i] for i in idx], reduction=op)
-        _remember(reduced[0])
+        _remember(reduced[0], ends_step=True)
         for i, r in zip(idx, reduced, strict=True):
             out[i] = r
     return out
 
 
 class _after_previous:
-    """In a TF1 graph: the next collective of `chain` depends on its previous one (module doc)."""
+    """In a TF1 graph: the next collective of `chain` depends on its previous one, unless it opens
+    a lookup and the previous one ended a training step (module doc)."""
 
-    def __init__(self, chain=TRAIN):
-        self._chain = chain
+    def __init__(self, chain=TRAIN, opens_lookup=False):
+        self._chain, self._opens_lookup = chain, opens_lookup
 
     def __enter__(self):
         self._ctx = None
         if not tf.executing_eagerly():
             g = tf.compat.v1.get_default_graph()
             prev = _last_in_graph.get(g, {}).get(self._chain)
-            if prev is not None:
-                self._ctx = tf.control_dependencies([prev])
+            if prev is not None and not (self._opens_lookup and prev.ends_step):
+                self._ctx = tf.control_dependencies([prev.op])
                 self._ctx.__enter__()
         return self
 
@@ -306,9 +312,11 @@ class _after_previous:
         return False
 
 
-def _remember(tensor, chain=TRAIN):
+def _remember(tensor, chain=TRAIN, ends_step=False):
+    """`ends_step`: a gradient's or sok.all_reduce's collective (the end of a training step)."""
     if not tf.executing_eagerly():
-        _last_in_graph.setdefault(tensor.graph, {})[chain] = tensor.op
+        last = types.SimpleNamespace(op=tensor.op, ends_step=ends_step)
+        _last_in_graph.setdefault(tensor.graph, {})[chain] = last
 
 
 @tf.RegisterGradient("SokAllToAll")
@@ -316,7 +324,7 @@ def _all_to_all_grad(op, grad, *_):
     """Each row's gradient goes back to the rank that sent the row."""
     with _after_previous():
         out = ops.sok_all_to_all_sized(tf.convert_to_tensor(grad), _rows(op, 3), _rows(op, 2))
-    _remember(out)
+    _remember(out, ends_step=True)
     return [out, None]
 
 
@@ -334,7 +342,7 @@ def _rows(op, i):
 def _all_to_all_sized_grad(op, grad):
     with _after_previous():
         out = ops.sok_all_to_all_sized(tf.convert_to_tensor(grad), op.inputs[2], op.inputs[1])
-    _remember(out)
+    _remember(out, ends_step=True)
     return [out, None, None]
 
 
