@@ -38,12 +38,12 @@ criteo() {  # CRITEO_INPUTS (default: dataset resident), CRITEO_XLA=0 leaves --x
   done
 }
 
-embedding() {  # under horovodrun at every size (1 rank: the one-process lookup); EMB_BATCHES
+embedding() {  # under horovodrun at every size (1 rank: the one-process lookup); EMB_BATCHES, EMB_MODES
   for batch in ${EMB_BATCHES:-8192 65536}; do
     for n in $sizes; do
       log="$out/embedding_np${n}_b${batch}.txt"
       horovodrun -np "$n" -H "localhost:$n" --gloo python3 benchmarks/embedding/run.py --horovod \
-        --config criteo26 --device gpu --impls sok --batch "$batch" --mode both --inputs resident \
+        --config criteo26 --device gpu --impls sok --batch "$batch" --mode "${EMB_MODES:-both}" --inputs resident \
         --rounds 3 --steps 10 > "$log" 2>&1
       echo "embedding gpus=$n batch=$batch exit=$?"; grep -o 'HOROVOD .*' "$log"
     done
@@ -67,15 +67,16 @@ fields100() {  # F100_BATCH: the global batch on every GPU count (default 65,536
   echo "fields100 sok,tf gpus=1 batch=$batch exit=$?"; grep -E '^(config=|mode |graph )' "$log"
 }
 
-collectives() {
+collectives() {  # COLL_SIZES: what a rank sends per call (default 1MiB,16MiB,64MiB)
+  local bytes="${COLL_SIZES:-1MiB,16MiB,64MiB}"
   for n in $sizes; do
     [ "$n" = 1 ] && continue
     log="$out/collectives_np$n.txt"
     horovodrun -np "$n" -H "localhost:$n" --gloo python3 benchmarks/collectives/run.py \
-      --sizes 1MiB,16MiB,64MiB --impls sok,horovod > "$log" 2>&1
+      --sizes "$bytes" --impls sok,horovod > "$log" 2>&1
     echo "collectives gpus=$n exit=$?"; grep -o 'COLL .*' "$log"
     python3 -m torch.distributed.run --nproc_per_node="$n" benchmarks/collectives/torch_nccl.py \
-      --sizes 1MiB,16MiB,64MiB > "$out/collectives_nccl_np$n.txt" 2>&1
+      --sizes "$bytes" > "$out/collectives_nccl_np$n.txt" 2>&1
     grep -o 'COLL .*' "$out/collectives_nccl_np$n.txt"
   done
 }

@@ -30,6 +30,9 @@ def gpu_count():
     return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
 
 
+# Ranks of the jobs that are not about a rank count (programs, failures; default 2):
+# SOK_TEST_RANKS=4 runs them on 4 GPUs of one machine.
+RANKS = int(os.environ.get("SOK_TEST_RANKS", "2"))
 JOB_TIMEOUT = 420  # seconds for one horovodrun job: a hang fails the test, it does not stall CI
 
 

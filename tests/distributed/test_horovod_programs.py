@@ -1,21 +1,22 @@
-"""Programs as users launch them: `horovodrun -np 2 python <program>` (CPUs here; GPUs with
-SOK_TEST_DEVICE=gpu): DeepRec's Embedding Variable example with its Horovod lines, and the Criteo
-job with --horovod, with and without --xla, against one process on the same global batches."""
+"""Programs as users launch them: `horovodrun -np N python <program>` (N: SOK_TEST_RANKS, 2 by
+default; CPUs here, GPUs with SOK_TEST_DEVICE=gpu): DeepRec's Embedding Variable example with its
+Horovod lines, and the Criteo job with --horovod, with and without --xla, against one process on
+the same global batches."""
 import os
 import re
 
 import numpy as np
 import pytest
-from launch import TEST_DEVICE, _tail, horovodrun
+from launch import RANKS, TEST_DEVICE, _tail, horovodrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLOAT = r"-?\d+\.\d*(?:e[-+]?\d+)?"
 
 
 def test_deeprec_example_under_horovodrun():
-    """examples/deeprec_ev_horovod.py: three Adagrad steps of one sharded Embedding Variable; both
-    ranks feed the same batch, so each key's gradient is summed over the 2 ranks at its owner."""
-    rc, out, _ = horovodrun(2, os.path.join(ROOT, "examples", "deeprec_ev_horovod.py"))
+    """examples/deeprec_ev_horovod.py: three Adagrad steps of one sharded Embedding Variable; every
+    rank feeds the same batch, so each key's gradient is summed over the ranks at its owner."""
+    rc, out, _ = horovodrun(RANKS, os.path.join(ROOT, "examples", "deeprec_ev_horovod.py"))
     assert rc == 0, _tail(out)
     # Expected: ones initializer; d(loss)/d(emb) = 2; id 1 twice in sample 0, ids 3, 4, 5 once in
     # sample 1; tf.compat.v1 Adagrad (lr 0.1, initial accumulator 0.1); loss summed over ranks.
@@ -24,12 +25,12 @@ def test_deeprec_example_under_horovodrun():
     want = []
     for _ in range(3):
         emb = np.array([[2 * row[1]] * 3, [3 * row[3]] * 3])
-        want.append((emb, 2 * 2 * emb.sum()))
+        want.append((emb, RANKS * 2 * emb.sum()))
         for k, per_rank in ((1, 4.0), (3, 2.0)):
-            g = 2 * per_rank
+            g = RANKS * per_rank
             acc[k] += g * g
             row[k] -= 0.1 * g / np.sqrt(acc[k])
-    for r in range(2):
+    for r in range(RANKS):
         lines = [ln for ln in out.splitlines() if ln.startswith(f"[{r}]<stdout>:")]
         text = " ".join(ln.split(":", 1)[1] for ln in lines)
         num = rf"\s*({FLOAT})\s*"
@@ -64,21 +65,21 @@ def _criteo(np_, tmp_path, *extra, env=None):
     return float(m.group(1)), out
 
 
-def test_criteo_job_on_two_ranks_equals_one_process(tmp_path):
-    """The Criteo job under horovodrun -np 2 (--horovod) trains the same global batches as one
+def test_criteo_job_on_several_ranks_equals_one_process(tmp_path):
+    """The Criteo job under horovodrun -np N (--horovod) trains the same global batches as one
     process: the same AUC within 0.002; with --xla (XLA auto-clustering, also on the CPU) too."""
     one, _ = _criteo(1, tmp_path)
-    two, _ = _criteo(2, tmp_path)
-    assert abs(two - one) < 0.002, (one, two)
+    several, _ = _criteo(RANKS, tmp_path)
+    assert abs(several - one) < 0.002, (one, several)
     xla_env = None if TEST_DEVICE == "gpu" else {"TF_XLA_FLAGS": "--tf_xla_cpu_global_jit"}
-    two_xla, out = _criteo(2, tmp_path, "--xla", env=xla_env)
-    assert abs(two_xla - one) < 0.002, (one, two_xla)
+    several_xla, out = _criteo(RANKS, tmp_path, "--xla", env=xla_env)
+    assert abs(several_xla - one) < 0.002, (one, several_xla)
 
 
 @pytest.mark.skipif(TEST_DEVICE != "gpu", reason="partition graphs of GPU ranks (SOK_TEST_DEVICE=gpu)")
 def test_a_multi_gpu_training_step_copies_nothing_to_the_host():
-    """workers/step_copies.py on 2 ranks: no GPU-to-host copy in the step, the exchange's kernels
+    """workers/step_copies.py on N ranks: no GPU-to-host copy in the step, the exchange's kernels
     on the GPUs."""
-    rc, out, _ = horovodrun(2, "step_copies.py")
+    rc, out, _ = horovodrun(RANKS, "step_copies.py")
     assert rc == 0, _tail(out)
-    assert out.count("OK step copies") == 2, _tail(out)
+    assert out.count("OK step copies") == RANKS, _tail(out)

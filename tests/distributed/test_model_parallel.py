@@ -17,7 +17,7 @@ import re
 import sys
 
 import pytest
-from launch import TEST_DEVICE, WORKERS, _tail, gpu_count, horovodrun
+from launch import RANKS, TEST_DEVICE, WORKERS, _tail, gpu_count, horovodrun
 
 
 def _assert_ok(np_, rc, out, phases):
@@ -156,7 +156,7 @@ def test_ranks_that_diverge_end_with_an_error_within_the_timeout():
     env_timeout = 8
     os.environ["SOK_COLLECTIVE_TIMEOUT_SECONDS"] = str(env_timeout)
     try:
-        rc, out, secs = horovodrun(2, "failures.py", "diverge", timeout=240)
+        rc, out, secs = horovodrun(RANKS, "failures.py", "diverge", timeout=240)
     finally:
         del os.environ["SOK_COLLECTIVE_TIMEOUT_SECONDS"]
     assert rc != 0, _tail(out)
@@ -165,7 +165,8 @@ def test_ranks_that_diverge_end_with_an_error_within_the_timeout():
                    r"over tables \['diverging_table'\] on rank 0: its exchange did not complete on every "
                    r"rank within 8 s", out)
     assert m0, _tail(out)
-    m1 = re.search(r"\[rank 1\] failed after ([0-9.]+) s: .*Horovod has been shut down", out)
+    m1 = re.search(rf"\[rank {RANKS - 1}\] failed after ([0-9.]+) s: .*Horovod has been shut down",
+                   out)
     assert m1, _tail(out)
     # Bounded: the timeout plus one stall check and start-up, not the job's 240 s.
     assert float(m0.group(1)) < 60 and float(m1.group(1)) < 60, (m0.group(0), m1.group(0))
@@ -174,9 +175,9 @@ def test_ranks_that_diverge_end_with_an_error_within_the_timeout():
 def test_rank_that_never_joins_times_out():
     """The last rank never calls hvd.init(): the others' hvd.init() ends with Horovod's rendezvous
     timeout (HOROVOD_GLOO_TIMEOUT_SECONDS) and the job fails instead of hanging."""
-    rc, out, secs = horovodrun(2, "failures.py", "nojoin", gloo_timeout=5, timeout=240)
+    rc, out, secs = horovodrun(RANKS, "failures.py", "nojoin", gloo_timeout=5, timeout=240)
     assert rc != 0, _tail(out)
-    assert "[rank 1] never joins" in out
+    assert f"[rank {RANKS - 1}] never joins" in out
     assert re.search(r"Wait timeout after 5 seconds|HOROVOD_GLOO_TIMEOUT_SECONDS", out), _tail(out)
 
 
