@@ -67,8 +67,9 @@ all-reduce (the exchange's backward sums them at the owner). Without --mlp the s
 variables; with --mlp the MLP is data-parallel: every rank holds all of it, and its gradients are
 averaged over the ranks with sok.all_reduce(grads, op="mean") before the update, so every rank's
 weights stay equal. tf and hash keep whole tables in one process and are refused, as are --check,
---profile, --harness and --dump-ids. Without --horovod, --global-batch is the one process's
---batch.
+--harness and --dump-ids. --profile K traces on every rank, each printing its own table (the
+exchange's all-to-alls are the GPU time of SokAllToAll and SokAllToAllSized). Without --horovod,
+--global-batch is the one process's --batch.
 
     horovodrun -np 8 -H localhost:8 python benchmarks/embedding/run.py --horovod \\
         --config criteo26 --batch 65536 --mode both
@@ -337,7 +338,7 @@ def check_horovod_args(p, args):
         # copies, which says nothing about scaling.
         p.error(f"--horovod: only the sok implementation is sharded over ranks, not "
                 f"{','.join(others)} (pass --impls sok)")
-    for flag in ("check", "profile", "harness", "dump_ids"):
+    for flag in ("check", "harness", "dump_ids"):
         if getattr(args, flag):
             p.error(f"--horovod times steps only: --{flag.replace('_', '-')} is single-process")
     if args.storage != "dram":
@@ -646,6 +647,9 @@ def horovod_main(args, dists, modes):
         sent = float(exchange_bytes(counts, args.dim, args.fields).mean(axis=1).max())
         for mode in modes:
             digests = {}
+            if args.profile:  # every rank traces the same steps and prints its own table
+                bench(args, mode, batches, device, ["sok"])
+                continue
             _, _, placement, times = bench(args, mode, batches, device, ["sok"], digests)
             gathered = allgather(hvd, np.asarray(times["sok"])[None], f"bench_times_{mode}_{dist}")
             # Data-parallel MLP: after the same steps every rank must hold the same weights.

@@ -164,7 +164,7 @@ def test_horovod_flags_refuse_single_process_parts():
     bench = load_bench()
     assert bench.parse_args(["--horovod"]).impls == "sok"
     assert bench.parse_args([]).impls == "sok,tf,hash"
-    for extra in (["--impls", "sok,tf"], ["--check", "2"], ["--profile", "5"]):
+    for extra in (["--impls", "sok,tf"], ["--check", "2"], ["--harness", "x"]):
         with pytest.raises(SystemExit):
             bench.parse_args(["--horovod", *extra])
 
@@ -213,6 +213,20 @@ def test_horovod_mode_on_two_cpu_ranks():
         assert kv["ranks"] == "2" and kv["batch_per_rank"] == "64", kv
         assert float(kv["step_ms"]) > 0 and float(kv["samples_per_s"]) > 0, kv
         assert float(kv["sent_MB_per_rank"]) > 0 and len(kv["rank_step_ms"].split(",")) == 2
+
+
+@pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="no horovodrun next to the interpreter")
+def test_horovod_profile_prints_every_ranks_table():
+    """--horovod --profile: both ranks trace the same steps (their collectives pair up) and each
+    prints its traced step's op table, the exchange's all-to-alls in it."""
+    r = _two_cpu_ranks(*TINY, "--device", "cpu", "--mode", "both", "--dists", "uniform",
+                       "--warmup", "1", "--profile", "40")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    for rank in (0, 1):
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith(f"[{rank}]<stdout>:")]
+        traced = [ln for ln in lines if "traced step" in ln]
+        assert len(traced) == 2 * 2, "\n".join(lines)  # two traced steps per mode
+        assert any("SokExchangePlan" in ln for ln in lines), "\n".join(lines)
 
 
 def check_losses(out):
