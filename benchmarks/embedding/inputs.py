@@ -79,6 +79,17 @@ def _sparse_indices(splits):
     return np.stack([rows, np.arange(splits[-1], dtype=np.int64) - splits[:-1][rows]], 1)
 
 
+def _held(x, name, feeds):
+    """A non-trainable variable holding the array x. In a TF1 graph its value is fed once, when
+    the variables are initialized (run `feeds`): as a constant it would be copied into the graph,
+    gigabytes for fields100 at batch 65,536, slow to build, serialize and run."""
+    if tf.executing_eagerly():
+        return tf.Variable(x, trainable=False, name=name)
+    value = tf.compat.v1.placeholder(tf.as_dtype(x.dtype), x.shape, name=f"{name}_value")
+    feeds[value] = x
+    return tf.Variable(value, trainable=False, name=name)
+
+
 def _dense_shape(args):
     """The SparseTensors' dense shape, in host memory as a fed or tf.shape-made one is: a shape in
     GPU memory costs every implementation copies to the host (output sizes are host values)."""
@@ -94,6 +105,7 @@ class IdInputs:
     def __init__(self, args, batches):
         nb = len(batches)
         self.args = args
+        self.init_feed = {}  # the variables' values, fed when they are initialized (TF1)
         self.fixed = args.min_ids_per_field == args.ids_per_field
         self.shape = _dense_shape(args)
         self.values, self.indices, self.nnz = [], [], []
@@ -103,7 +115,7 @@ class IdInputs:
             self.shared_indices = tf.constant(np.stack([rows, cols], 1))
             for f in range(args.fields):
                 data = np.stack([batches[b][f][0] for b in range(nb)])  # [nb, n]
-                self.values.append(tf.Variable(data, trainable=False, name=f"ids_{f}"))
+                self.values.append(_held(data, f"ids_{f}", self.init_feed))
             return
         for f in range(args.fields):
             ns = [len(batches[b][f][0]) for b in range(nb)]
@@ -114,8 +126,8 @@ class IdInputs:
                 ids, splits = batches[b][f]
                 vals[b, : ns[b]] = ids
                 idx[b, : ns[b]] = _sparse_indices(splits)
-            self.values.append(tf.Variable(vals, trainable=False, name=f"ids_{f}"))
-            self.indices.append(tf.Variable(idx, trainable=False, name=f"indices_{f}"))
+            self.values.append(_held(vals, f"ids_{f}", self.init_feed))
+            self.indices.append(_held(idx, f"indices_{f}", self.init_feed))
             with tf.device("/CPU:0"):  # slice sizes are host-side inputs of Slice
                 self.nnz.append(tf.constant(ns, tf.int64, name=f"nnz_{f}"))
 
@@ -150,6 +162,7 @@ class BatchedIdInputs:
     def __init__(self, args, batches):
         nb, fields = len(batches), args.fields
         self.fields = fields
+        self.init_feed = {}  # the variables' values, fed when they are initialized (TF1)
         self.shape = _dense_shape(args)
         ns = np.array([[len(batches[b][f][0]) for f in range(fields)] for b in range(nb)])
         width = _pad8(int(ns.sum(1).max()))
@@ -163,8 +176,8 @@ class BatchedIdInputs:
                 vals[b, at:end] = ids
                 idx[b, at:end] = _sparse_indices(splits)
                 at = end
-        self.values = tf.Variable(vals, trainable=False, name="ids")
-        self.indices = tf.Variable(idx, trainable=False, name="indices")
+        self.values = _held(vals, "ids", self.init_feed)
+        self.indices = _held(idx, "indices", self.init_feed)
         # Per batch: each field's id count, then the padding (SplitV takes its sizes on the host).
         sizes = np.concatenate([ns, width - ns.sum(1, keepdims=True)], 1)
         with tf.device("/CPU:0"):
@@ -199,7 +212,8 @@ class ResidentIdInputs:
 
     def __init__(self, args, batches, eager=False):
         self.shape = _dense_shape(args)
-        hold = tf.constant if eager else (lambda x, name: tf.Variable(x, trainable=False, name=name))
+        self.init_feed = {}  # the variables' values, fed when they are initialized (TF1)
+        hold = tf.constant if eager else (lambda x, name: _held(x, name, self.init_feed))
         self.values, self.indices = [], []
         for b, fields in enumerate(batches):
             self.values.append([hold(ids, name=f"ids_{b}_{f}")

@@ -248,7 +248,7 @@ class GraphRunner(_Timed):
                 config.gpu_options.visible_device_list = ",".join(
                     d.name.rsplit(":", 1)[1] for d in tf.config.get_visible_devices("GPU"))
             self.sess = tf.compat.v1.Session(graph=self.graph, config=config)
-            self.sess.run(init)
+            self.sess.run(init, feed_dict=inputs.init_feed or None)
             for op, ph, value in assign:
                 self.sess.run(op, feed_dict={ph: value})
             self.graph.finalize()

@@ -50,10 +50,10 @@ embedding() {  # under horovodrun at every size (1 rank: the one-process lookup)
   done
 }
 
-fields100() {  # F100_BATCH: the global batch on every GPU count (default 65,536)
+fields100() {  # F100_BATCH: the global batch on every GPU count (default 65,536); F100_DISTS
   local batch="${F100_BATCH:-65536}" mlp=1024,1024,1024,1024,1024,1024
   local common=(--config fields100 --device gpu --mlp "$mlp" --global-batch "$batch" --mode graph
-                --inputs resident --rounds 3 --steps 10)
+                --inputs resident --rounds 3 --steps 10 --dists "${F100_DISTS:-uniform}")
   for n in $sizes; do
     [ "$n" -gt 4 ] && continue
     log="$out/fields100_np${n}.txt"
