@@ -206,9 +206,10 @@ def test_short_training_run_learns(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("tables", [[], ["--num_tables", "4"]])
-def test_tf_data_input_trains_exactly_like_feed_dict(capsys, tmp_path, tables):
-    """The tf.data input (one id tensor per field) and feed_dict (an [B, 26] matrix) train the
-    same model bit for bit, with a table per field and with tables shared by fields."""
+def test_tf_data_and_resident_inputs_train_exactly_like_feed_dict(capsys, tmp_path, tables):
+    """The tf.data input (one id tensor per field), the resident one (the split in device memory,
+    rows gathered in the graph) and feed_dict (an [B, 26] matrix) train the same model bit for
+    bit, with a table per field and with tables shared by fields."""
     import run as criteo_run
 
     common = tables + [
@@ -235,8 +236,11 @@ def test_tf_data_input_trains_exactly_like_feed_dict(capsys, tmp_path, tables):
     fed = criteo_run.main(common + ["--input", "feed"])
     streamed = criteo_run.main(common + ["--input", "dataset"])
     assert "input=dataset" in capsys.readouterr().out
+    resident = criteo_run.main(common + ["--input", "resident"])
+    assert "input=resident" in capsys.readouterr().out
     for key in ("train_loss_first", "train_loss", "eval_loss", "eval_auc", "table_rows"):
         assert streamed[key] == fed[key], key
+        assert resident[key] == fed[key], key
 
 
 def test_profile_traces_steps_after_what_it_reports(capsys, tmp_path):
