@@ -37,6 +37,38 @@ def test_all_reduce_in_a_tf1_graph():
             np.testing.assert_array_equal(sess.run(out, {x: [1.0, 5.0]}), [1.0, 5.0])
 
 
+def _collective(x, chain=collectives.TRAIN, opens_lookup=False, ends_step=False):
+    """A stand-in collective placed in a TF1 chain as SOK places its own (NCCL ones)."""
+    with collectives._after_previous(chain, opens_lookup):
+        out = tf.identity(x)
+    collectives._remember(out, chain, ends_step)
+    return out
+
+
+def test_tf1_chains_order_a_step_and_leave_the_next_one_alone():
+    """In a TF1 graph each collective depends on its chain's previous one, except a lookup's
+    first collective after a step's gradients (a new step: depending on the old one would run
+    it again). sok.all_reduce keeps the state it follows: before a lookup it stays ordered with
+    it, after the gradients (dense ones) it ends the step with them."""
+    with tf.Graph().as_default():
+        x = tf.constant(1.0)
+        forward_reduce = _collective(x, ends_step=None)
+        keys = _collective(x, opens_lookup=True)
+        assert keys.op.control_inputs == [forward_reduce.op]
+        rows = _collective(x)
+        other_keys = _collective(x, opens_lookup=True)  # a second lookup of the same step
+        assert other_keys.op.control_inputs == [rows.op]
+        grad = _collective(x, ends_step=True)
+        dense_reduce = _collective(x, ends_step=None)
+        assert dense_reduce.op.control_inputs == [grad.op]
+        next_step = _collective(x, opens_lookup=True)
+        assert next_step.op.control_inputs == []
+        first_eval = _collective(x, chain=collectives.LOOKUP, opens_lookup=True)
+        assert first_eval.op.control_inputs == []
+        second_eval = _collective(x, chain=collectives.LOOKUP, opens_lookup=True)
+        assert second_eval.op.control_inputs == [first_eval.op]
+
+
 class _FakeHorovod:
     """Three ranks' allgather of the GPU identities, seen from rank `rank`."""
 

@@ -11,8 +11,9 @@ control dependencies of stateful ops) do; in a TF1 graph each SOK collective get
 dependency on the one created before it in its chain: "train" (training lookups, their
 gradients, sok.all_reduce) or "lookup" (lookups that do not train, e.g. evaluation), so that
 running an evaluation never runs a training step's collectives. A training step's chain ends at
-its gradients' collectives: a training lookup built after them starts a new step (another train
-op: a dependency would make every run of it also run the earlier step's lookups and gradients).
+its gradients' collectives (and the sok.all_reduce calls after them): a training lookup built
+after them starts a new step (another train op: a dependency would make every run of it also
+run the earlier step's lookups and gradients).
 A Session.run that fetches two steps, or both kinds, at once may order their collectives
 differently on different ranks: fetch them in separate runs.
 """
@@ -283,7 +284,7 @@ def all_reduce(tensors, op="mean"):
     for idx in by_dtype.values():
         with _after_previous():
             reduced = ops.sok_all_reduce([tensors[i] for i in idx], reduction=op)
-        _remember(reduced[0], ends_step=True)
+        _remember(reduced[0], ends_step=None)  # after the gradients (dense ones) or not
         for i, r in zip(idx, reduced, strict=True):
             out[i] = r
     return out
@@ -313,10 +314,15 @@ class _after_previous:
 
 
 def _remember(tensor, chain=TRAIN, ends_step=False):
-    """`ends_step`: a gradient's or sok.all_reduce's collective (the end of a training step)."""
+    """`ends_step`: a gradient's collective (the end of a training step's lookups); None: as the
+    previous one of the chain (sok.all_reduce: of dense gradients after them, or in a forward
+    pass before a lookup, which must stay ordered with it)."""
     if not tf.executing_eagerly():
-        last = types.SimpleNamespace(op=tensor.op, ends_step=ends_step)
-        _last_in_graph.setdefault(tensor.graph, {})[chain] = last
+        chains = _last_in_graph.setdefault(tensor.graph, {})
+        if ends_step is None:
+            prev = chains.get(chain)
+            ends_step = prev is not None and prev.ends_step
+        chains[chain] = types.SimpleNamespace(op=tensor.op, ends_step=ends_step)
 
 
 @tf.RegisterGradient("SokAllToAll")
