@@ -1,15 +1,17 @@
-"""Bytes per key of an Embedding Variable on the CPU: resident memory the table adds per key,
-split into its values, its optimizer slots and the rest (index, keys, counters, growth slack).
+"""Bytes per key of an Embedding Variable: memory the table adds per key, split into its values,
+its optimizer slots and the rest (index, keys, counters, growth slack).
 
 Each configuration runs in a fresh process: inserts --keys distinct keys (training reads), then
-one Adagrad step on all of them (its accumulator slot), and reads the process's resident memory
-(/proc/self/status VmRSS) before and after. Before is read after two warm-up steps on another
-table, so that TensorFlow's per-step buffers (a fixed cost) are not counted per key. The issue's
-target for the rest is 32 bytes.
+one Adagrad step on all of them (its accumulator slot), and reads the memory in use before and
+after: on the CPU the process's resident memory (/proc/self/status VmRSS), on the GPU (--device
+gpu, the table in GPU memory) what TensorFlow's GPU allocator holds, which SOK's GPU tables
+allocate from (tf.config.experimental.get_memory_info). Before is read after two warm-up steps
+on another table, so that TensorFlow's per-step buffers (a fixed cost) are not counted per key.
+The multi-tier issue's target for the rest is 32 bytes on the CPU; the GPU's is reported.
 
-    .venv/bin/python benchmarks/embedding/memory.py --keys 4000000 --dims 16,128
+    .venv/bin/python benchmarks/embedding/memory.py --keys 4000000 --dims 16,128 [--device gpu]
 prints one line per dim:
-    MEMORY dim=16 keys=4000000 bytes_per_key=... values=64 slots=64 overhead=...
+    MEMORY device=cpu dim=16 keys=4000000 bytes_per_key=... values=64 slots=64 overhead=...
 """
 import argparse
 import os
@@ -27,12 +29,24 @@ def _rss_bytes():
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def measure(keys, dim, chunk):
+def measure(keys, dim, chunk, device="cpu"):
     """Runs in the child: returns (total bytes per key, values, slots) per key."""
+    import contextlib
+
     import numpy as np
     import tensorflow as tf
 
     import sparse_operation_kit as sok
+
+    if device == "gpu":
+        if not tf.config.list_physical_devices("GPU"):
+            raise SystemExit("memory.py --device gpu: TensorFlow sees no GPU")
+        place = tf.device("/GPU:0")
+
+        def in_use():
+            return tf.config.experimental.get_memory_info("GPU:0")["current"]
+    else:
+        place, in_use = contextlib.nullcontext(), _rss_bytes
 
     opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
 
@@ -45,16 +59,17 @@ def measure(keys, dim, chunk):
     # steps allocate once and keep is resident before `before` (TensorFlow keeps gradient
     # buffers of chunk x dim floats from the second step on: a fixed cost, not a per-key one).
     # The measured table starts empty, so that all its keys count.
-    warm = sok.get_embedding_variable("memory_bench_warm", dim, key_dtype=tf.int64,
-                                      initializer=tf.zeros_initializer())
-    for w in range(2):
-        step(warm, np.arange(w * chunk, (w + 1) * chunk, dtype=np.int64))
-    ev = sok.get_embedding_variable("memory_bench", dim, key_dtype=tf.int64,
-                                    initializer=tf.zeros_initializer())
-    before = _rss_bytes()
-    for start in range(0, keys, chunk):
-        step(ev, np.arange(start, min(keys, start + chunk), dtype=np.int64))
-    after = _rss_bytes()
+    with place:
+        warm = sok.get_embedding_variable("memory_bench_warm", dim, key_dtype=tf.int64,
+                                          initializer=tf.zeros_initializer())
+        for w in range(2):
+            step(warm, np.arange(w * chunk, (w + 1) * chunk, dtype=np.int64))
+        ev = sok.get_embedding_variable("memory_bench", dim, key_dtype=tf.int64,
+                                        initializer=tf.zeros_initializer())
+        before = in_use()
+        for start in range(0, keys, chunk):
+            step(ev, np.arange(start, min(keys, start + chunk), dtype=np.int64))
+        after = in_use()
     return (after - before) / keys, 4 * dim, 4 * dim  # Adagrad: one slot of dim floats
 
 
@@ -63,18 +78,23 @@ def main():
     p.add_argument("--keys", type=int, default=4_000_000)
     p.add_argument("--dims", default="16,128")
     p.add_argument("--chunk", type=int, default=262_144, help="keys per training step")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                   help="where the table lives (gpu: TensorFlow's GPU allocator is measured)")
     p.add_argument("--child-dim", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child_dim:
-        total, values, slots = measure(args.keys, args.child_dim, args.chunk)
-        print(f"MEMORY dim={args.child_dim} keys={args.keys} bytes_per_key={total:.1f} "
+        total, values, slots = measure(args.keys, args.child_dim, args.chunk, args.device)
+        print(f"MEMORY device={args.device} dim={args.child_dim} keys={args.keys} bytes_per_key={total:.1f} "
               f"values={values} slots={slots} overhead={total - values - slots:.1f} "
               f"target_overhead={TARGET_OVERHEAD}", flush=True)
         return 0
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     for dim in (int(d) for d in args.dims.split(",")):
         out = subprocess.run([sys.executable, __file__, "--keys", str(args.keys), "--chunk",
-                              str(args.chunk), "--child-dim", str(dim)], env=env,
+                              str(args.chunk), "--device", args.device, "--child-dim", str(dim)],
+                             env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("MEMORY")]
         if out.returncode != 0 or not lines:

@@ -19,8 +19,16 @@ def test_memory_bench_reports_values_slots_and_overhead_per_dim():
     assert len(lines) == 2, out.stdout
     for line, dim in zip(lines, (8, 32)):
         fields = dict(re.findall(r"(\w+)=([-\d.]+)", line))
+        assert "device=cpu" in line
         assert int(fields["dim"]) == dim and int(fields["keys"]) == 50000
         assert int(fields["values"]) == 4 * dim and int(fields["slots"]) == 4 * dim
         total = float(fields["bytes_per_key"])
         overhead = total - int(fields["values"]) - int(fields["slots"])
         assert abs(overhead - float(fields["overhead"])) < 0.11, line
+
+
+def test_gpu_device_without_a_gpu_is_refused_clearly():
+    out = subprocess.run([sys.executable, MEMORY, "--keys", "1000", "--dims", "8", "--device",
+                          "gpu"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=300, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert out.returncode != 0 and "TensorFlow sees no GPU" in out.stdout, out.stdout[-3000:]
