@@ -4,6 +4,7 @@
 #   criteo       the Criteo job at per-GPU batch 65,536, with and without --xla, its input
 #                through tf.data (dataset) and GPU-resident (resident)
 #   embedding    benchmarks/embedding's 26-field step at per-GPU batch 8,192 and 65,536
+#   profile      the 26-field step's per-op GPU time on every rank (--profile), 2 and 4 GPUs
 #   collectives  SOK's and Horovod's all-to-all and all-reduce against NCCL's own (PyTorch)
 #   fields100    the seed's synthetic case (100 fields x 10 ids, vocab 8,192, an MLP of six
 #                1,024-wide layers) at a FIXED global batch (strong scaling) on 1, 2 and 4 GPUs,
@@ -47,6 +48,17 @@ embedding() {  # under horovodrun at every size (1 rank: the one-process lookup)
         --rounds 3 --steps 10 > "$log" 2>&1
       echo "embedding gpus=$n batch=$batch exit=$?"; grep -o 'HOROVOD .*' "$log"
     done
+  done
+}
+
+profile() {  # one traced step per rank after warm-up; every rank prints its op table
+  for n in $sizes; do
+    [ "$n" = 1 ] && continue
+    log="$out/embedding_profile_np${n}.txt"
+    horovodrun -np "$n" -H "localhost:$n" --gloo python3 benchmarks/embedding/run.py --horovod \
+      --config criteo26 --device gpu --impls sok --batch 65536 --mode function --inputs resident \
+      --dists uniform --warmup 3 --profile 25 > "$log" 2>&1
+    echo "profile gpus=$n exit=$?"; grep -o "traced step.*wall" "$log"
   done
 }
 
