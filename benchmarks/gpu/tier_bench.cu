@@ -11,7 +11,8 @@
 // served from host memory must cross (find reads the value, the update reads and writes value
 // and slot), which bounds them from below. Each line parseable as key=value:
 //   COPY h2d_gbs=.. d2h_gbs=..
-//   TIER impl=.. dist=.. tables=.. ms=.. ratio_vs_hbm=.. [speedup_vs_host_only=.. hbm_share=..
+//   TIER impl=.. dist=.. tables=.. ms=.. ratio_vs_hbm=.. find_ms=.. apply_ms=.. issue_ms=..
+//        [speedup_vs_host_only=.. hbm_share=..
 //        host_keys_per_step=.. pcie_ms=.. ratio_vs_pcie=.. promoted_per_step=..
 //        demoted_per_step=..]
 // Usage: tier_bench [tables=26] [steps=8] [vocab=200000] [ids_per_sample=2]
@@ -22,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -173,7 +175,9 @@ struct StepBuffers {
   cudaStream_t stream = nullptr;
 };
 
-void run_step(const Tables& ts, const std::vector<Batch>& batch, int64_t step, StepBuffers* b) {
+// `mid`, if given, is recorded between the lookups and the updates (with their placement).
+void run_step(const Tables& ts, const std::vector<Batch>& batch, int64_t step, StepBuffers* b,
+              cudaEvent_t mid = nullptr) {
   ExecContext e;
   e.stream = b->stream;
   OptimizerParams p;
@@ -183,6 +187,7 @@ void run_step(const Tables& ts, const std::vector<Batch>& batch, int64_t step, S
   p.step = step;
   for (size_t t = 0; t < ts.all.size(); ++t)
     SOK_OK(ts.all[t]->find_or_insert(e, batch[t].keys.get(), batch[t].n, b->out.get(), nullptr));
+  if (mid != nullptr) CUDA_OK(cudaEventRecord(mid, b->stream));
   for (size_t t = 0; t < ts.all.size(); ++t)
     SOK_OK(ts.all[t]->apply_gradients(e, batch[t].keys.get(), batch[t].n, b->grads.get(), p, step,
                                       true));
@@ -190,6 +195,9 @@ void run_step(const Tables& ts, const std::vector<Batch>& batch, int64_t step, S
 
 struct Result {
   double ms = 0;
+  // Medians: the lookups' and the updates' GPU time, and the host's time to issue a step (above
+  // the GPU time when launches or host work bound the step).
+  double find_ms = 0, apply_ms = 0, issue_ms = 0;
   double hbm_share = 1, host_keys = 0, promoted = 0, demoted = 0;  // per step
 };
 
@@ -201,23 +209,32 @@ Result time_impl(const Shape& sh, Impl impl, const std::vector<std::vector<Batch
   for (; step < 2 * kBatches; ++step) run_step(ts, batches[step % kBatches], step + 1, b);
   CUDA_OK(cudaStreamSynchronize(b->stream));
   const auto before = total_stats(ts);
-  cudaEvent_t e0, e1;
-  CUDA_OK(cudaEventCreate(&e0));
-  CUDA_OK(cudaEventCreate(&e1));
-  std::vector<double> v;
-  for (int i = 0; i < sh.steps; ++i, ++step) {
-    CUDA_OK(cudaEventRecord(e0, b->stream));
-    run_step(ts, batches[step % kBatches], step + 1, b);
-    CUDA_OK(cudaEventRecord(e1, b->stream));
-    CUDA_OK(cudaEventSynchronize(e1));
+  cudaEvent_t e0, em, e1;
+  for (cudaEvent_t* e : {&e0, &em, &e1}) CUDA_OK(cudaEventCreate(e));
+  std::vector<double> v, find, apply, issue;
+  auto between = [](cudaEvent_t a, cudaEvent_t z) {
     float ms = 0;
-    CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
-    v.push_back(ms);
+    CUDA_OK(cudaEventElapsedTime(&ms, a, z));
+    return static_cast<double>(ms);
+  };
+  for (int i = 0; i < sh.steps; ++i, ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CUDA_OK(cudaEventRecord(e0, b->stream));
+    run_step(ts, batches[step % kBatches], step + 1, b, em);
+    CUDA_OK(cudaEventRecord(e1, b->stream));
+    issue.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    CUDA_OK(cudaEventSynchronize(e1));
+    v.push_back(between(e0, e1));
+    find.push_back(between(e0, em));
+    apply.push_back(between(em, e1));
   }
-  CUDA_OK(cudaEventDestroy(e0));
-  CUDA_OK(cudaEventDestroy(e1));
+  for (cudaEvent_t e : {e0, em, e1}) CUDA_OK(cudaEventDestroy(e));
   Result r;
   r.ms = median(v);
+  r.find_ms = median(find);
+  r.apply_ms = median(apply);
+  r.issue_ms = median(issue);
   const auto after = total_stats(ts);
   const double hbm = static_cast<double>(after.hbm_keys - before.hbm_keys);
   const double host = static_cast<double>(after.host_keys - before.host_keys);
@@ -312,8 +329,10 @@ int main(int argc, char** argv) {
       const Result r = time_impl(sh, impl, batches, &b);
       if (impl == Impl::kHbm) hbm_ms = r.ms;
       if (impl == Impl::kHostOnly) host_only_ms = r.ms;
-      std::printf("TIER impl=%s dist=%s tables=%d ms=%.3f ratio_vs_hbm=%.2f", impl_name(impl), dist,
-                  sh.tables, r.ms, r.ms / hbm_ms);
+      std::printf(
+          "TIER impl=%s dist=%s tables=%d ms=%.3f ratio_vs_hbm=%.2f find_ms=%.3f apply_ms=%.3f "
+          "issue_ms=%.3f",
+          impl_name(impl), dist, sh.tables, r.ms, r.ms / hbm_ms, r.find_ms, r.apply_ms, r.issue_ms);
       if (impl == Impl::kHostOnly) {
         const double keys = 2.0 * mean_keys(batches);
         std::printf(" host_keys_per_step=%.0f pcie_ms=%.3f", keys, pcie_ms(keys, h2d, d2h));
