@@ -1,6 +1,7 @@
 // core/cuda/exchange.h (the exchange's index work on the GPU) vs the CPU core (core/exchange.h)
-// on random tables: spread and placed, Embedding Variables and static tables, dims 1..9, more
-// tables than one launch takes, 2 to 8 ranks.
+// on random tables: spread and placed, Embedding Variables and static tables, dims 1..9 (rows
+// moved a float at a time) or multiples of 4 (four at a time), more tables than one launch
+// takes, 2 to 8 ranks.
 // Usage: test_exchange [seed (0: from the clock)] [name filter]; see test_util.cuh.
 #include <cstdint>
 #include <string>
@@ -16,12 +17,16 @@ namespace gex = sok::gpu::exchange;
 
 namespace {
 
-std::vector<ex::TableSpec> random_tables(int n, int world) {
+int64_t random_dim(bool quad) {
+  return quad ? 4 * (1 + static_cast<int64_t>(g_rng() % 4)) : 1 + static_cast<int64_t>(g_rng() % 9);
+}
+
+std::vector<ex::TableSpec> random_tables(int n, int world, bool quad = false) {
   std::vector<ex::TableSpec> t(n);
   for (int i = 0; i < n; ++i) {
     t[i].target = (g_rng() % 3 == 0) ? static_cast<int64_t>(g_rng() % world) : -1;
     t[i].rows = (g_rng() % 2 == 0) ? -1 : 1000;
-    t[i].dim = 1 + static_cast<int64_t>(g_rng() % 9);
+    t[i].dim = random_dim(quad);
   }
   return t;
 }
@@ -72,8 +77,8 @@ bool test_plan(int world, int n) {
   return ok;
 }
 
-bool test_owner(int world, int n) {
-  const auto tables = random_tables(n, world);
+bool test_owner(int world, int n, bool quad = false) {
+  const auto tables = random_tables(n, world, quad);
   std::vector<int64_t> counts(world * n), received;
   std::vector<int64_t> dims(n);
   for (int t = 0; t < n; ++t) dims[t] = tables[t].dim;
@@ -157,11 +162,11 @@ bool test_owner(int world, int n) {
   return ok;
 }
 
-bool test_gather_scatter(int n) {
+bool test_gather_scatter(int n, bool quad) {
   std::vector<int64_t> dims(n), sizes(n), order;
   int64_t elems = 0;
   for (int t = 0; t < n; ++t) {
-    dims[t] = 1 + static_cast<int64_t>(g_rng() % 9);
+    dims[t] = random_dim(quad);
     sizes[t] = static_cast<int64_t>(g_rng() % 100);
     for (int64_t i = 0; i < sizes[t]; ++i) order.push_back(dims[t]);
     elems += sizes[t] * dims[t];
@@ -206,9 +211,15 @@ int main(int argc, char** argv) {
         run("owner keys and rows" + at, [w, n] { return test_owner(w, n); });
       }
     }
-    for (int n : {1, 7, 33}) {
-      run("gather and scatter rows, tables " + std::to_string(n),
-          [n] { return test_gather_scatter(n); });
+    for (int w : {2, 8}) {
+      run("owner keys and rows, dims of 4, world " + std::to_string(w) + " tables 20",
+          [w] { return test_owner(w, 20, /*quad=*/true); });
+    }
+    for (bool quad : {false, true}) {
+      for (int n : {1, 7, 33}) {
+        run("gather and scatter rows, tables " + std::to_string(n) + (quad ? ", dims of 4" : ""),
+            [n, quad] { return test_gather_scatter(n, quad); });
+      }
     }
   });
 }

@@ -2,6 +2,7 @@
 // tables of a lookup: up to kGroupTables tables per launch travel in one __grid_constant__
 // parameter (their pointers and block starts), so no argument is copied to the device and
 // nothing waits for the device.
+#include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
@@ -100,27 +101,65 @@ void set_blocks(Group* g, int i, int t, const BlockLayout& l, bool dims_of_flat)
   }
 }
 
+// Rows move in pieces of V floats: 4 (one 16-byte access) when every dim of the call is a
+// multiple of 4 and every buffer is 16-byte aligned, else 1. A thread per piece instead of per
+// float divides the index arithmetic (table search, 64-bit divisions) by V; the values and the
+// order of every sum stay the same.
+template <int V>
+struct Piece;
+template <>
+struct Piece<1> {
+  using T = float;
+  __device__ static T add(T a, T b) { return a + b; }
+};
+template <>
+struct Piece<4> {
+  using T = float4;
+  __device__ static T add(T a, T b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+  }
+};
+
+template <int V>
+__device__ __forceinline__ typename Piece<V>::T& piece_at(float* base, int64_t elem) {
+  return *reinterpret_cast<typename Piece<V>::T*>(base + elem);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// V for a call over tables of `dims` whose rows live at `rows` and in `flat`.
+int piece_floats(const std::vector<int64_t>& dims, const std::vector<void*>& rows,
+                 const void* flat) {
+  if (!aligned16(flat)) return 1;
+  for (size_t t = 0; t < dims.size(); ++t) {
+    if (dims[t] % 4 != 0 || !aligned16(rows[t])) return 1;
+  }
+  return 4;
+}
+
 // Each distinct row to its copies in the flat rows (kToBlocks), or its copies summed in rank
-// order into it: one thread per element of a distinct row.
-template <bool kToBlocks>
+// order into it: one thread per piece of a distinct row (elem_start and dims count pieces).
+template <bool kToBlocks, int V>
 __global__ void move_rows_kernel(const __grid_constant__ Group g, const int64_t* row_pos,
                                  float* flat, int64_t total) {
+  using P = Piece<V>;
   for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
-    const int64_t at = e - g.elem_start[t], dim = g.dim[t], c = at % dim;
-    const int64_t* pos = row_pos + (g.base[t] + at / dim) * g.world;
-    float* r = static_cast<float*>(g.tensor[t]);
+    const int64_t at = e - g.elem_start[t], pieces = g.dim[t] / V, row = at / pieces;
+    const int64_t c = (at - row * pieces) * V;
+    const int64_t* pos = row_pos + (g.base[t] + row) * g.world;
+    float* r = static_cast<float*>(g.tensor[t]) + row * g.dim[t] + c;
     if (kToBlocks) {
-      const float v = r[at];
+      const typename P::T v = piece_at<V>(r, 0);
       for (int q = 0; q < g.world; ++q) {
-        if (pos[q] >= 0) flat[pos[q] + c] = v;
+        if (pos[q] >= 0) piece_at<V>(flat, pos[q] + c) = v;
       }
     } else {
-      float sum = 0.f;
+      typename P::T sum{};
       for (int q = 0; q < g.world; ++q) {
-        if (pos[q] >= 0) sum += flat[pos[q] + c];
+        if (pos[q] >= 0) sum = P::add(sum, piece_at<V>(flat, pos[q] + c));
       }
-      r[at] = sum;
+      piece_at<V>(r, 0) = sum;
     }
   });
 }
@@ -130,18 +169,24 @@ Status move_rows(const std::vector<int64_t>& dims, const int64_t* distinct, int 
                  const int64_t* row_pos, float* flat, const std::vector<void*>& rows,
                  cudaStream_t stream) {
   const std::vector<int64_t> base = starts_of(distinct, dims.size());
+  const int v = piece_floats(dims, rows, flat);
   return for_groups(
       static_cast<int>(dims.size()), 1,
       [&](Group* g, int i, int t) {
         g->dim[i] = dims[t];
         g->tensor[i] = rows[t];
         g->base[i] = base[t];
-        return distinct[t] * dims[t];
+        return distinct[t] * dims[t] / v;
       },
       [&](Group g, int64_t total) {
         g.world = world;  // grouped as for one rank: the group holds no blocks
-        move_rows_kernel<kToBlocks>
-            <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_pos, flat, total);
+        if (v == 4) {
+          move_rows_kernel<kToBlocks, 4>
+              <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_pos, flat, total);
+        } else {
+          move_rows_kernel<kToBlocks, 1>
+              <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_pos, flat, total);
+        }
         SOK_LAUNCH_CHECK();
         return Status::OK();
       });
@@ -186,18 +231,19 @@ __global__ void owner_outputs_kernel(const __grid_constant__ Group g, int64_t to
   });
 }
 
-template <bool kGather>
+template <bool kGather, int V>
 __global__ void rows_at_kernel(const __grid_constant__ Group g, const int64_t* row_at,
                                float* returned, int64_t total) {
   for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
-    const int64_t at = e - g.elem_start[t], dim = g.dim[t];
-    const int64_t f = row_at[g.key_start[t] + at / dim] + at % dim;
-    float* r = static_cast<float*>(g.tensor[t]);
+    const int64_t at = e - g.elem_start[t], pieces = g.dim[t] / V, row = at / pieces;
+    const int64_t c = (at - row * pieces) * V;
+    float* r = static_cast<float*>(g.tensor[t]) + row * g.dim[t] + c;
+    float* f = returned + row_at[g.key_start[t] + row] + c;
     if (kGather) {
-      r[at] = returned[f];
+      piece_at<V>(r, 0) = piece_at<V>(f, 0);
     } else {
-      returned[f] = r[at];
+      piece_at<V>(f, 0) = piece_at<V>(r, 0);
     }
   });
 }
@@ -206,17 +252,23 @@ template <bool kGather>
 Status rows_at(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,
                float* returned, const std::vector<void*>& rows, cudaStream_t stream) {
   const std::vector<int64_t> key_start = starts_of(sizes, dims.size());
+  const int v = piece_floats(dims, rows, returned);
   return for_groups(
       static_cast<int>(dims.size()), 1,
       [&](Group* g, int i, int t) {
         g->dim[i] = dims[t];
         g->tensor[i] = rows[t];
         g->key_start[i] = key_start[t];
-        return sizes[t] * dims[t];
+        return sizes[t] * dims[t] / v;
       },
       [&](const Group& g, int64_t total) {
-        rows_at_kernel<kGather>
-            <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_at, returned, total);
+        if (v == 4) {
+          rows_at_kernel<kGather, 4>
+              <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_at, returned, total);
+        } else {
+          rows_at_kernel<kGather, 1>
+              <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_at, returned, total);
+        }
         SOK_LAUNCH_CHECK();
         return Status::OK();
       });
