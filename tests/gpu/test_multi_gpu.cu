@@ -123,7 +123,10 @@ int main(int argc, char** argv) {
       CUDA_OK(cudaSetDevice(r));
       const std::vector<float> got = mpar.rank(r).out.download(batch * dim);
       std::vector<float> w(want.begin() + r * batch * dim, want.begin() + (r + 1) * batch * dim);
-      ok &= sok_test::expect_near("forward", got, w, 1e-5, 1e-6);
+      // A hot key's gradient sums ~100 N(0, 1) terms in another order than on one GPU, and
+      // Adagrad carries that rounding into the row (up to ~1e-7 per step); a pooled value
+      // sums up to 24 such rows, so a value near zero gets an absolute tolerance of 1e-5.
+      ok &= sok_test::expect_near("forward", got, w, 1e-5, 1e-5);
     }
     CUDA_OK(cudaSetDevice(0));
     all_fwd &= ok;
