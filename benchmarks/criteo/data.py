@@ -22,6 +22,8 @@ int64 with -1 for empty), and `featurize(raw)` turns it into model input (`Batch
 Ids are per field (each field has its own table in the model), so -1 is a reserved id per field.
 """
 import collections
+import concurrent.futures
+import os
 
 import numpy as np
 
@@ -332,6 +334,14 @@ def _hash_uniform(values, salt):
     return (2.0 * u - 1.0) * np.sqrt(3.0)
 
 
+def default_workers():
+    """Threads for generating data: the cores this process may use, shared with the other
+    processes of this host under horovodrun (HOROVOD_LOCAL_SIZE), at most 16."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1") or 1)
+    return max(1, min(16, (cores or 1) // max(local, 1)))
+
+
 class SyntheticCriteo:
     """Deterministic Criteo-like data: `raw(split, start, n)` is a pure function of
     (seed, split, row range), computed in fixed blocks of `BLOCK` rows, so any row range and any
@@ -431,8 +441,37 @@ class SyntheticCriteo:
         off = start - first * self.BLOCK
         return take(blocks, slice(off, off + n))
 
-    def batch(self, split, start, n):
-        return featurize(self.raw(split, start, n))
+    def batch(self, split, start, n, workers=None):
+        """featurize(raw(split, start, n)), built block by block into the output arrays by
+        `workers` threads (default: this process's share of the machine's cores; numpy releases
+        the GIL in the heavy parts). The same values as one pass; no whole-split float64
+        intermediates: 39M rows took two minutes per rank in one pass."""
+        out = Batch(
+            labels=np.empty([max(n, 0)], np.float32),
+            dense=np.empty([max(n, 0), NUM_DENSE], np.float32),
+            ids=np.empty([max(n, 0), NUM_CAT], np.int64),
+        )
+        if n <= 0:
+            return out
+        first, last = start // self.BLOCK, (start + n - 1) // self.BLOCK
+
+        def fill(block):
+            lo = max(start, block * self.BLOCK)
+            hi = min(start + n, (block + 1) * self.BLOCK)
+            rows = slice(lo - block * self.BLOCK, hi - block * self.BLOCK)
+            part = featurize(take(self._block(split, block), rows))
+            for dst, src in zip(out, part):
+                dst[lo - start:hi - start] = src
+
+        blocks = range(first, last + 1)
+        workers = min(len(blocks), workers or default_workers())
+        if workers == 1:
+            for b in blocks:
+                fill(b)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                list(pool.map(fill, blocks))
+        return out
 
     def tsv_lines(self, split, start, n):
         return to_tsv_lines(self.raw(split, start, n))

@@ -118,6 +118,18 @@ def test_generator_is_deterministic():
     assert not np.array_equal(a.raw(1, 0, 1000).cat, a.raw(0, 0, 1000).cat)
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_generator_batches_block_by_block_like_one_pass(workers):
+    gen = criteo_data.SyntheticCriteo(seed=5)
+    start, n = gen.BLOCK - 700, 2 * gen.BLOCK + 1500  # a partial block at either end
+    got = gen.batch(0, start, n, workers=workers)
+    want = criteo_data.featurize(gen.raw(0, start, n))
+    for name, x, y in zip(criteo_data.Batch._fields, got, want):
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        np.testing.assert_array_equal(x, y, err_msg=name)
+    assert all(len(a) == 0 for a in gen.batch(0, 10, 0))
+
+
 def test_generator_writes_criteo_lines_the_reader_reads_back():
     gen = criteo_data.SyntheticCriteo(seed=3)
     raw = gen.raw(0, 0, 2000)
