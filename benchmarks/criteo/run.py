@@ -251,7 +251,7 @@ def _add_runtime_args(a):
         action="store_true",
         help="also write a checkpoint (out_dir/checkpoint) and a serving SavedModel (out_dir/serving)",
     )
-    a("--horovod", action="store_true", help="run under horovodrun (hvd.init() before sok.init())")
+    a("--horovod", action="store_true", help="run under horovodrun (sok.init() initialises Horovod)")
     a(
         "--threads",
         type=_non_negative_int,
@@ -448,7 +448,8 @@ def _start(args):
             import horovod.tensorflow as hvd
         except ImportError as e:
             raise SystemExit(f"--horovod needs Horovod ({e})") from None
-        hvd.init()
+    # sok.init() initialises Horovod itself, with the stall timeout that ends every rank with an
+    # error when one dies or diverges.
     sok.init(use_horovod=hvd is not None)
     rank, size = sok.rank(), sok.num_ranks()
     is_chief = rank == 0
