@@ -247,7 +247,7 @@ def parse_args(argv=None):
         action="store_true",
         help="one rank per process under horovodrun: sok only, its tables sharded over the "
         "ranks, each rank its own ids and --batch samples; rank 0 prints a HOROVOD line per "
-        "mode and distribution (no --check, --profile, --harness or --dump-ids)",
+        "mode and distribution (no --check, --harness or --dump-ids; --profile traces every rank)",
     )
     args = p.parse_args(argv)
     check_horovod_args(p, args)
