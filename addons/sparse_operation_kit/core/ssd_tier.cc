@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -106,10 +107,14 @@ void SsdStore::unmap() {
 void SsdStore::remap() {
   unmap();
   if (end_ == 0) return;
-  void* p = ::mmap(nullptr, static_cast<size_t>(end_), PROT_READ, MAP_SHARED, fd_, 0);
+  // Pages past the file's end are never read (records lie below end_); the file grows into
+  // them through pwrite, which a shared mapping sees.
+  constexpr int64_t kGrain = int64_t{1} << 21;
+  const int64_t bytes = std::max(kGrain, (2 * end_ + kGrain - 1) / kGrain * kGrain);
+  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, fd_, 0);
   if (p == MAP_FAILED) return;
   map_ = static_cast<const char*>(p);
-  mapped_ = end_;
+  mapped_ = bytes;
 }
 
 Status SsdStore::read_at(const Loc& loc, Record* out) const {
@@ -137,46 +142,90 @@ Status SsdStore::read_at(const Loc& loc, Record* out) const {
 }
 
 Status SsdStore::read(int64_t key, Record* out) const {
-  auto it = index_.find(key);
-  if (it == index_.end()) {
+  bool found = false;
+  Status s = read_if_present(key, out, &found);
+  if (s.ok() && !found) {
     errno = ENOENT;
     return error("key " + std::to_string(key) + " is not in the SSD tier");
   }
-  return read_at(it->second, out);
+  return s;
 }
 
-Status SsdStore::append(const std::vector<Record>& records) {
+Status SsdStore::read_if_present(int64_t key, Record* out, bool* found) const {
+  const KeyOffsets::Entry* e = index_.find(key);
+  *found = e != nullptr;
+  return *found ? read_at(Loc{e->offset, e->bytes}, out) : Status::OK();
+}
+
+template <typename Header, typename Floats>
+Status SsdStore::append_n(int64_t n, const Header& header, const Floats& floats) {
   std::vector<char> buf;
-  for (const Record& r : records) serialize(r, &buf);
+  std::vector<int64_t> ends(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const std::array<int64_t, 3> h = header(i);
+    const size_t at = buf.size();
+    buf.resize(at + kHeaderBytes);
+    floats(i, &buf);
+    const int64_t head[kHeaderWords] = {
+        h[0], h[1], h[2], static_cast<int64_t>((buf.size() - at - kHeaderBytes) / sizeof(float))};
+    std::memcpy(buf.data() + at, head, kHeaderBytes);
+    ends[i] = static_cast<int64_t>(buf.size());
+  }
   if (!write_all(fd_, buf.data(), static_cast<int64_t>(buf.size()), end_)) {
     return error("write failed");
   }
   // Index only once the bytes are written: a failed write leaves the store as it was.
-  for (const Record& r : records) {
-    const Loc loc{end_, record_bytes(static_cast<int64_t>(r.row.size()))};
-    auto [it, inserted] = index_.emplace(r.key, loc);
-    if (!inserted) {
-      garbage_ += it->second.bytes;
-      it->second = loc;
-    }
-    end_ += loc.bytes;
+  int64_t start = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    garbage_ += index_.assign(header(i)[0], end_ + start, ends[i] - start);
+    start = ends[i];
   }
-  remap();
+  end_ += start;
+  if (end_ > mapped_) remap();
   return Status::OK();
 }
 
+namespace {
+void put_floats(const float* p, int64_t n, std::vector<char>* buf) {
+  const char* b = reinterpret_cast<const char*>(p);
+  buf->insert(buf->end(), b, b + n * static_cast<int64_t>(sizeof(float)));
+}
+}  // namespace
+
+Status SsdStore::append(const std::vector<Record>& records) {
+  return append_n(
+      static_cast<int64_t>(records.size()),
+      [&](int64_t i) {
+        const Record& r = records[i];
+        return std::array<int64_t, 3>{r.key, r.freq, r.version};
+      },
+      [&](int64_t i, std::vector<char>* buf) {
+        put_floats(records[i].row.data(), static_cast<int64_t>(records[i].row.size()), buf);
+      });
+}
+
+Status SsdStore::append(const Rows& rows) {
+  return append_n(
+      rows.n,
+      [&](int64_t i) {
+        return std::array<int64_t, 3>{rows.keys[i], rows.freqs[i], rows.versions[i]};
+      },
+      [&](int64_t i, std::vector<char>* buf) {
+        put_floats(rows.values + i * rows.dim, rows.dim, buf);
+        put_floats(rows.slots + i * rows.slot_floats, rows.slot_floats, buf);
+      });
+}
+
 bool SsdStore::remove(int64_t key) {
-  auto it = index_.find(key);
-  if (it == index_.end()) return false;
-  garbage_ += it->second.bytes;
-  index_.erase(it);
-  return true;
+  const int64_t bytes = index_.erase(key);
+  garbage_ += bytes;
+  return bytes > 0;
 }
 
 Status SsdStore::for_each(const std::function<void(const Record&)>& fn) const {
   std::vector<Loc> locs;
   locs.reserve(index_.size());
-  for (const auto& kv : index_) locs.push_back(kv.second);
+  index_.for_each([&](const KeyOffsets::Entry& e) { locs.push_back(Loc{e.offset, e.bytes}); });
   std::sort(locs.begin(), locs.end(),
             [](const Loc& a, const Loc& b) { return a.offset < b.offset; });
   Record r;
@@ -207,13 +256,13 @@ Status SsdStore::compact() {
   const std::string tmp = file_ + ".compact";
   const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return error("cannot create '" + tmp + "'");
-  std::unordered_map<int64_t, Loc> index;
+  KeyOffsets index;
   std::vector<char> buf;
   int64_t end = 0;
   Status s = for_each([&](const Record& r) {
     const int64_t at = end + static_cast<int64_t>(buf.size());
     serialize(r, &buf);
-    index[r.key] = Loc{at, record_bytes(static_cast<int64_t>(r.row.size()))};
+    index.assign(r.key, at, record_bytes(static_cast<int64_t>(r.row.size())));
     if (buf.size() >= (size_t{1} << 22) && write_all(fd, buf.data(), buf.size(), end)) {
       end += static_cast<int64_t>(buf.size());
       buf.clear();

@@ -16,9 +16,9 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "addons/sparse_operation_kit/core/key_offsets.h"
 #include "addons/sparse_operation_kit/core/status.h"
 
 namespace sok {
@@ -42,14 +42,28 @@ class SsdStore {
 
   const std::string& dir() const { return dir_; }
   int64_t size() const { return static_cast<int64_t>(index_.size()); }
-  bool contains(int64_t key) const { return index_.count(key) != 0; }
+  bool contains(int64_t key) const { return index_.find(key) != nullptr; }
   int64_t file_bytes() const { return end_; }
   int64_t garbage_bytes() const { return garbage_; }
 
+  // Rows laid out as a table snapshot's columns: row i is values[i * dim, (i + 1) * dim) then
+  // slots[i * slot_floats, (i + 1) * slot_floats).
+  struct Rows {
+    const int64_t* keys = nullptr;
+    const int64_t* freqs = nullptr;
+    const int64_t* versions = nullptr;
+    const float* values = nullptr;
+    const float* slots = nullptr;
+    int64_t n = 0, dim = 0, slot_floats = 0;
+  };
+
   // The record of a present key.
   Status read(int64_t key, Record* out) const;
+  // Like read, with one index lookup: *found says whether the key is here (out untouched if not).
+  Status read_if_present(int64_t key, Record* out, bool* found) const;
   // Writes the records (one write); a key already present is replaced.
   Status append(const std::vector<Record>& records);
+  Status append(const Rows& rows);  // the same, straight from a snapshot's columns
   // Forgets the key; returns whether it was present.
   bool remove(int64_t key);
   // Every live record, in file order.
@@ -69,9 +83,14 @@ class SsdStore {
   SsdStore(std::string table, std::string dir, int fd);
   Status error(const std::string& what) const;
   Status read_at(const Loc& loc, Record* out) const;
-  // Maps [0, end_) of the file; writers call it when the file changed. Best effort: reads
-  // outside the mapping use pread.
+  // Maps the file with room to grow (twice its length): the writers call it when the file
+  // outgrew the mapping or was replaced, so appends rarely remap and the pages already read stay
+  // mapped. Best effort: reads outside the mapping use pread.
   void remap();
+  // Writes n records (record i: header(i) = {key, freq, version}, then floats(i, buf)
+  // appending its floats to buf) in one write and indexes them.
+  template <typename Header, typename Floats>
+  Status append_n(int64_t n, const Header& header, const Floats& floats);
   void unmap();
 
   std::string table_;
@@ -79,10 +98,10 @@ class SsdStore {
   std::string file_;
   int fd_ = -1;
   const char* map_ = nullptr;
-  int64_t mapped_ = 0;   // bytes of the file in map_
+  int64_t mapped_ = 0;   // bytes mapped at map_ (past the file's end: room to grow)
   int64_t end_ = 0;      // file length
   int64_t garbage_ = 0;  // bytes of replaced and removed records
-  std::unordered_map<int64_t, Loc> index_;
+  KeyOffsets index_;
 };
 
 }  // namespace sok

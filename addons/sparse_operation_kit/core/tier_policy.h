@@ -42,7 +42,8 @@ class TierPolicy {
   // Of the memory tier's rows (keys, freqs), the `count` to move down, coldest first; the rows of
   // the latest operation go last (a training step's update follows its lookup with the same
   // keys: a freshly promoted row, rarely counted yet, would otherwise go straight back down and
-  // be read again). Forgets the stamps of the victims and of keys no longer in the tier.
+  // be read again). Forgets the stamps of the victims (and, now and then, of keys no longer in
+  // the tier).
   std::vector<K> victims(const std::vector<K>& keys, const std::vector<int64_t>& freqs,
                          int64_t count) {
     std::lock_guard<std::mutex> l(mu_);
@@ -65,16 +66,21 @@ class TierPolicy {
     };
     count = std::min(count, n);
     std::nth_element(order.begin(), order.begin() + count, order.end(), colder);
-    std::vector<K> out;
-    std::unordered_map<K, uint64_t> kept;
-    for (int64_t j = 0; j < n; ++j) {
-      if (j < count) {
-        out.push_back(keys[order[j]]);
-      } else if (stamp[order[j]] != 0) {
-        kept[keys[order[j]]] = stamp[order[j]];
-      }
+    std::vector<K> out(count);
+    for (int64_t j = 0; j < count; ++j) {
+      out[j] = keys[order[j]];
+      stamps_.erase(out[j]);
     }
-    stamps_.swap(kept);
+    // Stamps of keys that left the tier otherwise (shrink, erase) only cost memory: a key that
+    // comes back is stamped by the operation that brings it. Rebuilt from the tier's keys once
+    // they outnumber those twice over, instead of on every call.
+    if (static_cast<int64_t>(stamps_.size()) > 2 * (n - count) + 1024) {
+      std::unordered_map<K, uint64_t> kept;
+      for (int64_t j = count; j < n; ++j) {
+        if (stamp[order[j]] != 0) kept[keys[order[j]]] = stamp[order[j]];
+      }
+      stamps_.swap(kept);
+    }
     return out;
   }
 

@@ -15,19 +15,20 @@ namespace {
 // many new keys rather than after every operation.
 int64_t low_watermark(int64_t cap) { return cap - cap / 16; }
 
+// Writes a snapshot's rows to the store (one write, no per-row copies but the write buffer).
 template <typename K>
-std::vector<SsdStore::Record> to_records(const TableSnapshot<K>& s) {
-  const int64_t d = s.dim, st = s.num_slots * d;
-  std::vector<SsdStore::Record> out(s.keys.size());
-  for (size_t i = 0; i < s.keys.size(); ++i) {
-    SsdStore::Record& r = out[i];
-    r.key = static_cast<int64_t>(s.keys[i]);
-    r.freq = s.freqs[i];
-    r.version = s.versions[i];
-    r.row.assign(s.values.begin() + i * d, s.values.begin() + (i + 1) * d);
-    r.row.insert(r.row.end(), s.slots.begin() + i * st, s.slots.begin() + (i + 1) * st);
-  }
-  return out;
+Status append_snapshot(const TableSnapshot<K>& s, SsdStore* store) {
+  const std::vector<int64_t> keys(s.keys.begin(), s.keys.end());
+  SsdStore::Rows rows;
+  rows.keys = keys.data();
+  rows.freqs = s.freqs.data();
+  rows.versions = s.versions.data();
+  rows.values = s.values.data();
+  rows.slots = s.slots.data();
+  rows.n = static_cast<int64_t>(keys.size());
+  rows.dim = s.dim;
+  rows.slot_floats = s.num_slots * s.dim;
+  return store->append(rows);
 }
 
 // Appends a record to a snapshot; missing slots (the row went down before the optimizer's
@@ -149,9 +150,9 @@ Status TieredTable<K>::promote(const K* keys, int64_t n) {
   SsdStore::Record r;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t key = static_cast<int64_t>(keys[i]);
-    if (!cold_->contains(key) || !seen.insert(key).second) continue;
-    Status s = cold_->read(key, &r);
-    if (s.ok()) s = append_record(r, config().name, &rows);
+    bool found = false;
+    Status s = cold_->read_if_present(key, &r, &found);
+    if (s.ok() && found && seen.insert(key).second) s = append_record(r, config().name, &rows);
     if (!s.ok()) return s;
   }
   Status s = hot_.put_rows(rows);
@@ -175,7 +176,7 @@ Status TieredTable<K>::demote() {
   const std::vector<K> victims = policy_.victims(keys, freqs, n - low_watermark(cap));
   const int64_t m = static_cast<int64_t>(victims.size());
   // Written to the file first, removed from memory after: a failed write loses no row.
-  s = cold_->append(to_records(hot_.rows_of(victims.data(), m)));
+  s = append_snapshot(hot_.rows_of(victims.data(), m), cold_.get());
   if (!s.ok()) return s;
   hot_.erase(victims.data(), m);
   return cold_->maybe_compact(config().ssd_compact_min_bytes);
@@ -281,7 +282,7 @@ Status TieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t cap) {
   std::vector<int64_t> hot(order.begin(), order.begin() + keep);
   std::vector<int64_t> cold(order.begin() + keep, order.end());
   Status st = cold_->clear();
-  if (st.ok()) st = cold_->append(to_records(snapshot_rows(s, cold)));
+  if (st.ok()) st = append_snapshot(snapshot_rows(s, cold), cold_.get());
   if (st.ok()) st = hot_.import_rows(snapshot_rows(s, hot));
   return st;
 }
