@@ -147,14 +147,14 @@ void EmbeddingTable<K>::rehash(int64_t min_rows) {
 }
 
 template <typename K>
-void EmbeddingTable<K>::init_row_values(K key, float* row) const {
-  initialize_row(config_.init, key, row, config_.dim);
+void EmbeddingTable<K>::init_row_values(K key, float* row, bool draw_values) const {
+  if (draw_values) initialize_row(config_.init, key, row, config_.dim);
   for (int s = 0; s < num_slots_; ++s)
     std::fill(row + (s + 1) * config_.dim, row + (s + 2) * config_.dim, slot_init_[s]);
 }
 
 template <typename K>
-int64_t EmbeddingTable<K>::insert_new(K key) {
+int64_t EmbeddingTable<K>::insert_new(K key, bool draw_values) {
   const int64_t row = static_cast<int64_t>(row_keys_.size());
   if (row >= RowIndex::kMaxRows) {  // 2^40 rows: out of reach of any CPU memory
     std::fprintf(stderr, "sok: table '%s' cannot hold more than %lld rows\n", config_.name.c_str(),
@@ -165,7 +165,7 @@ int64_t EmbeddingTable<K>::insert_new(K key) {
   if (row + 1 > index_.max_rows()) rehash(index_.max_rows() * 3 / 2 + 8);
   index_.insert(hash_key(key), row);
   row_keys_.push_back(key);
-  init_row_values(key, arena_.append());
+  init_row_values(key, arena_.append(), draw_values);
   freqs_.push_back(0);
   versions_.push_back(0);
   return row;
@@ -523,7 +523,8 @@ Status EmbeddingTable<K>::put_rows(const TableSnapshot<K>& s) {
                              std::to_string(static_cast<int64_t>(s.keys[i])) +
                              " is in two tiers at once");
     }
-    const int64_t row = insert_new(s.keys[i]);  // slots start at their initial value
+    // The values come from the snapshot; slots it lacks start at their initial value.
+    const int64_t row = insert_new(s.keys[i], /*draw_values=*/false);
     float* dst = arena_.row(row);
     std::memcpy(dst, s.values.data() + i * d, sizeof(float) * d);
     std::memcpy(dst + d, s.slots.data() + i * s.num_slots * d, sizeof(float) * s.num_slots * d);

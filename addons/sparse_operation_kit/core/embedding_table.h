@@ -95,9 +95,11 @@ class EmbeddingTable {
   int64_t confirm(K key, int64_t candidate) const {
     return candidate == kEmpty || row_keys_[candidate] == key ? candidate : probe(key);
   }
-  int64_t insert_new(K key);      // caller holds mu_ exclusively; key absent
+  // Caller holds mu_ exclusively; key absent. draw_values false: the caller writes the values
+  // (a row coming back from another tier), so the initializer is not run for them.
+  int64_t insert_new(K key, bool draw_values = true);
   void rehash(int64_t min_rows);  // caller holds mu_ exclusively
-  void init_row_values(K key, float* row) const;
+  void init_row_values(K key, float* row, bool draw_values = true) const;
   void read_row(int64_t row, K key, bool present, float* out) const;
   Status ensure_slots(const OptimizerParams& p);  // caller holds mu_ exclusively
 
