@@ -82,6 +82,14 @@ def test_two_ranks_match_one_process(run_two):
                                           "checkpoint: sok.dump from 2 ranks"])
 
 
+def test_tiered_tables_on_two_ranks_match_one_process(tmp_path):
+    """Each rank's shard of the Embedding Variables in two tiers (DRAM_SSDHASH with room for two
+    rows in DRAM on CPUs, HBM_DRAM on GPUs): TF2 Adagrad and TF1 Adam steps equal the one-tier,
+    one-process reference, as the main phases do for one tier."""
+    rc, out, _ = horovodrun(2, "model_parallel.py", f"tiered={tmp_path}", "tf2:adagrad", "tf1:adam")
+    _assert_ok(2, rc, out, ["tf2 adagrad on two tiers", "tf1 adam on two tiers"])
+
+
 def test_sok2_program_on_two_ranks(run_two):
     """A representative SOK 2.x program (DynamicVariable + sok.Variable tables, fused Adagrad and
     generic Momentum, incremental_model_dump, sok.dump/load with slots) equals one process's

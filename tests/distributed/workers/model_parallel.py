@@ -19,6 +19,7 @@ import sys
 import time
 
 import mp_checkpoint
+import mp_common
 import numpy as np
 import sok2_program
 import tensorflow as tf
@@ -76,7 +77,8 @@ class Case:
 
     def __init__(self, kind, mode, rank, world):
         self.kind, self.mode, self.rank, self.world = kind, mode, rank, world
-        self.specs = specs(world, prefix=f"{mode}_{kind}_")
+        self.tiers = " on two tiers" if mp_common.STORAGE is not None else ""
+        self.specs = specs(world, prefix=f"{mode}_{kind}_" + ("tier_" if self.tiers else ""))
         self.groups = GROUPS[kind]
         self.sl = rank_slice(rank, world)
         self.eps = epsilon(kind, keras_api=(mode == "tf2"))
@@ -224,7 +226,8 @@ def run_tf2(kind, hvd, rank, world):
         rw.numpy(),
     )
     done(
-        f"tf2 {kind}: forward, gradients and {STEPS} steps equal the reference (groups {c.groups})"
+        f"tf2 {kind}{c.tiers}: forward, gradients and {STEPS} steps equal the reference "
+        f"(groups {c.groups})"
     )
 
 
@@ -324,7 +327,8 @@ def run_tf1(kind, hvd, rank, world):
             exported, shards, final["ref"], final["slots"], touched, final["w"], final["rw"]
         )
     done(
-        f"tf1 {kind}: forward, gradients and {STEPS} steps equal the reference (groups {c.groups})"
+        f"tf1 {kind}{c.tiers}: forward, gradients and {STEPS} steps equal the reference "
+        f"(groups {c.groups})"
     )
 
 
@@ -692,6 +696,8 @@ def main():
             mode, _, only = arg.partition(":")
             for kind in [only] if only else ["sgd", "adagrad", "adam"]:
                 (run_tf2 if mode == "tf2" else run_tf1)(kind, hvd, rank, world)
+        elif arg.startswith("tiered="):  # the Embedding Variables of later phases: two tiers
+            mp_common.STORAGE = mp_common.tiered_storage(arg[len("tiered="):], rank)
         elif arg == "sok2x":
             run_sok2x(hvd, rank, world)
         elif arg == "bytes":

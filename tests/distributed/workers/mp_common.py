@@ -127,13 +127,32 @@ def static_init(spec):
     return rng.uniform(-1.0, 1.0, [spec.rows, spec.dim]).astype(np.float32)
 
 
+# A StorageOption factory for the Embedding Variables of the phases that follow (the `tiered=`
+# phase sets it): each rank's shard then lives in two tiers, and must train as the one-tier
+# reference does.
+STORAGE = None
+
+
+def tiered_storage(root, rank):
+    """A factory of multi-tier options with room for two rows in the upper tier: DRAM_SSDHASH
+    under root/rank_<r> on CPUs, HBM_DRAM on GPUs (each is refused on the other device)."""
+    two_rows = 2 * (4 * 4 * 3 + 32)  # dim <= 4, Adam's two slots, the per-row metadata
+    if os.environ.get("SOK_TEST_DEVICE", "cpu").lower() == "gpu":
+        return lambda: sok.StorageOption(sok.StorageType.HBM_DRAM, storage_size=[two_rows])
+    path = os.path.join(root, f"rank_{rank}")
+    os.makedirs(path, exist_ok=True)
+    return lambda: sok.StorageOption(sok.StorageType.DRAM_SSDHASH, path, [two_rows])
+
+
 def make_sok_table(spec):
     if spec.kind == "ev":
+        option = STORAGE() if STORAGE is not None else None
         ev = sok.get_embedding_variable(
             spec.name,
             spec.dim,
             key_dtype=spec.key_dtype,
             initializer=tf.random_uniform_initializer(-1.0, 1.0, seed=11),
+            ev_option=sok.EmbeddingVariableOption(storage_option=option) if option else None,
         )
         ev.target_gpu = spec.target
         return ev
