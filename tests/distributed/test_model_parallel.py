@@ -11,6 +11,7 @@ ends the job. The tests assert the exit code and that every rank reported every 
     3 ranks (SOK_TEST_MORE_RANKS): the same, plus sok.load of the 2-rank checkpoint, sok.dump
     2 ranks: sok.load of the 3-rank checkpoint, then a rank leaves early; one process: sok.load
              of both checkpoints; a rank that never joins
+    2 ranks: TF2 Adagrad and TF1 Adam with every rank's Embedding Variable shards in two tiers
 """
 import os
 import re
