@@ -11,7 +11,8 @@ ends the job. The tests assert the exit code and that every rank reported every 
     3 ranks (SOK_TEST_MORE_RANKS): the same, plus sok.load of the 2-rank checkpoint, sok.dump
     2 ranks: sok.load of the 3-rank checkpoint, then a rank leaves early; one process: sok.load
              of both checkpoints; a rank that never joins
-    2 ranks: TF2 Adagrad and TF1 Adam with every rank's Embedding Variable shards in two tiers
+    2 ranks: TF2 Adagrad and TF1 Adam with every rank's Embedding Variable shards in two tiers,
+             a sok.dump of them; MORE ranks: sok.load of it into tiered tables
 """
 import os
 import re
@@ -86,9 +87,16 @@ def test_two_ranks_match_one_process(run_two):
 def test_tiered_tables_on_two_ranks_match_one_process(tmp_path):
     """Each rank's shard of the Embedding Variables in two tiers (DRAM_SSDHASH with room for two
     rows in DRAM on CPUs, HBM_DRAM on GPUs): TF2 Adagrad and TF1 Adam steps equal the one-tier,
-    one-process reference, as the main phases do for one tier."""
-    rc, out, _ = horovodrun(2, "model_parallel.py", f"tiered={tmp_path}", "tf2:adagrad", "tf1:adam")
-    _assert_ok(2, rc, out, ["tf2 adagrad on two tiers", "tf1 adam on two tiers"])
+    one-process reference, as the main phases do for one tier; a 2-rank sok.dump of tiered tables
+    loads into MORE ranks' tiered tables, which train on as the reference does."""
+    dump = tmp_path / "dump"
+    rc, out, _ = horovodrun(2, "model_parallel.py", f"tiered={tmp_path / 'np2'}", "tf2:adagrad",
+                            "tf1:adam", f"dump={dump}")
+    _assert_ok(2, rc, out, ["tf2 adagrad on two tiers", "tf1 adam on two tiers",
+                            "checkpoint: sok.dump from 2 ranks"])
+    rc, out, _ = horovodrun(MORE, "model_parallel.py", f"tiered={tmp_path / 'more'}",
+                            f"load={dump}")
+    _assert_ok(MORE, rc, out, [f"checkpoint: sok.load of a 2-rank dump into {MORE} ranks"])
 
 
 def test_sok2_program_on_two_ranks(run_two):
