@@ -89,6 +89,51 @@ TEST(SsdStoreTest, compaction_keeps_live_records_and_shrinks_the_file) {
   expect_same(r, want[49]);
 }
 
+// The file is mapped with room to grow: records written into that room, past it (a remap),
+// after clear() (file truncated) and from a snapshot's columns all read back.
+TEST(SsdStoreTest, reads_records_written_before_and_after_the_file_outgrows_its_mapping) {
+  std::unique_ptr<SsdStore> s;
+  ASSERT_TRUE(SsdStore::Open(temp_root(), "grow", &s).ok());
+  std::map<int64_t, SsdStore::Record> want;
+  SsdStore::Record r;
+  for (int round = 0; round < 12; ++round) {  // 12 x 2,000 records of 296 bytes: about 7 MB
+    std::vector<SsdStore::Record> batch;
+    for (int64_t k = 0; k < 2000; ++k) {
+      batch.push_back(rec(round * 2000 + k, round, k, 66, 0.5f * k - round));
+    }
+    ASSERT_TRUE(s->append(batch).ok());
+    for (auto& b : batch) want[b.key] = b;
+    for (int64_t key : {int64_t{0}, int64_t{round * 2000 + 1999}, int64_t{round * 1000}}) {
+      ASSERT_TRUE(s->read(key, &r).ok()) << "round " << round << " key " << key;
+      expect_same(r, want[key]);
+    }
+  }
+  for (auto& kv : want) {
+    ASSERT_TRUE(s->read(kv.first, &r).ok());
+    expect_same(r, kv.second);
+  }
+  ASSERT_TRUE(s->clear().ok());
+  EXPECT_EQ(s->size(), 0);
+  const int64_t keys[2] = {7, -9}, freqs[2] = {3, 4}, versions[2] = {5, 6};
+  const float values[4] = {1.f, 2.f, 3.f, 4.f}, slots[4] = {-1.f, -2.f, -3.f, -4.f};
+  SsdStore::Rows rows;
+  rows.keys = keys;
+  rows.freqs = freqs;
+  rows.versions = versions;
+  rows.values = values;
+  rows.slots = slots;
+  rows.n = 2;
+  rows.dim = 2;
+  rows.slot_floats = 2;
+  ASSERT_TRUE(s->append(rows).ok());
+  ASSERT_TRUE(s->read(-9, &r).ok());
+  SsdStore::Record w{-9, 4, 6, {3.f, 4.f, -3.f, -4.f}};
+  expect_same(r, w);
+  bool found = true;
+  ASSERT_TRUE(s->read_if_present(12345, &r, &found).ok());
+  EXPECT_FALSE(found);
+}
+
 TEST(SsdStoreTest, each_store_owns_a_directory_removed_with_it) {
   std::unique_ptr<SsdStore> a, b;
   ASSERT_TRUE(SsdStore::Open(temp_root(), "same", &a).ok());
