@@ -29,21 +29,28 @@ class KeyOffsets {
     }
   }
 
-  // Sets the key's location; returns the bytes of the one it replaced (0: the key is new).
+  // Sets the key's location; returns the bytes of the one it replaced (0: the key is new). One
+  // probe: a new key takes the first tombstone on its path, or the empty slot that ends it.
   int64_t assign(int64_t key, int64_t offset, int64_t bytes) {
-    if (Entry* e = const_cast<Entry*>(find(key))) {
-      const int64_t old = e->bytes;
-      e->offset = offset;
-      e->bytes = bytes;
-      return old;
-    }
     if (8 * (used_ + 1) > 5 * static_cast<int64_t>(slots_.size())) rehash();
-    uint64_t i = home(key);
-    while (slots_[i].bytes > 0) i = (i + 1) & mask_;
-    if (slots_[i].bytes == kEmpty) ++used_;
-    slots_[i] = Entry{key, offset, bytes};
-    ++live_;
-    return 0;
+    Entry* tombstone = nullptr;
+    for (uint64_t i = home(key);; i = (i + 1) & mask_) {
+      Entry& e = slots_[i];
+      if (e.bytes > 0 && e.key == key) {
+        const int64_t old = e.bytes;
+        e.offset = offset;
+        e.bytes = bytes;
+        return old;
+      }
+      if (e.bytes == kErased && tombstone == nullptr) tombstone = &e;
+      if (e.bytes == kEmpty) {
+        Entry* at = tombstone != nullptr ? tombstone : &e;
+        if (at == &e) ++used_;
+        *at = Entry{key, offset, bytes};
+        ++live_;
+        return 0;
+      }
+    }
   }
 
   // Removes the key; returns the bytes of its location (0: it was absent).

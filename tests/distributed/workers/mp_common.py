@@ -15,6 +15,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import sparse_operation_kit as sok  # noqa: E402
+from sparse_operation_kit.tables import storage  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-5
 GLOBAL_BATCH = 12  # split evenly over 1, 2, 3 and 4 ranks
@@ -136,7 +137,7 @@ STORAGE = None
 def tiered_storage(root, rank):
     """A factory of multi-tier options with room for two rows in the upper tier: DRAM_SSDHASH
     under root/rank_<r> on CPUs, HBM_DRAM on GPUs (each is refused on the other device)."""
-    two_rows = 2 * (4 * 4 * 3 + 32)  # dim <= 4, Adam's two slots, the per-row metadata
+    two_rows = 2 * (4 * 4 * 3 + storage.ROW_META_BYTES)  # dim <= 4 with Adam's two slots
     if os.environ.get("SOK_TEST_DEVICE", "cpu").lower() == "gpu":
         return lambda: sok.StorageOption(sok.StorageType.HBM_DRAM, storage_size=[two_rows])
     path = os.path.join(root, f"rank_{rank}")
