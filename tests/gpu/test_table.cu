@@ -296,10 +296,10 @@ bool test_erase_assign() {
 }
 
 template <typename K>
-bool test_export_import() {
+bool test_export_import(int64_t chunk_bytes) {
   TableConfig cfg = make_cfg(16, InitKind::kUniform);
   EmbeddingTable<K> cpu(cfg);
-  auto gpu = make_gpu<K>(cfg);
+  auto gpu = make_gpu<K>(cfg, 0.75, chunk_bytes);
   const std::vector<K> pool = key_pool<K>(20000);
   OptimizerParams p;
   p.kind = OptimizerKind::kAdam;
@@ -317,11 +317,11 @@ bool test_export_import() {
   const TableSnapshot<K> gs = gpu_export(*gpu), cs = cpu.export_rows();
   bool ok = expect_same_table(gs, cs, 1e-5, 1e-6);
   // GPU -> GPU.
-  auto g2 = make_gpu<K>(cfg);
+  auto g2 = make_gpu<K>(cfg, 0.75, chunk_bytes);
   SOK_OK(g2->import_rows(gs, nullptr));
   ok &= expect_same_table(gpu_export(*g2), gs, 0, 0);
   // CPU -> GPU, then both keep training identically (slots restored, kind known).
-  auto g3 = make_gpu<K>(cfg);
+  auto g3 = make_gpu<K>(cfg, 0.75, chunk_bytes);
   SOK_OK(g3->import_rows(cs, nullptr));
   ok &= expect_same_table(gpu_export(*g3), cs, 0, 0);
   const std::vector<K> keys = draw(pool, 5000);
@@ -339,10 +339,16 @@ bool test_export_import() {
   // Errors: duplicate key, wrong dim, optimizer mismatch.
   TableSnapshot<K> dup = gs;
   dup.keys[1] = dup.keys[0];
-  auto g4 = make_gpu<K>(cfg);
+  auto g4 = make_gpu<K>(cfg, 0.75, chunk_bytes);
   Status st = g4->import_rows(dup, nullptr);
   if (st.ok() || st.message().find("appears twice") == std::string::npos)
     ok = FAIL("duplicate import: '%s'", st.message().c_str());
+  dup = gs;  // the last key repeats the first: in another chunk when chunks are small
+  dup.keys.back() = dup.keys[0];
+  auto g5 = make_gpu<K>(cfg, 0.75, chunk_bytes);
+  st = g5->import_rows(dup, nullptr);
+  if (st.ok() || st.message().find("appears twice") == std::string::npos)
+    ok = FAIL("duplicate import, first and last key: '%s'", st.message().c_str());
   TableSnapshot<K> wrong = gs;
   wrong.dim = 8;
   st = g4->import_rows(wrong, nullptr);
@@ -393,8 +399,11 @@ int main(int argc, char** argv) {
     run("insert_or_assign / erase / re-insert vs CPU int32",
         [] { return test_erase_assign<int32_t>(); });
     run("export/import round trips (GPU<->GPU, CPU<->GPU) + errors int64",
-        [] { return test_export_import<int64_t>(); });
+        [] { return test_export_import<int64_t>(0); });
     run("export/import round trips (GPU<->GPU, CPU<->GPU) + errors int32",
-        [] { return test_export_import<int32_t>(); });
+        [] { return test_export_import<int32_t>(0); });
+    // 216-byte rows (dim 16, Adam's two slots): 1,000 rows a chunk, a snapshot in many chunks.
+    run("export/import in chunks of 1,000 rows int64",
+        [] { return test_export_import<int64_t>(1000 * 216); });
   });
 }

@@ -112,10 +112,12 @@ inline TableConfig make_cfg(int64_t dim, InitKind kind, int64_t filter = 0, int6
 }
 
 template <typename K>
-std::unique_ptr<GpuEmbeddingTable<K>> make_gpu(const TableConfig& c, double max_load = 0.75) {
+std::unique_ptr<GpuEmbeddingTable<K>> make_gpu(const TableConfig& c, double max_load = 0.75,
+                                               int64_t transfer_chunk_bytes = 0) {
   std::unique_ptr<GpuEmbeddingTable<K>> t;
   GpuTableOptions o;
   o.max_load_factor = max_load;
+  if (transfer_chunk_bytes > 0) o.transfer_chunk_bytes = transfer_chunk_bytes;
   SOK_OK(GpuEmbeddingTable<K>::Create(c, o, &t));
   return t;
 }

@@ -220,6 +220,9 @@ struct GpuTableOptions {
   // pinned_host_storage_allocator() the rows live in host DRAM while the index (digests, keys,
   // frequencies, versions) stays in GPU memory: HierarchicalKV's host-resident values.
   DeviceAllocator* row_storage = nullptr;
+  // export_rows and import_rows move rows through device buffers of at most this many bytes
+  // (a table whose rows live in host memory can be larger than the GPU).
+  int64_t transfer_chunk_bytes = int64_t{256} << 20;
 };
 
 template <typename K>

@@ -295,12 +295,12 @@ Status GpuTieredTable<K>::place(const K* keys, int64_t n, cudaStream_t s) {
   return Status::OK();
 }
 
-// After the first optimizer step added slots (fewer rows fit the budget): the coldest rows over
-// it move down. Reads the row count (a host sync).
+// Before the first optimizer step adds num_slots slots (fewer rows fit the budget): the coldest
+// rows over it move down. Reads the row count (a host sync).
 template <typename K>
-Status GpuTieredTable<K>::fit_budget(const K* keys, int64_t n, cudaStream_t s) {
+Status GpuTieredTable<K>::fit_budget(int num_slots, const K* keys, int64_t n, cudaStream_t s) {
   int64_t cap = 0, live = 0;
-  SOK_RETURN_IF_ERROR(budget_rows(hot_->num_slots(), &cap));
+  SOK_RETURN_IF_ERROR(budget_rows(num_slots, &cap));
   ++stats_.size_syncs;
   SOK_RETURN_IF_ERROR(hot_->size(&live, s));
   if (live > cap) SOK_RETURN_IF_ERROR(demote(live, live - cap, keys, n, s));
@@ -402,11 +402,12 @@ Status GpuTieredTable<K>::apply_gradients(const ExecContext& e, const K* keys, i
   std::lock_guard<std::mutex> l(mu_);
   const cudaStream_t s = stream_of(e);
   if (!hot_) return cold_->apply_gradients(keys, n, grads, p, global_step, s, keys_unique);
-  int64_t cap = 0;
-  SOK_RETURN_IF_ERROR(budget_rows(std::max(hot_->num_slots(), sok::num_slots(p.kind)), &cap));
-  const int slots_before = hot_->num_slots();
+  // Slots to come lower the budget in rows: the coldest rows over it move down and the HBM
+  // tier's hash table shrinks BEFORE the relayout widens the rows, whose old and new arrays
+  // coexist while it copies (sized for the old budget, they need not fit the GPU together).
+  const int slots = std::max(hot_->num_slots(), sok::num_slots(p.kind));
+  if (slots != hot_->num_slots()) SOK_RETURN_IF_ERROR(fit_budget(slots, keys, n, s));
   SOK_RETURN_IF_ERROR(ensure_same_slots(p, s));
-  if (hot_->num_slots() != slots_before) SOK_RETURN_IF_ERROR(fit_budget(keys, n, s));
   trained_ = true;
   now_ = std::max(now_, global_step);
   if (n <= 0) return Status::OK();
@@ -493,6 +494,9 @@ Status GpuTieredTable<K>::import_rows(const ExecContext& e, const TableSnapshot<
     }
   }
   const int64_t n = static_cast<int64_t>(s.keys.size());
+  // The HBM tier's import allocates its arrays afresh: for the checkpoint's slot layout.
+  hot_->impl_->cfg.initial_capacity = 2 * cap;
+  max_swaps_ = std::max<int64_t>(1, cap / kSwapShare);
   return import_split(s, std::min(n, cap), stream_of(e));
 }
 

@@ -34,7 +34,8 @@
 // Budget rule: after every call the HBM tier holds at most hbm_budget_rows() rows (the tier
 // inserts only under the bound above, promotion takes device-side tokens of the room left, swaps
 // are one for one). When the first optimizer step adds slots and so lowers the budget in rows,
-// the coldest rows over it move down in one sorted batch (a host sync; once per table).
+// the coldest rows over it move down in one sorted batch (a host sync; once per table) and the
+// HBM tier's hash table shrinks, both before the rows widen.
 // shrink, erase, export, import and size cover both tiers.
 // Host syncs: that relayout demotion, and whatever the two tables sync for themselves (growth,
 // slot relayout, export/import/shrink, a rehash that drops erased slots).
@@ -121,7 +122,7 @@ class GpuTieredTable final : public Table<K> {
   Status place(const K* keys, int64_t n, cudaStream_t s);
   Status plan(const K* keys, int64_t n, const detail::PlanRule& rule, cudaStream_t s);
   void refresh_floor();
-  Status fit_budget(const K* keys, int64_t n, cudaStream_t s);
+  Status fit_budget(int num_slots, const K* keys, int64_t n, cudaStream_t s);
   Status fit_capacity(int64_t cap, cudaStream_t s);
   Status demote(int64_t live, int64_t count, const K* keys, int64_t n, cudaStream_t s);
   Status move(GpuEmbeddingTable<K>* from, GpuEmbeddingTable<K>* to, const K* keys, int64_t n,

@@ -53,13 +53,21 @@ struct IsLive {
   __device__ bool operator()(int64_t s) const { return ((digests[s >> 2] >> (8 * (s & 3))) & 0xffu) >= 3u; }
 };
 
+// Rows per export/import chunk of at most chunk_bytes on the device (GpuTableOptions).
 template <typename K>
-__global__ void k_export(DevTable t, const int64_t* slots, const int64_t* d_n, int ns, K* keys,
+int64_t chunk_rows(int64_t chunk_bytes, int64_t dim, int num_slots) {
+  const int64_t row = dim * (1 + num_slots) * static_cast<int64_t>(sizeof(float)) + sizeof(K) +
+                      2 * sizeof(int64_t);
+  return std::max<int64_t>(1, chunk_bytes / row);
+}
+
+template <typename K>
+__global__ void k_export(DevTable t, const int64_t* slots, int64_t n, int ns, K* keys,
                          float* values, float* slot_vals, int64_t* freqs, int64_t* versions) {
   const int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t j = x / kTile;
   const int l = static_cast<int>(x % kTile);
-  if (j >= *d_n) return;
+  if (j >= n) return;
   const int64_t s = slots[j];
   if (l == 0) {
     keys[j] = static_cast<K>(t.meta[s].key);
@@ -138,7 +146,7 @@ Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t str
   IsLive pred{m.t.digests};
   SOK_CUDA_RETURN(cub::DeviceSelect::If(nullptr, sel_bytes, it, static_cast<int64_t*>(nullptr),
                                         static_cast<int64_t*>(nullptr), m.capacity, pred, stream));
-  const int64_t nl = std::max<int64_t>(live, 1);
+  const int64_t chunk = std::min(std::max<int64_t>(live, 1), chunk_rows<K>(m.opt.transfer_chunk_bytes, d, ns));
   int64_t *slots, *num, *freqs, *versions;
   void* sel_tmp;
   K* keys;
@@ -148,11 +156,11 @@ Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t str
     slots = ws.take<int64_t>(m.capacity);
     num = ws.take<int64_t>(1);
     sel_tmp = ws.take_bytes(sel_bytes);
-    keys = ws.take<K>(nl);
-    values = ws.take<float>(nl * d);
-    slot_vals = ws.take<float>(nl * ns * d + 1);  // + 1: never empty
-    freqs = ws.take<int64_t>(nl);
-    versions = ws.take<int64_t>(nl);
+    keys = ws.take<K>(chunk);
+    values = ws.take<float>(chunk * d);
+    slot_vals = ws.take<float>(chunk * ns * d + 1);  // + 1: never empty
+    freqs = ws.take<int64_t>(chunk);
+    versions = ws.take<int64_t>(chunk);
   }));
   SOK_CUDA_RETURN(cub::DeviceSelect::If(sel_tmp, sel_bytes, it, slots, num, m.capacity, pred, stream));
   int64_t h_num = 0;
@@ -170,18 +178,22 @@ Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t str
   out->slots.resize(h_num * ns * d);
   out->freqs.resize(h_num);
   out->versions.resize(h_num);
-  if (h_num == 0) return Status::OK();
-  k_export<K><<<grid_for(h_num * kTile, kBlock), kBlock, 0, stream>>>(m.t, slots, num, ns, keys, values,
-                                                                     slot_vals, freqs, versions);
-  SOK_LAUNCH_CHECK();
-  SOK_CUDA_RETURN(cudaMemcpyAsync(out->keys.data(), keys, h_num * sizeof(K), cudaMemcpyDeviceToHost, stream));
-  SOK_CUDA_RETURN(cudaMemcpyAsync(out->values.data(), values, h_num * d * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  if (ns > 0)
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->slots.data(), slot_vals, h_num * ns * d * sizeof(float),
+  for (int64_t at = 0; at < h_num; at += chunk) {
+    const int64_t c = std::min(chunk, h_num - at);
+    k_export<K><<<grid_for(c * kTile, kBlock), kBlock, 0, stream>>>(m.t, slots + at, c, ns, keys, values,
+                                                                   slot_vals, freqs, versions);
+    SOK_LAUNCH_CHECK();
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->keys.data() + at, keys, c * sizeof(K), cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->values.data() + at * d, values, c * d * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream));
-  SOK_CUDA_RETURN(cudaMemcpyAsync(out->freqs.data(), freqs, h_num * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-  SOK_CUDA_RETURN(cudaMemcpyAsync(out->versions.data(), versions, h_num * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-  SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+    if (ns > 0)
+      SOK_CUDA_RETURN(cudaMemcpyAsync(out->slots.data() + at * ns * d, slot_vals, c * ns * d * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->freqs.data() + at, freqs, c * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->versions.data() + at, versions, c * sizeof(int64_t),
+                                    cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaStreamSynchronize(stream));  // the buffers are reused by the next chunk
+  }
   return Status::OK();
 }
 
@@ -222,31 +234,39 @@ Status GpuEmbeddingTable<K>::import_rows(const TableSnapshot<K>& s, cudaStream_t
     SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
     return Status::OK();
   }
-  const size_t kb = n * sizeof(K), vb = n * d * sizeof(float), fb = n * sizeof(int64_t);
+  const int64_t chunk = std::min(n, chunk_rows<K>(m.opt.transfer_chunk_bytes, d, s.num_slots));
   K* keys;
   float *values, *slot_vals;
   int64_t *freqs, *versions;
   int* dup;
   Temp tmp;
   SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
-    keys = ws.take<K>(n);
-    values = ws.take<float>(n * d);
-    slot_vals = ws.take<float>(n * s.num_slots * d + 1);  // + 1: never empty
-    freqs = ws.take<int64_t>(n);
-    versions = ws.take<int64_t>(n);
+    keys = ws.take<K>(chunk);
+    values = ws.take<float>(chunk * d);
+    slot_vals = ws.take<float>(chunk * s.num_slots * d + 1);  // + 1: never empty
+    freqs = ws.take<int64_t>(chunk);
+    versions = ws.take<int64_t>(chunk);
     dup = ws.take<int>(1);
   }));
-  SOK_CUDA_RETURN(cudaMemcpyAsync(keys, s.keys.data(), kb, cudaMemcpyHostToDevice, stream));
-  SOK_CUDA_RETURN(cudaMemcpyAsync(values, s.values.data(), vb, cudaMemcpyHostToDevice, stream));
-  if (s.num_slots > 0)
-    SOK_CUDA_RETURN(cudaMemcpyAsync(slot_vals, s.slots.data(), n * s.num_slots * d * sizeof(float),
-                                    cudaMemcpyHostToDevice, stream));
-  SOK_CUDA_RETURN(cudaMemcpyAsync(freqs, s.freqs.data(), fb, cudaMemcpyHostToDevice, stream));
-  SOK_CUDA_RETURN(cudaMemcpyAsync(versions, s.versions.data(), fb, cudaMemcpyHostToDevice, stream));
   SOK_CUDA_RETURN(cudaMemsetAsync(dup, 0, sizeof(int), stream));
-  k_import<K><<<grid_for(n * kTile, kBlock), kBlock, 0, stream>>>(m.t, keys, values, slot_vals, freqs, versions,
-                                                                  s.num_slots, n, m.d_counters, dup, m.d_fail);
-  SOK_LAUNCH_CHECK();
+  const int64_t sd = s.num_slots * d;
+  for (int64_t at = 0; at < n; at += chunk) {
+    const int64_t c = std::min(chunk, n - at);
+    SOK_CUDA_RETURN(cudaMemcpyAsync(keys, s.keys.data() + at, c * sizeof(K), cudaMemcpyHostToDevice, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(values, s.values.data() + at * d, c * d * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream));
+    if (sd > 0)
+      SOK_CUDA_RETURN(cudaMemcpyAsync(slot_vals, s.slots.data() + at * sd, c * sd * sizeof(float),
+                                      cudaMemcpyHostToDevice, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(freqs, s.freqs.data() + at, c * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(versions, s.versions.data() + at, c * sizeof(int64_t),
+                                    cudaMemcpyHostToDevice, stream));
+    // A key repeated across chunks finds the earlier chunk's slot: flagged like one within a chunk.
+    k_import<K><<<grid_for(c * kTile, kBlock), kBlock, 0, stream>>>(m.t, keys, values, slot_vals, freqs, versions,
+                                                                    s.num_slots, c, m.d_counters, dup, m.d_fail);
+    SOK_LAUNCH_CHECK();
+    SOK_CUDA_RETURN(cudaStreamSynchronize(stream));  // the buffers are reused by the next chunk
+  }
   int h_dup = 0;
   SOK_CUDA_RETURN(cudaMemcpyAsync(&h_dup, dup, sizeof(int), cudaMemcpyDeviceToHost, stream));
   SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
