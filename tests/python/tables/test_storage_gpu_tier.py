@@ -8,7 +8,13 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 from sparse_operation_kit.tables import storage
 from tests.python.support import TEST_DEVICE, sorted_export, unique_name
-from tests.python.tables.tier_support import DIM, assert_same_table, make, train
+from tests.python.tables.tier_support import (
+    DIM,
+    assert_generic_optimizer_matches,
+    assert_same_table,
+    make,
+    train,
+)
 
 ADAM_ROW = 4 * DIM * 3 + storage.ROW_META_BYTES  # a row with Adam's two slots
 OPTIMIZERS = {
@@ -94,14 +100,12 @@ def test_training_equals_the_one_tier_table(opt_name, strategy):
 
 
 @on_gpu
-def test_generic_optimizers_are_refused_naming_the_hbm_budget():
-    ev = make(hbm_dram(), unique_name("hbm_generic"))
-    opt = sok.OptimizerWrapper(tf.keras.optimizers.RMSprop(0.01))
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(ev.sparse_read(tf.constant([1, 2], tf.int64)))
-    with pytest.raises(ValueError, match="has storage_type HBM_DRAM.*RMSprop's would stay in "
-                                         "memory outside the HBM budget"):
-        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+@pytest.mark.parametrize("strategy", [sok.CacheStrategy.LFU, sok.CacheStrategy.LRU])
+def test_generic_optimizers_equal_the_one_tier_table(strategy):
+    rng = np.random.RandomState(5)
+    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(12)]
+    assert_generic_optimizer_matches(hbm_dram(strategy), lambda: tf.keras.optimizers.RMSprop(0.01),
+                                     ids)
 
 
 @on_gpu

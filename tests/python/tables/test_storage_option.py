@@ -9,7 +9,13 @@ import tensorflow as tf
 import sparse_operation_kit as sok
 from sparse_operation_kit.tables import storage
 from tests.python.support import unique_name
-from tests.python.tables.tier_support import DIM, assert_same_table, make, train
+from tests.python.tables.tier_support import (
+    DIM,
+    assert_generic_optimizer_matches,
+    assert_same_table,
+    make,
+    train,
+)
 
 # DRAM_SSDHASH tables live on the CPU (the tier is built there), also under SOK_TEST_DEVICE=gpu;
 # HBM_DRAM is tests/python/tables/test_storage_gpu_tier.py's.
@@ -136,6 +142,11 @@ OPTIMIZERS = {
     "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
 }
+# Optimizers without a fused kernel: their slots live in slot stores (generic_optimizer.py).
+GENERIC = {
+    "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
+    "rmsprop": lambda: tf.keras.optimizers.RMSprop(0.01),
+}
 
 
 def tiered(path, strategy=sok.CacheStrategy.LFU, rows=3):
@@ -215,7 +226,8 @@ def graph_train(name, option, opt_name, ids_batches, save=None, restore=None):
         rows = tf.nn.embedding_lookup(ev, ids)
         loss = tf.reduce_sum(rows * rows * tf.range(1.0, DIM + 1.0))
         gs = tf.compat.v1.train.get_or_create_global_step()
-        train = sok.OptimizerWrapper(OPTIMIZERS[opt_name]()).minimize(loss, global_step=gs)
+        new_opt = OPTIMIZERS.get(opt_name) or GENERIC[opt_name]
+        train = sok.OptimizerWrapper(new_opt()).minimize(loss, global_step=gs)
         saver = tf.compat.v1.train.Saver()
         sess.run(tf.compat.v1.global_variables_initializer())
         if restore:
@@ -228,7 +240,7 @@ def graph_train(name, option, opt_name, ids_batches, save=None, restore=None):
         return outs, keys[order], values[order]
 
 
-@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS) + ["momentum"])
 def test_tf1_session_and_saver_equal_the_dram_table(tmp_path, opt_name):
     name = unique_name("graph")
     ids = batches(14, seed=7)
@@ -249,14 +261,17 @@ def test_tf1_session_and_saver_equal_the_dram_table(tmp_path, opt_name):
 # ---------------------------------------------------------------------------------------------
 # Where the option travels, and where it is refused
 # ---------------------------------------------------------------------------------------------
-def test_generic_optimizers_are_refused(tmp_path):
-    ev = make(tiered(tmp_path))
-    opt = sok.OptimizerWrapper(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9))
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(ev.sparse_read(tf.constant([1, 2], tf.int64)))
-    with pytest.raises(ValueError, match=f"table '{ev.name}' has storage_type DRAM_SSDHASH.*"
-                       "MomentumOptimizer's would stay in memory outside the DRAM budget"):
-        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+@pytest.mark.parametrize("strategy", [sok.CacheStrategy.LFU, sok.CacheStrategy.LRU])
+@pytest.mark.parametrize("opt_name", sorted(GENERIC))
+def test_generic_optimizers_equal_the_dram_table(tmp_path, opt_name, strategy):
+    table, stores = assert_generic_optimizer_matches(tiered(tmp_path, strategy),
+                                                     GENERIC[opt_name], batches())
+    # The table and each slot store keep most of their rows in a file of their own.
+    dirs = ssd_dirs(tmp_path)
+    assert len(dirs) == 1 + len(stores)
+    assert sum(d.startswith(f"sok_ev_{table.name}.") for d in dirs) == 1
+    for d in dirs:
+        assert os.path.getsize(os.path.join(str(tmp_path), d, "rows.log")) > 10 * (4 * DIM)
 
 
 def test_meta_graph_import_keeps_the_storage(tmp_path):

@@ -17,10 +17,10 @@ def make(option, name=None, dim=DIM):
         ev_option=sok.EmbeddingVariableOption(storage_option=option))
 
 
-def train(ev, new_optimizer, ids_batches):
-    """One eager step per batch through sok.OptimizerWrapper(new_optimizer()); the rows each
-    step read."""
-    opt = sok.OptimizerWrapper(new_optimizer())
+def train(ev, new_optimizer, ids_batches, opt=None):
+    """One eager step per batch through `opt` (default: sok.OptimizerWrapper(new_optimizer()));
+    the rows each step read."""
+    opt = opt or sok.OptimizerWrapper(new_optimizer())
     outs = []
     for ids in ids_batches:
         with tf.GradientTape() as tape:
@@ -29,6 +29,29 @@ def train(ev, new_optimizer, ids_batches):
         opt.apply_gradients([(tape.gradient(loss, ev), ev)])
         outs.append(rows.numpy())
     return outs
+
+
+def assert_generic_optimizer_matches(option, new_optimizer, ids_batches):
+    """An optimizer without a fused kernel on a table under `option` and on a one-tier table:
+    the rows of every step, the tables and the slot stores equal bit for bit, and each slot store
+    is tiered like its table. Returns the tiered table and its slot stores."""
+    name = unique_name("generic")
+    runs = []
+    for o in (option, None):
+        ev, opt = make(o, name), sok.OptimizerWrapper(new_optimizer())
+        runs.append((ev, opt, train(ev, None, ids_batches, opt)))
+    (two, opt2, got), (one, opt1, want) = runs
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert_same_table(two, one)
+    names = opt1.get_slot_names()
+    assert names and opt2.get_slot_names() == names
+    stores = [opt2.get_slot(two, n) for n in names]
+    for store, n in zip(stores, names):
+        assert store._storage.storage_type == two._storage.storage_type
+        assert store._storage.sizes == two._storage.sizes
+        assert_same_table(store, opt1.get_slot(one, n))
+    return two, stores
 
 
 def assert_same_table(a, b):

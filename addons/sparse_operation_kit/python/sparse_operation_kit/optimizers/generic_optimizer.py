@@ -158,10 +158,16 @@ def _slot_table(table, slot_name, row):
         def initializer(shape, dtype=tf.float32):
             return tf.broadcast_to(tf.constant(row, dtype), shape)
 
+    # A tiered table's slot store is tiered the same way, with the same budget: its rows cost as
+    # much as the table's (no fused slots), and the same keys are read and updated in both, so
+    # both tiers keep about the same rows. Results equal one-tier stores' whatever tier holds them.
     option = EmbeddingVariableOption(
-        init_option=InitializerOption(initializer, default_value_dim=1)
+        init_option=InitializerOption(initializer, default_value_dim=1),
+        storage_option=storage.option_from_config(table._storage.to_config()),
     )
-    with tf.init_scope():
+    # On the table's device: a tier type is built for one device (DRAM_SSDHASH on the CPU,
+    # HBM_DRAM on a GPU), and a slot's rows are read and written beside the table's.
+    with tf.init_scope(), tf.device(table.device or None):
         return EmbeddingVariable(
             name,
             table.embedding_dim,
@@ -206,14 +212,6 @@ class GenericSparseUpdater:
 
     # --- creation ---------------------------------------------------------------------------
     def _check_table(self, table):
-        if table._storage.tiered:
-            raise ValueError(
-                f"sok.OptimizerWrapper: table '{table.name}' has storage_type "
-                f"{table._storage.storage_type.name}, whose rows carry their optimizer slots "
-                "between tiers; only SOK's fused optimizers (SGD, Adagrad, Adam, FTRL) keep slots "
-                f"in the rows, and {type(self.optimizer).__name__}'s would stay in memory outside "
-                f"the {storage.tiers_of(table._storage.storage_type)[0]} budget"
-            )
         if table._filter_freq > 0:
             raise ValueError(
                 f"sok.OptimizerWrapper: table '{table.name}' has a CounterFilter, which only SOK's fused "
