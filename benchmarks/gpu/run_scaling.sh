@@ -67,7 +67,8 @@ profile() {  # one traced step per rank after warm-up; every rank prints its op 
 fields100() {  # F100_BATCH: the global batch on every GPU count (default 65,536); F100_DISTS
   local batch="${F100_BATCH:-65536}" mlp=1024,1024,1024,1024,1024,1024
   local common=(--config fields100 --device gpu --mlp "$mlp" --global-batch "$batch" --mode graph
-                --inputs resident --rounds 3 --steps 10 --dists "${F100_DISTS:-uniform}")
+                --inputs resident --rounds 2 --steps 10 --num-batches 2
+                --dists "${F100_DISTS:-uniform}")
   for n in $sizes; do
     [ "$n" -gt 4 ] && continue
     log="$out/fields100_np${n}.txt"

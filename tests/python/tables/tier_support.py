@@ -9,12 +9,13 @@ from tests.python.support import sorted_export, unique_name
 DIM = 4
 
 
-def make(option, name=None, dim=DIM):
-    """An Embedding Variable with `option` (None: no StorageOption), deterministic initial rows."""
+def make(option, name=None, dim=DIM, **ev_options):
+    """An Embedding Variable with `option` (None: no StorageOption), deterministic initial rows;
+    `ev_options`: more of EmbeddingVariableOption's arguments (filter_option, evict_option)."""
     name = name or unique_name("tiered")
     return sok.EmbeddingVariable(
         name, dim, initializer=tf.random_uniform_initializer(-1, 1, seed=3),
-        ev_option=sok.EmbeddingVariableOption(storage_option=option))
+        ev_option=sok.EmbeddingVariableOption(storage_option=option, **ev_options))
 
 
 def train(ev, new_optimizer, ids_batches, opt=None):
