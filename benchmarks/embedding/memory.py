@@ -10,6 +10,7 @@ on another table, so that TensorFlow's per-step buffers (a fixed cost) are not c
 The multi-tier issue's target for the rest is 32 bytes on the CPU; the GPU's is reported.
 
     .venv/bin/python benchmarks/embedding/memory.py --keys 4000000 --dims 16,128 [--device gpu]
+    .venv/bin/python benchmarks/embedding/memory.py --keys 4000000 --dims 16,128 --storage dram_ssd
 prints one line per dim:
     MEMORY device=cpu dim=16 keys=4000000 bytes_per_key=... values=64 slots=64 overhead=...
 """
@@ -21,12 +22,59 @@ import sys
 TARGET_OVERHEAD = 32  # bytes per key beyond values and slots (the multi-tier issue's target)
 
 
-def _rss_bytes():
+def _status_bytes(field):
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _rss_bytes():
+    return _status_bytes("VmRSS")
+
+
+def _anon_bytes():
+    """Resident anonymous memory: what a DRAM_SSDHASH table keeps in DRAM, without the SSD
+    file's pages (page cache, and the read-only mapping its reads go through)."""
+    return _status_bytes("RssAnon")
+
+
+def measure_ssd(keys, dim, chunk):
+    """Runs in the child: DRAM bytes per key of a DRAM_SSDHASH table whose DRAM budget holds a
+    few rows, and SSD file bytes per key. The first step on the table is left out: the DRAM tier
+    holds each operation's keys while it runs (a working set of `chunk` rows, not a per-key cost)."""
+    import tempfile
+
+    import numpy as np
+    import tensorflow as tf
+
+    import sparse_operation_kit as sok
+
+    opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
+
+    def step(ev, start, stop):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ev.sparse_read(tf.constant(np.arange(start, stop, dtype=np.int64))))
+        opt.apply_gradients([(tape.gradient(loss, ev), ev)])
+
+    with tempfile.TemporaryDirectory() as path, tf.device("/CPU:0"):
+        option = sok.StorageOption(sok.StorageType.DRAM_SSDHASH, path, [1 << 20])
+        warm = sok.get_embedding_variable("memory_bench_warm", dim, initializer=tf.zeros_initializer(),
+                                          ev_option=sok.EmbeddingVariableOption(storage_option=option))
+        for w in range(2):
+            step(warm, w * chunk, (w + 1) * chunk)
+        ev = sok.get_embedding_variable("memory_bench", dim, initializer=tf.zeros_initializer(),
+                                        ev_option=sok.EmbeddingVariableOption(storage_option=option))
+        step(ev, 0, chunk)
+        before = _anon_bytes()
+        for start in range(chunk, keys, chunk):
+            step(ev, start, min(keys, start + chunk))
+        after = _anon_bytes()
+        files = [os.path.join(path, d, "rows.log") for d in os.listdir(path)
+                 if d.startswith("sok_ev_memory_bench.")]
+        ssd = os.path.getsize(files[0]) / keys
+    return (after - before) / (keys - chunk), ssd
 
 
 def measure(keys, dim, chunk, device="cpu"):
@@ -80,8 +128,20 @@ def main():
     p.add_argument("--chunk", type=int, default=262_144, help="keys per training step")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                    help="where the table lives (gpu: TensorFlow's GPU allocator is measured)")
+    p.add_argument("--storage", choices=("dram", "dram_ssd"), default="dram",
+                   help="dram_ssd: a DRAM_SSDHASH table (CPU) whose DRAM holds a few rows; "
+                   "reports its DRAM bytes per key (all overhead: the rows are on SSD) and its "
+                   "file's bytes per key")
     p.add_argument("--child-dim", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.storage == "dram_ssd" and args.device != "cpu":
+        p.error("--storage dram_ssd is a CPU tier")
+    if args.child_dim and args.storage == "dram_ssd":
+        dram, ssd = measure_ssd(args.keys, args.child_dim, args.chunk)
+        print(f"MEMORY device=cpu storage=dram_ssd dim={args.child_dim} keys={args.keys} "
+              f"dram_bytes_per_key={dram:.1f} ssd_file_bytes_per_key={ssd:.1f} "
+              f"overhead={dram:.1f} target_overhead={TARGET_OVERHEAD}", flush=True)
+        return 0
     if args.child_dim:
         total, values, slots = measure(args.keys, args.child_dim, args.chunk, args.device)
         print(f"MEMORY device={args.device} dim={args.child_dim} keys={args.keys} bytes_per_key={total:.1f} "
@@ -93,7 +153,8 @@ def main():
         env["CUDA_VISIBLE_DEVICES"] = ""
     for dim in (int(d) for d in args.dims.split(",")):
         out = subprocess.run([sys.executable, __file__, "--keys", str(args.keys), "--chunk",
-                              str(args.chunk), "--device", args.device, "--child-dim", str(dim)],
+                              str(args.chunk), "--device", args.device, "--storage", args.storage,
+                              "--child-dim", str(dim)],
                              env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("MEMORY")]

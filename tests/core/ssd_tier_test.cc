@@ -156,3 +156,18 @@ TEST(SsdStoreTest, a_missing_root_is_an_error_naming_the_table) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("table 'emb'"), std::string::npos) << st.message();
 }
+
+TEST(SsdStoreTest, a_record_past_the_index_limit_is_refused_and_nothing_is_written) {
+  std::unique_ptr<SsdStore> s;
+  ASSERT_TRUE(SsdStore::Open(temp_root(), "wide", &s).ok());
+  ASSERT_TRUE(s->append({rec(1, 1, 1, 4, 0.f)}).ok());
+  const int64_t bytes = s->file_bytes();
+  // A row of 2^20 floats makes a record of 4 MiB and its header: over the 4 MiB - 1 limit.
+  sok::Status st = s->append({rec(2, 1, 1, 4, 0.f), rec(3, 1, 1, 1 << 20, 0.f)});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("table 'wide'"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("past the tier's limits"), std::string::npos) << st.message();
+  EXPECT_EQ(s->size(), 1);  // neither record of the refused batch was indexed or written
+  EXPECT_FALSE(s->contains(2));
+  EXPECT_EQ(s->file_bytes(), bytes);
+}

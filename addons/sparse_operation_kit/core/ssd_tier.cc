@@ -154,7 +154,7 @@ Status SsdStore::read(int64_t key, Record* out) const {
 Status SsdStore::read_if_present(int64_t key, Record* out, bool* found) const {
   const KeyOffsets::Entry* e = index_.find(key);
   *found = e != nullptr;
-  return *found ? read_at(Loc{e->offset, e->bytes}, out) : Status::OK();
+  return *found ? read_at(Loc{e->offset(), e->bytes()}, out) : Status::OK();
 }
 
 template <typename Header, typename Floats>
@@ -170,6 +170,14 @@ Status SsdStore::append_n(int64_t n, const Header& header, const Floats& floats)
         h[0], h[1], h[2], static_cast<int64_t>((buf.size() - at - kHeaderBytes) / sizeof(float))};
     std::memcpy(buf.data() + at, head, kHeaderBytes);
     ends[i] = static_cast<int64_t>(buf.size());
+    if (!KeyOffsets::fits(end_ + static_cast<int64_t>(at), ends[i] - static_cast<int64_t>(at))) {
+      return Status::Invalid("table '" + table_ + "': SSD tier '" + file_ + "': a record of " +
+                             std::to_string(ends[i] - at) + " bytes at offset " +
+                             std::to_string(end_ + at) +
+                             " is past the tier's limits (records up to " +
+                             std::to_string(KeyOffsets::kMaxRecordBytes) + " bytes, files up to " +
+                             std::to_string(KeyOffsets::kMaxOffset) + " bytes)");
+    }
   }
   if (!write_all(fd_, buf.data(), static_cast<int64_t>(buf.size()), end_)) {
     return error("write failed");
@@ -225,7 +233,7 @@ bool SsdStore::remove(int64_t key) {
 Status SsdStore::for_each(const std::function<void(const Record&)>& fn) const {
   std::vector<Loc> locs;
   locs.reserve(index_.size());
-  index_.for_each([&](const KeyOffsets::Entry& e) { locs.push_back(Loc{e.offset, e.bytes}); });
+  index_.for_each([&](const KeyOffsets::Entry& e) { locs.push_back(Loc{e.offset(), e.bytes()}); });
   std::sort(locs.begin(), locs.end(),
             [](const Loc& a, const Loc& b) { return a.offset < b.offset; });
   Record r;
