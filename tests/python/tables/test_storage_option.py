@@ -228,6 +228,8 @@ def graph_train(name, option, opt_name, ids_batches, save=None, restore=None):
         gs = tf.compat.v1.train.get_or_create_global_step()
         new_opt = OPTIMIZERS.get(opt_name) or GENERIC[opt_name]
         train = sok.OptimizerWrapper(new_opt()).minimize(loss, global_step=gs)
+        for key, value in ((tf.compat.v1.GraphKeys.TRAIN_OP, train), ("rows", rows), ("ids", ids)):
+            tf.compat.v1.add_to_collection(key, value)  # for a meta graph's importer
         saver = tf.compat.v1.train.Saver()
         sess.run(tf.compat.v1.global_variables_initializer())
         if restore:
@@ -292,6 +294,34 @@ def test_meta_graph_import_keeps_the_storage(tmp_path):
         plan = got._storage
         assert plan.tiered and plan.path == str(ssd) and plan.sizes == [3 * ADAM_ROW]
         assert plan.strategy == sok.CacheStrategy.LRU
+
+
+def test_meta_graph_import_trains_on_like_the_dram_table(tmp_path):
+    """A TF1 program's meta graph with a tiered table and a generic optimizer (Momentum: its slot
+    store is tiered too), imported into a new graph and restored, trains on equal to the DRAM
+    table."""
+    from tests.python.support import graph_session
+
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    name = unique_name("meta_train")
+    ids = batches(12, seed=9)
+    want, _, _ = graph_train(name, None, "momentum", ids)
+    first, _, _ = graph_train(name, tiered(ssd), "momentum", ids[:6], save=str(tmp_path / "m"))
+    with graph_session() as sess:
+        saver = tf.compat.v1.train.import_meta_graph(str(tmp_path / "m.meta"))
+        saver.restore(sess, str(tmp_path / "m"))
+        stores = [v for v in tf.compat.v1.global_variables()
+                  if getattr(v, "name", "").startswith(name)]
+        assert sorted(v.name for v in stores) == [name, f"{name}/momentum"]
+        assert all(v._storage.tiered for v in stores)
+        graph = sess.graph
+        train = graph.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP)[0]
+        rows = graph.get_collection("rows")[0]
+        fed = graph.get_collection("ids")[0]
+        second = [sess.run([rows, train], {fed: b})[0] for b in ids[6:]]
+    for g, w in zip(first + second, want, strict=True):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_keras_config_keeps_the_storage(tmp_path):
