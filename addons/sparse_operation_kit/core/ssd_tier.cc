@@ -43,13 +43,23 @@ bool read_all(int fd, char* p, int64_t n, int64_t offset) {
   return true;
 }
 
-void serialize(const SsdStore::Record& r, std::vector<char>* buf) {
-  const int64_t header[kHeaderWords] = {r.key, r.freq, r.version,
-                                        static_cast<int64_t>(r.row.size())};
+// A record's header {key, freq, version, number of floats}; its floats follow (put_floats).
+void put_header(int64_t key, int64_t freq, int64_t version, int64_t floats,
+                std::vector<char>* buf) {
+  const int64_t header[kHeaderWords] = {key, freq, version, floats};
   const char* h = reinterpret_cast<const char*>(header);
-  const char* v = reinterpret_cast<const char*>(r.row.data());
   buf->insert(buf->end(), h, h + kHeaderBytes);
-  buf->insert(buf->end(), v, v + r.row.size() * sizeof(float));
+}
+
+void put_floats(const float* p, int64_t n, std::vector<char>* buf) {
+  const char* b = reinterpret_cast<const char*>(p);
+  buf->insert(buf->end(), b, b + n * static_cast<int64_t>(sizeof(float)));
+}
+
+void serialize(const SsdStore::Record& r, std::vector<char>* buf) {
+  const int64_t floats = static_cast<int64_t>(r.row.size());
+  put_header(r.key, r.freq, r.version, floats, buf);
+  put_floats(r.row.data(), floats, buf);
 }
 
 // The table's name, reduced to characters safe in a file name.
@@ -162,13 +172,10 @@ Status SsdStore::append_n(int64_t n, const Header& header, const Floats& floats)
   std::vector<char> buf;
   std::vector<int64_t> ends(n);
   for (int64_t i = 0; i < n; ++i) {
-    const std::array<int64_t, 3> h = header(i);
+    const std::array<int64_t, 4> h = header(i);
     const size_t at = buf.size();
-    buf.resize(at + kHeaderBytes);
+    put_header(h[0], h[1], h[2], h[3], &buf);
     floats(i, &buf);
-    const int64_t head[kHeaderWords] = {
-        h[0], h[1], h[2], static_cast<int64_t>((buf.size() - at - kHeaderBytes) / sizeof(float))};
-    std::memcpy(buf.data() + at, head, kHeaderBytes);
     ends[i] = static_cast<int64_t>(buf.size());
     if (!KeyOffsets::fits(end_ + static_cast<int64_t>(at), ends[i] - static_cast<int64_t>(at))) {
       return Status::Invalid("table '" + table_ + "': SSD tier '" + file_ + "': a record of " +
@@ -193,19 +200,12 @@ Status SsdStore::append_n(int64_t n, const Header& header, const Floats& floats)
   return Status::OK();
 }
 
-namespace {
-void put_floats(const float* p, int64_t n, std::vector<char>* buf) {
-  const char* b = reinterpret_cast<const char*>(p);
-  buf->insert(buf->end(), b, b + n * static_cast<int64_t>(sizeof(float)));
-}
-}  // namespace
-
 Status SsdStore::append(const std::vector<Record>& records) {
   return append_n(
       static_cast<int64_t>(records.size()),
       [&](int64_t i) {
         const Record& r = records[i];
-        return std::array<int64_t, 3>{r.key, r.freq, r.version};
+        return std::array<int64_t, 4>{r.key, r.freq, r.version, static_cast<int64_t>(r.row.size())};
       },
       [&](int64_t i, std::vector<char>* buf) {
         put_floats(records[i].row.data(), static_cast<int64_t>(records[i].row.size()), buf);
@@ -216,7 +216,8 @@ Status SsdStore::append(const Rows& rows) {
   return append_n(
       rows.n,
       [&](int64_t i) {
-        return std::array<int64_t, 3>{rows.keys[i], rows.freqs[i], rows.versions[i]};
+        return std::array<int64_t, 4>{rows.keys[i], rows.freqs[i], rows.versions[i],
+                                      rows.dim + rows.slot_floats};
       },
       [&](int64_t i, std::vector<char>* buf) {
         put_floats(rows.values + i * rows.dim, rows.dim, buf);

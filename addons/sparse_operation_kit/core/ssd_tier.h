@@ -87,8 +87,8 @@ class SsdStore {
   // outgrew the mapping or was replaced, so appends rarely remap and the pages already read stay
   // mapped. Best effort: reads outside the mapping use pread.
   void remap();
-  // Writes n records (record i: header(i) = {key, freq, version}, then floats(i, buf)
-  // appending its floats to buf) in one write and indexes them.
+  // Writes n records (record i: header(i) = {key, freq, version, number of floats}, then
+  // floats(i, buf) appending those floats to buf) in one write and indexes them.
   template <typename Header, typename Floats>
   Status append_n(int64_t n, const Header& header, const Floats& floats);
   void unmap();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
+#include <type_traits>
 
 #include "addons/sparse_operation_kit/core/cuda/exchange.h"
 #include "addons/sparse_operation_kit/core/cuda/runtime.h"
@@ -137,6 +138,16 @@ int piece_floats(const std::vector<int64_t>& dims, const std::vector<void*>& row
   return 4;
 }
 
+// launch(std::integral_constant<int, V>) with V = v, the piece width piece_floats chose.
+template <typename Launch>
+void with_piece_floats(int v, const Launch& launch) {
+  if (v == 4) {
+    launch(std::integral_constant<int, 4>());
+  } else {
+    launch(std::integral_constant<int, 1>());
+  }
+}
+
 // Each distinct row to its copies in the flat rows (kToBlocks), or its copies summed in rank
 // order into it: one thread per piece of a distinct row (elem_start and dims count pieces).
 template <bool kToBlocks, int V>
@@ -180,13 +191,10 @@ Status move_rows(const std::vector<int64_t>& dims, const int64_t* distinct, int 
       },
       [&](Group g, int64_t total) {
         g.world = world;  // grouped as for one rank: the group holds no blocks
-        if (v == 4) {
-          move_rows_kernel<kToBlocks, 4>
+        with_piece_floats(v, [&](auto V) {
+          move_rows_kernel<kToBlocks, V.value>
               <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_pos, flat, total);
-        } else {
-          move_rows_kernel<kToBlocks, 1>
-              <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_pos, flat, total);
-        }
+        });
         SOK_LAUNCH_CHECK();
         return Status::OK();
       });
@@ -262,13 +270,10 @@ Status rows_at(const std::vector<int64_t>& dims, const int64_t* sizes, const int
         return sizes[t] * dims[t] / v;
       },
       [&](const Group& g, int64_t total) {
-        if (v == 4) {
-          rows_at_kernel<kGather, 4>
+        with_piece_floats(v, [&](auto V) {
+          rows_at_kernel<kGather, V.value>
               <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_at, returned, total);
-        } else {
-          rows_at_kernel<kGather, 1>
-              <<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, row_at, returned, total);
-        }
+        });
         SOK_LAUNCH_CHECK();
         return Status::OK();
       });
