@@ -51,7 +51,8 @@ TEST(ExchangeTest, owner_keys_dedup_in_rank_order_and_record_each_copy) {
   ASSERT_TRUE(ex::BlockLayout::Of(counts, 1, 2, {2}, &l).ok());
   const int64_t received[] = {8, 1, 6, 2, 6, 3, 10, 4};
   ex::OwnerKeys out;
-  ex::owner_keys(tables, l, received, &out);
+  ex::owner_keys(tables, l, received, /*padded=*/false, &out);
+  EXPECT_EQ(out.distinct, (std::vector<int64_t>{3}));
   EXPECT_EQ(out.keys[0], (std::vector<int64_t>{8, 6, 10}));
   EXPECT_EQ(out.counts[0], (std::vector<int64_t>{1, 5, 4}));
   // row_pos [distinct, world]: 8 only from rank 0 (floats 0..1), 6 from both, 10 from rank 1.
@@ -67,6 +68,33 @@ TEST(ExchangeTest, owner_keys_dedup_in_rank_order_and_record_each_copy) {
   float* outs[] = {back.data()};
   ex::rows_from_blocks({2}, distinct, 2, out.row_pos.data(), flat.data(), outs);
   EXPECT_EQ(back, (std::vector<float>{1, 2, 6, 8, 5, 6}));  // key 6's two copies summed
+}
+
+TEST(ExchangeTest, padded_owner_keys_repeat_the_first_key_and_send_nothing_for_it) {
+  // Two requesters send 8, 6 and 6, 10 (4 entries, 3 distinct); a second table gets nothing.
+  const std::vector<ex::TableSpec> tables = {{-1, -1, 2}, {-1, -1, 1}};
+  const int64_t counts[] = {2, 0, 2, 0};  // [world, n]
+  ex::BlockLayout l;
+  ASSERT_TRUE(ex::BlockLayout::Of(counts, 2, 2, {2, 1}, &l).ok());
+  const int64_t received[] = {8, 1, 6, 2, 6, 3, 10, 4};
+  ex::OwnerKeys out;
+  ex::owner_keys(tables, l, received, /*padded=*/true, &out);
+  EXPECT_EQ(out.distinct, (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(out.keys[0], (std::vector<int64_t>{8, 6, 10, 8}));
+  EXPECT_EQ(out.counts[0], (std::vector<int64_t>{1, 5, 4, 0}));
+  EXPECT_TRUE(out.keys[1].empty());
+  EXPECT_EQ(out.row_pos, (std::vector<int64_t>{0, -1, 2, 4, -1, 6, -1, -1}));
+
+  const std::vector<float> rows = {1, 2, 3, 4, 5, 6, 7, 7};
+  const float* in[] = {rows.data(), nullptr};
+  std::vector<float> flat(8, -1.f);
+  const int64_t entries[] = {4, 0};
+  ex::rows_to_blocks({2, 1}, entries, 2, out.row_pos.data(), in, flat.data());
+  EXPECT_EQ(flat, (std::vector<float>{1, 2, 3, 4, 3, 4, 5, 6}));  // the padding's row: nowhere
+  std::vector<float> back(8, -1.f);
+  float* outs[] = {back.data(), nullptr};
+  ex::rows_from_blocks({2, 1}, entries, 2, out.row_pos.data(), flat.data(), outs);
+  EXPECT_EQ(back, (std::vector<float>{1, 2, 6, 8, 5, 6, 0, 0}));  // the padding's gradient: 0
 }
 
 TEST(ExchangeTest, gather_and_scatter_rows_are_inverse) {

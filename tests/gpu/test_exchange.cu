@@ -77,7 +77,7 @@ bool test_plan(int world, int n) {
   return ok;
 }
 
-bool test_owner(int world, int n, bool quad = false) {
+bool test_owner(int world, int n, bool quad = false, bool padded = false) {
   const auto tables = random_tables(n, world, quad);
   std::vector<int64_t> counts(world * n), received;
   std::vector<int64_t> dims(n);
@@ -98,13 +98,14 @@ bool test_owner(int world, int n, bool quad = false) {
   ex::BlockLayout l;
   if (!ex::BlockLayout::Of(counts.data(), n, world, dims, &l).ok()) return false;
   ex::OwnerKeys want;
-  ex::owner_keys(tables, l, received.data(), &want);
+  ex::owner_keys(tables, l, received.data(), padded, &want);
   DevBuf<int64_t> drecv = to_device(received);
   std::vector<DevBuf<int64_t>> keys, cnts;
-  DevBuf<int64_t> row_pos;
-  std::vector<int64_t> distinct;
+  DevBuf<int64_t> row_pos, valid(n);
+  valid.poison();
+  std::vector<int64_t> distinct;  // entries per table (padded: received keys)
   SOK_OK(gex::owner_keys(
-      tables, l, drecv.get(),
+      tables, l, drecv.get(), padded,
       [&](const std::vector<int64_t>& d, gex::OwnerKeysOut* out) {
         distinct = d;
         int64_t all = 0;
@@ -118,10 +119,11 @@ bool test_owner(int world, int n, bool quad = false) {
         }
         row_pos.resize(all * world);
         out->row_pos = row_pos.get();
+        out->valid = valid.get();
         return sok::Status::OK();
       },
       nullptr));
-  bool ok = true;
+  bool ok = sok_test::expect_eq("valid", valid.download(n), want.distinct);
   for (int t = 0; t < n && ok; ++t) {
     ok &= sok_test::expect_eq("keys", keys[t].download(distinct[t]), want.keys[t]);
     ok &= sok_test::expect_eq("counts", cnts[t].download(distinct[t]), want.counts[t]);
@@ -209,6 +211,7 @@ int main(int argc, char** argv) {
         const std::string at = " world " + std::to_string(w) + " tables " + std::to_string(n);
         run("plan" + at, [w, n] { return test_plan(w, n); });
         run("owner keys and rows" + at, [w, n] { return test_owner(w, n); });
+        run("owner keys padded" + at, [w, n] { return test_owner(w, n, false, true); });
       }
     }
     for (int w : {2, 8}) {

@@ -102,7 +102,7 @@ void floats_per_rank(const int64_t* counts, int world, const std::vector<int64_t
 }
 
 void owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l, const int64_t* received,
-                OwnerKeys* out) {
+                bool padded, OwnerKeys* out) {
   const int n = l.n, world = l.world;
   out->keys.assign(n, {});
   out->counts.assign(n, {});
@@ -129,7 +129,13 @@ void owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l, cons
   }
   int64_t total = 0;
   std::vector<int64_t> first(n);
+  out->distinct.assign(n, 0);
   for (int t = 0; t < n; ++t) {
+    out->distinct[t] = static_cast<int64_t>(out->keys[t].size());
+    if (padded && out->distinct[t] > 0) {
+      out->keys[t].resize(l.table_rows[t], out->keys[t][0]);
+      out->counts[t].resize(l.table_rows[t], 0);
+    }
     first[t] = total;
     total += static_cast<int64_t>(out->keys[t].size());
   }

@@ -86,12 +86,18 @@ void floats_per_rank(const int64_t* counts, int world, const std::vector<int64_t
 // the tables' dims): row_pos[(d_t + u) * world + q] = the first element of requester q's copy of
 // distinct key u of table t (d_t: the distinct keys of the tables before t), -1 where q did not
 // ask for it. A requester sends each key once, so a key has at most `world` copies.
+// padded: each table's outputs hold as many entries as it received (layout.table_rows[t], known
+// on the host before the dedup, so the owner needs no wait to size them): its distinct[t] keys,
+// then copies of its first key with count 0 whose rows go nowhere (row_pos -1). The copies of a
+// key the tables already hold keep any update of the padded keys equal (a zero gradient summed
+// into a row that has one); an update given distinct[t] skips them.
 struct OwnerKeys {
   std::vector<std::vector<int64_t>> keys, counts;
   std::vector<int64_t> row_pos;
+  std::vector<int64_t> distinct;  // [n]
 };
 void owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& layout,
-                const int64_t* received, OwnerKeys* out);
+                const int64_t* received, bool padded, OwnerKeys* out);
 
 // rows[t] ([distinct[t], dims[t]]) copied to every requester's place in the flat rows; and the
 // gradient's way back: each distinct row's copies summed in rank order (deterministic).

@@ -18,8 +18,9 @@ def _local(key, target, rows, world):
     return key // world if rows >= 0 and target < 0 else key
 
 
-def _run(world, specs, keys_by_rank, seed=0):
-    """Plays one exchange; checks every step against NumPy; returns the requesters' rows."""
+def _run(world, specs, keys_by_rank, seed=0, padded=False):
+    """Plays one exchange; checks every step against NumPy; returns the requesters' rows.
+    padded: the owners' keys padded to what they received (core/exchange.h)."""
     n = len(specs)
     targets = [s[0] for s in specs]
     rows = [s[1] for s in specs]
@@ -55,10 +56,20 @@ def _run(world, specs, keys_by_rank, seed=0):
         received = np.concatenate(
             [plans[r][1][0][starts[r][q]:starts[r][q + 1]] for r in range(world)]).reshape(-1, 2)
         recv_counts = np.stack([plans[r][1][1][q] for r in range(world)])
-        keys_q, counts_q, row_pos, distinct = ops.sok_exchange_owner_keys(
+        keys_q, counts_q, row_pos, distinct, valid = ops.sok_exchange_owner_keys(
             tf.constant(received, tf.int64), tf.constant(recv_counts), N=n, targets=targets,
-            rows=rows, dims=dims)
+            rows=rows, dims=dims, padded=padded)
         keys_q, counts_q = [k.numpy() for k in keys_q], [c.numpy() for c in counts_q]
+        valid = valid.numpy()
+        entries = recv_counts[:, :n].sum(0) if padded else valid
+        np.testing.assert_array_equal(distinct.numpy(), entries)
+        for t in range(n):  # the padding: copies of the first key, count 0
+            assert len(keys_q[t]) == entries[t]
+            assert (keys_q[t][valid[t]:] == keys_q[t][:1]).all()
+            assert (counts_q[t][valid[t]:] == 0).all()
+        all_keys = keys_q
+        keys_q = [k[:v] for k, v in zip(keys_q, valid)]
+        counts_q = [c[:v] for c, v in zip(counts_q, valid)]
         asked = []  # per table: how many requesters asked for each distinct key
         for t in range(n):
             order, total = {}, {}
@@ -77,16 +88,19 @@ def _run(world, specs, keys_by_rank, seed=0):
                                                           if sok_tables.owner(a, targets[t],
                                                                               world) == q))
                                          for r in range(world)) for k in want], np.float32))
-        assert list(distinct.numpy()) == [len(k) for k in keys_q]
-        owner_rows = [np.stack([_value(t, q, k, dims[t]) for k in keys_q[t]]).astype(np.float32)
-                      if len(keys_q[t]) else np.zeros([0, dims[t]], np.float32) for t in range(n)]
+        # The owner's rows of every entry: a padded entry reads its key's row, which goes nowhere.
+        owner_rows = [np.stack([_value(t, q, k, dims[t]) for k in all_keys[t]]).astype(np.float32)
+                      if len(all_keys[t]) else np.zeros([0, dims[t]], np.float32)
+                      for t in range(n)]
         flat = ops.sok_exchange_rows_to_blocks(
             [tf.constant(x) for x in owner_rows], row_pos, tf.constant(recv_counts),
             dims=dims).numpy()
         back = ops.sok_exchange_rows_from_blocks(tf.constant(flat), row_pos, distinct, N=n,
                                                  dims=dims)
         for t in range(n):  # each row's copies summed: the row times the ranks that asked
-            np.testing.assert_allclose(back[t].numpy(), owner_rows[t] * asked[t][:, None])
+            v = valid[t]
+            np.testing.assert_allclose(back[t].numpy()[:v], owner_rows[t][:v] * asked[t][:, None])
+            assert (back[t].numpy()[v:] == 0).all()  # the padding's gradient
         # The rows' all-to-all: requester r's part of each owner's flat rows.
         per_requester = (recv_counts[:, :n] * np.asarray(dims)).sum(1)
         cuts = np.concatenate([[0], np.cumsum(per_requester)])
@@ -119,11 +133,13 @@ def _keys(rng, world, sizes, low=-50, high=200):
             for _ in range(world)]
 
 
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("world", [2, 3])
-def test_embedding_variables_spread_and_placed(world):
+def test_embedding_variables_spread_and_placed(world, padded):
     rng = np.random.default_rng(world)
     specs = [(-1, -1, 4), (world - 1, -1, 8), (-1, -1, 1)]
-    _run(world, specs, _keys(rng, world, [30, 17, 5]))
+    # Keys from a small range: ranks ask for the same keys, so the owners' padding is not empty.
+    _run(world, specs, _keys(rng, world, [30, 17, 5], low=0, high=60), padded=padded)
 
 
 def test_static_tables_become_local_rows_and_flag_bad_ids():
@@ -134,10 +150,11 @@ def test_static_tables_become_local_rows_and_flag_bad_ids():
     _run(world, specs, keys)
 
 
-def test_empty_tables_and_ranks_without_keys():
+@pytest.mark.parametrize("padded", [False, True])
+def test_empty_tables_and_ranks_without_keys(padded):
     specs = [(-1, -1, 4), (-1, -1, 2)]
     _run(2, specs, [[np.array([], np.int64), np.array([3, 4])],
-                    [np.array([], np.int64), np.array([], np.int64)]])
+                    [np.array([], np.int64), np.array([], np.int64)]], padded=padded)
 
 
 def test_more_tables_than_one_launch_takes():
@@ -146,6 +163,8 @@ def test_more_tables_than_one_launch_takes():
     world = 8
     specs = [(-1 if t % 3 else t % world, -1, 1 + t % 5) for t in range(20)]
     _run(world, specs, _keys(rng, world, [int(rng.integers(0, 40)) for _ in range(20)]))
+    _run(world, specs, _keys(rng, world, [int(rng.integers(0, 40)) for _ in range(20)], 0, 50),
+         padded=True)
 
 
 def test_owner_rule_matches_tables_owner_for_negative_keys():

@@ -72,5 +72,6 @@ def test_an_unknown_optimizer_is_refused_by_name():
             [tf.ones([1, 2])],
             0.1,
             tf.constant(0, tf.int64),
+            tf.zeros([0], tf.int64),
             optimizer="rmsprop",
         )

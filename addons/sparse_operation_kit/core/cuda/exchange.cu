@@ -229,13 +229,19 @@ __global__ void owner_rows_kernel(const __grid_constant__ Group g, int64_t* row_
   });
 }
 
-// owner_keys: the distinct keys to their outputs, the summed counts zeroed.
-__global__ void owner_outputs_kernel(const __grid_constant__ Group g, int64_t total) {
+// owner_keys: the distinct keys to their outputs (padding: the table's first key), the summed
+// counts zeroed, each table's distinct count to valid (zeroed before: a table without keys has
+// no thread).
+__global__ void owner_outputs_kernel(const __grid_constant__ Group g,
+                                     const UniqueTableReport* reports, int64_t* valid,
+                                     int64_t total) {
   for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
-    const int64_t u = e - g.elem_start[t];
-    static_cast<int64_t*>(g.tensor[t])[u] = static_cast<const int64_t*>(g.tensor2[t])[u];
+    const int64_t u = e - g.elem_start[t], d = reports[g.first + t].num_unique;
+    static_cast<int64_t*>(g.tensor[t])[u] =
+        static_cast<const int64_t*>(g.tensor2[t])[u < d ? u : 0];
     static_cast<int64_t*>(g.tensor3[t])[u] = 0;
+    if (u == 0) valid[g.first + t] = d;
   });
 }
 
@@ -467,7 +473,8 @@ Status split_received(const std::vector<TableSpec>& tables, const BlockLayout& l
       });
 }
 
-// owner_keys, 2: every table's dedup at once; the distinct counts to the host (the one wait).
+// owner_keys, 2: every table's dedup at once; exact (distinct not null): the distinct counts to
+// the host (the one wait).
 Status dedup(const BlockLayout& l, const OwnerTemps& o, cudaStream_t stream, DeviceAllocator* alloc,
              std::vector<int64_t>* distinct) {
   std::vector<UniqueTable> spans(l.n);
@@ -478,6 +485,7 @@ Status dedup(const BlockLayout& l, const OwnerTemps& o, cudaStream_t stream, Dev
     spans[t].inverse = o.inverse + o.start[t];
   }
   SOK_RETURN_IF_ERROR(unique_keys_multi(spans, o.reports, stream, alloc));
+  if (distinct == nullptr) return Status::OK();
   std::vector<UniqueTableReport> reports(l.n);
   SOK_CUDA_RETURN(cudaMemcpyAsync(reports.data(), o.reports, l.n * sizeof(UniqueTableReport),
                                   cudaMemcpyDeviceToHost, stream));
@@ -487,23 +495,25 @@ Status dedup(const BlockLayout& l, const OwnerTemps& o, cudaStream_t stream, Dev
   return Status::OK();
 }
 
-// owner_keys, 3: distinct keys, summed counts, where each copy goes back.
+// owner_keys, 3: distinct keys (and padding), summed counts, where each copy goes back.
 Status owner_outputs(const std::vector<TableSpec>& tables, const BlockLayout& l,
-                     const OwnerTemps& o, const std::vector<int64_t>& distinct,
+                     const OwnerTemps& o, const std::vector<int64_t>& sizes,
                      const OwnerKeysOut& out, cudaStream_t stream) {
-  const std::vector<int64_t> base = starts_of(distinct.data(), l.n);
+  const std::vector<int64_t> base = starts_of(sizes.data(), l.n);
   SOK_CUDA_RETURN(
       cudaMemsetAsync(out.row_pos, 0xff, sizeof(int64_t) * base[l.n] * l.world, stream));
+  SOK_CUDA_RETURN(cudaMemsetAsync(out.valid, 0, sizeof(int64_t) * l.n, stream));
   SOK_RETURN_IF_ERROR(for_groups(
       l.n, 1,
       [&](Group* g, int i, int t) {
         g->tensor[i] = out.keys[t];
         g->tensor2[i] = o.unique + o.start[t];
         g->tensor3[i] = out.counts[t];
-        return distinct[t];
+        return sizes[t];
       },
       [&](const Group& g, int64_t total) {
-        owner_outputs_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, total);
+        owner_outputs_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, o.reports,
+                                                                             out.valid, total);
         SOK_LAUNCH_CHECK();
         return Status::OK();
       }));
@@ -528,8 +538,8 @@ Status owner_outputs(const std::vector<TableSpec>& tables, const BlockLayout& l,
 }  // namespace
 
 Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
-                  const int64_t* received, const AllocateOwnerKeys& allocate, cudaStream_t stream,
-                  DeviceAllocator* alloc) {
+                  const int64_t* received, bool padded, const AllocateOwnerKeys& allocate,
+                  cudaStream_t stream, DeviceAllocator* alloc) {
   OwnerTemps o;
   o.start = starts_of(l.table_rows.data(), l.n);
   const int64_t m = o.start[l.n];
@@ -542,11 +552,11 @@ Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
     o.reports = w.take<UniqueTableReport>(l.n);
   }));
   SOK_RETURN_IF_ERROR(split_received(tables, l, received, o, stream));
-  std::vector<int64_t> distinct;
-  SOK_RETURN_IF_ERROR(dedup(l, o, stream, alloc, &distinct));
+  std::vector<int64_t> sizes = l.table_rows;
+  SOK_RETURN_IF_ERROR(dedup(l, o, stream, alloc, padded ? nullptr : &sizes));
   OwnerKeysOut out;
-  SOK_RETURN_IF_ERROR(allocate(distinct, &out));
-  return owner_outputs(tables, l, o, distinct, out, stream);
+  SOK_RETURN_IF_ERROR(allocate(sizes, &out));
+  return owner_outputs(tables, l, o, sizes, out, stream);
 }
 
 Status rows_to_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,

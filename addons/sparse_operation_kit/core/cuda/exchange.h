@@ -26,18 +26,21 @@ Status plan(const std::vector<TableSpec>& tables, int world,
             const int64_t* sizes, int64_t signature, int64_t* request, int64_t* matrix,
             int64_t* row_at, cudaStream_t stream, DeviceAllocator* alloc = nullptr);
 
-// The owner's keys (core/exchange.h's owner_keys): one dedup of every table, then ONE copy of the
-// distinct counts to the host and a wait for it; `allocate` gets those counts and returns the
-// outputs (keys[t], counts[t]: distinct[t] entries; row_pos: sum(distinct) * world entries).
+// The owner's keys (core/exchange.h's owner_keys): one dedup of every table. `allocate` gets
+// each table's number of entries and returns the outputs (keys[t], counts[t]: sizes[t] entries;
+// row_pos: sum(sizes) * world; valid: [n] on the device, the distinct counts). Exact: the sizes
+// are the distinct counts, read with ONE copy to the host and a wait; padded: the received
+// counts (host), so nothing waits.
 struct OwnerKeysOut {
   std::vector<int64_t*> keys, counts;
   int64_t* row_pos = nullptr;
+  int64_t* valid = nullptr;
 };
 using AllocateOwnerKeys =
-    std::function<Status(const std::vector<int64_t>& distinct, OwnerKeysOut* out)>;
+    std::function<Status(const std::vector<int64_t>& sizes, OwnerKeysOut* out)>;
 Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& layout,
-                  const int64_t* received, const AllocateOwnerKeys& allocate, cudaStream_t stream,
-                  DeviceAllocator* alloc = nullptr);
+                  const int64_t* received, bool padded, const AllocateOwnerKeys& allocate,
+                  cudaStream_t stream, DeviceAllocator* alloc = nullptr);
 
 Status rows_to_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
                       const int64_t* row_pos, const std::vector<const float*>& rows, float* flat,

@@ -142,6 +142,7 @@ struct TableCall {
   float* out = nullptr;             // Gather: [n, dim]
   const int64_t* counts = nullptr;  // Gather: or null (1 each)
   const float* grads = nullptr;     // SparseApply: [n, dim]
+  const int64_t* d_n = nullptr;     // GPU: a device count <= n of the keys to use (or null)
 };
 
 template <typename Device>
@@ -172,6 +173,16 @@ struct OnDevice<CpuDevice> {
     pool->ParallelFor(n, thread::ThreadPool::SchedulingParams::Fixed(1), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) fn(static_cast<int>(i), serial);
     });
+  }
+
+  // Only the first *valid keys of the call count (valid: this device's memory).
+  template <typename K>
+  static Status LimitCount(OpKernelContext*, const int64_t* valid, TableCall<K>* c) {
+    if (*valid < 0 || *valid > c->n) {
+      return errors::InvalidArgument("'", c->table->name(), "': ", *valid, " valid keys of ", c->n);
+    }
+    c->n = *valid;
+    return OkStatus();
   }
 
   // The evaluation read / training read / optimizer step of every table, tables in parallel.
@@ -269,12 +280,33 @@ struct OnDevice<GpuDevice> {
     e.stream = Stream(ctx);
     return e;
   }
+  // Only the first *valid keys of the call count (valid: device memory). The one-tier tables
+  // take the count on the device; a tiered table reads it on the host (a wait: its calls
+  // synchronise anyway).
+  template <typename K>
+  static Status LimitCount(OpKernelContext* ctx, const int64_t* valid, TableCall<K>* c) {
+    if (IsPlain(c->table)) {
+      c->d_n = valid;  // the kernels clamp it to n
+      return OkStatus();
+    }
+    int64_t host = 0;
+    const char* what = "reading a table's valid key count";
+    TF_RETURN_IF_ERROR(ToTf(sok::gpu::cuda_status(
+        cudaMemcpyAsync(&host, valid, sizeof(host), cudaMemcpyDeviceToHost, Stream(ctx)), what)));
+    TF_RETURN_IF_ERROR(ToTf(sok::gpu::cuda_status(cudaStreamSynchronize(Stream(ctx)), what)));
+    return OnDevice<CpuDevice>::LimitCount(ctx, &host, c);
+  }
+
   // The evaluation read: one launch per table.
   template <typename K>
   static Status Find(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {
     const sok::ExecContext e = Exec(ctx);
-    for (const TableCall<K>& c : calls)
-      TF_RETURN_IF_ERROR(ToTf(c.table->find(e, c.keys, c.n, c.out), c.table->name()));
+    for (const TableCall<K>& c : calls) {
+      const sok::Status s = c.d_n ? static_cast<sok::gpu::GpuTable<K>*>(c.table)->gpu_table()->find(
+                                        c.keys, c.n, c.out, Stream(ctx), c.d_n)
+                                  : c.table->find(e, c.keys, c.n, c.out);
+      TF_RETURN_IF_ERROR(ToTf(s, c.table->name()));
+    }
     return OkStatus();
   }
   // The training read / the optimizer step of every table in few launches (the core fuses up to
@@ -352,6 +384,7 @@ struct OnDevice<GpuDevice> {
       out[i].out = calls[i].out;
       out[i].counts = calls[i].counts;
       out[i].grads = calls[i].grads;
+      out[i].d_n = calls[i].d_n;
     }
     return out;
   }

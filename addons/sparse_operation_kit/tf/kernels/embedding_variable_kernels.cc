@@ -141,6 +141,27 @@ Status GatherTables(OpKernelContext* ctx, const OpTables<K>& tables, bool traini
   return OnDevice<Device>::Find(ctx, tables.calls);
 }
 
+// valid [N] or [0] (every key counts), checked against N tables.
+Status ValidInput(const Tensor& valid, int n, const int64_t** out) {
+  if (valid.NumElements() != 0 && valid.NumElements() != n) {
+    return errors::InvalidArgument("valid holds ", valid.NumElements(), " counts for ", n,
+                                   " tables (one per table, or none)");
+  }
+  *out = valid.NumElements() ? valid.flat<int64_t>().data() : nullptr;
+  return OkStatus();
+}
+
+// Limits each call to its table's valid keys (calls[j] is table first + j of the op's N).
+template <typename Device, typename K>
+Status LimitCounts(OpKernelContext* ctx, const int64_t* valid, const std::vector<int>& index,
+                   OpTables<K>* tables) {
+  if (valid == nullptr) return OkStatus();
+  for (size_t j = 0; j < tables->calls.size(); ++j) {
+    TF_RETURN_IF_ERROR(OnDevice<Device>::LimitCount(ctx, valid + index[j], &tables->calls[j]));
+  }
+  return OkStatus();
+}
+
 template <typename Device>
 class GatherOp : public SokOpKernel<Device> {
  public:
@@ -157,19 +178,25 @@ class GatherOp : public SokOpKernel<Device> {
     const int n = keys.size();
     OP_REQUIRES(ctx, static_cast<int>(dims_.size()) == n,
                 errors::InvalidArgument(dims_.size(), " dims for ", n, " tables"));
+    const int64_t* valid;
+    OP_REQUIRES_OK(ctx, ValidInput(ctx->input(3 * n), n, &valid));
     OpTables<int64_t> tables64;
     OpTables<int32_t> tables32;
+    std::vector<int> index64, index32;
     std::vector<TensorShape> shapes;
     for (int i = 0; i < n; ++i) shapes.push_back(TensorShape({keys[i].NumElements(), dims_[i]}));
     std::vector<Tensor*> outs;
     OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &outs));
     for (int i = 0; i < n; ++i) {
       const ResourceHandle& h = HandleFromInput(ctx, i);
+      const bool wide = keys[i].dtype() == DT_INT64;
+      (wide ? index64 : index32).push_back(i);
       OP_REQUIRES_OK(ctx,
-                     keys[i].dtype() == DT_INT64
-                         ? AddGather(ctx, h, keys[i], counts[i], dims_[i], outs[i], &tables64)
-                         : AddGather(ctx, h, keys[i], counts[i], dims_[i], outs[i], &tables32));
+                     wide ? AddGather(ctx, h, keys[i], counts[i], dims_[i], outs[i], &tables64)
+                          : AddGather(ctx, h, keys[i], counts[i], dims_[i], outs[i], &tables32));
     }
+    OP_REQUIRES_OK(ctx, LimitCounts<Device>(ctx, valid, index64, &tables64));
+    OP_REQUIRES_OK(ctx, LimitCounts<Device>(ctx, valid, index32, &tables32));
     OP_REQUIRES_OK(ctx, GatherTables<Device>(ctx, tables64, training_));
     OP_REQUIRES_OK(ctx, GatherTables<Device>(ctx, tables32, training_));
   }
@@ -248,14 +275,20 @@ class SparseApplyOp : public SokOpKernel<Device> {
     p.lr = ctx->input(3 * n).scalar<float>()();                      // HostMemory
     const int64_t step = ctx->input(3 * n + 1).scalar<int64_t>()();  // HostMemory
     p.step = step + 1;
+    const int64_t* valid;
+    OP_REQUIRES_OK(ctx, ValidInput(ctx->input(3 * n + 2), n, &valid));
     OpTables<int64_t> tables64;
     OpTables<int32_t> tables32;
+    std::vector<int> index64, index32;
     for (int i = 0; i < n; ++i) {
       const ResourceHandle& h = HandleFromInput(ctx, i);
-      OP_REQUIRES_OK(ctx, keys[i].dtype() == DT_INT64
-                              ? AddApply(ctx, h, keys[i], grads[i], &tables64)
-                              : AddApply(ctx, h, keys[i], grads[i], &tables32));
+      const bool wide = keys[i].dtype() == DT_INT64;
+      (wide ? index64 : index32).push_back(i);
+      OP_REQUIRES_OK(ctx, wide ? AddApply(ctx, h, keys[i], grads[i], &tables64)
+                               : AddApply(ctx, h, keys[i], grads[i], &tables32));
     }
+    OP_REQUIRES_OK(ctx, LimitCounts<Device>(ctx, valid, index64, &tables64));
+    OP_REQUIRES_OK(ctx, LimitCounts<Device>(ctx, valid, index32, &tables32));
     OP_REQUIRES_OK(ctx, ApplyTables<Device>(ctx, tables64, p, step, keys_unique_, keys_present_));
     OP_REQUIRES_OK(ctx, ApplyTables<Device>(ctx, tables32, p, step, keys_unique_, keys_present_));
   }

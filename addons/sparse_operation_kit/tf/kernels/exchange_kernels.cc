@@ -12,13 +12,14 @@ namespace sok_kernels {
 
 namespace ex = sok::exchange;
 
-// Where the owner's outputs go, once the distinct counts are known.
+// Where the owner's outputs go, once their sizes are known (exact: the distinct counts).
 struct OwnerKeysOut {
   std::vector<int64_t*> keys, counts;
   int64_t* row_pos = nullptr;
+  int64_t* valid = nullptr;  // the distinct counts, on the op's device
 };
 using AllocateOwnerKeys =
-    std::function<Status(const std::vector<int64_t>& distinct, OwnerKeysOut* out)>;
+    std::function<Status(const std::vector<int64_t>& sizes, OwnerKeysOut* out)>;
 
 template <typename Device>
 struct ExchangeOn;
@@ -33,19 +34,20 @@ struct ExchangeOn<CpuDevice> {
     return OkStatus();
   }
   static Status OwnerKeys(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables,
-                          const ex::BlockLayout& l, const int64_t* received,
+                          const ex::BlockLayout& l, const int64_t* received, bool padded,
                           const AllocateOwnerKeys& allocate) {
     ex::OwnerKeys keys;
-    ex::owner_keys(tables, l, received, &keys);
-    std::vector<int64_t> distinct(l.n);
-    for (int t = 0; t < l.n; ++t) distinct[t] = static_cast<int64_t>(keys.keys[t].size());
+    ex::owner_keys(tables, l, received, padded, &keys);
+    std::vector<int64_t> sizes(l.n);
+    for (int t = 0; t < l.n; ++t) sizes[t] = static_cast<int64_t>(keys.keys[t].size());
     OwnerKeysOut out;
-    TF_RETURN_IF_ERROR(allocate(distinct, &out));
+    TF_RETURN_IF_ERROR(allocate(sizes, &out));
     for (int t = 0; t < l.n; ++t) {
       std::copy(keys.keys[t].begin(), keys.keys[t].end(), out.keys[t]);
       std::copy(keys.counts[t].begin(), keys.counts[t].end(), out.counts[t]);
     }
     std::copy(keys.row_pos.begin(), keys.row_pos.end(), out.row_pos);
+    std::copy(keys.distinct.begin(), keys.distinct.end(), out.valid);
     return OkStatus();
   }
   static Status ToBlocks(OpKernelContext*, const std::vector<int64_t>& dims,
@@ -89,19 +91,21 @@ struct ExchangeOn<GpuDevice> {
                           S(ctx), &alloc));
   }
   static Status OwnerKeys(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables,
-                          const ex::BlockLayout& l, const int64_t* received,
+                          const ex::BlockLayout& l, const int64_t* received, bool padded,
                           const AllocateOwnerKeys& allocate) {
     TfDeviceAllocator alloc(ctx->device()->GetAllocator(AllocatorAttributes()));
-    tsl::profiler::TraceMe wait("SokExchangeOwnerKeys waits for the distinct counts");
+    tsl::profiler::TraceMe wait(padded ? "SokExchangeOwnerKeys (padded: no wait)"
+                                       : "SokExchangeOwnerKeys waits for the distinct counts");
     return ToTf(gex::owner_keys(
-        tables, l, received,
-        [&](const std::vector<int64_t>& distinct, gex::OwnerKeysOut* out) {
+        tables, l, received, padded,
+        [&](const std::vector<int64_t>& sizes, gex::OwnerKeysOut* out) {
           OwnerKeysOut o;
-          Status s = allocate(distinct, &o);
+          Status s = allocate(sizes, &o);
           if (!s.ok()) return sok::Status::Invalid(std::string(s.message()));
           out->keys = o.keys;
           out->counts = o.counts;
           out->row_pos = o.row_pos;
+          out->valid = o.valid;
           return sok::Status::OK();
         },
         S(ctx), &alloc));
@@ -321,6 +325,7 @@ class ExchangeOwnerKeysOp : public SokOpKernel<Device> {
  public:
   explicit ExchangeOwnerKeysOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("padded", &padded_));
     OP_REQUIRES_OK(ctx, ReadSpecs(ctx, n_, &tables_));
     for (const ex::TableSpec& t : tables_) dims_.push_back(t.dim);
   }
@@ -336,33 +341,36 @@ class ExchangeOwnerKeysOp : public SokOpKernel<Device> {
                                 ", 2] as the counts say, got ", received.shape().DebugString()));
     const int n = n_;
     const int64_t world = l.world;
-    auto allocate = [ctx, n, world](const std::vector<int64_t>& distinct, OwnerKeysOut* out) {
+    auto allocate = [ctx, n, world](const std::vector<int64_t>& sizes, OwnerKeysOut* out) {
       std::vector<TensorShape> shapes;
       int64_t total = 0;
       for (int t = 0; t < n; ++t) {
-        shapes.push_back(TensorShape({distinct[t]}));
-        total += distinct[t];
+        shapes.push_back(TensorShape({sizes[t]}));
+        total += sizes[t];
       }
       std::vector<Tensor*> keys, counts;
       TF_RETURN_IF_ERROR(AllocateTableOutputs<Device>(ctx, 0, DT_INT64, shapes, &keys));
       TF_RETURN_IF_ERROR(AllocateTableOutputs<Device>(ctx, n, DT_INT64, shapes, &counts));
-      Tensor *row_pos, *distinct_out;
+      Tensor *row_pos, *sizes_out, *valid;
       TF_RETURN_IF_ERROR(ctx->allocate_output(2 * n, TensorShape({total, world}), &row_pos));
-      TF_RETURN_IF_ERROR(ctx->allocate_output(2 * n + 1, TensorShape({n}), &distinct_out));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(2 * n + 1, TensorShape({n}), &sizes_out));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(2 * n + 2, TensorShape({n}), &valid));
       for (int t = 0; t < n; ++t) {
         out->keys.push_back(keys[t]->flat<int64_t>().data());
         out->counts.push_back(counts[t]->flat<int64_t>().data());
-        distinct_out->flat<int64_t>()(t) = distinct[t];
+        sizes_out->flat<int64_t>()(t) = sizes[t];
       }
       out->row_pos = row_pos->flat<int64_t>().data();
+      out->valid = valid->flat<int64_t>().data();
       return OkStatus();
     };
-    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::OwnerKeys(ctx, tables_, l,
-                                                      received.flat<int64_t>().data(), allocate));
+    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::OwnerKeys(
+                            ctx, tables_, l, received.flat<int64_t>().data(), padded_, allocate));
   }
 
  private:
   int n_ = 0;
+  bool padded_ = false;
   std::vector<ex::TableSpec> tables_;
   std::vector<int64_t> dims_;
 };

@@ -41,8 +41,9 @@ REGISTER_OP("SokEmbeddingVariableInitialize")
     .Attr("default_value_no_permission: float = 0.0")
     .Attr("steps_to_live: int = 0")
     .Attr("l2_weight_threshold: float = -1.0")
-    // Storage tiers (DeepRec StorageOption): "DRAM" or "DRAM_SSDHASH" (CPU only); the SSD tier's
-    // root directory; the byte budget of each cached tier; "LFU" or "LRU".
+    // Storage tiers (DeepRec StorageOption): "DRAM", "DRAM_SSDHASH" (CPU only), "HBM",
+    // "HBM_DRAM" or "HBM_DRAM_SSDHASH" (GPU only); the SSD tier's root directory; the byte
+    // budget of each cached tier, top first; "LFU" or "LRU".
     .Attr("storage_type: string = 'DRAM'")
     .Attr("storage_path: string = ''")
     .Attr("storage_size: list(int) = []")
@@ -70,6 +71,9 @@ REGISTER_OP("SokEmbeddingVariableGather")
     .Input("handles: N * resource")
     .Input("keys: Tkeys")
     .Input("counts: N * int64")  // per key; an empty tensor counts 1 each
+    // [N] or [0] (all keys): table i reads only its first valid[i] keys (the exchange's padded
+    // owner keys, counted on the device); the other rows of values_i are left unwritten.
+    .Input("valid: int64")
     .Output("values: N * float")
     .Attr("N: int >= 1")
     .Attr("Tkeys: list({int32, int64})")
@@ -108,6 +112,7 @@ REGISTER_OP("SokEmbeddingVariableSparseApply")
     .Input("grads: N * float")
     .Input("learning_rate: float")
     .Input("global_step: int64")  // 0-based count of steps taken before this one
+    .Input("valid: int64")        // as SokEmbeddingVariableGather's: the first valid[i] keys only
     .Attr("N: int >= 1")
     .Attr("Tkeys: list({int32, int64})")
     .Attr("optimizer: string")  // a name of sok::kOptimizerNames (core/optimizer.h)

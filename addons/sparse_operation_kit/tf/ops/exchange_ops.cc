@@ -46,7 +46,9 @@ REGISTER_OP("SokExchangePlan")
 // recv_counts [world, >= N] says) as each table's distinct keys (static tables: rows of this
 // rank's shard; order of first appearance) with their counts summed; row_pos [sum(distinct),
 // world]: where requester q's copy of each distinct key's row goes in the flat rows (floats; -1:
-// q did not ask); distinct [N] (host). One wait on the host: for the distinct counts.
+// q did not ask); distinct [N] (host): each table's entries; valid [N] (on the op's device): its
+// distinct keys. Exact: entries = distinct keys, one wait on the host for their counts. padded:
+// entries = received keys, no wait (core/exchange.h says what the padding holds).
 REGISTER_OP("SokExchangeOwnerKeys")
     .Input("received: int64")
     .Input("recv_counts: int64")
@@ -54,16 +56,19 @@ REGISTER_OP("SokExchangeOwnerKeys")
     .Output("counts: N * int64")
     .Output("row_pos: int64")
     .Output("distinct: int64")
+    .Output("valid: int64")
     .Attr("N: int >= 1")
     .Attr("targets: list(int)")
     .Attr("rows: list(int)")
     .Attr("dims: list(int)")
+    .Attr("padded: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       int n;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
       for (int i = 0; i < 2 * n; ++i) c->set_output(i, c->Vector(InferenceContext::kUnknownDim));
       c->set_output(2 * n, c->Matrix(InferenceContext::kUnknownDim, InferenceContext::kUnknownDim));
       c->set_output(2 * n + 1, c->Vector(n));
+      c->set_output(2 * n + 2, c->Vector(n));
       return OkStatus();
     });
 

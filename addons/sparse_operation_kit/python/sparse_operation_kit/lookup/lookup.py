@@ -79,7 +79,7 @@ def _gather_grad(op, *grads):
     n = op.get_attr("N")
     keys = op.inputs[n:2 * n]
     slices = [tf.IndexedSlices(g, k) for g, k in zip(grads, keys)]
-    return slices + [None] * (2 * n)
+    return slices + [None] * (2 * n + 1)
 
 
 tf.no_gradient("SokUniqueKeys")

@@ -448,6 +448,7 @@ class GenericSparseUpdater:
                 [tf.zeros([tf.size(keys), dim])],
                 tf.constant(0.0),
                 step,
+                tf.zeros([0], tf.int64),
                 optimizer=Optimizer.SGD,
                 beta1=0.9,
                 beta2=0.999,

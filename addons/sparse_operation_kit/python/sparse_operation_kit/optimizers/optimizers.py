@@ -105,6 +105,20 @@ def _value(x):
     return tf.cast(tf.convert_to_tensor(x), tf.float32)
 
 
+def _valid_counts(indices):
+    """The padded keys' valid counts for an update of `indices` (uniqueness.py), when every one
+    comes from the same exchange: one int64 [len(indices)] tensor; else None (the update dedups,
+    which sums the padding's zero gradients away)."""
+    found = [uniqueness.valid_count(t) for t in indices]
+    if any(f is None for f in found) or len({f[0].name for f in found}) != 1:
+        return None
+    valid = found[0][0]
+    order = [i for _, i in found]
+    if order == list(range(valid.shape[0])):
+        return valid
+    return tf.gather(valid, order)
+
+
 class _SparseUpdater:
     """The fused update for Embedding Variables, shared by OptimizerWrapper and sok.SGD."""
 
@@ -176,12 +190,14 @@ class _SparseUpdater:
                 step_value = step_var.read_value()
         else:
             step_value = tf.cast(step, tf.int64)
+        valid = _valid_counts([g.indices for g, _ in pairs])
         update = ops.sok_embedding_variable_sparse_apply(
             [v.handle for _, v in pairs],
             keys,
             grads,
             lr,
             step_value,
+            tf.zeros([0], tf.int64) if valid is None else valid,
             optimizer=self.kind,
             beta1=float(h.get("beta1", 0.9)),
             beta2=float(h.get("beta2", 0.999)),
@@ -190,7 +206,8 @@ class _SparseUpdater:
             l1=float(h.get("l1", 0.0)),
             l2=l2,
             lr_power=float(h.get("lr_power", -0.5)),
-            keys_unique=all(uniqueness.is_distinct(g.indices) for g, _ in pairs),
+            keys_unique=valid is not None
+            or all(uniqueness.is_distinct(g.indices) for g, _ in pairs),
             keys_present=all(uniqueness.is_inserted(g.indices) for g, _ in pairs),
         )
         clock = self.clock.record(step_value, [v for _, v in pairs])

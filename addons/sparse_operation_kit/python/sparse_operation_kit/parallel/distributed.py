@@ -8,9 +8,12 @@ One lookup_sparse call makes one exchange per direction, whatever the number of 
      owner then table); a [world, n + 2] matrix travels first: the keys per (owner, table) and
      [table-list signature, bad-id flag], so that every rank learns every size on the host at
      once and checks that all ranks passed the same tables and valid ids before going on;
-  2. owners dedup what every rank sent, all tables at once (one wait for the distinct counts),
-     read (training: insert) each row once and send it to every rank that asked, flattened (dims
-     may differ), sized from that matrix: no wait on the host.
+  2. owners dedup what every rank sent, all tables at once, read (training: insert) each row
+     once and send it to every rank that asked, flattened (dims may differ), sized from that
+     matrix. With Embedding Variables only, the owner's keys are padded to what it received
+     (known from the matrix), so nothing waits for the distinct counts: the gather and the update
+     take them on the device (core/exchange.h); a static table needs exact keys (TensorFlow's
+     optimizers apply a repeated index twice), which costs one wait.
 
 The backward pass sends each row's gradient back the same way (a custom gradient); an owner sums
 a row's gradients in rank order, and the gather's gradient becomes a tf.IndexedSlices of distinct
@@ -100,7 +103,7 @@ def fetch_rows(params, keys, counts, training, names):
         chain = collectives.TRAIN if training else collectives.LOOKUP
         sent = _send_keys(params, keys, counts, names, device, chain)
         owned = _owned_keys(params, sent, training)
-        rows = local_rows(params, owned.keys, owned.counts, training, names)
+        rows = local_rows(params, owned.keys, owned.counts, training, names, owned.valid)
         return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
 
 
@@ -133,16 +136,22 @@ def _owned_keys(params, sent, training):
     gradient summed over them in rank order (one process's IndexedSlices hold each key once too:
     Keras 3's Adagrad, e.g., squares the values before it sums duplicates)."""
     n = len(params)
+    padded = all(isinstance(p, EmbeddingVariable) for p in params)
     with tf.control_dependencies([sent.owed_to]):  # nothing goes on before every rank's check
         received = tf.identity(sent.ex.rows)
-    keys, counts, row_pos, distinct = ops.sok_exchange_owner_keys(
-        received, sent.ex.received, N=n, dims=[_dim(p) for p in params], **_specs(params))
+    keys, counts, row_pos, distinct, valid = ops.sok_exchange_owner_keys(
+        received, sent.ex.received, N=n, dims=[_dim(p) for p in params], padded=padded,
+        **_specs(params))
     keys = [tf.cast(k, p.key_dtype) if isinstance(p, EmbeddingVariable) else k
             for k, p in zip(keys, params)]
-    # The update may skip its dedup; a training Gather of them inserts them.
-    uniqueness.declare_distinct(keys, inserted=bool(training))
+    # The update may skip its dedup (of the padded keys: given `valid`); a training Gather of
+    # them inserts them.
+    if padded:
+        uniqueness.declare_padded(keys, valid, inserted=bool(training))
+    else:
+        uniqueness.declare_distinct(keys, inserted=bool(training))
     return types.SimpleNamespace(keys=keys, counts=list(counts), row_pos=row_pos,
-                                 distinct=distinct)
+                                 distinct=distinct, valid=valid if padded else None)
 
 
 def _return_rows(rows, owned, sent, dims, device, chain):

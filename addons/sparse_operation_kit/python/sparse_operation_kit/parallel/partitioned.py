@@ -148,6 +148,7 @@ class PartitionedEmbeddingVariable(compat.TensorsTrackable):
                 [p.handle for p in self._parts],
                 keys,
                 [tf.zeros([0], tf.int64)] * len(self._parts),
+                tf.zeros([0], tf.int64),
                 dims=[self.embedding_dim] * len(self._parts),
                 training=training,
             )

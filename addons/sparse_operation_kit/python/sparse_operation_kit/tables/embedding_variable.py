@@ -359,6 +359,7 @@ class EmbeddingVariable(compat.TableResource):
             [self.resource_handle],
             [flat],
             [tf.zeros([0], tf.int64)],
+            tf.zeros([0], tf.int64),
             dims=[self._dim],
             training=training,
             name=name,
