@@ -3,11 +3,16 @@
 // export/import must agree to the bit, whichever tier a row is in; the cache must stay within its
 // budget while rows really live in both tiers, also when a step's keys are several times the
 // cache (placement moves a bounded number of rows) and over many steps (the hot keys settle in
-// HBM). Also the host-only table (no cache).
+// HBM). Also the host-only table (no cache), and HBM_DRAM_SSDHASH: the same with a host tier of a
+// few hundred rows over a file (rows in all three tiers, the host tier within its budget, the
+// file's directory gone with the table).
 // Usage: test_tiered_table [seed (0: from the clock)] [name filter]; see test_util.cuh.
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -323,6 +328,168 @@ bool test_many_calls(CacheStrategy strategy) {
   return ok;
 }
 
+// ---- HBM_DRAM_SSDHASH ----
+
+constexpr int64_t kDramRows = 400;
+
+TableConfig ssd_cfg(int64_t dim, CacheStrategy strategy, int slots, int64_t filter = 0) {
+  TableConfig c = tiered_cfg(dim, strategy, slots, filter);
+  c.storage = StorageKind::kHbmDramSsdHash;
+  c.dram_bytes = kDramRows * tier_row_bytes(dim, slots);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  c.storage_path = tmp ? tmp : "/tmp";
+  c.ssd_compact_min_bytes = 0;  // compact as soon as garbage is half the file
+  return c;
+}
+
+bool dir_exists(const std::string& dir) {
+  struct stat st;
+  return ::stat(dir.c_str(), &st) == 0;
+}
+
+// Every tier within its budget; with expect_ssd, rows in all three.
+template <typename K>
+bool ssd_tiers_ok(Pair<K>& t, bool expect_ssd) {
+  int64_t hbm = 0, host = 0, ssd = 0;
+  SOK_OK(t.got->tier_sizes(nullptr, &hbm, &host, &ssd));
+  bool ok = t.tiers_ok(false);
+  if (host > t.got->dram_budget_rows())
+    ok = FAIL("host tier %lld rows over its budget %lld", (long long)host,
+              (long long)t.got->dram_budget_rows());
+  if (expect_ssd && (hbm == 0 || host == 0 || ssd == 0))
+    ok = FAIL("rows not in all tiers: HBM %lld, host %lld, SSD %lld", (long long)hbm,
+              (long long)host, (long long)ssd);
+  return ok;
+}
+
+// A find reads like the reference and changes no tier's rows.
+template <typename K>
+bool ssd_find_moves_nothing(Pair<K>& t, const std::vector<K>& keys) {
+  int64_t a[3], b[3];
+  SOK_OK(t.got->tier_sizes(nullptr, &a[0], &a[1], &a[2]));
+  bool ok = t.lookup(keys, false);
+  SOK_OK(t.got->tier_sizes(nullptr, &b[0], &b[1], &b[2]));
+  if (a[0] != b[0] || a[1] != b[1] || a[2] != b[2])
+    ok = FAIL("find moved rows: tiers %lld/%lld/%lld -> %lld/%lld/%lld", (long long)a[0],
+              (long long)a[1], (long long)a[2], (long long)b[0], (long long)b[1], (long long)b[2]);
+  return ok && t.same_size();
+}
+
+// Training over keys far more than both budgets (lookup, then update), reads, shrink with
+// eviction and erase, all against one table; then the directory goes with the table.
+template <typename K>
+bool test_ssd_training(OptimizerKind kind, CacheStrategy strategy, bool power_law) {
+  const int64_t dim = sizeof(K) == 8 ? 8 : 5;
+  Pair<K> t = make_pair<K>(ssd_cfg(dim, strategy, num_slots(kind)));
+  const std::vector<K> pool = key_pool<K>(4000);
+  OptimizerParams p = test_params(kind);
+  bool ok = true;
+  for (int s = 1; s <= 24 && ok; ++s) {
+    const std::vector<K> keys = step_keys(pool, 512, power_law);
+    p.step = s;
+    ok &= t.lookup(keys, true);
+    t.apply(keys, p, 100 + s, false);
+    if (s % 6 == 0) ok &= ssd_find_moves_nothing(t, draw(key_pool<K>(6000), 2000));
+    ok &= ssd_tiers_ok(t, s > 6);
+  }
+  ok &= t.same_export();
+  const auto st = t.got->stats();
+  if (st.ssd_promoted_rows == 0 || st.ssd_demoted_rows == 0)
+    ok = FAIL("SSD tier unused: %lld rows up, %lld down", (long long)st.ssd_promoted_rows,
+              (long long)st.ssd_demoted_rows);
+  std::printf("    SSD: %lld key syncs, %lld rows up, %lld down in %lld batches\n",
+              (long long)st.ssd_key_syncs, (long long)st.ssd_promoted_rows,
+              (long long)st.ssd_demoted_rows, (long long)st.ssd_batches);
+  int64_t a = 0, b = 0;
+  SOK_OK(t.ref->shrink(118, nullptr, &a));
+  SOK_OK(t.got->shrink(kExec, 118, &b));
+  if (a != b || a == 0)
+    ok = FAIL("shrink removed %lld, want %lld (> 0)", (long long)b, (long long)a);
+  const std::vector<K> gone = draw(pool, 1500);
+  DevBuf<K> dg = to_device(gone);
+  SOK_OK(t.ref->erase(dg.get(), gone.size(), nullptr, &a));
+  SOK_OK(t.got->erase(dg.get(), gone.size(), nullptr, &b));
+  if (a != b) ok = FAIL("erase removed %lld, want %lld", (long long)b, (long long)a);
+  ok &= t.same_export() && t.same_size();
+  ok &= t.lookup(step_keys(pool, 1024, power_law), true) && t.same_export();
+  const std::string dir = t.got->ssd_dir();
+  if (dir.empty() || !dir_exists(dir)) ok = FAIL("no SSD directory '%s'", dir.c_str());
+  t.got.reset();
+  if (dir_exists(dir)) ok = FAIL("the SSD directory '%s' outlived its table", dir.c_str());
+  return ok;
+}
+
+// Counter filter and insert_or_assign with rows on file.
+template <typename K>
+bool test_ssd_filter_and_assign() {
+  Pair<K> t = make_pair<K>(ssd_cfg(16, CacheStrategy::kLFU, 1, /*filter=*/3));
+  const std::vector<K> pool = key_pool<K>(3000);
+  bool ok = true;
+  for (int s = 1; s <= 10 && ok; ++s) {
+    const std::vector<K> keys = distinct(draw(pool, 900));
+    std::vector<int64_t> counts(keys.size());
+    for (auto& c : counts) c = 1 + static_cast<int64_t>(g_rng() % 2);
+    ok &= t.lookup(keys, true, &counts);
+    OptimizerParams p = test_params(OptimizerKind::kAdagrad);
+    p.step = s;
+    t.apply(keys, p, s, true);
+    const int64_t half = static_cast<int64_t>(keys.size()) / 2;
+    const std::vector<float> v = randn(half * 16, 1.f);
+    DevBuf<K> dk = to_device(std::vector<K>(keys.begin(), keys.begin() + half));
+    DevBuf<float> dv = to_device(v);
+    SOK_OK(t.ref->insert_or_assign(dk.get(), half, dv.get(), nullptr));
+    SOK_OK(t.got->insert_or_assign(kExec, dk.get(), half, dv.get()));
+    ok &= ssd_find_moves_nothing(t, draw(pool, 1000)) && ssd_tiers_ok(t, s > 3);
+  }
+  return ok && t.same_export();
+}
+
+// export -> import into a fresh table (rows beyond both budgets go on file), which trains on like
+// the reference.
+template <typename K>
+bool test_ssd_export_import(CacheStrategy strategy) {
+  const TableConfig cfg = ssd_cfg(8, strategy, 2);
+  Pair<K> t = make_pair<K>(cfg);
+  const std::vector<K> pool = key_pool<K>(3000);
+  OptimizerParams p = test_params(OptimizerKind::kAdam);
+  for (int s = 1; s <= 8; ++s) {
+    const std::vector<K> keys = draw(pool, 1024);
+    p.step = s;
+    t.lookup(keys, true);
+    t.apply(keys, p, s, false);
+  }
+  TableSnapshot<K> snap;
+  SOK_OK(t.got->export_rows(kExec, &snap));
+  bool ok = expect_same_table(snap, gpu_export(*t.ref), 0, 0);
+  Pair<K> u{make_gpu<K>(cfg), make_tiered<K>(cfg), cfg.dim};
+  SOK_OK(u.ref->import_rows(snap, nullptr));
+  SOK_OK(u.got->import_rows(kExec, snap));
+  ok &= u.same_export() && ssd_tiers_ok(u, true);
+  for (int s = 9; s <= 14; ++s) {
+    const std::vector<K> keys = draw(pool, 1024);
+    p.step = s;
+    ok &= u.lookup(keys, true);
+    u.apply(keys, p, s, false);
+    ok &= ssd_tiers_ok(u, true);
+  }
+  return ok && u.same_export() && u.same_size();
+}
+
+bool test_ssd_refusals() {
+  TableConfig c = ssd_cfg(8, CacheStrategy::kLFU, 0);
+  c.dram_bytes = 10;
+  std::unique_ptr<GpuTieredTable<int64_t>> t;
+  Status s = GpuTieredTable<int64_t>::Create(c, GpuTableOptions(), &t);
+  bool ok = (!s.ok() && s.message().find("table '") != std::string::npos &&
+             s.message().find("DRAM budget of 10 bytes") != std::string::npos) ||
+            FAIL("a DRAM budget below one row was accepted: '%s'", s.message().c_str());
+  c = ssd_cfg(8, CacheStrategy::kLFU, 0);
+  c.storage_path = "/nonexistent/sok";
+  s = GpuTieredTable<int64_t>::Create(c, GpuTableOptions(), &t);
+  return (ok && !s.ok() && s.message().find("table '") != std::string::npos) ||
+         FAIL("a missing storage_path was accepted: '%s'", s.message().c_str());
+}
+
 bool test_refusals() {
   TableConfig c = tiered_cfg(8, CacheStrategy::kLFU, 0);
   c.hbm_bytes = 10;
@@ -358,5 +525,22 @@ int main(int argc, char** argv) {
     run("many calls lfu int32", [] { return test_many_calls<int32_t>(CacheStrategy::kLFU); });
     run("many calls lru int64", [] { return test_many_calls<int64_t>(CacheStrategy::kLRU); });
     run("refusals", [] { return test_refusals(); });
+    for (OptimizerKind o : {OptimizerKind::kAdagrad, OptimizerKind::kAdam}) {
+      for (CacheStrategy c : {CacheStrategy::kLFU, CacheStrategy::kLRU}) {
+        const std::string tag =
+            std::string(oname(o)) + (c == CacheStrategy::kLFU ? " lfu" : " lru");
+        run("ssd train " + tag + " uniform int64",
+            [=] { return test_ssd_training<int64_t>(o, c, false); });
+        run("ssd train " + tag + " power-law int32",
+            [=] { return test_ssd_training<int32_t>(o, c, true); });
+      }
+    }
+    run("ssd counter filter + insert_or_assign int64",
+        [] { return test_ssd_filter_and_assign<int64_t>(); });
+    run("ssd export/import lfu int64",
+        [] { return test_ssd_export_import<int64_t>(CacheStrategy::kLFU); });
+    run("ssd export/import lru int32",
+        [] { return test_ssd_export_import<int32_t>(CacheStrategy::kLRU); });
+    run("ssd refusals", [] { return test_ssd_refusals(); });
   });
 }

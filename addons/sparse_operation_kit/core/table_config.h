@@ -19,7 +19,15 @@ namespace sok {
 // kHbm (GPU only): every row in GPU memory, the GPU's one-tier table.
 // kHbmDram (GPU only): every row is in GPU memory or in pinned host memory; the most used stay in
 // GPU memory within hbm_bytes (cuda/gpu_tiered_table.h).
-enum class StorageKind : int { kDram = 1, kHbm = 6, kDramSsdHash = 12, kHbmDram = 13 };
+// kHbmDramSsdHash (GPU only): kHbmDram over an SSD store: the host tier keeps its most used rows
+// within dram_bytes, the rest are on file (cuda/gpu_tiered_table.h, ssd_rows.h).
+enum class StorageKind : int {
+  kDram = 1,
+  kHbm = 6,
+  kDramSsdHash = 12,
+  kHbmDram = 13,
+  kHbmDramSsdHash = 102
+};
 // Which rows the memory tier keeps (DeepRec's CacheStrategy numbers).
 enum class CacheStrategy : int { kLRU = 0, kLFU = 1 };
 
@@ -28,13 +36,20 @@ inline bool parse_storage_kind(const std::string& name, StorageKind* out) {
   else if (name == "DRAM_SSDHASH") *out = StorageKind::kDramSsdHash;
   else if (name == "HBM") *out = StorageKind::kHbm;
   else if (name == "HBM_DRAM") *out = StorageKind::kHbmDram;
+  else if (name == "HBM_DRAM_SSDHASH") *out = StorageKind::kHbmDramSsdHash;
   else return false;
   return true;
 }
 
-// Cached tiers over the lowest one: one for a tiered kind, none for DRAM and HBM.
+// Cached tiers over the lowest one: none for DRAM and HBM, two for HBM_DRAM_SSDHASH, else one.
 inline size_t cached_tiers(StorageKind kind) {
-  return kind == StorageKind::kDram || kind == StorageKind::kHbm ? 0 : 1;
+  if (kind == StorageKind::kDram || kind == StorageKind::kHbm) return 0;
+  return kind == StorageKind::kHbmDramSsdHash ? 2 : 1;
+}
+
+// Whether the kind's lowest tier is an SSD store (it then needs storage_path).
+inline bool has_ssd_tier(StorageKind kind) {
+  return kind == StorageKind::kDramSsdHash || kind == StorageKind::kHbmDramSsdHash;
 }
 
 inline bool parse_cache_strategy(const std::string& name, CacheStrategy* out) {
@@ -57,13 +72,13 @@ struct TableConfig {
   int64_t steps_to_live = 0;         // 0: never evict by age
   float l2_weight_threshold = -1.f;  // < 0: never evict by norm
   int64_t initial_capacity = 1024;
-  // Storage tiers (StorageKind). For kDramSsdHash: the memory tier's byte budget (a row costs
-  // tier_row_bytes(), tier_policy.h), and the existing directory below which the table makes
-  // its own directory of files.
+  // Storage tiers (StorageKind). For kDramSsdHash and kHbmDramSsdHash: the host memory tier's
+  // byte budget (a row costs tier_row_bytes(), tier_policy.h), and the existing directory below
+  // which the table makes its own directory of files.
   StorageKind storage = StorageKind::kDram;
   std::string storage_path;
   int64_t dram_bytes = 0;
-  int64_t hbm_bytes = 0;  // kHbmDram: the GPU tier's byte budget (rows as tier_row_bytes())
+  int64_t hbm_bytes = 0;  // kHbmDram*: the GPU tier's byte budget (rows as tier_row_bytes())
   CacheStrategy cache_strategy = CacheStrategy::kLFU;
   // The SSD store compacts its file once garbage is over half of it and the file is at least
   // this big (tests lower it to see compaction on a few rows).

@@ -27,6 +27,23 @@ inline int64_t tier_row_bytes(int64_t dim, int num_slots) {
   return static_cast<int64_t>(sizeof(float)) * dim * (1 + num_slots) + kTierRowMetaBytes;
 }
 
+// Demotion empties a tier down to this share of its budget in rows, so that it runs once per many
+// new keys rather than after every operation.
+inline int64_t tier_low_watermark(int64_t cap) { return cap - cap / 16; }
+
+// The positions of a snapshot's rows, hottest first: LFU the most frequent, LRU the most recently
+// updated (a checkpoint keeps no lookup stamps); ties by checkpoint order. A tiered import puts
+// the first ones in its upper tiers.
+template <typename K>
+std::vector<int64_t> hottest_first(const TableSnapshot<K>& s, CacheStrategy strategy) {
+  std::vector<int64_t> order(s.keys.size());
+  std::iota(order.begin(), order.end(), 0);
+  const std::vector<int64_t>& rank = strategy == CacheStrategy::kLFU ? s.freqs : s.versions;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return rank[a] > rank[b]; });
+  return order;
+}
+
 template <typename K>
 class TierPolicy {
  public:

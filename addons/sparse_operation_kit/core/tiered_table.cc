@@ -3,56 +3,11 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <numeric>
 #include <string>
 #include <unordered_set>
 #include <utility>
 
 namespace sok {
-namespace {
-
-// Demotion empties the memory tier down to this share of its budget, so that it runs once per
-// many new keys rather than after every operation.
-int64_t low_watermark(int64_t cap) { return cap - cap / 16; }
-
-// Writes a snapshot's rows to the store (one write, no per-row copies but the write buffer).
-template <typename K>
-Status append_snapshot(const TableSnapshot<K>& s, SsdStore* store) {
-  const std::vector<int64_t> keys(s.keys.begin(), s.keys.end());
-  SsdStore::Rows rows;
-  rows.keys = keys.data();
-  rows.freqs = s.freqs.data();
-  rows.versions = s.versions.data();
-  rows.values = s.values.data();
-  rows.slots = s.slots.data();
-  rows.n = static_cast<int64_t>(keys.size());
-  rows.dim = s.dim;
-  rows.slot_floats = s.num_slots * s.dim;
-  return store->append(rows);
-}
-
-// Appends a record to a snapshot; missing slots (the row went down before the optimizer's
-// first update) get their initial value.
-template <typename K>
-Status append_record(const SsdStore::Record& r, const std::string& table, TableSnapshot<K>* s) {
-  const int64_t d = s->dim;
-  const int64_t slots = static_cast<int64_t>(r.row.size()) / d - 1;
-  if (slots < 0 || slots > s->num_slots) {
-    return Status::Invalid("table '" + table + "': an SSD row of " + std::to_string(r.row.size()) +
-                           " floats does not fit rows of " + std::to_string(s->num_slots) +
-                           " slots");
-  }
-  s->keys.push_back(static_cast<K>(r.key));
-  s->freqs.push_back(r.freq);
-  s->versions.push_back(r.version);
-  s->values.insert(s->values.end(), r.row.begin(), r.row.begin() + d);
-  s->slots.insert(s->slots.end(), r.row.begin() + d, r.row.end());
-  for (int64_t k = slots; k < s->num_slots; ++k)
-    s->slots.insert(s->slots.end(), d, s->slot_init[k]);
-  return Status::OK();
-}
-
-}  // namespace
 
 template <typename K>
 TieredTable<K>::TieredTable(TableConfig config, std::unique_ptr<SsdStore> cold)
@@ -173,7 +128,7 @@ Status TieredTable<K>::demote() {
   std::vector<K> keys;
   std::vector<int64_t> freqs;
   hot_.keys_and_freqs(&keys, &freqs);
-  const std::vector<K> victims = policy_.victims(keys, freqs, n - low_watermark(cap));
+  const std::vector<K> victims = policy_.victims(keys, freqs, n - tier_low_watermark(cap));
   const int64_t m = static_cast<int64_t>(victims.size());
   // Written to the file first, removed from memory after: a failed write loses no row.
   s = append_snapshot(hot_.rows_of(victims.data(), m), cold_.get());
@@ -269,16 +224,10 @@ Status TieredTable<K>::export_rows(const ExecContext&, TableSnapshot<K>* out) {
 
 template <typename K>
 Status TieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t cap) {
-  // The rows that stay in memory: LFU the most frequent, LRU the most recently updated (the
-  // checkpoint keeps no lookup stamps); ties by checkpoint order.
+  // The rows that stay in memory: the hottest (tier_policy.h).
   const int64_t n = static_cast<int64_t>(s.keys.size());
-  std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  const std::vector<int64_t>& rank =
-      config().cache_strategy == CacheStrategy::kLFU ? s.freqs : s.versions;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return rank[a] > rank[b]; });
-  const int64_t keep = std::min(n, low_watermark(cap));
+  const std::vector<int64_t> order = hottest_first(s, config().cache_strategy);
+  const int64_t keep = std::min(n, tier_low_watermark(cap));
   std::vector<int64_t> hot(order.begin(), order.begin() + keep);
   std::vector<int64_t> cold(order.begin() + keep, order.end());
   Status st = cold_->clear();
@@ -317,13 +266,13 @@ Status new_cpu_table(const TableConfig& config, std::unique_ptr<Table<K>>* out) 
     out->reset(new CpuTable<K>(config));
     return Status::OK();
   }
-  if (config.storage == StorageKind::kHbm || config.storage == StorageKind::kHbmDram) {
-    // never placed elsewhere silently
-    return Status::Invalid(
-        "table '" + config.name + "': storage " +
-        (config.storage == StorageKind::kHbm ? "HBM keeps its rows" : "HBM_DRAM caches rows") +
-        " in GPU memory; place the table on a GPU (on the CPU use DRAM or "
-        "DRAM_SSDHASH)");
+  if (config.storage != StorageKind::kDramSsdHash) {  // never placed elsewhere silently
+    const char* what = config.storage == StorageKind::kHbm       ? "HBM keeps its rows"
+                       : config.storage == StorageKind::kHbmDram ? "HBM_DRAM caches rows"
+                                                                 : "HBM_DRAM_SSDHASH caches rows";
+    return Status::Invalid("table '" + config.name + "': storage " + what +
+                           " in GPU memory; place the table on a GPU (on the CPU use DRAM or "
+                           "DRAM_SSDHASH)");
   }
   std::unique_ptr<TieredTable<K>> tiered;
   Status s = TieredTable<K>::Create(config, &tiered);

@@ -18,6 +18,7 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "addons/sparse_operation_kit/core/ssd_rows.h"
 #include "addons/sparse_operation_kit/core/ssd_tier.h"
 #include "addons/sparse_operation_kit/core/table.h"
 #include "addons/sparse_operation_kit/core/tier_policy.h"

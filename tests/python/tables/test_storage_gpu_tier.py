@@ -1,6 +1,10 @@
-"""HBM and HBM_DRAM (GPU memory as a tier): with SOK_TEST_DEVICE=gpu, a table whose GPU cache
-holds a few rows trains exactly like a one-tier table, and an HBM table is that one-tier table; on
-the CPU both types are refused, naming the table."""
+"""HBM, HBM_DRAM and HBM_DRAM_SSDHASH (GPU memory as a tier): with SOK_TEST_DEVICE=gpu, a table
+whose GPU cache holds a few rows (and, with an SSD tier, whose host memory holds a few more, the
+rest on file) trains exactly like a one-tier table, and an HBM table is that one-tier table; on the
+CPU these types are refused, naming the table."""
+import gc
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -31,6 +35,15 @@ def hbm_dram(strategy=sok.CacheStrategy.LFU, rows=3):
                              cache_strategy=strategy)
 
 
+def hbm_dram_ssd(path, strategy=sok.CacheStrategy.LFU, hbm_rows=3, dram_rows=4):
+    return sok.StorageOption(sok.StorageType.HBM_DRAM_SSDHASH, str(path),
+                             [hbm_rows * ADAM_ROW, dram_rows * ADAM_ROW], strategy)
+
+
+def ssd_dirs(path):
+    return [d for d in os.listdir(path) if d.startswith("sok_ev_")]
+
+
 def eager_run(ev, opt_name, ids_batches):
     return train(ev, OPTIMIZERS[opt_name], ids_batches)
 
@@ -43,6 +56,20 @@ def test_python_accepts_hbm_dram():
         storage.resolve(sok.StorageOption("HBM_DRAM", "/x", [1 << 20]), "t", DIM)
     with pytest.raises(ValueError, match="the HBM budget storage_size\\[0\\] = 8 bytes"):
         storage.resolve(sok.StorageOption("HBM_DRAM", None, [8]), "t", DIM)
+
+
+def test_python_accepts_hbm_dram_ssdhash(tmp_path):
+    plan = storage.resolve(hbm_dram_ssd(tmp_path), "t", DIM)
+    assert plan.tiered and plan.storage_type == sok.StorageType.HBM_DRAM_SSDHASH
+    assert plan.path == str(tmp_path) and plan.sizes == [3 * ADAM_ROW, 4 * ADAM_ROW]
+    assert storage.tiers_of(plan.storage_type) == ("HBM", "DRAM", "SSDHASH")
+    with pytest.raises(ValueError, match="HBM_DRAM_SSDHASH needs storage_path"):
+        storage.resolve(sok.StorageOption("HBM_DRAM_SSDHASH", None, [1 << 20] * 2), "t", DIM)
+    with pytest.raises(ValueError, match="storage_size has 1 entries, but HBM_DRAM_SSDHASH has 2"):
+        storage.resolve(sok.StorageOption("HBM_DRAM_SSDHASH", str(tmp_path), [1 << 20]), "t", DIM)
+    with pytest.raises(ValueError, match="the DRAM budget storage_size\\[1\\] = 8 bytes"):
+        storage.resolve(sok.StorageOption("HBM_DRAM_SSDHASH", str(tmp_path), [1 << 20, 8]), "t",
+                        DIM)
 
 
 def test_python_accepts_hbm_alone():
@@ -65,6 +92,19 @@ def test_cpu_placement_is_refused_naming_the_table(option, what):
             ev = make(option, name)
             ev.sparse_read(tf.constant([1, 2], tf.int64)).numpy()
     assert f"table '{name}" in str(err.value)
+
+
+@pytest.mark.cpu_placement
+def test_hbm_dram_ssdhash_cpu_placement_is_refused_naming_the_table(tmp_path):
+    name = unique_name("hbm_ssd_on_cpu")
+    with tf.device("/CPU:0"):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="storage HBM_DRAM_SSDHASH caches rows in GPU memory; place the "
+                                 "table on a GPU") as err:
+            ev = make(hbm_dram_ssd(tmp_path), name)
+            ev.sparse_read(tf.constant([1, 2], tf.int64)).numpy()
+    assert f"table '{name}" in str(err.value)
+    assert ssd_dirs(tmp_path) == []
 
 
 @on_gpu
@@ -127,3 +167,77 @@ def test_dump_load_round_trip(tmp_path):
     ea, eb = sorted_export(b), sorted_export(one)
     for field in ea:
         np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
+
+
+# ---------------------------------------------------------------------------------------------
+# HBM_DRAM_SSDHASH: 3 rows in GPU memory, 4 in host memory, the rest on file
+# ---------------------------------------------------------------------------------------------
+@on_gpu
+@pytest.mark.parametrize("strategy", [sok.CacheStrategy.LFU, sok.CacheStrategy.LRU])
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+def test_ssd_training_equals_the_one_tier_table(tmp_path, opt_name, strategy):
+    name = unique_name("hbm_ssd")
+    rng = np.random.RandomState(7)
+    ids = [rng.randint(-40, 40, size=9).astype(np.int64) for _ in range(15)]
+    three, one = make(hbm_dram_ssd(tmp_path, strategy), name), make(None, name)
+    assert "GPU" in three.device
+    for g, w in zip(eager_run(three, opt_name, ids), eager_run(one, opt_name, ids), strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert int(three.size()) == int(one.size()) > 7 * 4
+    every = tf.constant(np.arange(-50, 50, dtype=np.int64))
+    np.testing.assert_array_equal(three.sparse_read(every, training=False).numpy(),
+                                  one.sparse_read(every, training=False).numpy())
+    assert int(three.size()) == int(one.size())  # the evaluation read inserted nothing
+    assert_same_table(three, one)
+    (d,) = ssd_dirs(tmp_path)  # most rows are in the table's file
+    assert os.path.getsize(os.path.join(str(tmp_path), d, "rows.log")) > 10 * (4 * DIM)
+    del three
+    gc.collect()
+    assert ssd_dirs(tmp_path) == []  # the directory went with the table
+
+
+@on_gpu
+def test_ssd_generic_optimizer_equals_the_one_tier_table(tmp_path):
+    rng = np.random.RandomState(5)
+    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(12)]
+    _, stores = assert_generic_optimizer_matches(
+        hbm_dram_ssd(tmp_path, sok.CacheStrategy.LRU), lambda: tf.keras.optimizers.RMSprop(0.01),
+        ids)
+    assert len(ssd_dirs(tmp_path)) == 1 + len(stores)  # a directory per slot store
+
+
+@on_gpu
+def test_ssd_dump_load_round_trip(tmp_path):
+    name = unique_name("hbm_ssd_dump")
+    rng = np.random.RandomState(3)
+    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(12)]
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    a = make(hbm_dram_ssd(ssd), name)
+    eager_run(a, "adam", ids[:6])
+    sok.dump(str(tmp_path / "dump"), [a])
+    b = make(hbm_dram_ssd(ssd), name)
+    sok.load(str(tmp_path / "dump"), [b])
+    assert_same_table(a, b)
+    got = eager_run(b, "adam", ids[6:])
+    one = make(None, name)
+    eager_run(one, "adam", ids[:6])
+    want = eager_run(one, "adam", ids[6:])
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert_same_table(b, one)
+
+
+@on_gpu
+def test_ssd_checkpoint_round_trip(tmp_path):
+    name = unique_name("hbm_ssd_ckpt")
+    rng = np.random.RandomState(4)
+    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(10)]
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    a = make(hbm_dram_ssd(ssd, sok.CacheStrategy.LRU), name)
+    eager_run(a, "adagrad", ids)
+    path = tf.train.Checkpoint(table=a).save(str(tmp_path / "ckpt"))
+    b = make(hbm_dram_ssd(ssd, sok.CacheStrategy.LRU), name)
+    tf.train.Checkpoint(table=b).restore(path).assert_existing_objects_matched()
+    assert_same_table(a, b)

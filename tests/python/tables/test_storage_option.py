@@ -69,9 +69,14 @@ def test_unknown_type_and_strategy():
     expect_error("DRAM", "storage_option must be sok.StorageOption", TypeError)
 
 
-def test_unbuilt_hbm_types_are_refused_not_placed_elsewhere(tmp_path):
-    expect_error(sok.StorageOption("HBM_DRAM_SSDHASH", str(tmp_path), [1 << 20] * 2),
-                 "storage_type HBM_DRAM_SSDHASH is not supported: GPU memory is a tier of HBM")
+def test_hbm_dram_ssdhash_on_the_cpu_is_refused_not_placed_elsewhere(tmp_path):
+    name = unique_name("hbm_ssd_on_cpu")
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=f"table '{name}': storage HBM_DRAM_SSDHASH caches rows in GPU "
+                             "memory; place the table on a GPU"):
+        ev = make(sok.StorageOption("HBM_DRAM_SSDHASH", str(tmp_path), [1 << 20] * 2), name)
+        ev.sparse_read(tf.constant([1, 2], tf.int64)).numpy()
+    assert ssd_dirs(tmp_path) == []  # refused before any directory was made
 
 
 @pytest.mark.parametrize("t", ["PMEM_MEMKIND", "PMEM_LIBPMEM", "SSDHASH", "LEVELDB",
@@ -346,11 +351,24 @@ def test_the_kernel_refuses_what_python_would(tmp_path):
 
     handle = ops.sok_embedding_variable_handle(key_dtype=tf.int64, shared_name=unique_name("raw"))
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="Embedding Variable 'raw_t': storage_type 'HBM_DRAM_SSDHASH' is "
+                       match="Embedding Variable 'raw_t': storage_type 'DRAM_PMEM' is "
                              "not supported"):
         ops.sok_embedding_variable_initialize(
             handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
-            init_kind="constant", storage_type="HBM_DRAM_SSDHASH", storage_size=[])
+            init_kind="constant", storage_type="DRAM_PMEM", storage_size=[1 << 20])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="Embedding Variable 'raw_t': storage_size has 1 entries, but "
+                             "HBM_DRAM_SSDHASH has 2 cached tier"):
+        ops.sok_embedding_variable_initialize(
+            handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
+            init_kind="constant", storage_type="HBM_DRAM_SSDHASH", storage_path=str(tmp_path),
+            storage_size=[1 << 20])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="table 'raw_t': storage HBM_DRAM_SSDHASH caches rows in GPU memory"):
+        ops.sok_embedding_variable_initialize(
+            handle, tf.zeros([0, DIM]), key_dtype=tf.int64, table_name="raw_t", dim=DIM,
+            init_kind="constant", storage_type="HBM_DRAM_SSDHASH", storage_path=str(tmp_path),
+            storage_size=[1 << 20, 1 << 20])
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="table 'raw_t': the DRAM budget of 8 bytes is smaller than one row"):
         ops.sok_embedding_variable_initialize(

@@ -316,6 +316,12 @@ class GpuEmbeddingTable {
   Status export_rows(TableSnapshot<K>* out, cudaStream_t stream);
   // Replaces the whole content (synchronises); same checks as the CPU table.
   Status import_rows(const TableSnapshot<K>& snapshot, cudaStream_t stream);
+  // Tiered tables' row batches (GpuTieredTable's SSD tier). export_keys: the rows of those of
+  // keys[0, n) (device) it holds, to host memory (synchronises). put_rows: adds rows of keys it
+  // lacks, whole (slots, frequencies, versions; the table's slot layout), growing as needed
+  // (synchronises); a key it holds already is an error.
+  Status export_keys(const K* keys, int64_t n, TableSnapshot<K>* out, cudaStream_t stream);
+  Status put_rows(const TableSnapshot<K>& rows, cudaStream_t stream);
 
   // Makes room for `num_keys` keys without growing later (synchronises the device if it grows).
   Status reserve(int64_t num_keys, cudaStream_t stream);

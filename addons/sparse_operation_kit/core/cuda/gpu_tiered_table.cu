@@ -1,5 +1,5 @@
-// GpuTieredTable<K> (gpu_tiered_table.h): the two tiers' bookkeeping on the host; the kernels
-// that move and read rows are in tier_moves.cu.
+// GpuTieredTable<K> (gpu_tiered_table.h): the tiers' bookkeeping on the host; the kernels that
+// move and read rows are in tier_moves.cu, the SSD tier's file in core/ssd_rows.h.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -44,15 +44,21 @@ template <typename K>
 Status GpuTieredTable<K>::Create(const TableConfig& config, const GpuTableOptions& options,
                                  std::unique_ptr<GpuTieredTable>* out) {
   const std::string where = "table '" + config.name + "': ";
-  if (config.storage != StorageKind::kHbmDram)
-    return Status::Invalid(where + "a GPU tiered table needs storage HBM_DRAM");
-  if (config.hbm_bytes < tier_row_bytes(config.dim, 0)) {
-    return Status::Invalid(where + "the HBM budget of " + std::to_string(config.hbm_bytes) +
-                           " bytes is smaller than one row (" +
-                           std::to_string(tier_row_bytes(config.dim, 0)) + " bytes)");
+  const bool ssd = config.storage == StorageKind::kHbmDramSsdHash;
+  if (config.storage != StorageKind::kHbmDram && !ssd)
+    return Status::Invalid(where + "a GPU tiered table needs storage HBM_DRAM or HBM_DRAM_SSDHASH");
+  const int64_t row = tier_row_bytes(config.dim, 0);
+  for (const auto& [tier, bytes] : {std::make_pair("HBM", config.hbm_bytes),
+                                    std::make_pair("DRAM", ssd ? config.dram_bytes : row)}) {
+    if (bytes < row) {
+      return Status::Invalid(where + "the " + tier + " budget of " + std::to_string(bytes) +
+                             " bytes is smaller than one row (" + std::to_string(row) + " bytes)");
+    }
   }
   std::unique_ptr<GpuTieredTable> t;
   SOK_RETURN_IF_ERROR(CreateHostOnly(config, options, &t));
+  t->cfg_.storage = config.storage;
+  if (ssd) SOK_RETURN_IF_ERROR(SsdRows<K>::Open(config, &t->ssd_));
   // Sized for twice the largest budget (no slots; fit_capacity resizes it once slots come): the
   // HBM tier never grows, and the erased slots of demoted rows fill the spare room over several
   // passes before a rehash (at the same capacity, a device sync) drops them.
@@ -154,25 +160,28 @@ template <typename K>
 void GpuTieredTable<K>::note_exact(int64_t hbm_rows, int64_t host_rows) {
   hot_bound_ = hbm_rows;
   hot_floor_ = hbm_rows;
+  cold_bound_ = host_rows;
   cold_empty_ = host_rows == 0;
   snap_pending_ = false;
 }
 
 template <typename K>
-Status GpuTieredTable<K>::tier_sizes(cudaStream_t s, int64_t* hbm_rows, int64_t* host_rows) {
+Status GpuTieredTable<K>::tier_sizes(cudaStream_t s, int64_t* hbm_rows, int64_t* host_rows,
+                                     int64_t* ssd_rows) {
   std::lock_guard<std::mutex> l(mu_);
   *hbm_rows = 0;
   if (hot_) SOK_RETURN_IF_ERROR(hot_->size(hbm_rows, s));
   SOK_RETURN_IF_ERROR(cold_->size(host_rows, s));
+  if (ssd_rows != nullptr) *ssd_rows = ssd_ ? ssd_->size() : 0;
   note_exact(*hbm_rows, *host_rows);
   return Status::OK();
 }
 
 template <typename K>
 Status GpuTieredTable<K>::size(const ExecContext& e, int64_t* out) {
-  int64_t hbm = 0, host = 0;
-  SOK_RETURN_IF_ERROR(tier_sizes(stream_of(e), &hbm, &host));
-  *out = hbm + host;
+  int64_t hbm = 0, host = 0, ssd = 0;
+  SOK_RETURN_IF_ERROR(tier_sizes(stream_of(e), &hbm, &host, &ssd));
+  *out = hbm + host + ssd;
   return Status::OK();
 }
 
@@ -181,14 +190,16 @@ Status GpuTieredTable<K>::find(const ExecContext& e, const K* keys, int64_t n, f
   std::lock_guard<std::mutex> l(mu_);
   const cudaStream_t s = stream_of(e);
   if (!hot_) return cold_->find(keys, n, out, s);
-  // Keys of the host tier read as absent here (their initial value), then get their row.
+  // Keys of the lower tiers read as absent here (their initial value), then get their row.
   SOK_RETURN_IF_ERROR(hot_->find(keys, n, out, s));
-  if (cold_empty_) return Status::OK();
-  auto& c = *cold_->impl_;
-  DeviceGuard g(c.device);
-  std::lock_guard<std::mutex> cl(c.mu);
-  c.note_stream(s);
-  return detail::find_present(c.t, c.row_init(), keys, n, out, s);
+  if (!cold_empty_) {
+    auto& c = *cold_->impl_;
+    DeviceGuard g(c.device);
+    std::lock_guard<std::mutex> cl(c.mu);
+    c.note_stream(s);
+    SOK_RETURN_IF_ERROR(detail::find_present(c.t, c.row_init(), keys, n, out, s));
+  }
+  return find_ssd(keys, n, out, s);
 }
 
 // Which tier inserts this call's new keys: the HBM tier while its row bound leaves room for
@@ -206,6 +217,7 @@ Status GpuTieredTable<K>::route(const K* keys, int64_t n, cudaStream_t s, Keys* 
     call->tier_counts = d_counts_ + kFillCounts;
   } else {
     cold_empty_ = false;
+    cold_bound_ += n;
     call->table = cold_.get();
     call->probe_first = hot_.get();
     call->tier_counts = d_counts_ + kSpillCounts;
@@ -351,6 +363,131 @@ Status GpuTieredTable<K>::demote(int64_t live, int64_t count, const K* keys, int
       move(hot_.get(), cold_.get(), victims.as<K>(), count, nullptr, d_counts_ + kDemoted, s));
   ++stats_.budget_demotions;
   cold_empty_ = false;
+  cold_bound_ += count;
+  return Status::OK();
+}
+
+// ---- The SSD tier (HBM_DRAM_SSDHASH; the header comment's end) ----
+
+template <typename K>
+Status GpuTieredTable<K>::dram_rows(int num_slots, int64_t* rows) const {
+  const int64_t row = tier_row_bytes(cfg_.dim, num_slots);
+  *rows = cfg_.dram_bytes / row;
+  if (*rows > 0) return Status::OK();
+  return Status::Invalid("table '" + cfg_.name + "': the DRAM budget of " +
+                         std::to_string(cfg_.dram_bytes) + " bytes is smaller than one row (" +
+                         std::to_string(row) + " bytes with " + std::to_string(num_slots) +
+                         " optimizer slots)");
+}
+
+template <typename K>
+int64_t GpuTieredTable<K>::dram_budget_rows() const {
+  int64_t rows = 0;
+  if (ssd_ && !dram_rows(cold_->num_slots(), &rows).ok()) rows = 0;
+  return rows;
+}
+
+// A call's keys on the host: the file's index is there (one copy, one stream sync).
+template <typename K>
+Status GpuTieredTable<K>::keys_on_host(const K* keys, int64_t n, cudaStream_t s,
+                                       std::vector<K>* out) {
+  DeviceGuard g(cold_->impl_->device);
+  out->resize(n);
+  SOK_CUDA_RETURN(cudaMemcpyAsync(out->data(), keys, n * sizeof(K), cudaMemcpyDeviceToHost, s));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(s));
+  ++stats_.ssd_key_syncs;
+  return Status::OK();
+}
+
+// Before a call that may update or insert: the rows of its keys on file move into the host tier,
+// whole, so that the tiers' kernels serve every key.
+template <typename K>
+Status GpuTieredTable<K>::from_ssd(const K* keys, int64_t n, cudaStream_t s) {
+  if (!ssd_ || ssd_->size() == 0 || n <= 0) return Status::OK();
+  std::vector<K> h;
+  SOK_RETURN_IF_ERROR(keys_on_host(keys, n, s, &h));
+  const auto& c = *cold_->impl_;
+  TableSnapshot<K> rows;  // in the host tier's slot layout
+  rows.dim = cfg_.dim;
+  rows.num_slots = c.num_slots;
+  rows.slot_kind = c.slot_kind;
+  rows.slot_init = c.slot_init;
+  SOK_RETURN_IF_ERROR(ssd_->read(h.data(), n, &rows));
+  const int64_t m = static_cast<int64_t>(rows.keys.size());
+  if (m == 0) return Status::OK();
+  SOK_RETURN_IF_ERROR(cold_->put_rows(rows, s));
+  // Off the file only once the host tier holds them: a failed move loses no row.
+  SOK_RETURN_IF_ERROR(ssd_->remove(rows.keys.data(), m));
+  cold_empty_ = false;
+  cold_bound_ += m;
+  stats_.ssd_promoted_rows += m;
+  return Status::OK();
+}
+
+// A read-only find: the output rows of keys on file get their rows; nothing moves.
+template <typename K>
+Status GpuTieredTable<K>::find_ssd(const K* keys, int64_t n, float* out, cudaStream_t s) {
+  if (!ssd_ || ssd_->size() == 0 || n <= 0) return Status::OK();
+  std::vector<K> h;
+  SOK_RETURN_IF_ERROR(keys_on_host(keys, n, s, &h));
+  std::vector<int64_t> pos;
+  std::vector<float> rows;
+  SOK_RETURN_IF_ERROR(ssd_->find(h.data(), n, &pos, &rows));
+  const int64_t m = static_cast<int64_t>(pos.size());
+  if (m == 0) return Status::OK();
+  auto& c = *cold_->impl_;
+  DeviceGuard g(c.device);
+  detail::Temp d_pos, d_rows;
+  SOK_RETURN_IF_ERROR(d_pos.alloc(c.alloc, m * sizeof(int64_t), s));
+  SOK_RETURN_IF_ERROR(d_rows.alloc(c.alloc, rows.size() * sizeof(float), s));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(d_pos.as<int64_t>(), pos.data(), m * sizeof(int64_t),
+                                  cudaMemcpyHostToDevice, s));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(d_rows.as<float>(), rows.data(), rows.size() * sizeof(float),
+                                  cudaMemcpyHostToDevice, s));
+  SOK_RETURN_IF_ERROR(
+      detail::scatter_rows(d_rows.as<float>(), d_pos.as<int64_t>(), m, cfg_.dim, out, s));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(s));  // pos and rows (pageable) outlive the copies
+  return Status::OK();
+}
+
+template <typename K>
+Status GpuTieredTable<K>::select_cold_victims(int64_t live, int64_t count, const K* keys, int64_t n,
+                                              K* victims, cudaStream_t s) {
+  auto& c = *cold_->impl_;
+  DeviceGuard g(c.device);
+  std::lock_guard<std::mutex> l(c.mu);
+  c.note_stream(s);
+  const bool lfu = cfg_.cache_strategy == CacheStrategy::kLFU;
+  const Status st =
+      detail::coldest_keys<K>(c.t, c.capacity, live, lfu, keys, n, count, victims, c.alloc, s);
+  return st.ok() ? st : Status::Invalid("table '" + cfg_.name + "': " + st.message());
+}
+
+// After a call that may have inserted: once the host tier's row bound passes its budget, its row
+// count is read (a sync) and, when over, its coldest rows go to the file in one batch.
+template <typename K>
+Status GpuTieredTable<K>::to_ssd(const K* keys, int64_t n, cudaStream_t s) {
+  if (!ssd_) return Status::OK();
+  int64_t cap = 0, live = 0;
+  SOK_RETURN_IF_ERROR(dram_rows(cold_->num_slots(), &cap));
+  if (cold_bound_ <= cap) return Status::OK();
+  ++stats_.size_syncs;
+  SOK_RETURN_IF_ERROR(cold_->size(&live, s));
+  cold_bound_ = live;
+  if (live <= cap) return Status::OK();
+  const int64_t count = live - tier_low_watermark(cap);
+  detail::Temp victims;
+  SOK_RETURN_IF_ERROR(victims.alloc(cold_->impl_->alloc, count * sizeof(K), s));
+  SOK_RETURN_IF_ERROR(select_cold_victims(live, count, keys, n, victims.as<K>(), s));
+  TableSnapshot<K> rows;
+  SOK_RETURN_IF_ERROR(cold_->export_keys(victims.as<K>(), count, &rows, s));
+  // On file first, out of the host tier after: a failed write loses no row.
+  SOK_RETURN_IF_ERROR(ssd_->put(rows));
+  SOK_RETURN_IF_ERROR(cold_->erase(victims.as<K>(), count, s));
+  const int64_t m = static_cast<int64_t>(rows.keys.size());
+  cold_bound_ = live - m;
+  stats_.ssd_demoted_rows += m;
+  ++stats_.ssd_batches;
   return Status::OK();
 }
 
@@ -361,12 +498,14 @@ Status GpuTieredTable<K>::find_or_insert(const ExecContext& e, const K* keys, in
   const cudaStream_t s = stream_of(e);
   if (!hot_) return cold_->find_or_insert(keys, n, out, counts, s);
   if (n <= 0) return Status::OK();
+  SOK_RETURN_IF_ERROR(from_ssd(keys, n, s));
   Keys call;
   SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
   call.out = out;
   call.counts = counts;
   SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::find_or_insert_many({call}, s));
-  return trained_ ? Status::OK() : place(keys, n, s);
+  if (!trained_) SOK_RETURN_IF_ERROR(place(keys, n, s));
+  return to_ssd(keys, n, s);
 }
 
 template <typename K>
@@ -376,10 +515,12 @@ Status GpuTieredTable<K>::insert_or_assign(const ExecContext& e, const K* keys, 
   const cudaStream_t s = stream_of(e);
   if (!hot_) return cold_->insert_or_assign(keys, n, values, s);
   if (n <= 0) return Status::OK();
+  SOK_RETURN_IF_ERROR(from_ssd(keys, n, s));
   Keys call;
   SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
   SOK_RETURN_IF_ERROR(call.table->insert_or_assign(keys, n, values, s, call.probe_first));
-  return trained_ ? Status::OK() : place(keys, n, s);
+  if (!trained_) SOK_RETURN_IF_ERROR(place(keys, n, s));
+  return to_ssd(keys, n, s);
 }
 
 // Both tiers take the optimizer's slots together, so a row keeps its layout when it moves.
@@ -406,26 +547,35 @@ Status GpuTieredTable<K>::apply_gradients(const ExecContext& e, const K* keys, i
   // tier's hash table shrinks BEFORE the relayout widens the rows, whose old and new arrays
   // coexist while it copies (sized for the old budget, they need not fit the GPU together).
   const int slots = std::max(hot_->num_slots(), sok::num_slots(p.kind));
+  int64_t dram = 0;  // checked before the update: no row changes on this error
+  if (ssd_) SOK_RETURN_IF_ERROR(dram_rows(slots, &dram));
   if (slots != hot_->num_slots()) SOK_RETURN_IF_ERROR(fit_budget(slots, keys, n, s));
   SOK_RETURN_IF_ERROR(ensure_same_slots(p, s));
   trained_ = true;
   now_ = std::max(now_, global_step);
   if (n <= 0) return Status::OK();
+  SOK_RETURN_IF_ERROR(from_ssd(keys, n, s));  // after the relayout: rows on file get its slots
   Keys call;
   SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
   call.grads = grads;
   SOK_RETURN_IF_ERROR(
       GpuEmbeddingTable<K>::apply_gradients_many({call}, p, global_step, s, keys_unique));
-  return place(keys, n, s);
+  SOK_RETURN_IF_ERROR(place(keys, n, s));
+  return to_ssd(keys, n, s);
 }
 
 template <typename K>
 Status GpuTieredTable<K>::erase(const K* keys, int64_t n, cudaStream_t s, int64_t* removed) {
   std::lock_guard<std::mutex> l(mu_);
-  int64_t a = 0, b = 0;
+  int64_t a = 0, b = 0, c = 0;
   if (hot_) SOK_RETURN_IF_ERROR(hot_->erase(keys, n, s, removed ? &a : nullptr));
   SOK_RETURN_IF_ERROR(cold_->erase(keys, n, s, removed ? &b : nullptr));
-  if (removed) *removed = a + b;
+  if (ssd_ && ssd_->size() > 0 && n > 0) {
+    std::vector<K> h;
+    SOK_RETURN_IF_ERROR(keys_on_host(keys, n, s, &h));
+    SOK_RETURN_IF_ERROR(ssd_->remove(h.data(), n, &c));
+  }
+  if (removed) *removed = a + b + c;
   hot_floor_ = 0;
   snap_pending_ = false;
   return Status::OK();
@@ -434,47 +584,51 @@ Status GpuTieredTable<K>::erase(const K* keys, int64_t n, cudaStream_t s, int64_
 template <typename K>
 Status GpuTieredTable<K>::shrink(const ExecContext& e, int64_t global_step, int64_t* removed) {
   std::lock_guard<std::mutex> l(mu_);
-  int64_t a = 0, b = 0;
+  int64_t a = 0, b = 0, c = 0;
   if (hot_) SOK_RETURN_IF_ERROR(hot_->shrink(global_step, stream_of(e), &a));
   SOK_RETURN_IF_ERROR(cold_->shrink(global_step, stream_of(e), &b));
-  *removed = a + b;
+  if (ssd_) SOK_RETURN_IF_ERROR(ssd_->shrink(global_step, &c));
+  *removed = a + b + c;
   hot_floor_ = 0;
   snap_pending_ = false;
   return Status::OK();
 }
 
-// The HBM tier's rows, then the host tier's (each in slot order).
+// The HBM tier's rows, then the host tier's (each in slot order), then the file's (file order).
 template <typename K>
 Status GpuTieredTable<K>::export_rows(const ExecContext& e, TableSnapshot<K>* out) {
   std::lock_guard<std::mutex> l(mu_);
   SOK_RETURN_IF_ERROR(cold_->export_rows(out, stream_of(e)));
-  if (!hot_) return Status::OK();
-  TableSnapshot<K> cold = std::move(*out);
-  SOK_RETURN_IF_ERROR(hot_->export_rows(out, stream_of(e)));
-  if (out->num_slots != cold.num_slots)
-    return Status::Invalid("table '" + cfg_.name + "': its tiers have different slot layouts");
-  append(cold, out);
-  return Status::OK();
+  if (hot_) {
+    TableSnapshot<K> cold = std::move(*out);
+    SOK_RETURN_IF_ERROR(hot_->export_rows(out, stream_of(e)));
+    if (out->num_slots != cold.num_slots)
+      return Status::Invalid("table '" + cfg_.name + "': its tiers have different slot layouts");
+    append(cold, out);
+  }
+  return ssd_ ? ssd_->export_rows(out) : Status::OK();
 }
 
-// The rows that stay in HBM: LFU the most frequent, LRU the most recently updated; ties by
-// checkpoint order. Both tiers take the snapshot's slot layout, even when one gets no row.
+// The hottest `keep` rows go to HBM (tier_policy.h's hottest_first), the next `keep_host` to host
+// memory, the rest to the file. Both GPU tiers take the snapshot's slot layout, even when one
+// gets no row.
 template <typename K>
-Status GpuTieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t keep,
+Status GpuTieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t keep, int64_t keep_host,
                                        cudaStream_t stream) {
-  const int64_t n = static_cast<int64_t>(s.keys.size());
-  std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  const std::vector<int64_t>& rank =
-      cfg_.cache_strategy == CacheStrategy::kLFU ? s.freqs : s.versions;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return rank[a] > rank[b]; });
+  const std::vector<int64_t> order = hottest_first(s, cfg_.cache_strategy);
+  const int64_t n = static_cast<int64_t>(order.size());
   keep = std::min(n, keep);
-  const std::vector<int64_t> up(order.begin(), order.begin() + keep);
-  const std::vector<int64_t> down(order.begin() + keep, order.end());
-  SOK_RETURN_IF_ERROR(hot_->import_rows(snapshot_rows(s, up), stream));
-  SOK_RETURN_IF_ERROR(cold_->import_rows(snapshot_rows(s, down), stream));
-  note_exact(keep, n - keep);
+  keep_host = std::min(n - keep, keep_host);
+  const auto part = [&](int64_t from, int64_t to) {
+    return snapshot_rows(s, std::vector<int64_t>(order.begin() + from, order.begin() + to));
+  };
+  SOK_RETURN_IF_ERROR(hot_->import_rows(part(0, keep), stream));
+  SOK_RETURN_IF_ERROR(cold_->import_rows(part(keep, keep + keep_host), stream));
+  if (ssd_) {
+    SOK_RETURN_IF_ERROR(ssd_->clear());
+    SOK_RETURN_IF_ERROR(ssd_->put(part(keep + keep_host, n)));
+  }
+  note_exact(keep, keep_host);
   return Status::OK();
 }
 
@@ -493,17 +647,22 @@ Status GpuTieredTable<K>::import_rows(const ExecContext& e, const TableSnapshot<
                              " appears twice in the checkpoint");
     }
   }
-  const int64_t n = static_cast<int64_t>(s.keys.size());
+  // Without an SSD tier every row below HBM stays in host memory.
+  int64_t host = static_cast<int64_t>(s.keys.size());
+  if (ssd_) {
+    SOK_RETURN_IF_ERROR(dram_rows(s.num_slots, &host));
+    host = tier_low_watermark(host);
+  }
   // The HBM tier's import allocates its arrays afresh: for the checkpoint's slot layout.
   hot_->impl_->cfg.initial_capacity = 2 * cap;
   max_swaps_ = std::max<int64_t>(1, cap / kSwapShare);
-  return import_split(s, std::min(n, cap), stream_of(e));
+  return import_split(s, cap, host, stream_of(e));
 }
 
 template <typename K>
 Status new_gpu_table(const TableConfig& config, const GpuTableOptions& options,
                      std::unique_ptr<Table<K>>* out) {
-  if (config.storage == StorageKind::kHbmDram) {
+  if (config.storage == StorageKind::kHbmDram || config.storage == StorageKind::kHbmDramSsdHash) {
     std::unique_ptr<GpuTieredTable<K>> t;
     SOK_RETURN_IF_ERROR(GpuTieredTable<K>::Create(config, options, &t));
     *out = std::move(t);
@@ -512,7 +671,7 @@ Status new_gpu_table(const TableConfig& config, const GpuTableOptions& options,
   if (cached_tiers(config.storage) > 0) {  // a CPU-only tiered kind: never placed elsewhere
     return Status::Invalid("table '" + config.name +
                            "': storage DRAM_SSDHASH is built for the CPU only; place the table "
-                           "on the CPU (on the GPU use DRAM, HBM or HBM_DRAM)");
+                           "on the CPU (on the GPU use DRAM, HBM, HBM_DRAM or HBM_DRAM_SSDHASH)");
   }
   std::unique_ptr<GpuEmbeddingTable<K>> t;
   SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::Create(config, options, &t));

@@ -1,4 +1,5 @@
-// GpuTieredTable<K>: a GPU table over two tiers (StorageKind::kHbmDram, DeepRec's HBM_DRAM), the
+// GpuTieredTable<K>: a GPU table over two tiers (StorageKind::kHbmDram, DeepRec's HBM_DRAM), or
+// three with a file under them (kHbmDramSsdHash, HBM_DRAM_SSDHASH: the end of this comment); the
 // GPU mirror of core/tiered_table.h. Two GpuEmbeddingTables with the same layout:
 //   - the HBM tier caches the most used rows within config.hbm_bytes (rows counted as
 //     tier_policy.h's tier_row_bytes: values, slots and 32 bytes of metadata; the hash table's
@@ -39,6 +40,22 @@
 // shrink, erase, export, import and size cover both tiers.
 // Host syncs: that relayout demotion, and whatever the two tables sync for themselves (growth,
 // slot relayout, export/import/shrink, a rehash that drops erased slots).
+//
+// StorageKind::kHbmDramSsdHash (HBM_DRAM_SSDHASH) adds an SSD tier under the host tier: an
+// SsdRows (core/ssd_rows.h, no CUDA) in a directory of its own below config.storage_path, removed
+// with the table. Kernels cannot read a file, so rows on file move, whole, in host batches:
+//  - before find_or_insert, insert_or_assign and apply_gradients, while the file holds rows, the
+//    call's keys are copied to the host (one sync) and their rows on file move into the host
+//    tier (slots, frequency, version); the call then runs as above;
+//  - find overwrites the output rows of keys on file with their rows (counter filter applied)
+//    and moves and inserts nothing;
+//  - after such a call, once an upper bound of the host tier's rows passes its budget
+//    (config.dram_bytes, rows as tier_row_bytes()), its row count is read (a sync) and, when
+//    over, its coldest rows (LFU: frequency; LRU: version; the call's keys last) go to the file
+//    in one batch (exported, written, then erased: a failed write loses no row), down to
+//    tier_low_watermark() of the budget, so the batches are rare.
+// shrink, erase, export (HBM rows, host rows, then the file's), import (the hottest rows into
+// HBM, the next ones into host memory, the rest on file) and size cover the file too.
 // Calls on one table are serialised by a mutex (the TF glue's resource lock does that anyway);
 // the device work of two calls must also be ordered (one stream, or the caller's events): the
 // placement passes share their device buffers.
@@ -49,8 +66,11 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
+#include "addons/sparse_operation_kit/core/ssd_rows.h"
 #include "addons/sparse_operation_kit/core/table.h"
 
 namespace sok {
@@ -63,9 +83,10 @@ struct PlanScratch;
 template <typename K>
 class GpuTieredTable final : public Table<K> {
  public:
-  // config.storage must be kHbmDram and config.hbm_bytes hold at least one row. options give
-  // the HBM tier's allocators and the host tier's temporaries and index; the host tier's rows
-  // always come from pinned_host_storage_allocator().
+  // config.storage must be kHbmDram or kHbmDramSsdHash, config.hbm_bytes (and for the SSD tier
+  // config.dram_bytes) hold at least one row. options give the HBM tier's allocators and the
+  // host tier's temporaries and index; the host tier's rows always come from
+  // pinned_host_storage_allocator().
   static Status Create(const TableConfig& config, const GpuTableOptions& options,
                        std::unique_ptr<GpuTieredTable>* out);
   // No HBM tier: every row in host memory, every call on the host tier (HierarchicalKV-style
@@ -91,10 +112,16 @@ class GpuTieredTable final : public Table<K> {
   // (then it synchronises the stream).
   Status erase(const K* keys, int64_t n, cudaStream_t stream, int64_t* removed = nullptr);
 
-  // Rows per tier (synchronises). hbm_rows is 0 without an HBM tier.
-  Status tier_sizes(cudaStream_t stream, int64_t* hbm_rows, int64_t* host_rows);
+  // Rows per tier (synchronises). hbm_rows is 0 without an HBM tier, ssd_rows (optional) 0
+  // without an SSD tier.
+  Status tier_sizes(cudaStream_t stream, int64_t* hbm_rows, int64_t* host_rows,
+                    int64_t* ssd_rows = nullptr);
   // The HBM tier's budget in rows of the current slot layout (0 without an HBM tier).
   int64_t hbm_budget_rows() const;
+  // The host tier's budget in rows of the current slot layout (0 without an SSD tier: unbounded).
+  int64_t dram_budget_rows() const;
+  // The SSD tier's directory ("" without one).
+  std::string ssd_dir() const { return ssd_ ? ssd_->dir() : std::string(); }
   // What the tiers did so far (tests, benchmarks). Reads device counters: synchronises the
   // device; not while a call runs.
   struct Stats {
@@ -106,6 +133,12 @@ class GpuTieredTable final : public Table<K> {
     // Keys of find_or_insert and apply_gradients, by the tier that served them in place.
     int64_t hbm_keys = 0;
     int64_t host_keys = 0;
+    // The SSD tier: host copies of a call's keys, rows moved up from the file into the host
+    // tier and down to it, batches written.
+    int64_t ssd_key_syncs = 0;
+    int64_t ssd_promoted_rows = 0;
+    int64_t ssd_demoted_rows = 0;
+    int64_t ssd_batches = 0;
   };
   Stats stats() const;
 
@@ -131,17 +164,30 @@ class GpuTieredTable final : public Table<K> {
                         cudaStream_t s);
   Status ensure_same_slots(const OptimizerParams& p, cudaStream_t s);
   void note_exact(int64_t hbm_rows, int64_t host_rows);
-  Status import_split(const TableSnapshot<K>& s, int64_t keep, cudaStream_t stream);
+  Status import_split(const TableSnapshot<K>& s, int64_t keep, int64_t keep_host,
+                      cudaStream_t stream);
+  // The SSD tier (the header comment's end).
+  Status dram_rows(int num_slots, int64_t* rows) const;
+  Status keys_on_host(const K* keys, int64_t n, cudaStream_t s, std::vector<K>* out);
+  Status from_ssd(const K* keys, int64_t n, cudaStream_t s);
+  Status find_ssd(const K* keys, int64_t n, float* out, cudaStream_t s);
+  Status to_ssd(const K* keys, int64_t n, cudaStream_t s);
+  Status select_cold_victims(int64_t live, int64_t count, const K* keys, int64_t n, K* victims,
+                             cudaStream_t s);
 
   TableConfig cfg_;
   std::unique_ptr<GpuEmbeddingTable<K>> hot_;   // null: host-only
   std::unique_ptr<GpuEmbeddingTable<K>> cold_;  // rows in pinned host memory
+  std::unique_ptr<SsdRows<K>> ssd_;             // null: no SSD tier
   std::mutex mu_;
   bool cold_empty_ = true;  // the host knows the host tier holds no row (nothing to move up)
   int64_t hot_bound_ = 0;   // upper bound of the HBM tier's rows
   // Lower bound of the HBM tier's rows (its row count only falls by erase, shrink and demotion
   // to the budget, which reset this): the room promotion may take is at most budget - it.
   int64_t hot_floor_ = 0;
+  // Upper bound of the host tier's rows (SSD tier only): past the DRAM budget, the exact count is
+  // read and the coldest rows go to the file.
+  int64_t cold_bound_ = 0;
   int64_t* h_live_ = nullptr;  // pinned: an asynchronous copy of the HBM tier's row count
   cudaEvent_t snap_event_ = nullptr;
   bool snap_pending_ = false;
@@ -158,7 +204,8 @@ class GpuTieredTable final : public Table<K> {
   Stats stats_;
 };
 
-// The GPU table that config.storage asks for: GpuTable (DRAM) or GpuTieredTable (HBM_DRAM).
+// The GPU table that config.storage asks for: GpuTable (DRAM, HBM) or GpuTieredTable (HBM_DRAM,
+// HBM_DRAM_SSDHASH).
 template <typename K>
 Status new_gpu_table(const TableConfig& config, const GpuTableOptions& options,
                      std::unique_ptr<Table<K>>* out);

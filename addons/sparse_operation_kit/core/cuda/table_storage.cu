@@ -1,5 +1,5 @@
-// GpuEmbeddingTable<K> (gpu_api.h): growth (rehash into a larger table), reserve, and
-// export/import of the whole content.
+// GpuEmbeddingTable<K> (gpu_api.h): growth (rehash into a larger table), reserve, export/import
+// of the whole content, and the tiered tables' row batches (export_keys, put_rows).
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -110,6 +110,132 @@ __global__ void __launch_bounds__(kBlock) k_import(DevTable t, const K* keys, co
   add_count(counters, inserted);
 }
 
+// The rows at slots[0, count) (device) to *out, through buffers of at most a chunk
+// (synchronises). The caller holds m.mu.
+template <typename K, typename Impl>
+Status copy_out(Impl& m, const int64_t* slots, int64_t count, TableSnapshot<K>* out,
+                cudaStream_t stream) {
+  const int64_t d = m.cfg.dim;
+  const int ns = m.num_slots;
+  const int64_t chunk =
+      std::min(std::max<int64_t>(count, 1), chunk_rows<K>(m.opt.transfer_chunk_bytes, d, ns));
+  K* keys;
+  float *values, *slot_vals;
+  int64_t *freqs, *versions;
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
+    keys = ws.take<K>(chunk);
+    values = ws.take<float>(chunk * d);
+    slot_vals = ws.take<float>(chunk * ns * d + 1);  // + 1: never empty
+    freqs = ws.take<int64_t>(chunk);
+    versions = ws.take<int64_t>(chunk);
+  }));
+  out->dim = d;
+  out->num_slots = ns;
+  out->slot_kind = m.slot_kind;
+  out->slot_init = m.slot_init;
+  out->keys.resize(count);
+  out->values.resize(count * d);
+  out->slots.resize(count * ns * d);
+  out->freqs.resize(count);
+  out->versions.resize(count);
+  for (int64_t at = 0; at < count; at += chunk) {
+    const int64_t c = std::min(chunk, count - at);
+    k_export<K><<<grid_for(c * kTile, kBlock), kBlock, 0, stream>>>(
+        m.t, slots + at, c, ns, keys, values, slot_vals, freqs, versions);
+    SOK_LAUNCH_CHECK();
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->keys.data() + at, keys, c * sizeof(K),
+                                    cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->values.data() + at * d, values, c * d * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream));
+    if (ns > 0)
+      SOK_CUDA_RETURN(cudaMemcpyAsync(out->slots.data() + at * ns * d, slot_vals,
+                                      c * ns * d * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->freqs.data() + at, freqs, c * sizeof(int64_t),
+                                    cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->versions.data() + at, versions, c * sizeof(int64_t),
+                                    cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaStreamSynchronize(stream));  // the buffers are reused by the next chunk
+  }
+  return Status::OK();
+}
+
+// Inserts the snapshot's rows (the table's slot layout, room already made) through buffers of at
+// most a chunk (synchronises); an error when a key is already there or repeats.
+template <typename K, typename Impl>
+Status copy_in(Impl& m, const TableSnapshot<K>& s, cudaStream_t stream) {
+  const int64_t n = static_cast<int64_t>(s.keys.size()), d = m.cfg.dim;
+  const int64_t chunk = std::min(n, chunk_rows<K>(m.opt.transfer_chunk_bytes, d, s.num_slots));
+  K* keys;
+  float *values, *slot_vals;
+  int64_t *freqs, *versions;
+  int* dup;
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
+    keys = ws.take<K>(chunk);
+    values = ws.take<float>(chunk * d);
+    slot_vals = ws.take<float>(chunk * s.num_slots * d + 1);  // + 1: never empty
+    freqs = ws.take<int64_t>(chunk);
+    versions = ws.take<int64_t>(chunk);
+    dup = ws.take<int>(1);
+  }));
+  SOK_CUDA_RETURN(cudaMemsetAsync(dup, 0, sizeof(int), stream));
+  const int64_t sd = s.num_slots * d;
+  for (int64_t at = 0; at < n; at += chunk) {
+    const int64_t c = std::min(chunk, n - at);
+    SOK_CUDA_RETURN(cudaMemcpyAsync(keys, s.keys.data() + at, c * sizeof(K),
+                                    cudaMemcpyHostToDevice, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(values, s.values.data() + at * d, c * d * sizeof(float),
+                                    cudaMemcpyHostToDevice, stream));
+    if (sd > 0)
+      SOK_CUDA_RETURN(cudaMemcpyAsync(slot_vals, s.slots.data() + at * sd, c * sd * sizeof(float),
+                                      cudaMemcpyHostToDevice, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(freqs, s.freqs.data() + at, c * sizeof(int64_t),
+                                    cudaMemcpyHostToDevice, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(versions, s.versions.data() + at, c * sizeof(int64_t),
+                                    cudaMemcpyHostToDevice, stream));
+    // A key repeated across chunks finds the earlier chunk's slot: flagged like one within a
+    // chunk.
+    k_import<K><<<grid_for(c * kTile, kBlock), kBlock, 0, stream>>>(
+        m.t, keys, values, slot_vals, freqs, versions, s.num_slots, c, m.d_counters, dup,
+        m.d_fail);
+    SOK_LAUNCH_CHECK();
+    SOK_CUDA_RETURN(cudaStreamSynchronize(stream));  // the buffers are reused by the next chunk
+  }
+  int h_dup = 0;
+  SOK_CUDA_RETURN(cudaMemcpyAsync(&h_dup, dup, sizeof(int), cudaMemcpyDeviceToHost, stream));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
+  if (h_dup != 0)
+    return Status::Invalid("cannot restore table '" + m.cfg.name +
+                           "': a key appears twice in the checkpoint");
+  return Status::OK();
+}
+
+template <typename K>
+__global__ void __launch_bounds__(kBlock)
+    k_slots_of(DevTable t, const K* keys, int64_t n, int64_t* slots) {
+  const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  if (i >= n) return;
+  const int64_t key = static_cast<int64_t>(keys[i]);
+  const int64_t s = probe_find<true>(tile, t, key, hash_key(key));
+  if (tile.thread_rank() == 0) slots[i] = s;
+}
+
+struct IsSlot {
+  __device__ bool operator()(int64_t s) const { return s >= 0; }
+};
+
+// Checks of a snapshot to restore, naming the table.
+template <typename K>
+Status check_import(const TableConfig& cfg, const TableSnapshot<K>& s) {
+  SOK_RETURN_IF_ERROR(check_snapshot(cfg.name, cfg.dim, s));
+  if (s.num_slots < 0 || s.num_slots > 2)
+    return Status::Invalid("cannot restore table '" + cfg.name +
+                           "': at most 2 optimizer slots are supported");
+  return Status::OK();
+}
+
 }  // namespace
 
 template <typename K>
@@ -139,81 +265,68 @@ Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t str
   int64_t live = 0, erased = 0;
   SOK_RETURN_IF_ERROR(m.sync_counts(stream, &live, &erased));
   m.set_upper(live + erased);
-  const int64_t d = m.cfg.dim;
-  const int ns = m.num_slots;
   size_t sel_bytes = 0;
   thrust::counting_iterator<int64_t> it(0);
   IsLive pred{m.t.digests};
   SOK_CUDA_RETURN(cub::DeviceSelect::If(nullptr, sel_bytes, it, static_cast<int64_t*>(nullptr),
                                         static_cast<int64_t*>(nullptr), m.capacity, pred, stream));
-  const int64_t chunk = std::min(std::max<int64_t>(live, 1), chunk_rows<K>(m.opt.transfer_chunk_bytes, d, ns));
-  int64_t *slots, *num, *freqs, *versions;
+  int64_t *slots, *num;
   void* sel_tmp;
-  K* keys;
-  float *values, *slot_vals;
   Temp tmp;
   SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
     slots = ws.take<int64_t>(m.capacity);
     num = ws.take<int64_t>(1);
     sel_tmp = ws.take_bytes(sel_bytes);
-    keys = ws.take<K>(chunk);
-    values = ws.take<float>(chunk * d);
-    slot_vals = ws.take<float>(chunk * ns * d + 1);  // + 1: never empty
-    freqs = ws.take<int64_t>(chunk);
-    versions = ws.take<int64_t>(chunk);
   }));
-  SOK_CUDA_RETURN(cub::DeviceSelect::If(sel_tmp, sel_bytes, it, slots, num, m.capacity, pred, stream));
+  SOK_CUDA_RETURN(
+      cub::DeviceSelect::If(sel_tmp, sel_bytes, it, slots, num, m.capacity, pred, stream));
   int64_t h_num = 0;
   SOK_CUDA_RETURN(cudaMemcpyAsync(&h_num, num, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
   SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
   if (h_num != live)
     return Status::Invalid("table '" + m.cfg.name + "': export found " + std::to_string(h_num) +
                            " live slots but the counter says " + std::to_string(live));
-  out->dim = d;
-  out->num_slots = ns;
-  out->slot_kind = m.slot_kind;
-  out->slot_init = m.slot_init;
-  out->keys.resize(h_num);
-  out->values.resize(h_num * d);
-  out->slots.resize(h_num * ns * d);
-  out->freqs.resize(h_num);
-  out->versions.resize(h_num);
-  for (int64_t at = 0; at < h_num; at += chunk) {
-    const int64_t c = std::min(chunk, h_num - at);
-    k_export<K><<<grid_for(c * kTile, kBlock), kBlock, 0, stream>>>(m.t, slots + at, c, ns, keys, values,
-                                                                   slot_vals, freqs, versions);
+  return copy_out<K>(m, slots, h_num, out, stream);
+}
+
+template <typename K>
+Status GpuEmbeddingTable<K>::export_keys(const K* keys, int64_t n, TableSnapshot<K>* out,
+                                         cudaStream_t stream) {
+  Impl& m = *impl_;
+  DeviceGuard g(m.device);
+  std::lock_guard<std::mutex> l(m.mu);
+  m.note_stream(stream);
+  size_t sel_bytes = 0;
+  SOK_CUDA_RETURN(cub::DeviceSelect::If(nullptr, sel_bytes, static_cast<int64_t*>(nullptr),
+                                        static_cast<int64_t*>(nullptr),
+                                        static_cast<int64_t*>(nullptr), n, IsSlot(), stream));
+  int64_t *all, *slots, *num;
+  void* sel_tmp;
+  Temp tmp;
+  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
+    all = ws.take<int64_t>(std::max<int64_t>(n, 1));
+    slots = ws.take<int64_t>(std::max<int64_t>(n, 1));
+    num = ws.take<int64_t>(1);
+    sel_tmp = ws.take_bytes(sel_bytes);
+  }));
+  int64_t h_num = 0;
+  if (n > 0) {
+    k_slots_of<K><<<grid_for(n * kTile, kBlock), kBlock, 0, stream>>>(m.t, keys, n, all);
     SOK_LAUNCH_CHECK();
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->keys.data() + at, keys, c * sizeof(K), cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->values.data() + at * d, values, c * d * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream));
-    if (ns > 0)
-      SOK_CUDA_RETURN(cudaMemcpyAsync(out->slots.data() + at * ns * d, slot_vals, c * ns * d * sizeof(float),
-                                      cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->freqs.data() + at, freqs, c * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->versions.data() + at, versions, c * sizeof(int64_t),
-                                    cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaStreamSynchronize(stream));  // the buffers are reused by the next chunk
+    SOK_CUDA_RETURN(
+        cub::DeviceSelect::If(sel_tmp, sel_bytes, all, slots, num, n, IsSlot(), stream));
+    SOK_CUDA_RETURN(
+        cudaMemcpyAsync(&h_num, num, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
   }
-  return Status::OK();
+  return copy_out<K>(m, slots, h_num, out, stream);
 }
 
 template <typename K>
 Status GpuEmbeddingTable<K>::import_rows(const TableSnapshot<K>& s, cudaStream_t stream) {
   Impl& m = *impl_;
   const int64_t n = static_cast<int64_t>(s.keys.size()), d = m.cfg.dim;
-  if (s.dim != d) {
-    return Status::Invalid("cannot restore table '" + m.cfg.name + "': the checkpoint has dimension " +
-                           std::to_string(s.dim) + ", the table " + std::to_string(d));
-  }
-  if (static_cast<int64_t>(s.values.size()) != n * d ||
-      static_cast<int64_t>(s.slots.size()) != n * s.num_slots * d ||
-      static_cast<int64_t>(s.freqs.size()) != n || static_cast<int64_t>(s.versions.size()) != n ||
-      static_cast<int64_t>(s.slot_init.size()) != s.num_slots) {
-    return Status::Invalid("cannot restore table '" + m.cfg.name +
-                           "': the checkpoint's keys, values, slots, frequencies and versions disagree in size");
-  }
-  if (s.num_slots < 0 || s.num_slots > 2)
-    return Status::Invalid("cannot restore table '" + m.cfg.name + "': at most 2 optimizer slots are supported");
+  SOK_RETURN_IF_ERROR(check_import(m.cfg, s));
   DeviceGuard g(m.device);
   std::lock_guard<std::mutex> l(m.mu);
   SOK_CUDA_RETURN(cudaDeviceSynchronize());
@@ -224,8 +337,8 @@ Status GpuEmbeddingTable<K>::import_rows(const TableSnapshot<K>& s, cudaStream_t
   m.num_slots = s.num_slots;
   m.slot_kind = s.num_slots > 0 ? s.slot_kind : -1;
   m.slot_init = s.slot_init;
-  const int64_t cap = capacity_for(std::max<int64_t>(std::max<int64_t>(n, m.cfg.initial_capacity), 1),
-                                   m.opt.max_load_factor);
+  const int64_t cap = capacity_for(
+      std::max<int64_t>(std::max<int64_t>(n, m.cfg.initial_capacity), 1), m.opt.max_load_factor);
   SOK_RETURN_IF_ERROR(m.alloc_arrays(cap, d * (1 + s.num_slots), &m.t, stream));
   m.capacity = cap;
   SOK_CUDA_RETURN(cudaMemsetAsync(m.d_counters, 0, 2 * sizeof(int64_t), stream));
@@ -234,45 +347,22 @@ Status GpuEmbeddingTable<K>::import_rows(const TableSnapshot<K>& s, cudaStream_t
     SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
     return Status::OK();
   }
-  const int64_t chunk = std::min(n, chunk_rows<K>(m.opt.transfer_chunk_bytes, d, s.num_slots));
-  K* keys;
-  float *values, *slot_vals;
-  int64_t *freqs, *versions;
-  int* dup;
-  Temp tmp;
-  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
-    keys = ws.take<K>(chunk);
-    values = ws.take<float>(chunk * d);
-    slot_vals = ws.take<float>(chunk * s.num_slots * d + 1);  // + 1: never empty
-    freqs = ws.take<int64_t>(chunk);
-    versions = ws.take<int64_t>(chunk);
-    dup = ws.take<int>(1);
-  }));
-  SOK_CUDA_RETURN(cudaMemsetAsync(dup, 0, sizeof(int), stream));
-  const int64_t sd = s.num_slots * d;
-  for (int64_t at = 0; at < n; at += chunk) {
-    const int64_t c = std::min(chunk, n - at);
-    SOK_CUDA_RETURN(cudaMemcpyAsync(keys, s.keys.data() + at, c * sizeof(K), cudaMemcpyHostToDevice, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(values, s.values.data() + at * d, c * d * sizeof(float),
-                                    cudaMemcpyHostToDevice, stream));
-    if (sd > 0)
-      SOK_CUDA_RETURN(cudaMemcpyAsync(slot_vals, s.slots.data() + at * sd, c * sd * sizeof(float),
-                                      cudaMemcpyHostToDevice, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(freqs, s.freqs.data() + at, c * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(versions, s.versions.data() + at, c * sizeof(int64_t),
-                                    cudaMemcpyHostToDevice, stream));
-    // A key repeated across chunks finds the earlier chunk's slot: flagged like one within a chunk.
-    k_import<K><<<grid_for(c * kTile, kBlock), kBlock, 0, stream>>>(m.t, keys, values, slot_vals, freqs, versions,
-                                                                    s.num_slots, c, m.d_counters, dup, m.d_fail);
-    SOK_LAUNCH_CHECK();
-    SOK_CUDA_RETURN(cudaStreamSynchronize(stream));  // the buffers are reused by the next chunk
-  }
-  int h_dup = 0;
-  SOK_CUDA_RETURN(cudaMemcpyAsync(&h_dup, dup, sizeof(int), cudaMemcpyDeviceToHost, stream));
-  SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
-  if (h_dup != 0)
-    return Status::Invalid("cannot restore table '" + m.cfg.name + "': a key appears twice in the checkpoint");
-  return Status::OK();
+  return copy_in<K>(m, s, stream);
+}
+
+template <typename K>
+Status GpuEmbeddingTable<K>::put_rows(const TableSnapshot<K>& s, cudaStream_t stream) {
+  Impl& m = *impl_;
+  const int64_t n = static_cast<int64_t>(s.keys.size());
+  SOK_RETURN_IF_ERROR(check_import(m.cfg, s));
+  if (n == 0) return Status::OK();
+  DeviceGuard g(m.device);
+  std::lock_guard<std::mutex> l(m.mu);
+  if (s.num_slots != m.num_slots)
+    return Status::Invalid("table '" + m.cfg.name + "': rows of " + std::to_string(s.num_slots) +
+                           " slots cannot join rows of " + std::to_string(m.num_slots));
+  SOK_RETURN_IF_ERROR(prepare_inserts<Impl>({&m}, {n}, stream));
+  return copy_in<K>(m, s, stream);
 }
 
 template <typename K>
@@ -296,6 +386,12 @@ template Status GpuEmbeddingTable<int32_t>::export_rows(TableSnapshot<int32_t>*,
 template Status GpuEmbeddingTable<int64_t>::export_rows(TableSnapshot<int64_t>*, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::import_rows(const TableSnapshot<int32_t>&, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::import_rows(const TableSnapshot<int64_t>&, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::put_rows(const TableSnapshot<int32_t>&, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::put_rows(const TableSnapshot<int64_t>&, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::export_keys(const int32_t*, int64_t, TableSnapshot<int32_t>*,
+                                                        cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::export_keys(const int64_t*, int64_t, TableSnapshot<int64_t>*,
+                                                        cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::reserve(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::reserve(int64_t, cudaStream_t);
 

@@ -1,5 +1,5 @@
 // The device work of GpuTieredTable (tier_moves.cuh): moving rows between the tiers, reading the
-// host tier, picking the coldest rows of the HBM tier.
+// host tier and the SSD tier's rows, picking a tier's coldest rows.
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
@@ -238,7 +238,23 @@ __global__ void k_plan_swaps(PlanRule rule, PlanScratch* ps) {
   ps->num_swaps = imin(imin(ps->num_in, ps->num_victims), rule.max_swaps);
 }
 
+__global__ void k_scatter_rows(const float* rows, const int64_t* pos, int64_t m, int64_t dim,
+                               float* out) {
+  const int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (x >= m * dim) return;
+  const int64_t j = x / dim;
+  out[pos[j] * dim + x % dim] = rows[x];
+}
+
 }  // namespace
+
+Status scatter_rows(const float* rows, const int64_t* pos, int64_t m, int64_t dim, float* out,
+                    cudaStream_t s) {
+  if (m <= 0) return Status::OK();
+  k_scatter_rows<<<grid_for(m * dim, kBlock), kBlock, 0, s>>>(rows, pos, m, dim, out);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
 
 template <typename K>
 Status move_rows(const DevTable& src, const DevTable& dst, const K* keys, int64_t n,

@@ -52,6 +52,11 @@ template <typename K>
 Status find_present(const DevTable& t, const RowInit& ri, const K* keys, int64_t n, float* out,
                     cudaStream_t s);
 
+// out[pos[j]] = rows[j] for j < m (dim floats each; device pointers): a find's rows read from the
+// SSD tier.
+Status scatter_rows(const float* rows, const int64_t* pos, int64_t m, int64_t dim, float* out,
+                    cudaStream_t s);
+
 // victims[0, count) = the keys of the `count` coldest of the `live` rows of `t` (capacity slots):
 // LFU the lowest frequency, else the oldest version; the rows of `keys` come last.
 template <typename K>

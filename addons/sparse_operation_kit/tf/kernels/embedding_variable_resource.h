@@ -58,8 +58,8 @@ inline Status ParseStorage(OpKernelConstruction* c, sok::TableConfig* config) {
   if (!sok::parse_storage_kind(type, &config->storage)) {
     return errors::InvalidArgument(
         where, "storage_type '", type,
-        "' is not supported (supported: DRAM, DRAM_SSDHASH on the CPU, DRAM, HBM, HBM_DRAM on the "
-        "GPU)");
+        "' is not supported (supported: DRAM, DRAM_SSDHASH on the CPU, DRAM, HBM, HBM_DRAM, "
+        "HBM_DRAM_SSDHASH on the GPU)");
   }
   if (!sok::parse_cache_strategy(strategy, &config->cache_strategy)) {
     return errors::InvalidArgument(where, "unknown cache_strategy '", strategy, "'");
@@ -69,12 +69,12 @@ inline Status ParseStorage(OpKernelConstruction* c, sok::TableConfig* config) {
     return errors::InvalidArgument(where, "storage_size has ", sizes.size(), " entries, but ", type,
                                    " has ", cached, " cached tier(s)");
   }
-  if (config->storage == sok::StorageKind::kHbmDram) {
-    config->hbm_bytes = sizes[0];
-  } else if (cached) {
-    config->dram_bytes = sizes[0];
-  }
-  if (config->storage != sok::StorageKind::kDramSsdHash && !config->storage_path.empty()) {
+  // Top tier first: HBM_DRAM* start with the GPU tier's budget, then the host tier's.
+  const bool hbm = config->storage == sok::StorageKind::kHbmDram ||
+                   config->storage == sok::StorageKind::kHbmDramSsdHash;
+  if (cached > 0) (hbm ? config->hbm_bytes : config->dram_bytes) = sizes[0];
+  if (cached > 1) config->dram_bytes = sizes[1];
+  if (!sok::has_ssd_tier(config->storage) && !config->storage_path.empty()) {
     return errors::InvalidArgument(where, "storage_path is given but ", type, " has no SSD tier");
   }
   return OkStatus();

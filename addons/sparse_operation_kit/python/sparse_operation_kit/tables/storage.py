@@ -8,10 +8,14 @@ as a table kept whole in DRAM, whatever tier a row is in.
 
 Supported here: DRAM (one tier, the default: host memory on the CPU, GPU memory for a table
 placed on a GPU); DRAM_SSDHASH (a DRAM cache over a file-backed hash store under
-`storage_path`), on the CPU; HBM (every row in GPU memory) and HBM_DRAM (a GPU-memory cache over
-rows in pinned host memory), on the GPU. HBM_DRAM_SSDHASH, PMEM and LevelDB tiers are not built.
-A type is refused where it is not built (HBM and HBM_DRAM on the CPU, DRAM_SSDHASH on the GPU: the
-error names the table when its initializer runs), never placed elsewhere.
+`storage_path`), on the CPU; HBM (every row in GPU memory), HBM_DRAM (a GPU-memory cache over
+rows in pinned host memory) and HBM_DRAM_SSDHASH (HBM_DRAM whose host tier caches the rows of a
+file-backed hash store under `storage_path`: `storage_size=[hbm_bytes, dram_bytes]`), on the GPU.
+PMEM and LevelDB tiers are not built. A type is refused where it is not built (HBM, HBM_DRAM and
+HBM_DRAM_SSDHASH on the CPU, DRAM_SSDHASH on the GPU: the error names the table when its
+initializer runs), never placed elsewhere. HBM_DRAM_SSDHASH's tests (tests/gpu/test_tiered_table,
+and tests/python/tables under SOK_TEST_DEVICE=gpu) passed on one H200 (2026-11-27); its speed has
+not been measured.
 
 What a row costs in a byte budget (ROW_META_BYTES):
     4 * dim * (1 + slots) bytes of values and optimizer slots (slots: 0 before the first update,
@@ -22,6 +26,11 @@ What a row costs in a byte budget (ROW_META_BYTES):
     while it runs, and afterwards the coldest rows move down in a batch (to 15/16 of the budget).
     HBM_DRAM: an operation reads and updates each row in whichever tier holds it; after an update
     a bounded pass moves the hottest host rows into free GPU room or swaps them for colder ones.
+    HBM_DRAM_SSDHASH: as HBM_DRAM, and while the file holds rows an operation's keys go to the
+    host once: their rows on file move into host memory before an update or insertion (an
+    evaluation read reads them from the file and moves nothing); afterwards, when host memory is
+    over its budget, its coldest rows (LFU: fewest lookups; LRU: oldest update) go to the file in
+    a batch (to 15/16 of the budget).
 """
 import enum
 import numbers
@@ -75,9 +84,9 @@ _TIERS = {
     StorageType.HBM_DRAM_SSDHASH: ("HBM", "DRAM", "SSDHASH"),
 }
 SUPPORTED = (StorageType.DEFAULT, StorageType.DRAM, StorageType.DRAM_SSDHASH, StorageType.HBM,
-             StorageType.HBM_DRAM)
+             StorageType.HBM_DRAM, StorageType.HBM_DRAM_SSDHASH)
 # The types with a cache tier over a lower one.
-TIERED = (StorageType.DRAM_SSDHASH, StorageType.HBM_DRAM)
+TIERED = (StorageType.DRAM_SSDHASH, StorageType.HBM_DRAM, StorageType.HBM_DRAM_SSDHASH)
 
 
 def tiers_of(storage_type):
@@ -106,8 +115,9 @@ class StorageOption:
     storage_path: an existing writable directory, for types with an SSD tier: each table keeps its
         files in a directory of its own below it, removed when the table is destroyed.
     storage_size: the byte budget of each cached tier (every tier but the lowest), top first:
-        DRAM_SSDHASH takes one entry, the DRAM bytes; HBM_DRAM one, the GPU-memory bytes. See this
-        module's docstring for a row's cost.
+        DRAM_SSDHASH takes one entry, the DRAM bytes; HBM_DRAM one, the GPU-memory bytes;
+        HBM_DRAM_SSDHASH two, the GPU-memory bytes then the DRAM bytes. See this module's
+        docstring for a row's cost.
     cache_strategy: `sok.CacheStrategy.LFU` (default) or `LRU`.
 
     The option is checked when a table is made with it, so that each error names the table.
@@ -213,23 +223,19 @@ def resolve(option, table, dim):
         raise ValueError(f"{where}: unknown cache_strategy {option.cache_strategy!r} (expected "
                          "sok.CacheStrategy.LFU or LRU)")
     tiers = _TIERS[stype]
-    if "HBM" in tiers and stype not in SUPPORTED:
-        raise ValueError(f"{where}: storage_type {stype.name} is not supported: GPU memory is a "
-                         "tier of HBM (every row in GPU memory) and HBM_DRAM (a GPU-memory cache "
-                         "over host memory); HBM_DRAM_SSDHASH is not built (supported: DRAM, "
-                         "DRAM_SSDHASH on the CPU, DRAM, HBM, HBM_DRAM on the GPU)")
     if stype not in SUPPORTED:
         raise ValueError(f"{where}: storage_type {stype.name} is not supported: this build has "
                          "no PMEM or LevelDB tier, and an SSD tier only under a DRAM cache "
-                         "(supported: DRAM, DRAM_SSDHASH on the CPU, DRAM, HBM, HBM_DRAM on the "
-                         "GPU)")
+                         "(supported: DRAM, DRAM_SSDHASH on the CPU, DRAM, HBM, HBM_DRAM, "
+                         "HBM_DRAM_SSDHASH on the GPU)")
     checked = StorageOption(stype, option.storage_path, option.storage_size, strategy)
     sizes = _sizes(checked, tiers, where)
     row = 4 * dim + ROW_META_BYTES
-    if sizes and sizes[0] < row:
-        raise ValueError(f"{where}: the {tiers[0]} budget storage_size[0] = {sizes[0]} bytes is "
-                         f"smaller than one row ({row} bytes: 4 * dim {dim} + {ROW_META_BYTES} "
-                         "of metadata, before optimizer slots)")
+    for i, size in enumerate(sizes):
+        if size < row:
+            raise ValueError(f"{where}: the {tiers[i]} budget storage_size[{i}] = {size} bytes "
+                             f"is smaller than one row ({row} bytes: 4 * dim {dim} + "
+                             f"{ROW_META_BYTES} of metadata, before optimizer slots)")
     path = _path(checked, tiers, where)
     if stype == StorageType.DEFAULT:
         stype = StorageType.DRAM
