@@ -29,12 +29,38 @@ TEST(ExchangeTest, plan_groups_keys_by_owner_then_table_in_input_order) {
   const int64_t* counts[] = {ca.data(), cb.data()};
   const int64_t sizes[] = {4, 2};
   std::vector<int64_t> request(12), matrix(2 * 4), row_at(6);
-  ex::plan(tables, 2, keys, counts, sizes, 99, request.data(), matrix.data(), row_at.data());
+  ex::plan(tables, 2, keys, counts, sizes, nullptr, 99, request.data(), matrix.data(),
+           row_at.data());
   // Owner 0: table 0's 4, 2; owner 1: table 0's 3, 5, then table 1's 0, 7.
   EXPECT_EQ(request, (std::vector<int64_t>{4, 1, 2, 3, 3, 2, 5, 4, 0, 5, 7, 6}));
   EXPECT_EQ(matrix, (std::vector<int64_t>{2, 0, 99, 2, 2, 2, 99, 2}));  // bad id: table 2
   // Rows come back in request order: 2 + 2 + 2 + 2 + 3 + 3 floats.
   EXPECT_EQ(row_at, (std::vector<int64_t>{0, 4, 2, 6, 8, 11}));
+}
+
+TEST(ExchangeTest, plan_skips_the_padding_past_valid) {
+  // Table 0 holds 4, 3 then padding (9, 9); table 1 holds 0, then padding 7 (out of its rows,
+  // but padding is neither sent nor checked).
+  const std::vector<ex::TableSpec> tables = {{-1, -1, 2}, {1, 5, 3}};
+  const std::vector<int64_t> a = {4, 3, 9, 9}, b = {0, 7};
+  const int64_t* keys[] = {a.data(), b.data()};
+  const int64_t* counts[] = {nullptr, nullptr};
+  const int64_t sizes[] = {4, 2}, valid[] = {2, 1};
+  std::vector<int64_t> request(12, -5), matrix(2 * 4), row_at(6);
+  ex::plan(tables, 2, keys, counts, sizes, valid, 99, request.data(), matrix.data(), row_at.data());
+  EXPECT_EQ(request, (std::vector<int64_t>{4, 1, 3, 1, 0, 1, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(matrix, (std::vector<int64_t>{1, 0, 99, 0, 1, 1, 99, 0}));
+  EXPECT_EQ(row_at, (std::vector<int64_t>{0, 2, -1, -1, 4, -1}));
+
+  std::vector<float> returned = {1, 2, 3, 4, 5, 6, 7}, t0(8, -1.f), t1(6, -1.f);
+  float* out[] = {t0.data(), t1.data()};
+  ex::gather_rows({2, 3}, sizes, row_at.data(), returned.data(), out);
+  EXPECT_EQ(t0, (std::vector<float>{1, 2, 3, 4, 0, 0, 0, 0}));  // padding reads zeros
+  EXPECT_EQ(t1, (std::vector<float>{5, 6, 7, 0, 0, 0}));
+  std::vector<float> back(7, -1.f);
+  const float* in[] = {t0.data(), t1.data()};
+  ex::scatter_rows({2, 3}, sizes, row_at.data(), in, back.data());
+  EXPECT_EQ(back, returned);  // padding writes nothing
 }
 
 TEST(ExchangeTest, block_layout_refuses_negative_counts) {

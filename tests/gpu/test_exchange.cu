@@ -40,18 +40,24 @@ std::vector<int64_t> distinct_keys(size_t n, int64_t low, int64_t high) {
   return pool;
 }
 
-bool test_plan(int world, int n) {
+// padded: each table's keys are followed by padding (random keys past valid[t]) the plan skips.
+bool test_plan(int world, int n, bool padded = false) {
   const auto tables = random_tables(n, world);
   std::vector<std::vector<int64_t>> keys(n), counts(n);
-  std::vector<int64_t> sizes(n);
+  std::vector<int64_t> sizes(n), valid(n);
   int64_t total = 0;
   for (int t = 0; t < n; ++t) {
     keys[t] = distinct_keys(g_rng() % 300, -20, 1010);
+    valid[t] = static_cast<int64_t>(keys[t].size());
+    if (padded) {
+      for (int64_t i = g_rng() % 50; i > 0; --i) keys[t].push_back(static_cast<int64_t>(g_rng()));
+    }
     counts[t].resize(keys[t].size());
     for (auto& c : counts[t]) c = 1 + static_cast<int64_t>(g_rng() % 5);
     sizes[t] = static_cast<int64_t>(keys[t].size());
     total += sizes[t];
   }
+  DevBuf<int64_t> dvalid = to_device(valid);
   std::vector<const int64_t*> hk(n), hc(n), dk(n), dc(n);
   std::vector<DevBuf<int64_t>> bk, bc;
   for (int t = 0; t < n; ++t) {
@@ -63,14 +69,14 @@ bool test_plan(int world, int n) {
     dc[t] = bc.back().get();
   }
   std::vector<int64_t> request(2 * total), matrix(world * (n + 2)), row_at(total);
-  ex::plan(tables, world, hk.data(), hc.data(), sizes.data(), 42, request.data(), matrix.data(),
-           row_at.data());
+  ex::plan(tables, world, hk.data(), hc.data(), sizes.data(), padded ? valid.data() : nullptr, 42,
+           request.data(), matrix.data(), row_at.data());
   DevBuf<int64_t> drequest(2 * total), dmatrix(world * (n + 2)), drow_at(total);
   drequest.poison();
   dmatrix.poison();
   drow_at.poison();
-  SOK_OK(gex::plan(tables, world, dk, dc, sizes.data(), 42, drequest.get(), dmatrix.get(),
-                   drow_at.get(), nullptr));
+  SOK_OK(gex::plan(tables, world, dk, dc, sizes.data(), padded ? dvalid.get() : nullptr, 42,
+                   drequest.get(), dmatrix.get(), drow_at.get(), nullptr));
   bool ok = sok_test::expect_eq("request", drequest.download(2 * total), request);
   ok &= sok_test::expect_eq("matrix", dmatrix.download(world * (n + 2)), matrix);
   ok &= sok_test::expect_eq("row_at", drow_at.download(total), row_at);
@@ -210,6 +216,7 @@ int main(int argc, char** argv) {
       for (int n : {1, 5, 20}) {
         const std::string at = " world " + std::to_string(w) + " tables " + std::to_string(n);
         run("plan" + at, [w, n] { return test_plan(w, n); });
+        run("plan padded" + at, [w, n] { return test_plan(w, n, /*padded=*/true); });
         run("owner keys and rows" + at, [w, n] { return test_owner(w, n); });
         run("owner keys padded" + at, [w, n] { return test_owner(w, n, false, true); });
       }

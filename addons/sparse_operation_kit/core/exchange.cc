@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -40,13 +41,14 @@ Status BlockLayout::Of(const int64_t* counts, int stride, int world,
 }
 
 void plan(const std::vector<TableSpec>& tables, int world, const int64_t* const* keys,
-          const int64_t* const* counts, const int64_t* sizes, int64_t signature, int64_t* request,
-          int64_t* matrix, int64_t* row_at) {
+          const int64_t* const* counts, const int64_t* sizes, const int64_t* valid,
+          int64_t signature, int64_t* request, int64_t* matrix, int64_t* row_at) {
   const int n = static_cast<int>(tables.size());
   std::vector<int64_t> per_block(static_cast<size_t>(world) * n, 0);
+  auto used = [&](int t) { return valid ? std::min(valid[t], sizes[t]) : sizes[t]; };
   int64_t bad = 0;
   for (int t = 0; t < n; ++t) {
-    for (int64_t i = 0; i < sizes[t]; ++i) {
+    for (int64_t i = 0; i < used(t); ++i) {
       const int64_t k = keys[t][i];
       ++per_block[owner_of(k, tables[t].target, world) * n + t];
       if (bad_key(k, tables[t].rows)) bad = std::max<int64_t>(bad, t + 1);
@@ -61,9 +63,14 @@ void plan(const std::vector<TableSpec>& tables, int world, const int64_t* const*
     key_at += per_block[b];
     elem_at += per_block[b] * tables[b % n].dim;
   }
+  std::fill(request + 2 * key_at, request + 2 * std::accumulate(sizes, sizes + n, int64_t{0}), 0);
   int64_t i_all = 0;
   for (int t = 0; t < n; ++t) {
     for (int64_t i = 0; i < sizes[t]; ++i, ++i_all) {
+      if (i >= used(t)) {
+        row_at[i_all] = -1;
+        continue;
+      }
       const int64_t k = keys[t][i];
       const int64_t b = owner_of(k, tables[t].target, world) * n + t;
       const int64_t j = next_key[b]++;
@@ -188,7 +195,12 @@ void gather_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const i
   int64_t i_all = 0;
   for (size_t t = 0; t < dims.size(); ++t) {
     for (int64_t i = 0; i < sizes[t]; ++i, ++i_all) {
-      std::memcpy(out[t] + i * dims[t], returned + row_at[i_all], sizeof(float) * dims[t]);
+      float* row = out[t] + i * dims[t];
+      if (row_at[i_all] < 0) {
+        std::fill(row, row + dims[t], 0.f);
+      } else {
+        std::memcpy(row, returned + row_at[i_all], sizeof(float) * dims[t]);
+      }
     }
   }
 }
@@ -198,6 +210,7 @@ void scatter_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const 
   int64_t i_all = 0;
   for (size_t t = 0; t < dims.size(); ++t) {
     for (int64_t i = 0; i < sizes[t]; ++i, ++i_all) {
+      if (row_at[i_all] < 0) continue;
       std::memcpy(d_returned + row_at[i_all], d_out[t] + i * dims[t], sizeof(float) * dims[t]);
     }
   }

@@ -62,9 +62,12 @@ struct BlockLayout {
 // The requester's plan (see above). keys[t], counts[t]: sizes[t] entries of table t (counts may
 // be null: 1 each). request: [total, 2]; matrix: [world, n + 2]; row_at: [total] (in elements of
 // the returned flat rows; key i of table t is entry sum(sizes[:t]) + i).
+// valid (may be null: all): table t's keys are its first valid[t] entries, the rest padding (a
+// dedup that did not wait for its counts): padding is not requested, its row_at is -1 and the
+// request's tail past the matrix's counts holds zeros.
 void plan(const std::vector<TableSpec>& tables, int world, const int64_t* const* keys,
-          const int64_t* const* counts, const int64_t* sizes, int64_t signature, int64_t* request,
-          int64_t* matrix, int64_t* row_at);
+          const int64_t* const* counts, const int64_t* sizes, const int64_t* valid,
+          int64_t signature, int64_t* request, int64_t* matrix, int64_t* row_at);
 
 // After the sizes' exchange, on the host: received [world, n + 2], row q what rank q sent here
 // (its counts for this rank, then [signature, bad]). Every rank sees every rank's header, so a
@@ -108,6 +111,7 @@ void rows_from_blocks(const std::vector<int64_t>& dims, const int64_t* distinct,
 
 // The requester's rows: out[t][i] = returned[row_at[start_t + i] ...] (dims[t] floats), and the
 // gradient's inverse (row_at is a permutation of the returned rows: every element is written).
+// Padding (row_at -1) reads zeros and writes nothing.
 void gather_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,
                  const float* returned, float* const* out);
 void scatter_rows(const std::vector<int64_t>& dims, const int64_t* sizes, const int64_t* row_at,

@@ -526,7 +526,8 @@ def test_unique_keys_op_many_tables_eager_function_and_session(rng):
     fn = tf.function(lambda: ops.sok_unique_keys(keys, positions, shapes, N=n, table_names=names))
     _check_unique_keys_outputs(keys, positions, fn(), shapes)
     unchecked = ops.sok_unique_keys(keys, [], [], N=n)  # M == 0: no checks, no order outputs
-    assert len(unchecked) == 5 and len(unchecked[3]) == 0 and unchecked[4].shape == [0]
+    assert len(unchecked) == 6 and len(unchecked[3]) == 0 and unchecked[4].shape == [0]
+    assert unchecked.valid.numpy().tolist() == [len(u) for u in unchecked.unique]
     _check_unique_keys_outputs(keys, positions, list(unchecked[:3]) + [[
         np.zeros([0]) if np.all(np.diff(np.asarray(p)[:, 0]) >= 0)
         else np.argsort(np.asarray(p)[:, 0], kind="stable") for p in positions]])
@@ -536,6 +537,26 @@ def test_unique_keys_op_many_tables_eager_function_and_session(rng):
         out = ops.sok_unique_keys(ph[:n], ph[n:2 * n], ph[2 * n:], N=n, table_names=names)
         got = sess.run(list(out), feed_dict=dict(zip(ph, values)))
     _check_unique_keys_outputs(values[:n], values[n:2 * n], got, values[2 * n:])
+
+
+def test_unique_keys_padded_holds_the_distinct_keys_first(rng):
+    """padded (dense ids): unique and counts keep every entry, the distinct ones first as the
+    exact op gives them, and valid says how many; positions to check are refused."""
+    keys = [tf.constant(rng.integers(0, 20, 50), tf.int64), tf.constant([7, 7, 7], tf.int32),
+            tf.zeros([0], tf.int64)]
+    exact = ops.sok_unique_keys(keys, [], [], N=3)
+    padded = ops.sok_unique_keys(keys, [], [], N=3, padded=True)
+    assert padded.valid.numpy().tolist() == [len(u) for u in exact.unique]
+    for t, k in enumerate(keys):
+        v = len(exact.unique[t])
+        assert padded.unique[t].shape == k.shape and padded.counts[t].shape == k.shape
+        np.testing.assert_array_equal(padded.unique[t].numpy()[:v], exact.unique[t].numpy())
+        np.testing.assert_array_equal(padded.counts[t].numpy()[:v], exact.counts[t].numpy())
+        np.testing.assert_array_equal(padded.inverse[t].numpy(), exact.inverse[t].numpy())
+    positions = [tf.constant([[0, 0], [0, 1]], tf.int64)]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="padded needs dense ids, table 'p'"):
+        ops.sok_unique_keys([tf.constant([1, 2], tf.int64)], positions,
+                            [tf.constant([1, 2], tf.int64)], N=1, table_names=["p"], padded=True)
 
 
 def test_unique_keys_batch_sizes_of_dense_tables():

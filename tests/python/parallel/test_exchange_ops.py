@@ -30,8 +30,8 @@ def _run(world, specs, keys_by_rank, seed=0, padded=False):
     for r in range(world):
         keys = [tf.constant(k, tf.int64) for k in keys_by_rank[r]]
         counts = [tf.constant(rng.integers(1, 5, len(k)), tf.int64) for k in keys_by_rank[r]]
-        out = ops.sok_exchange_plan(keys, counts, world=world, targets=targets, rows=rows,
-                                    dims=dims, signature=7)
+        out = ops.sok_exchange_plan(keys, counts, tf.zeros([0], tf.int64), world=world,
+                                    targets=targets, rows=rows, dims=dims, signature=7)
         plans.append((counts, [x.numpy() for x in out]))
     # The request and matrix of each rank, against NumPy.
     for r, (counts, (request, matrix, _, sizes)) in enumerate(plans):
@@ -120,8 +120,9 @@ def _run(world, specs, keys_by_rank, seed=0, padded=False):
                 want[i] = _value(t, q, _local(key, targets[t], rows[t], world), dims[t])
             np.testing.assert_array_equal(got[t].numpy(), want)
         # The gradient's first step is the gather's inverse (row_at is a permutation).
-        scattered = ops.sok_exchange_scatter_rows(got, tf.constant(row_at), tf.constant(sizes),
-                                                  dims=dims)
+        scattered = ops.sok_exchange_scatter_rows(
+            got, tf.constant(row_at), tf.constant(sizes),
+            tf.constant([len(np.concatenate(returned[r]))], tf.int64), dims=dims)
         np.testing.assert_array_equal(scattered.numpy(), np.concatenate(returned[r]))
         outs.append(got)
     return outs
@@ -167,13 +168,54 @@ def test_more_tables_than_one_launch_takes():
          padded=True)
 
 
+def test_plan_of_padded_keys_equals_the_plan_of_the_valid_ones():
+    """A padded dedup's keys (the distinct ones, then anything): the plan requests the valid
+    keys as the exact plan does, marks the padding's rows -1, and the requester's rows of the
+    padding are zeros (their gradients go nowhere)."""
+    rng = np.random.default_rng(5)
+    world, specs = 3, [(-1, -1, 4), (1, -1, 2), (-1, 400, 1)]
+    targets, rows, dims = ([s[i] for s in specs] for i in range(3))
+    exact_keys = [rng.choice(400, s, replace=False) for s in (30, 0, 12)]
+    pads = [rng.integers(-(2**40), 2**40, s) for s in (5, 3, 0)]  # padding: any values
+    valid = tf.constant([len(k) for k in exact_keys], tf.int64)
+    counts = [tf.constant(rng.integers(1, 4, len(k) + len(p)), tf.int64)
+              for k, p in zip(exact_keys, pads)]
+    spec = dict(world=world, targets=targets, rows=rows, dims=dims, signature=3)
+    want = ops.sok_exchange_plan([tf.constant(k, tf.int64) for k in exact_keys],
+                                 [c[:len(k)] for c, k in zip(counts, exact_keys)],
+                                 tf.zeros([0], tf.int64), **spec)
+    got = ops.sok_exchange_plan([tf.constant(np.concatenate([k, p]), tf.int64)
+                                 for k, p in zip(exact_keys, pads)], counts, valid, **spec)
+    total = sum(len(k) for k in exact_keys)
+    np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())  # the matrix
+    np.testing.assert_array_equal(got[0].numpy()[:total], want[0].numpy())
+    assert (got[0].numpy()[total:] == 0).all()
+    assert list(got[3].numpy()) == [len(k) + len(p) for k, p in zip(exact_keys, pads)]
+    row_at = got[2].numpy()
+    want_at = np.concatenate([np.concatenate([want[2].numpy()[a:a + len(k)], -np.ones(len(p))])
+                              for a, k, p in zip(np.cumsum([0] + [len(k) for k in exact_keys]),
+                                                 exact_keys, pads)])
+    np.testing.assert_array_equal(row_at, want_at)
+    returned = tf.constant(rng.standard_normal(int(sum(len(k) * d
+                                                       for k, d in zip(exact_keys, dims)))),
+                           tf.float32)
+    mine = ops.sok_exchange_gather_rows(returned, got[2], got[3], N=3, dims=dims)
+    exact = ops.sok_exchange_gather_rows(returned, want[2], want[3], N=3, dims=dims)
+    for t, k in enumerate(exact_keys):
+        np.testing.assert_array_equal(mine[t].numpy()[:len(k)], exact[t].numpy())
+        assert (mine[t].numpy()[len(k):] == 0).all()
+    back = ops.sok_exchange_scatter_rows(list(mine), got[2], got[3],
+                                         tf.constant([returned.shape[0]], tf.int64), dims=dims)
+    np.testing.assert_array_equal(back.numpy(), returned.numpy())
+
+
 def test_owner_rule_matches_tables_owner_for_negative_keys():
     """The core's owner rule (floor modulo) and tables.owner (dumps) agree."""
     keys = np.array([-9, -8, -1, 0, 1, 7, 2**40 + 3, -(2**40) - 3], np.int64)
     for world in (2, 3, 5):
         _, matrix, _, _ = ops.sok_exchange_plan([tf.constant(keys)], [tf.zeros([0], tf.int64)],
-                                                world=world, targets=[-1], rows=[-1], dims=[1],
-                                                signature=0)
+                                                tf.zeros([0], tf.int64), world=world,
+                                                targets=[-1], rows=[-1], dims=[1], signature=0)
         want = np.bincount(sok_tables.owner(keys, -1, world), minlength=world)
         np.testing.assert_array_equal(matrix.numpy()[:, 0], want)
 

@@ -253,7 +253,12 @@ __global__ void rows_at_kernel(const __grid_constant__ Group g, const int64_t* r
     const int64_t at = e - g.elem_start[t], pieces = g.dim[t] / V, row = at / pieces;
     const int64_t c = (at - row * pieces) * V;
     float* r = static_cast<float*>(g.tensor[t]) + row * g.dim[t] + c;
-    float* f = returned + row_at[g.key_start[t] + row] + c;
+    const int64_t start = row_at[g.key_start[t] + row];
+    if (start < 0) {  // padding: reads zeros, writes nothing
+      if (kGather) piece_at<V>(r, 0) = typename Piece<V>::T{};
+      return;
+    }
+    float* f = returned + start + c;
     if (kGather) {
       piece_at<V>(r, 0) = piece_at<V>(f, 0);
     } else {
@@ -286,18 +291,24 @@ Status rows_at(const std::vector<int64_t>& dims, const int64_t* sizes, const int
 }
 
 // plan, 1: each key's block (owner * n + table), its position, dim, key and count, flat; the
-// bad-id flag.
-__global__ void plan_keys_kernel(const __grid_constant__ Group g, uint32_t* block, int64_t* index,
-                                 int64_t* dim, int64_t* key_flat, int64_t* count_flat,
-                                 unsigned long long* bad, int64_t total) {
+// bad-id flag. Padding (entries past valid[t], when given) goes to block world * n, past every
+// real one, with nothing to request.
+__global__ void plan_keys_kernel(const __grid_constant__ Group g, const int64_t* valid,
+                                 uint32_t* block, int64_t* index, int64_t* dim, int64_t* key_flat,
+                                 int64_t* count_flat, unsigned long long* bad, int64_t total) {
   for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
     const int64_t at = e - g.elem_start[t], i = g.key_start[t] + at;
+    index[i] = i;
+    if (valid != nullptr && at >= valid[g.first + t]) {
+      block[i] = static_cast<uint32_t>(g.world * g.n);
+      dim[i] = key_flat[i] = count_flat[i] = 0;
+      return;
+    }
     const int64_t k = static_cast<const int64_t*>(g.tensor[t])[at];
     const int64_t* counts = static_cast<const int64_t*>(g.tensor2[t]);
     block[i] =
         static_cast<uint32_t>(sok::exchange::owner_of(k, g.target[t], g.world) * g.n + g.first + t);
-    index[i] = i;
     dim[i] = g.dim[t];
     key_flat[i] = k;
     count_flat[i] = counts ? counts[at] : 1;
@@ -305,26 +316,32 @@ __global__ void plan_keys_kernel(const __grid_constant__ Group g, uint32_t* bloc
   });
 }
 
-// plan, 2: the request in sorted order, each block's first and end position.
+// plan, 2: the request in sorted order, each block's first and end position (blocks: the real
+// ones; the padding's block comes last).
 __global__ void plan_sorted_kernel(const uint32_t* sorted_block, const int64_t* sorted_index,
                                    const int64_t* key_flat, const int64_t* count_flat,
                                    const int64_t* dim, int64_t* request, int64_t* sorted_dim,
-                                   int64_t* first, int64_t* end, int64_t total) {
+                                   int64_t* first, int64_t* end, uint32_t blocks, int64_t total) {
   for_each_index(total, [&](int64_t j) {
     const int64_t i = sorted_index[j];
     request[2 * j] = key_flat[i];
     request[2 * j + 1] = count_flat[i];
     sorted_dim[j] = dim[i];
     const uint32_t b = sorted_block[j];
+    if (b >= blocks) return;
     if (j == 0 || sorted_block[j - 1] != b) first[b] = j;
     if (j + 1 == total || sorted_block[j + 1] != b) end[b] = j + 1;
   });
 }
 
-// plan, 3: where each key's row starts among the returned rows (they come in request order).
-__global__ void plan_row_at_kernel(const int64_t* sorted_index, const int64_t* elem_at,
-                                   int64_t* row_at, int64_t total) {
-  for_each_index(total, [&](int64_t j) { row_at[sorted_index[j]] = elem_at[j]; });
+// plan, 3: where each key's row starts among the returned rows (they come in request order);
+// padding: -1.
+__global__ void plan_row_at_kernel(const uint32_t* sorted_block, const int64_t* sorted_index,
+                                   const int64_t* elem_at, uint32_t blocks, int64_t* row_at,
+                                   int64_t total) {
+  for_each_index(total, [&](int64_t j) {
+    row_at[sorted_index[j]] = sorted_block[j] < blocks ? elem_at[j] : -1;
+  });
 }
 
 // plan, 4: the [world, n + 2] matrix.
@@ -353,7 +370,7 @@ struct PlanTemps {
 
 Status carve_plan(int64_t total, int64_t blocks, cudaStream_t stream, DeviceAllocator* alloc,
                   Temp* tmp, PlanTemps* p) {
-  p->end_bit = detail::bits_for(static_cast<uint64_t>(blocks - 1));
+  p->end_bit = detail::bits_for(static_cast<uint64_t>(blocks));  // the padding's block too
   SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(
       nullptr, p->sort_bytes, static_cast<const uint32_t*>(nullptr),
       static_cast<uint32_t*>(nullptr), static_cast<const int64_t*>(nullptr),
@@ -385,7 +402,8 @@ Status carve_plan(int64_t total, int64_t blocks, cudaStream_t stream, DeviceAllo
 // plan, 1 for every group of tables.
 Status plan_keys(const std::vector<TableSpec>& tables, int world,
                  const std::vector<const int64_t*>& keys, const std::vector<const int64_t*>& counts,
-                 const int64_t* sizes, const PlanTemps& p, cudaStream_t stream) {
+                 const int64_t* sizes, const int64_t* valid, const PlanTemps& p,
+                 cudaStream_t stream) {
   const int n = static_cast<int>(tables.size());
   const std::vector<int64_t> key_start = starts_of(sizes, n);
   return for_groups(
@@ -402,7 +420,7 @@ Status plan_keys(const std::vector<TableSpec>& tables, int world,
       [&](Group g, int64_t part) {
         g.world = world;  // for_groups' world is 1 here: the group holds no blocks
         plan_keys_kernel<<<grid_for(part, kBlock), kBlock, 0, stream>>>(
-            g, p.block, p.index, p.dim, p.key_flat, p.count_flat, p.bad, part);
+            g, valid, p.block, p.index, p.dim, p.key_flat, p.count_flat, p.bad, part);
         SOK_LAUNCH_CHECK();
         return Status::OK();
       });
@@ -412,8 +430,8 @@ Status plan_keys(const std::vector<TableSpec>& tables, int world,
 
 Status plan(const std::vector<TableSpec>& tables, int world,
             const std::vector<const int64_t*>& keys, const std::vector<const int64_t*>& counts,
-            const int64_t* sizes, int64_t signature, int64_t* request, int64_t* matrix,
-            int64_t* row_at, cudaStream_t stream, DeviceAllocator* alloc) {
+            const int64_t* sizes, const int64_t* valid, int64_t signature, int64_t* request,
+            int64_t* matrix, int64_t* row_at, cudaStream_t stream, DeviceAllocator* alloc) {
   const int n = static_cast<int>(tables.size());
   const int64_t blocks = static_cast<int64_t>(world) * n;
   if (blocks > (1ll << 31)) return Status::Invalid("exchange: too many (rank, table) blocks");
@@ -422,19 +440,19 @@ Status plan(const std::vector<TableSpec>& tables, int world,
   Temp tmp;
   PlanTemps p;
   SOK_RETURN_IF_ERROR(carve_plan(total, blocks, stream, alloc, &tmp, &p));
-  SOK_RETURN_IF_ERROR(plan_keys(tables, world, keys, counts, sizes, p, stream));
+  SOK_RETURN_IF_ERROR(plan_keys(tables, world, keys, counts, sizes, valid, p, stream));
   if (total > 0) {
     SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(p.sort_tmp, p.sort_bytes, p.block,
                                                     p.sorted_block, p.index, p.sorted_index, total,
                                                     0, p.end_bit, stream));
     plan_sorted_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(
         p.sorted_block, p.sorted_index, p.key_flat, p.count_flat, p.dim, request, p.sorted_dim,
-        p.first, p.end, total);
+        p.first, p.end, static_cast<uint32_t>(blocks), total);
     SOK_LAUNCH_CHECK();
     SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(p.scan_tmp, p.scan_bytes, p.sorted_dim, p.elem_at,
                                                   total, stream));
-    plan_row_at_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(p.sorted_index, p.elem_at,
-                                                                       row_at, total);
+    plan_row_at_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(
+        p.sorted_block, p.sorted_index, p.elem_at, static_cast<uint32_t>(blocks), row_at, total);
     SOK_LAUNCH_CHECK();
   }
   plan_matrix_kernel<<<grid_for(world * (n + 2), kBlock), kBlock, 0, stream>>>(

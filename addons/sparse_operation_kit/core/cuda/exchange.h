@@ -20,11 +20,13 @@ namespace exchange {
 using sok::exchange::BlockLayout;
 using sok::exchange::TableSpec;
 
-// keys[t], counts[t] (counts[t] may be null) device pointers; sizes host.
+// keys[t], counts[t] (counts[t] may be null) device pointers; sizes host; valid (may be null)
+// [n] on the device: the padding after each table's first valid[t] keys is not requested.
 Status plan(const std::vector<TableSpec>& tables, int world,
             const std::vector<const int64_t*>& keys, const std::vector<const int64_t*>& counts,
-            const int64_t* sizes, int64_t signature, int64_t* request, int64_t* matrix,
-            int64_t* row_at, cudaStream_t stream, DeviceAllocator* alloc = nullptr);
+            const int64_t* sizes, const int64_t* valid, int64_t signature, int64_t* request,
+            int64_t* matrix, int64_t* row_at, cudaStream_t stream,
+            DeviceAllocator* alloc = nullptr);
 
 // The owner's keys (core/exchange.h's owner_keys): one dedup of every table. `allocate` gets
 // each table's number of entries and returns the outputs (keys[t], counts[t]: sizes[t] entries;

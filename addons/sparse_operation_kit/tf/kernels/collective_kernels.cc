@@ -87,8 +87,9 @@ Status AllocateRows(OpKernelContext* ctx, const Tensor& input, int64_t rows, Ten
 
 // The rows' half of both all-to-alls: the counts checked, the output (input 0's rows) allocated,
 // send[p] rows sent to rank p and recv[p] received from it. `what` names the op's counts.
+// tail_ok: the input may hold rows past the counts, which are not sent (a padded request).
 Status SendRows(OpKernelContext* ctx, Communicator* comm, const int64_t* send, const int64_t* recv,
-                const char* what, cudaStream_t stream) {
+                const char* what, bool tail_ok, cudaStream_t stream) {
   const Tensor& input = ctx->input(0);
   int64_t sent = 0, received = 0;
   for (int p = 0; p < comm->world(); ++p) {
@@ -98,7 +99,7 @@ Status SendRows(OpKernelContext* ctx, Communicator* comm, const int64_t* send, c
     sent += send[p];
     received += recv[p];
   }
-  if (sent != input.dim_size(0)) {
+  if (tail_ok ? sent > input.dim_size(0) : sent != input.dim_size(0)) {
     return errors::InvalidArgument(what, " sum to ", sent, " but the input has ", input.dim_size(0),
                                    " rows");
   }
@@ -156,7 +157,7 @@ class AllToAllOp : public SokOpKernel<GpuDevice> {
     OP_REQUIRES_OK(ctx, SendRows(ctx, comm, send_rows.data(), recv_rows.data(),
                                  "SokAllToAll: "
                                  "send_counts",
-                                 stream));
+                                 /*tail_ok=*/true, stream));
   }
 
  private:
@@ -203,9 +204,9 @@ class AllToAllSizedOp : public SokOpKernel<GpuDevice> {
                                         "count per rank (",
                                         world, ")"));
     auto hold = comm->lock();
-    OP_REQUIRES_OK(
-        ctx, SendRows(ctx, comm, send_rows.flat<int64_t>().data(), recv_rows.flat<int64_t>().data(),
-                      "SokAllToAllSized: send_rows", OnDevice<GpuDevice>::Stream(ctx)));
+    OP_REQUIRES_OK(ctx, SendRows(ctx, comm, send_rows.flat<int64_t>().data(),
+                                 recv_rows.flat<int64_t>().data(), "SokAllToAllSized: send_rows",
+                                 /*tail_ok=*/false, OnDevice<GpuDevice>::Stream(ctx)));
   }
 };
 

@@ -29,8 +29,10 @@ struct ExchangeOn<CpuDevice> {
   static Status Plan(OpKernelContext*, const std::vector<ex::TableSpec>& tables, int world,
                      const std::vector<const int64_t*>& keys,
                      const std::vector<const int64_t*>& counts, const int64_t* sizes,
-                     int64_t signature, int64_t* request, int64_t* matrix, int64_t* row_at) {
-    ex::plan(tables, world, keys.data(), counts.data(), sizes, signature, request, matrix, row_at);
+                     const int64_t* valid, int64_t signature, int64_t* request, int64_t* matrix,
+                     int64_t* row_at) {
+    ex::plan(tables, world, keys.data(), counts.data(), sizes, valid, signature, request, matrix,
+             row_at);
     return OkStatus();
   }
   static Status OwnerKeys(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables,
@@ -85,10 +87,11 @@ struct ExchangeOn<GpuDevice> {
   static Status Plan(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables, int world,
                      const std::vector<const int64_t*>& keys,
                      const std::vector<const int64_t*>& counts, const int64_t* sizes,
-                     int64_t signature, int64_t* request, int64_t* matrix, int64_t* row_at) {
+                     const int64_t* valid, int64_t signature, int64_t* request, int64_t* matrix,
+                     int64_t* row_at) {
     TfDeviceAllocator alloc(ctx->device()->GetAllocator(AllocatorAttributes()));
-    return ToTf(gex::plan(tables, world, keys, counts, sizes, signature, request, matrix, row_at,
-                          S(ctx), &alloc));
+    return ToTf(gex::plan(tables, world, keys, counts, sizes, valid, signature, request, matrix,
+                          row_at, S(ctx), &alloc));
   }
   static Status OwnerKeys(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables,
                           const ex::BlockLayout& l, const int64_t* received, bool padded,
@@ -289,6 +292,10 @@ class ExchangePlanOp : public SokOpKernel<Device> {
     OpInputList keys, counts;
     OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
     OP_REQUIRES_OK(ctx, ctx->input_list("counts", &counts));
+    const Tensor& valid = ctx->input(2 * n_);
+    OP_REQUIRES(ctx, valid.NumElements() == 0 || valid.NumElements() == n_,
+                errors::InvalidArgument("exchange: valid holds ", valid.NumElements(),
+                                        " counts for ", n_, " tables"));
     Tensor* sizes;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({n_}), &sizes));
     std::vector<const int64_t*> key_ptrs(n_), count_ptrs(n_);
@@ -307,11 +314,12 @@ class ExchangePlanOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total, 2}), &request));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({world_, n_ + 2}), &matrix));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({total}), &row_at));
-    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::Plan(ctx, tables_, world_, key_ptrs, count_ptrs,
-                                                 sizes->flat<int64_t>().data(), signature_,
-                                                 request->flat<int64_t>().data(),
-                                                 matrix->flat<int64_t>().data(),
-                                                 row_at->flat<int64_t>().data()));
+    OP_REQUIRES_OK(ctx,
+                   ExchangeOn<Device>::Plan(
+                       ctx, tables_, world_, key_ptrs, count_ptrs, sizes->flat<int64_t>().data(),
+                       valid.NumElements() ? valid.flat<int64_t>().data() : nullptr, signature_,
+                       request->flat<int64_t>().data(), matrix->flat<int64_t>().data(),
+                       row_at->flat<int64_t>().data()));
   }
 
  private:
@@ -467,9 +475,10 @@ class ExchangeGatherRowsOp : public SokOpKernel<Device> {
   void ComputeOnDevice(OpKernelContext* ctx) override {
     const Tensor &returned = ctx->input(0), &row_at = ctx->input(1), &sizes = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckSizes(sizes, row_at, n_));
-    OP_REQUIRES(ctx, returned.NumElements() == FlatElems(sizes, dims_),
+    // Padded keys (row_at -1) have no row among the returned ones.
+    OP_REQUIRES(ctx, returned.NumElements() <= FlatElems(sizes, dims_),
                 errors::InvalidArgument("exchange: ", returned.NumElements(),
-                                        " returned floats for ", FlatElems(sizes, dims_)));
+                                        " returned floats for at most ", FlatElems(sizes, dims_)));
     std::vector<TensorShape> shapes;
     for (int t = 0; t < n_; ++t) {
       shapes.push_back(TensorShape({sizes.flat<int64_t>()(t), dims_[t]}));
@@ -500,6 +509,12 @@ class ExchangeScatterRowsOp : public SokOpKernel<Device> {
   void ComputeOnDevice(OpKernelContext* ctx) override {
     const Tensor &row_at = ctx->input(n_), &sizes = ctx->input(n_ + 1);
     OP_REQUIRES_OK(ctx, CheckSizes(sizes, row_at, n_));
+    const Tensor& per_owner = ctx->input(n_ + 2);
+    int64_t floats = 0;
+    for (int64_t q = 0; q < per_owner.NumElements(); ++q) floats += per_owner.flat<int64_t>()(q);
+    OP_REQUIRES(ctx, floats <= FlatElems(sizes, dims_),
+                errors::InvalidArgument("exchange: ", floats, " returned floats for at most ",
+                                        FlatElems(sizes, dims_)));
     std::vector<const float*> rows;
     std::vector<int64_t> num_rows;
     OP_REQUIRES_OK(ctx, RowsInput(ctx, dims_, &rows, &num_rows));
@@ -509,7 +524,7 @@ class ExchangeScatterRowsOp : public SokOpKernel<Device> {
                                           sizes.flat<int64_t>()(t), " keys"));
     }
     Tensor* returned;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({FlatElems(sizes, dims_)}), &returned));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({floats}), &returned));
     OP_REQUIRES_OK(ctx, ExchangeOn<Device>::Scatter(ctx, dims_, sizes.flat<int64_t>().data(),
                                                     row_at.flat<int64_t>().data(), rows,
                                                     returned->flat<float>().data()));
@@ -546,7 +561,10 @@ REGISTER_KERNEL_BUILDER(Name("SokExchangeRowsFromBlocks").Device(DEVICE_GPU).Hos
                         ExchangeRowsFromBlocksOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokExchangeGatherRows").Device(DEVICE_GPU).HostMemory("sizes"),
                         ExchangeGatherRowsOp<GpuDevice>);
-REGISTER_KERNEL_BUILDER(Name("SokExchangeScatterRows").Device(DEVICE_GPU).HostMemory("sizes"),
+REGISTER_KERNEL_BUILDER(Name("SokExchangeScatterRows")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("sizes")
+                            .HostMemory("returned_floats"),
                         ExchangeScatterRowsOp<GpuDevice>);
 #endif
 

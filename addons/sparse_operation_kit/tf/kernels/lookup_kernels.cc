@@ -69,8 +69,11 @@ struct LookupSteps;
 
 template <>
 struct LookupSteps<CpuDevice> {
-  // Each table's dedup and position checks.
-  static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables) {
+  struct State {};  // what a kernel keeps between calls: nothing on the CPU
+
+  // Each table's dedup and position checks; valid[i] (host) = table i's distinct keys.
+  static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
+                       bool /*padded: the CPU never waits*/, State*) {
     OnDevice<CpuDevice>::ForEachTable(ctx, tables->size(), [&](int i, const sok::ExecContext&) {
       UniqueArgs& a = (*tables)[i];
       auto run = [&](auto tag) {
@@ -87,7 +90,19 @@ struct LookupSteps<CpuDevice> {
                                  a.positions->dim_size(1), a.dense_shape->flat<int64_t>().data());
       }
     });
+    for (size_t i = 0; i < tables->size(); ++i) valid->flat<int64_t>()(i) = (*tables)[i].num_unique;
     return OkStatus();
+  }
+
+  // The padded outputs' tails past the distinct keys: zeros.
+  static void ClearTails(OpKernelContext*, std::vector<UniqueArgs>* tables) {
+    for (UniqueArgs& a : *tables) {
+      const int64_t u = a.num_unique, n = a.keys->NumElements();
+      auto bytes = a.uniq.tensor_data();
+      const size_t width = DataTypeSize(a.uniq.dtype());
+      std::memset(const_cast<char*>(bytes.data()) + u * width, 0, (n - u) * width);
+      std::fill(a.counts.flat<int64_t>().data() + u, a.counts.flat<int64_t>().data() + n, 0);
+    }
   }
 
   static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
@@ -167,12 +182,57 @@ Status CudaCall(cudaError_t e, const char* what) {
                           cudaGetErrorString(e), ")");
 }
 
+// Pinned host memory for the dedup's argument upload when the op does not wait for its stream
+// (padded): kept by the kernel, and reused once the event recorded after its last upload passed
+// (a step ago: no real wait).
+class UploadStaging {
+ public:
+  UploadStaging() = default;
+  UploadStaging(const UploadStaging&) = delete;
+  UploadStaging& operator=(const UploadStaging&) = delete;
+  ~UploadStaging() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    if (buf_ != nullptr) cudaFreeHost(buf_);
+  }
+  Status Get(size_t bytes, void** out) {
+    if (event_ != nullptr) {
+      TF_RETURN_IF_ERROR(CudaCall(cudaEventSynchronize(event_), "reusing the upload buffer"));
+    } else {
+      TF_RETURN_IF_ERROR(CudaCall(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming),
+                                  "creating the upload buffer's event"));
+    }
+    if (bytes > bytes_) {
+      if (buf_ != nullptr) cudaFreeHost(buf_);
+      buf_ = nullptr;
+      TF_RETURN_IF_ERROR(CudaCall(cudaMallocHost(&buf_, bytes), "pinning the upload buffer"));
+      bytes_ = bytes;
+    }
+    *out = buf_;
+    return OkStatus();
+  }
+  Status Done(cudaStream_t stream) {
+    return CudaCall(cudaEventRecord(event_, stream), "recording the upload buffer's event");
+  }
+
+ private:
+  void* buf_ = nullptr;
+  size_t bytes_ = 0;
+  cudaEvent_t event_ = nullptr;
+};
+
 template <>
 struct LookupSteps<GpuDevice> {
+  struct State {
+    std::mutex mu;  // one call at a time uses the staging
+    UploadStaging staging;
+  };
+
   // The distinct counts (and the checks) are only known on the device: every table is
-  // deduplicated and checked by one set of launches per key dtype, then the per-table reports
-  // come back with ONE copy and ONE synchronisation.
-  static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables) {
+  // deduplicated and checked by one set of launches per key dtype, the distinct counts copied to
+  // valid (device), then, unless padded, the per-table reports come back with ONE copy and ONE
+  // synchronisation.
+  static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
+                       bool padded, State* state) {
     const int n = tables->size();
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
@@ -195,15 +255,29 @@ struct LookupSteps<GpuDevice> {
     Tensor reports_t, staging_t;
     sok::gpu::UniqueTableReport* d_reports;
     TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &reports_t, &d_reports));
-    // Pinned host memory for the argument upload (asynchronous; alive until the sync below).
-    AllocatorAttributes pinned;
-    pinned.set_on_host(true);
-    pinned.set_gpu_compatible(true);
-    const int64_t staging = sok::gpu::unique_keys_multi_staging_bytes(spans);
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({std::max<int64_t>(staging, 1)}),
-                                          &staging_t, pinned));
-    TF_RETURN_IF_ERROR(ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc,
-                                                        staging_t.flat<int8>().data())));
+    const int64_t staging = std::max<int64_t>(sok::gpu::unique_keys_multi_staging_bytes(spans), 1);
+    void* upload;
+    std::unique_lock<std::mutex> hold(state->mu, std::defer_lock);
+    if (padded) {  // the upload must outlive the op
+      hold.lock();
+      TF_RETURN_IF_ERROR(state->staging.Get(staging, &upload));
+    } else {  // pinned host memory alive until the sync below
+      AllocatorAttributes pinned;
+      pinned.set_on_host(true);
+      pinned.set_gpu_compatible(true);
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({staging}), &staging_t, pinned));
+      upload = staging_t.flat<int8>().data();
+    }
+    TF_RETURN_IF_ERROR(ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc, upload)));
+    TF_RETURN_IF_ERROR(
+        CudaCall(cudaMemcpy2DAsync(valid->flat<int64_t>().data(), sizeof(int64_t),
+                                   &d_reports->num_unique, sizeof(sok::gpu::UniqueTableReport),
+                                   sizeof(int64_t), n, cudaMemcpyDeviceToDevice, stream),
+                 "copying the distinct counts"));
+    if (padded) {
+      for (UniqueArgs& a : *tables) a.num_unique = a.keys->NumElements();
+      return state->staging.Done(stream);
+    }
     std::vector<sok::gpu::UniqueTableReport> reports(n);
     tsl::profiler::TraceMe wait("SokUniqueKeys waits for the distinct counts");
     TF_RETURN_IF_ERROR(
@@ -220,6 +294,8 @@ struct LookupSteps<GpuDevice> {
     }
     return OkStatus();
   }
+
+  static void ClearTails(OpKernelContext*, std::vector<UniqueArgs>*) {}  // never read on the GPU
 
   static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
@@ -410,6 +486,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     int n;
     OP_REQUIRES_OK(c, c->GetAttr("N", &n));
     OP_REQUIRES_OK(c, TableNames(c, n, &names_));
+    OP_REQUIRES_OK(c, c->GetAttr("padded", &padded_));
   }
 
  protected:
@@ -432,6 +509,9 @@ class UniqueKeysOp : public SokOpKernel<Device> {
       UniqueArgs& a = tables[i];
       a.keys = &keys[i];
       if (m && !DenseIds(positions[i])) {
+        OP_REQUIRES(ctx, !padded_,
+                    errors::InvalidArgument("SokUniqueKeys: padded needs dense ids, table '",
+                                            names_[i], "' has positions to check"));
         OP_REQUIRES_OK(ctx, CheckPositions(names_[i], k, positions[i], dense_shapes[i]));
         a.positions = &positions[i];
         a.dense_shape = &dense_shapes[i];
@@ -442,7 +522,14 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, n, DT_INT32, inverse_shapes, &inverse));
     for (int i = 0; i < n; ++i) tables[i].inverse = inverse[i];
     OP_REQUIRES_OK(ctx, AllocateScratch(ctx, keys, &tables));
-    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, &tables));
+    Tensor* valid;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3 * n + m + 1, TensorShape({n}), &valid));
+    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, &tables, valid, padded_, &state_));
+    if (padded_ && std::is_same<Device, CpuDevice>::value) {
+      // The CPU knows the counts (num_unique before the tails): its padding is zeros.
+      LookupSteps<Device>::ClearTails(ctx, &tables);
+      for (UniqueArgs& a : tables) a.num_unique = a.keys->NumElements();
+    }
     for (int i = 0; i < m; ++i) {  // the first bad table, as lookup_sparse reported it before
       if (tables[i].check.first_outside < 0) continue;
       std::vector<int64_t> index;
@@ -455,7 +542,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
           " for dense_shape ", JoinIndex(dense_shapes[i].flat<int64_t>().data(), r)));
       return;
     }
-    // The outputs are the leading num_unique entries of the scratch: views, no copy.
+    // The outputs are the leading num_unique entries of the scratch (padded: all): views.
     for (int i = 0; i < n; ++i) {
       ctx->set_output(i, tables[i].uniq.Slice(0, tables[i].num_unique));
       ctx->set_output(2 * n + i, tables[i].counts.Slice(0, tables[i].num_unique));
@@ -530,6 +617,8 @@ class UniqueKeysOp : public SokOpKernel<Device> {
   }
 
   std::vector<std::string> names_;
+  bool padded_ = false;
+  typename LookupSteps<Device>::State state_;
 };
 
 template <typename Device>

@@ -43,7 +43,8 @@ Status SetReceivedRowsShape(InferenceContext* c) {
 // as many as the first `row_columns` values of send_counts[p] add up to (-1: all of them; a 1-D
 // send_counts is one column); the other columns travel along (e.g. checks every rank must see).
 // `output` holds the rows from every rank in rank order; recv_counts[p] is what rank p sent here.
-// The counts are exchanged first and copied to the host (the one wait on the host, bounded by the
+// Rows of `input` past the counts are not sent (a padded request's tail). The counts are exchanged
+// first and copied to the host (the one wait on the host, bounded by the
 // communicator's timeout); *_host are those copies, in host memory. With a 2-D send_counts the
 // ranks first check that they all send as many columns: if not, every rank fails with
 // `width_mismatch` and the columns each rank sends.

@@ -17,10 +17,14 @@ using shape_inference::ShapeHandle;
 // (owner, table), then [signature, the 1-based table of a static id outside [0, rows) or 0];
 // `row_at` [total]: where each key's row starts in the rows that come back (floats); `sizes`
 // [N] (host): keys per table. targets / rows / dims per table: target_gpu, a static table's rows
-// over all ranks (-1: an Embedding Variable), floats per row.
+// over all ranks (-1: an Embedding Variable), floats per row. valid: [N] or [0] (every key):
+// table t's keys are its first valid[t] (a padded dedup's, SokUniqueKeys' `valid`); the
+// padding is not requested, its row_at is -1, and the request's rows past the matrix's counts
+// are zeros.
 REGISTER_OP("SokExchangePlan")
     .Input("keys: N * int64")
     .Input("counts: N * int64")
+    .Input("valid: int64")
     .Output("request: int64")
     .Output("matrix: int64")
     .Output("row_at: int64")
@@ -129,7 +133,8 @@ REGISTER_OP("SokExchangeRowsFromBlocks")
     .SetShapeFn([](InferenceContext* c) { return SetTableRowsShapes(c, 0); });
 
 // The requester's rows of its keys out of the returned flat rows (row_at from SokExchangePlan,
-// sizes its keys per table); and the gradient's way back.
+// sizes its keys per table; padding, row_at -1, reads zeros); and the gradient's way back, into
+// as many floats as returned_floats [world] (host: the floats from each owner) add up to.
 REGISTER_OP("SokExchangeGatherRows")
     .Input("returned: float")
     .Input("row_at: int64")
@@ -143,6 +148,7 @@ REGISTER_OP("SokExchangeScatterRows")
     .Input("rows: N * float")
     .Input("row_at: int64")
     .Input("sizes: int64")
+    .Input("returned_floats: int64")
     .Output("returned: float")
     .Attr("N: int >= 1")
     .Attr("dims: list(int)")

@@ -17,6 +17,9 @@ using shape_inference::ShapeHandle;
 // Positions of shape [0, 0] mark a table of dense ids ([batch] or [batch, k]): no check, order [0].
 // batch_sizes [M] (host memory): dim 0 of each dense shape (-1 for an empty one), the batch sizes
 // SokPooledCombine takes, so that no op on the CPU computes them in a GPU step.
+// valid [N] (the op's device): each table's number of distinct keys. padded (dense ids only: no
+// positions to check): unique_i and counts_i hold n_i entries, the distinct ones first; the op
+// then needs no wait for the distinct counts (the exchange's plan takes valid instead).
 REGISTER_OP("SokUniqueKeys")
     .Input("keys: Tkeys")
     .Input("positions: M * int64")
@@ -26,10 +29,12 @@ REGISTER_OP("SokUniqueKeys")
     .Output("counts: N * int64")
     .Output("segment_order: M * int32")
     .Output("batch_sizes: int64")
+    .Output("valid: int64")
     .Attr("N: int >= 1")
     .Attr("M: int >= 0 = 0")
     .Attr("Tkeys: list({int32, int64})")
     .Attr("table_names: list(string) = []")  // for error messages; empty: tables by position
+    .Attr("padded: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       int n, m;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
@@ -51,6 +56,7 @@ REGISTER_OP("SokUniqueKeys")
         c->set_output(3 * n + i, c->Vector(InferenceContext::kUnknownDim));
       }
       c->set_output(3 * n + m, c->Vector(m));
+      c->set_output(3 * n + m + 1, c->Vector(n));
       return OkStatus();
     });
 

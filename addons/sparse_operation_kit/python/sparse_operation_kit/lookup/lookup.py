@@ -9,6 +9,7 @@ Gradients flow back the same way: per-sample gradient -> per-distinct-key gradie
 (exchange) -> tf.IndexedSlices keyed by id on the owning table.
 """
 import contextlib
+import types
 from collections.abc import Sequence
 from typing import NamedTuple, Union
 
@@ -221,12 +222,13 @@ def _diverged(error, call_name, names):
     )
 
 
-def _unique_keys(keys, positions, dense_shapes, names):
+def _unique_keys(keys, positions, dense_shapes, names, padded=False):
     """SokUniqueKeys with its checks of the ids' positions (all tables at once). Eager inputs
     outside their dense shape raise a ValueError, as the other eager input checks do."""
     n = len(keys)
     try:
-        return ops.sok_unique_keys(keys, positions, dense_shapes, N=n, table_names=names)
+        return ops.sok_unique_keys(keys, positions, dense_shapes, N=n, table_names=names,
+                                   padded=padded)
     except tf.errors.InvalidArgumentError as e:
         start = e.message.find("lookup_sparse: ids of table")
         if not tf.executing_eagerly() or start < 0:
@@ -259,9 +261,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
                                          combiners)
             return outs[0] if single else outs
         tables = partitioned.flat_tables(params)
-        unique, inverse, counts, orders, batch_sizes = _dedup(tables, flat, names, training)
-        rows = _fetch(params, unique, counts, training, name, names)
-        outs = _pool(tables, rows, inverse, flat, orders, batch_sizes, combiners, names)
+        dedup = _dedup(tables, flat, names, training, _may_pad(params, sp_ids))
+        rows = _fetch(params, dedup, training, name, names)
+        outs = _pool(tables, rows, dedup, flat, combiners, names)
     return outs[0] if single else list(outs)
 
 
@@ -339,24 +341,35 @@ def _check_key_dtype(param, keys, name):
         )
 
 
-def _dedup(tables, flat, names, training):
-    """SokUniqueKeys over every table: (unique keys, inverse, counts, sample orders, batch
-    sizes), one of each per table."""
+def _may_pad(params, sp_ids):
+    """Whether the dedup may leave its outputs padded (SokUniqueKeys' `padded`): under Horovod
+    the exchange's plan takes the distinct counts on the device, so nothing waits for them; that
+    needs dense ids (no positions to check, hence no error to raise before the exchange) and no
+    partitioned table (its keys are split by part on the host's shapes)."""
+    return (context.world_size > 1 and all(_is_dense(i) for i in sp_ids)
+            and not any(partitioned.is_partitioned(p) for p in params))
+
+
+def _dedup(tables, flat, names, training, padded):
+    """SokUniqueKeys over every table: per table the unique keys, inverse, counts, sample order
+    and batch size, and `valid` (the distinct counts; padded: unique and counts are padded)."""
     with _on_device_of(tables):
-        unique, inverse, counts, orders, batch_sizes = _unique_keys(flat.keys, flat.positions,
-                                                                    flat.dense_shapes, names)
-    # A training Gather of these keys inserts them (the update's keys when they reach it as
-    # they are: one process, unpartitioned tables).
-    uniqueness.declare_distinct(unique, inserted=bool(training))
-    return unique, inverse, counts, orders, batch_sizes
+        out = _unique_keys(flat.keys, flat.positions, flat.dense_shapes, names, padded)
+    if not padded:
+        # A training Gather of these keys inserts them (the update's keys when they reach it as
+        # they are: one process, unpartitioned tables).
+        uniqueness.declare_distinct(out.unique, inserted=bool(training))
+    return types.SimpleNamespace(unique=list(out.unique), inverse=list(out.inverse),
+                                 counts=list(out.counts), orders=list(out.segment_order),
+                                 batch_sizes=out.batch_sizes,
+                                 valid=out.valid if padded else None)
 
 
-def _fetch(params, unique, counts, training, call_name, names):
+def _fetch(params, dedup, training, call_name, names):
     """The rows of the distinct keys of every table (through the exchange over ranks)."""
     try:
-        return partitioned.fetch_rows(
-            params, list(unique), list(counts), training=training, names=names
-        )
+        return partitioned.fetch_rows(params, dedup.unique, dedup.counts, training=training,
+                                      names=names, valid=dedup.valid)
     except tf.errors.OpError as e:  # eager: name the call whose exchange never completed
         diverged = _diverged(e, call_name, names)
         if diverged is e:
@@ -364,12 +377,12 @@ def _fetch(params, unique, counts, training, call_name, names):
         raise diverged from e
 
 
-def _pool(tables, rows, inverse, flat, orders, batch_sizes, combiners, names):
+def _pool(tables, rows, dedup, flat, combiners, names):
     """SokPooledCombine: each table's rows combined per sample ([batch, dim] per table)."""
     with _on_device_of(tables):
         # SokUniqueKeys checked every position and gives each table's sample order.
-        outs, _ = ops.sok_pooled_combine(rows, list(inverse), flat.segments, flat.weights,
-                                         list(orders), batch_sizes, segments_checked=True,
+        outs, _ = ops.sok_pooled_combine(rows, dedup.inverse, flat.segments, flat.weights,
+                                         dedup.orders, dedup.batch_sizes, segments_checked=True,
                                          combiners=combiners, table_names=names)
     return outs
 
@@ -379,7 +392,7 @@ def all2all_dense_embedding(param, indices) -> tf.Tensor:
     sharded over ranks, differentiable, returned in the shape of `indices` + [dim]."""
     indices = tf.convert_to_tensor(indices)
     flat = tf.reshape(indices, [-1])
-    unique, inverse, counts, _, _ = ops.sok_unique_keys([flat], [], [], N=1)
+    unique, inverse, counts, _, _, _ = ops.sok_unique_keys([flat], [], [], N=1)
     uniqueness.declare_distinct(unique)
     rows = exchange.fetch_rows([param], [unique[0]], [counts[0]], True, [table_name(param)])[0]
     out = tf.gather(rows, inverse[0])

@@ -5,7 +5,8 @@ the exchange's index work is a few fused ops over all tables (core/exchange.h).
 One lookup_sparse call makes one exchange per direction, whatever the number of tables:
 
   1. each rank sends every owner only the distinct keys that owner holds ([key, count] rows, by
-     owner then table); a [world, n + 2] matrix travels first: the keys per (owner, table) and
+     owner then table; with dense ids the dedup does not wait for its counts: the plan takes
+     them on the device and skips the padding); a [world, n + 2] matrix travels first: the keys per (owner, table) and
      [table-list signature, bad-id flag], so that every rank learns every size on the host at
      once and checks that all ranks passed the same tables and valid ids before going on;
   2. owners dedup what every rank sent, all tables at once, read (training: insert) each row
@@ -92,28 +93,31 @@ def _specs(params):
     return dict(targets=[target_of(p) for p in params], rows=rows)
 
 
-def fetch_rows(params, keys, counts, training, names):
+def fetch_rows(params, keys, counts, training, names, valid=None):
     """Rows of the distinct `keys[i]` of every table, fetched from their owners (one exchange per
-    direction). The index work is vectorized over the tables: eager execution pays per op."""
+    direction). The index work is vectorized over the tables: eager execution pays per op.
+    valid: [n] on the device, table i's keys are its first valid[i] (the requester's dedup did
+    not wait for its counts); the padding is not sent and its rows are zeros."""
     world = context.world_size
     device = getattr(params[0], "device", "")
     for p, nm in zip(params, names):
         tables.check_target(target_of(p), world, "lookup_sparse", nm)
     with tf.name_scope("sok_exchange"), _not_xla_compiled():
         chain = collectives.TRAIN if training else collectives.LOOKUP
-        sent = _send_keys(params, keys, counts, names, device, chain)
+        sent = _send_keys(params, keys, counts, names, device, chain, valid)
         owned = _owned_keys(params, sent, training)
         rows = local_rows(params, owned.keys, owned.counts, training, names, owned.valid)
         return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
 
 
-def _send_keys(params, keys, counts, names, device, chain):
+def _send_keys(params, keys, counts, names, device, chain, valid):
     """1. Keys to their owners, grouped by (owner, table), behind the size matrix (one op plans
     it: core/exchange.h)."""
     n = len(params)
     sig = _signature(params, names)
     request, matrix, row_at, sizes = ops.sok_exchange_plan(
         [tf.cast(k, tf.int64) for k in keys], [tf.cast(c, tf.int64) for c in counts],
+        tf.zeros([0], tf.int64) if valid is None else valid,
         world=context.world_size, dims=[_dim(p) for p in params], signature=sig,
         **_specs(params))
     ex = collectives.exchange(request, matrix, device, row_columns=n,
@@ -176,7 +180,7 @@ def _return_rows(rows, owned, sent, dims, device, chain):
             with _not_xla_compiled():
                 d_outs = [tf.zeros_like(o) if g is None else tf.convert_to_tensor(g)
                           for g, o in zip(d_outs, outs)]
-                d_back = ops.sok_exchange_scatter_rows(d_outs, sent.row_at, sent.sizes,
+                d_back = ops.sok_exchange_scatter_rows(d_outs, sent.row_at, sent.sizes, due_from,
                                                        dims=dims)
                 d_flat = collectives.all_to_all_sized(d_back, due_from, owed_to, device,
                                                       ends_step=True)

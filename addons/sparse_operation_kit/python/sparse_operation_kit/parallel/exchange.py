@@ -9,8 +9,12 @@ from sparse_operation_kit.parallel.local_rows import local_rows
 from sparse_operation_kit.runtime.context import context
 
 
-def fetch_rows(params, keys, counts, training, names):
-    """Rows of the distinct `keys[i]` of every table `params[i]` (training inserts new keys)."""
+def fetch_rows(params, keys, counts, training, names, valid=None):
+    """Rows of the distinct `keys[i]` of every table `params[i]` (training inserts new keys).
+    valid (under Horovod only): table i's keys are its first valid[i], the rest padding, whose
+    rows come back as zeros (a dedup that did not wait for its counts)."""
     if context.world_size > 1:
-        return distributed.fetch_rows(params, keys, counts, training, names)
+        return distributed.fetch_rows(params, keys, counts, training, names, valid)
+    if valid is not None:
+        raise ValueError("fetch_rows: padded keys in one process")
     return local_rows(params, keys, counts, training, names)

@@ -316,11 +316,14 @@ def flat_tables(params):
     return out
 
 
-def fetch_rows(params, keys, counts, training, names):
+def fetch_rows(params, keys, counts, training, names, valid=None):
     """exchange.fetch_rows, with the keys of a partitioned table routed to their parts and the
-    rows put back in the keys' order."""
+    rows put back in the keys' order (valid: exchange.fetch_rows', never with a partitioned
+    table)."""
     if not any(is_partitioned(p) for p in params):
-        return exchange.fetch_rows(params, keys, counts, training, names)
+        return exchange.fetch_rows(params, keys, counts, training, names, valid)
+    if valid is not None:
+        raise ValueError("fetch_rows: padded keys of a partitioned table")
     flat_params, flat_keys, flat_counts, flat_names, plan = [], [], [], [], []
     for p, k, c, nm in zip(params, keys, counts, names):
         if not is_partitioned(p):

@@ -212,7 +212,8 @@ def all_to_all(x, counts, device="", chain=TRAIN):
 def exchange(x, counts, device="", row_columns=-1, width_mismatch=None, chain=TRAIN,
              opens_lookup=False):
     """The all-to-all with sizes in a matrix: counts [world, k] (int64), row p for rank p, whose
-    first `row_columns` columns (-1: all) add up to the rows of `x` for rank p; the other columns
+    first `row_columns` columns (-1: all) add up to the rows of `x` for rank p (rows of `x` past
+    them are not sent); the other columns
     travel along (values every rank must see). Returns .rows (received, in rank order),
     .received (the [world, k] values rank p sent here, row p) and .sent (`counts`), both in host
     memory on GPUs: the wait for sizes on the host happens here. Ranks whose k differ all fail
@@ -243,7 +244,8 @@ def _horovod_exchange(x, counts, row_columns, message):
                                summarize=hvd.size())
     with tf.control_dependencies([same]):
         rows_to = tf.reduce_sum(counts if row_columns < 0 else counts[:, :row_columns], axis=1)
-    rows, _ = hvd.alltoall(x, splits=tf.cast(rows_to, tf.int32))
+    # Rows past the counts (a padded request's tail) are not sent.
+    rows, _ = hvd.alltoall(x[:tf.reduce_sum(rows_to)], splits=tf.cast(rows_to, tf.int32))
     received, _ = hvd.alltoall(counts, splits=ones)
     return rows, received, counts
 
