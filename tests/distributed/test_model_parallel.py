@@ -11,6 +11,7 @@ ends the job. The tests assert the exit code and that every rank reported every 
     3 ranks (SOK_TEST_MORE_RANKS): the same, plus sok.load of the 2-rank checkpoint, sok.dump
     2 ranks: sok.load of the 3-rank checkpoint, then a rank leaves early; one process: sok.load
              of both checkpoints; a rank that never joins
+    2 and MORE ranks: dense ids (the padded dedup and plan), eager and tf.function, Adam
     2 ranks: TF2 Adagrad and TF1 Adam with every rank's Embedding Variable shards in two tiers,
              a sok.dump of them; MORE ranks: sok.load of it into tiered tables
 """
@@ -105,6 +106,15 @@ def test_sok2_program_on_two_ranks(run_two):
     tf.Variables trained by the same optimizers (workers/sok2_program.py; in the -np 2 job)."""
     rc, out, _ = run_two
     _assert_ok(2, rc, out, ["sok2 program", "optimizer families on sharded tables"])
+
+
+@pytest.mark.parametrize("np_", [2, MORE])
+def test_dense_ids_match_one_process(np_):
+    """Dense [batch, k] ids, whose lookups skip the requester's wait (padded dedup and plan),
+    eager and in a tf.function, Adam: embeddings, rows and slots equal one process
+    (workers/dense_ids.py)."""
+    rc, out, _ = horovodrun(np_, "dense_ids.py")
+    _assert_ok(np_, rc, out, ["dense ids eager", "dense ids function"])
 
 
 def test_more_ranks_match_one_process(run_more):

@@ -392,6 +392,19 @@ def test_dense_ids_pool_like_the_same_ids_ragged(rng, mode, combiner):
             np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_dense_ids_of_int32_and_int64_tables_in_one_call(mode):
+    """Dense ids of different dtypes in one call: each table reads its own keys' rows."""
+    ev64, ev32 = make_ev(), make_ev(key_dtype=tf.int32)
+    ids64 = tf.constant([[3, 2**40 + 1], [3, 7]], tf.int64)
+    ids32 = tf.constant([[5], [9]], tf.int32)
+    call = lambda: sok.lookup_sparse([ev64, ev32], [ids64, ids32], training=False)  # noqa: E731
+    a, b = (tf.function(call) if mode == "function" else call)()
+    rows64 = ev64.sparse_read(ids64, training=False).numpy()
+    np.testing.assert_allclose(a.numpy(), rows64.sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(b.numpy(), ev32.sparse_read(ids32, training=False).numpy()[:, 0])
+
+
 def _dense_as_sparse(ids):
     """A [batch, c] id tensor as the SparseTensor of all its entries."""
     batch, c = tf.shape(ids, out_type=tf.int64)[0], ids.shape[1]

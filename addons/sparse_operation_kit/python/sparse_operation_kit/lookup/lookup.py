@@ -309,8 +309,10 @@ def _flat_inputs(params, sp_ids, weights_list, names):
     # The shapes of every dense id tensor in one op (its GPU kernel leaves them on the host).
     sp_ids = [tf.convert_to_tensor(i) if isinstance(i, tf.Variable) else i for i in sp_ids]
     dense = [i for i in sp_ids if _is_dense(i) and i.shape.rank in (1, 2)]
-    dense_shape_of = dict(zip(map(id, dense), tf.shape_n(dense, out_type=tf.int64)
-                              if dense else []))
+    dense_shape_of = {}
+    for dtype in {i.dtype for i in dense}:  # ShapeN takes one dtype
+        same = [i for i in dense if i.dtype == dtype]
+        dense_shape_of.update(zip(map(id, same), tf.shape_n(same, out_type=tf.int64)))
     # The ops take a dense table's shape as its "dense shape" (unchecked: positions [0, 0]
     # mark it) and SokUniqueKeys gives every table's dim 0 to SokPooledCombine.
     empty = (tf.zeros([0], tf.int64), tf.zeros([0, 0], tf.int64), tf.zeros([0], tf.float32))
