@@ -5,16 +5,22 @@ the exchange's index work is a few fused ops over all tables (core/exchange.h).
 One lookup_sparse call makes one exchange per direction, whatever the number of tables:
 
   1. each rank sends every owner only the distinct keys that owner holds ([key, count] rows, by
-     owner then table; with dense ids the dedup does not wait for its counts: the plan takes
-     them on the device and skips the padding); a [world, n + 2] matrix travels first: the keys per (owner, table) and
+     owner then table); a [world, n + 2] matrix travels first: the keys per (owner, table) and
      [table-list signature, bad-id flag], so that every rank learns every size on the host at
      once and checks that all ranks passed the same tables and valid ids before going on;
   2. owners dedup what every rank sent, all tables at once, read (training: insert) each row
      once and send it to every rank that asked, flattened (dims may differ), sized from that
-     matrix. With Embedding Variables only, the owner's keys are padded to what it received
-     (known from the matrix), so nothing waits for the distinct counts: the gather and the update
-     take them on the device (core/exchange.h); a static table needs exact keys (TensorFlow's
-     optimizers apply a repeated index twice), which costs one wait.
+     matrix.
+
+Dense ids (lookup.py's _may_pad) skip both dedups' waits for their distinct counts: the
+requester's dedup and the owner's keep every entry (padding after the distinct keys) and give
+the counts on the device, where the plan, the gather and the update take them
+(core/exchange.h); the size matrix is then the lookup's one wait. Other lookups keep both waits:
+SparseTensor and RaggedTensor ids have positions to check before the exchange, and with the
+owner's padding alone fields100 on 4 GPUs ran 12% slower (benchmarks/gpu/SCALING.md): a table
+reserves room for every padded key, so tables whose keys the ranks share synchronise for their
+size more often. Static tables need exact owner keys (TensorFlow's optimizers apply a repeated
+index twice).
 
 The backward pass sends each row's gradient back the same way (a custom gradient); an owner sums
 a row's gradients in rank order, and the gather's gradient becomes a tf.IndexedSlices of distinct
@@ -105,7 +111,7 @@ def fetch_rows(params, keys, counts, training, names, valid=None):
     with tf.name_scope("sok_exchange"), _not_xla_compiled():
         chain = collectives.TRAIN if training else collectives.LOOKUP
         sent = _send_keys(params, keys, counts, names, device, chain, valid)
-        owned = _owned_keys(params, sent, training)
+        owned = _owned_keys(params, sent, training, padded=valid is not None)
         rows = local_rows(params, owned.keys, owned.counts, training, names, owned.valid)
         return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
 
@@ -134,13 +140,13 @@ def _send_keys(params, keys, counts, names, device, chain, valid):
                                  due_from=due_from)
 
 
-def _owned_keys(params, sent, training):
+def _owned_keys(params, sent, training, padded):
     """2. On the owner: each table's distinct keys (static shards: local rows) with their counts
     summed, and where their rows go back. A key several ranks ask for is read once and its
     gradient summed over them in rank order (one process's IndexedSlices hold each key once too:
     Keras 3's Adagrad, e.g., squares the values before it sums duplicates)."""
     n = len(params)
-    padded = all(isinstance(p, EmbeddingVariable) for p in params)
+    padded = padded and all(isinstance(p, EmbeddingVariable) for p in params)
     with tf.control_dependencies([sent.owed_to]):  # nothing goes on before every rank's check
         received = tf.identity(sent.ex.rows)
     keys, counts, row_pos, distinct, valid = ops.sok_exchange_owner_keys(
