@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -25,6 +26,19 @@ inline constexpr int64_t kTierRowMetaBytes = 32;
 
 inline int64_t tier_row_bytes(int64_t dim, int num_slots) {
   return static_cast<int64_t>(sizeof(float)) * dim * (1 + num_slots) + kTierRowMetaBytes;
+}
+
+// A tier's budget of `bytes` in rows of num_slots slots; an error naming the table and the tier
+// (`tier`: "HBM", "DRAM") when not even one row fits.
+inline Status tier_budget_rows(const TableConfig& c, const char* tier, int64_t bytes, int num_slots,
+                               int64_t* rows) {
+  const int64_t row = tier_row_bytes(c.dim, num_slots);
+  *rows = bytes / row;
+  if (*rows > 0) return Status::OK();
+  return Status::Invalid("table '" + c.name + "': the " + tier + " budget of " +
+                         std::to_string(bytes) + " bytes is smaller than one row (" +
+                         std::to_string(row) + " bytes with " + std::to_string(num_slots) +
+                         " optimizer slots)");
 }
 
 // Demotion empties a tier down to this share of its budget in rows, so that it runs once per many

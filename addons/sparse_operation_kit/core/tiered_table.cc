@@ -36,13 +36,7 @@ Status TieredTable<K>::Create(TableConfig config, std::unique_ptr<TieredTable<K>
 
 template <typename K>
 Status TieredTable<K>::capacity(int num_slots, int64_t* rows) const {
-  const int64_t row = tier_row_bytes(config().dim, num_slots);
-  *rows = config().dram_bytes / row;
-  if (*rows > 0) return Status::OK();
-  return Status::Invalid("table '" + config().name + "': the DRAM budget of " +
-                         std::to_string(config().dram_bytes) + " bytes is smaller than one row (" +
-                         std::to_string(row) + " bytes with " + std::to_string(num_slots) +
-                         " optimizer slots)");
+  return tier_budget_rows(config(), "DRAM", config().dram_bytes, num_slots, rows);
 }
 
 template <typename K>

@@ -123,13 +123,7 @@ GpuTieredTable<K>::~GpuTieredTable() {
 
 template <typename K>
 Status GpuTieredTable<K>::budget_rows(int num_slots, int64_t* rows) const {
-  const int64_t row = tier_row_bytes(cfg_.dim, num_slots);
-  *rows = cfg_.hbm_bytes / row;
-  if (*rows > 0) return Status::OK();
-  return Status::Invalid("table '" + cfg_.name + "': the HBM budget of " +
-                         std::to_string(cfg_.hbm_bytes) + " bytes is smaller than one row (" +
-                         std::to_string(row) + " bytes with " + std::to_string(num_slots) +
-                         " optimizer slots)");
+  return tier_budget_rows(cfg_, "HBM", cfg_.hbm_bytes, num_slots, rows);
 }
 
 template <typename K>
@@ -371,13 +365,7 @@ Status GpuTieredTable<K>::demote(int64_t live, int64_t count, const K* keys, int
 
 template <typename K>
 Status GpuTieredTable<K>::dram_rows(int num_slots, int64_t* rows) const {
-  const int64_t row = tier_row_bytes(cfg_.dim, num_slots);
-  *rows = cfg_.dram_bytes / row;
-  if (*rows > 0) return Status::OK();
-  return Status::Invalid("table '" + cfg_.name + "': the DRAM budget of " +
-                         std::to_string(cfg_.dram_bytes) + " bytes is smaller than one row (" +
-                         std::to_string(row) + " bytes with " + std::to_string(num_slots) +
-                         " optimizer slots)");
+  return tier_budget_rows(cfg_, "DRAM", cfg_.dram_bytes, num_slots, rows);
 }
 
 template <typename K>
