@@ -4,12 +4,25 @@
 # Bazel-built ops library (with its GPU kernels) in build/sok_pkg, to put on PYTHONPATH there.
 #   bash tools/stage_gpu_package.sh        (after tools/setup.sh or bazel build)
 #   SOK_STAGE_FROM=HEAD bash tools/stage_gpu_package.sh   (the committed Python sources)
+#   bash tools/stage_gpu_package.sh --base REV   (build/sok_pkg_base: commit REV built in a git
+#       worktree, build/base_src, for benchmarks/gpu/run_scaling.sh's A/B runs against it)
 #   bash tools/stage_gpu_package.sh --horovod PY312   (also build/horovod: Horovod's wheel for the
 #       device's Python and its dependencies' wheels; PY312 is a python3.12 venv's interpreter
 #       with TensorFlow 2.21 (`tensorflow` for Horovod with NCCL; `tensorflow-cpu` and
 #       SOK_HOROVOD_GPU=0 for Gloo only); the first build takes minutes and is cached)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--base" ]; then
+  rev=${2:?usage: $0 --base REV}
+  src=build/base_src
+  [ -d "$src" ] || git worktree add -f --detach "$src" "$rev" >/dev/null
+  git -C "$src" checkout -q --detach "$rev"
+  [ -f .configure.bazelrc ] && cp .configure.bazelrc "$src/"
+  bash "$src/tools/stage_gpu_package.sh"
+  rm -rf build/sok_pkg_base && mv "$src/build/sok_pkg" build/sok_pkg_base
+  echo "build/sok_pkg_base: $(git rev-parse --short "$rev")"
+  exit 0
+fi
 if [ "${1:-}" = "--horovod" ]; then
   py=${2:?usage: $0 --horovod /path/to/python3.12-venv/bin/python}
   bash tools/install_horovod.sh "$py"

@@ -9,6 +9,9 @@
 #   fields100    the seed's synthetic case (100 fields x 10 ids, vocab 8,192, an MLP of six
 #                1,024-wide layers) at a FIXED global batch (strong scaling) on 1, 2 and 4 GPUs,
 #                plus sok and tf in one process on 1 GPU (the "x over TensorFlow" baseline)
+#   ab           base against main on the same machine: AB_JOB (criteo, fields100 or embedding)
+#                at AB_GPUS GPUs, AB_ROUNDS alternating runs of each (build/sok_pkg_base, made
+#                by tools/stage_gpu_package.sh --base REV; main: build/sok_pkg)
 # Full logs go to $OUT (or build/gpu_logs); the summary lines go to stdout.
 #   bash benchmarks/gpu/run_scaling.sh [criteo|embedding|collectives|fields100 ...]
 #   (default: criteo embedding collectives)
@@ -37,6 +40,33 @@ criteo() {  # CRITEO_INPUTS (default: dataset resident), CRITEO_XLA=0 leaves --x
           ${CRITEO_ARGS:-} > "$log" 2>&1
         echo "criteo input=$input gpus=$n ${xla:-no-xla} exit=$? $(grep -o 'RESULT.*' "$log" | tail -n 1)"
       done
+    done
+  done
+}
+
+ab() {  # AB_JOB, AB_GPUS (default 2), AB_ROUNDS (default 2): base and main alternate
+  local n=${AB_GPUS:-2} job=${AB_JOB:-criteo} base="$PWD/build/sok_pkg_base" t
+  [ -d "$base" ] || { echo "ab: no $base (tools/stage_gpu_package.sh --base REV)"; return 1; }
+  local -a args
+  case $job in
+    criteo) args=(benchmarks/criteo/run.py --batch_size $((65536 * n)) --steps 120 --warmup_steps 30
+                  --log_every 0 --eval_every 0 --no_plot --input resident) ;;
+    fields100) args=(benchmarks/embedding/run.py --config fields100 --device gpu
+                     --mlp 1024,1024,1024,1024,1024,1024 --global-batch 65536 --mode graph
+                     --inputs resident --rounds 2 --steps 10 --num-batches 2 --impls sok
+                     --dists uniform) ;;
+    embedding) args=(benchmarks/embedding/run.py --config criteo26 --device gpu --impls sok
+                     --batch 65536 --mode graph --inputs resident --dists uniform) ;;
+    *) echo "ab: unknown AB_JOB $job"; return 1 ;;
+  esac
+  for r in $(seq "${AB_ROUNDS:-2}"); do
+    for v in base main; do
+      log="$out/ab_${job}_np${n}_${v}_$r.txt"
+      if [ $v = base ]; then PYTHONPATH="$base:$PYTHONPATH" launch "$n" "${args[@]}" > "$log" 2>&1
+      else launch "$n" "${args[@]}" > "$log" 2>&1; fi
+      rc=$?
+      t=$(grep -oE 'samples_per_sec=[0-9]+|step_ms=[0-9.]+' "$log" | tail -n 1)
+      echo "ab $job gpus=$n $v round=$r exit=$rc $t"
     done
   done
 }
