@@ -111,10 +111,11 @@ def test_sok2_program_on_two_ranks(run_two):
 @pytest.mark.parametrize("np_", [2, MORE])
 def test_dense_ids_match_one_process(np_):
     """Dense [batch, k] ids, whose lookups skip the requester's wait (padded dedup and plan),
-    eager and in a tf.function, Adam: embeddings, rows and slots equal one process
-    (workers/dense_ids.py)."""
+    eager and in a tf.function, and with static tables beside the Embedding Variables, Adam:
+    embeddings, rows, slots and static shards equal one process (workers/dense_ids.py)."""
     rc, out, _ = horovodrun(np_, "dense_ids.py")
-    _assert_ok(np_, rc, out, ["dense ids eager", "dense ids function"])
+    _assert_ok(np_, rc, out, ["dense ids eager:", "dense ids function:",
+                              "dense ids eager with static tables:"])
 
 
 def test_more_ranks_match_one_process(run_more):
