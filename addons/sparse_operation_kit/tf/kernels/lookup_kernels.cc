@@ -71,9 +71,11 @@ template <>
 struct LookupSteps<CpuDevice> {
   struct State {};  // what a kernel keeps between calls: nothing on the CPU
 
-  // Each table's dedup and position checks; valid[i] (host) = table i's distinct keys.
+  // Each table's dedup and position checks; valid[i] (host) = table i's distinct keys. padded:
+  // the outputs keep every entry, the tails past the distinct keys zeros (the CPU never waits;
+  // the padded outputs only keep its results equal to the GPU's).
   static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
-                       bool /*padded: the CPU never waits*/, State*) {
+                       bool padded, State*) {
     OnDevice<CpuDevice>::ForEachTable(ctx, tables->size(), [&](int i, const sok::ExecContext&) {
       UniqueArgs& a = (*tables)[i];
       auto run = [&](auto tag) {
@@ -91,18 +93,16 @@ struct LookupSteps<CpuDevice> {
       }
     });
     for (size_t i = 0; i < tables->size(); ++i) valid->flat<int64_t>()(i) = (*tables)[i].num_unique;
-    return OkStatus();
-  }
-
-  // The padded outputs' tails past the distinct keys: zeros.
-  static void ClearTails(OpKernelContext*, std::vector<UniqueArgs>* tables) {
+    if (!padded) return OkStatus();
     for (UniqueArgs& a : *tables) {
       const int64_t u = a.num_unique, n = a.keys->NumElements();
       auto bytes = a.uniq.tensor_data();
       const size_t width = DataTypeSize(a.uniq.dtype());
       std::memset(const_cast<char*>(bytes.data()) + u * width, 0, (n - u) * width);
       std::fill(a.counts.flat<int64_t>().data() + u, a.counts.flat<int64_t>().data() + n, 0);
+      a.num_unique = n;
     }
+    return OkStatus();
   }
 
   static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
@@ -294,8 +294,6 @@ struct LookupSteps<GpuDevice> {
     }
     return OkStatus();
   }
-
-  static void ClearTails(OpKernelContext*, std::vector<UniqueArgs>*) {}  // never read on the GPU
 
   static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
@@ -525,11 +523,6 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     Tensor* valid;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3 * n + m + 1, TensorShape({n}), &valid));
     OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, &tables, valid, padded_, &state_));
-    if (padded_ && std::is_same<Device, CpuDevice>::value) {
-      // The CPU knows the counts (num_unique before the tails): its padding is zeros.
-      LookupSteps<Device>::ClearTails(ctx, &tables);
-      for (UniqueArgs& a : tables) a.num_unique = a.keys->NumElements();
-    }
     for (int i = 0; i < m; ++i) {  // the first bad table, as lookup_sparse reported it before
       if (tables[i].check.first_outside < 0) continue;
       std::vector<int64_t> index;
