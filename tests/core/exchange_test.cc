@@ -63,6 +63,28 @@ TEST(ExchangeTest, plan_skips_the_padding_past_valid) {
   EXPECT_EQ(back, returned);  // padding writes nothing
 }
 
+TEST(ExchangeTest, bad_positions_request_nothing_and_name_rank_and_table_in_the_header) {
+  // Table 1's ids lay outside their dense shape (valid -1); table 0 has a static id out of its
+  // rows too: the positions' flag (n + 1 + t) wins, and check_headers names rank and table.
+  const std::vector<ex::TableSpec> tables = {{0, 5, 2}, {-1, -1, 2}};
+  const std::vector<int64_t> a = {8}, b = {4, 3};
+  const int64_t* keys[] = {a.data(), b.data()};
+  const int64_t* counts[] = {nullptr, nullptr};
+  const int64_t sizes[] = {1, 2}, valid[] = {1, -1};
+  std::vector<int64_t> request(6, -5), matrix(2 * 4), row_at(3);
+  ex::plan(tables, 2, keys, counts, sizes, valid, 99, request.data(), matrix.data(), row_at.data());
+  EXPECT_EQ(ex::bad_positions_flag(2, 1), 4);
+  EXPECT_EQ(matrix, (std::vector<int64_t>{1, 0, 99, 4, 0, 0, 99, 4}));
+  EXPECT_EQ(row_at, (std::vector<int64_t>{0, -1, -1}));
+  // Rank 0 clean, rank 1 its bad positions, rank 2 a static id out of range.
+  const std::vector<int64_t> received = {1, 0, 99, 0, 0, 0, 99, 4, 1, 0, 99, 1};
+  const ex::HeaderCheck check = ex::check_headers(received.data(), 3, 2, 99);
+  EXPECT_TRUE(check.same_tables);
+  EXPECT_FALSE(check.ids_valid);
+  EXPECT_EQ(check.bad_positions_rank, 1);
+  EXPECT_EQ(check.bad_positions_table, 1);
+}
+
 TEST(ExchangeTest, block_layout_refuses_negative_counts) {
   const int64_t counts[] = {1, -2};
   ex::BlockLayout l;

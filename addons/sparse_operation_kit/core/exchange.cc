@@ -48,6 +48,7 @@ void plan(const std::vector<TableSpec>& tables, int world, const int64_t* const*
   auto used = [&](int t) { return valid ? std::min(valid[t], sizes[t]) : sizes[t]; };
   int64_t bad = 0;
   for (int t = 0; t < n; ++t) {
+    if (valid && valid[t] < 0) bad = std::max(bad, bad_positions_flag(n, t));
     for (int64_t i = 0; i < used(t); ++i) {
       const int64_t k = keys[t][i];
       ++per_block[owner_of(k, tables[t].target, world) * n + t];
@@ -93,7 +94,13 @@ HeaderCheck check_headers(const int64_t* received, int world, int n, int64_t sig
   for (int q = 0; q < world; ++q) {
     const int64_t* row = received + static_cast<int64_t>(q) * (n + 2);
     out.same_tables = out.same_tables && row[n] == signature;
-    out.ids_valid = out.ids_valid && row[n + 1] == 0;
+    const int64_t bad = row[n + 1];
+    if (bad >= bad_positions_flag(n, 0) && out.bad_positions_rank < 0) {
+      out.bad_positions_rank = q;
+      out.bad_positions_table = static_cast<int>(bad - bad_positions_flag(n, 0));
+    } else if (bad != 0) {
+      out.ids_valid = false;
+    }
   }
   return out;
 }

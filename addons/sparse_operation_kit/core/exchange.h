@@ -43,6 +43,11 @@ SOK_HD int64_t local_key(int64_t key, int64_t target, int64_t rows, int64_t worl
 // A static table's id outside [0, rows).
 SOK_HD bool bad_key(int64_t key, int64_t rows) { return rows >= 0 && (key < 0 || key >= rows); }
 
+// The header's bad flag of a call of n tables (the highest reason wins): 0 none; t + 1: an id of
+// static table t outside its rows; bad_positions_flag(n, t): table t's ids outside their dense
+// shape (its padded dedup's valid[t] < 0: the plan requests none of its keys).
+SOK_HD int64_t bad_positions_flag(int64_t n, int64_t t) { return n + 1 + t; }
+
 // Where the blocks (rank q, table t) of a rank-major flat buffer lie, from counts[q * stride + t]
 // rows per block, and where each block starts within its table's tensor.
 struct BlockLayout {
@@ -64,7 +69,8 @@ struct BlockLayout {
 // the returned flat rows; key i of table t is entry sum(sizes[:t]) + i).
 // valid (may be null: all): table t's keys are its first valid[t] entries, the rest padding (a
 // dedup that did not wait for its counts): padding is not requested, its row_at is -1 and the
-// request's tail past the matrix's counts holds zeros.
+// request's tail past the matrix's counts holds zeros. valid[t] < 0: the ids' positions were bad
+// (nothing of t is requested; the bad flag says so).
 void plan(const std::vector<TableSpec>& tables, int world, const int64_t* const* keys,
           const int64_t* const* counts, const int64_t* sizes, const int64_t* valid,
           int64_t signature, int64_t* request, int64_t* matrix, int64_t* row_at);
@@ -73,8 +79,10 @@ void plan(const std::vector<TableSpec>& tables, int world, const int64_t* const*
 // (its counts for this rank, then [signature, bad]). Every rank sees every rank's header, so a
 // mismatch fails on all of them at once instead of hanging the next exchange.
 struct HeaderCheck {
-  bool same_tables = true;  // every rank sent `signature`
-  bool ids_valid = true;    // no rank flagged a static id outside its table
+  bool same_tables = true;       // every rank sent `signature`
+  bool ids_valid = true;         // no rank flagged a static id outside its table
+  int bad_positions_rank = -1;   // the first rank whose ids lay outside their dense shape
+  int bad_positions_table = -1;  // which table's
 };
 HeaderCheck check_headers(const int64_t* received, int world, int n, int64_t signature);
 

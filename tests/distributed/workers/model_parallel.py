@@ -510,6 +510,17 @@ def run_errors(hvd, rank, world):
         "outside the rows of a static table",
         "'err_static' [0, 5)",
     )
+    # A SparseTensor index beyond its dense shape on rank 0 only: the dedup does not wait for
+    # its checks, the exchange's header carries them, and every rank names the rank and table.
+    beyond = tf.SparseTensor(tf.constant([[0, 0], [1, 4 if rank == 0 else 1]], tf.int64),
+                             tf.constant([1, 2], tf.int64), tf.constant([2, 3], tf.int64))
+    expect_error(
+        "an index beyond dense_shape on rank 0 only",
+        lambda: sok.lookup_sparse([b, a], [ids, beyond]),
+        mismatch,
+        "ids of table 'err_a' on rank 0",
+        "beyond dense_shape",
+    )
     d = ev("err_d", 4)
     d.target_gpu = world
     expect_error(

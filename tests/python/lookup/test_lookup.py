@@ -554,7 +554,7 @@ def test_unique_keys_op_many_tables_eager_function_and_session(rng):
 
 def test_unique_keys_padded_holds_the_distinct_keys_first(rng):
     """padded (dense ids): unique and counts keep every entry, the distinct ones first as the
-    exact op gives them, and valid says how many; positions to check are refused."""
+    exact op gives them, and valid says how many."""
     keys = [tf.constant(rng.integers(0, 20, 50), tf.int64), tf.constant([7, 7, 7], tf.int32),
             tf.zeros([0], tf.int64)]
     exact = ops.sok_unique_keys(keys, [], [], N=3)
@@ -566,10 +566,38 @@ def test_unique_keys_padded_holds_the_distinct_keys_first(rng):
         np.testing.assert_array_equal(padded.unique[t].numpy()[:v], exact.unique[t].numpy())
         np.testing.assert_array_equal(padded.counts[t].numpy()[:v], exact.counts[t].numpy())
         np.testing.assert_array_equal(padded.inverse[t].numpy(), exact.inverse[t].numpy())
-    positions = [tf.constant([[0, 0], [0, 1]], tf.int64)]
-    with pytest.raises(tf.errors.InvalidArgumentError, match="padded needs dense ids, table 'p'"):
-        ops.sok_unique_keys([tf.constant([1, 2], tf.int64)], positions,
-                            [tf.constant([1, 2], tf.int64)], N=1, table_names=["p"], padded=True)
+
+
+def test_unique_keys_padded_positions_leave_checks_and_order_on_the_device(rng):
+    """padded with positions: no error here; valid is -1 for a table with an index outside its
+    dense shape (the exchange's header carries it), the distinct count otherwise; every
+    positioned table gets an order: the identity when its samples do not decrease, else the
+    stable sample order the exact op gives; dense tables among them get none."""
+    n = 40
+    ordered = np.stack([np.sort(rng.integers(0, 8, n)), rng.integers(0, 5, n)], 1)
+    shuffled = np.stack([rng.integers(0, 8, n), rng.integers(0, 5, n)], 1)
+    bad = ordered.copy()
+    bad[7, 1] = 5  # beyond dense_shape [8, 5]
+    keys = [tf.constant(rng.integers(0, 9, n), tf.int64) for _ in range(3)] + [
+        tf.constant([4, 4, 2], tf.int32)]
+    positions = [tf.constant(p, tf.int64) for p in (ordered, shuffled, bad)] + [
+        tf.zeros([0, 0], tf.int64)]
+    shapes = [tf.constant([8, 5], tf.int64)] * 3 + [tf.constant([3], tf.int64)]
+    names = ["ordered", "shuffled", "bad", "dense"]
+    exact = ops.sok_unique_keys(keys[:2], positions[:2], shapes[:2], N=2)
+    padded = ops.sok_unique_keys(keys, positions, shapes, N=4, table_names=names, padded=True)
+    assert padded.valid.numpy().tolist() == [len(exact.unique[0]), len(exact.unique[1]), -1, 2]
+    np.testing.assert_array_equal(padded.segment_order[0].numpy(), np.arange(n))
+    np.testing.assert_array_equal(padded.segment_order[1].numpy(),
+                                  exact.segment_order[1].numpy())
+    np.testing.assert_array_equal(padded.segment_order[1].numpy(),
+                                  np.argsort(shuffled[:, 0], kind="stable"))
+    assert sorted(padded.segment_order[2].numpy().tolist()) == list(range(n))
+    assert padded.segment_order[3].shape == [0]
+    for t in range(2):
+        v = len(exact.unique[t])
+        np.testing.assert_array_equal(padded.unique[t].numpy()[:v], exact.unique[t].numpy())
+        np.testing.assert_array_equal(padded.inverse[t].numpy(), exact.inverse[t].numpy())
 
 
 def test_unique_keys_batch_sizes_of_dense_tables():

@@ -220,6 +220,33 @@ def test_owner_rule_matches_tables_owner_for_negative_keys():
         np.testing.assert_array_equal(matrix.numpy()[:, 0], want)
 
 
+def test_plan_of_bad_positions_requests_nothing_and_flags_the_table():
+    """valid[t] < 0 (a padded dedup found ids outside their dense shape): nothing of table t is
+    requested, its row_at is -1, and the header's bad flag is n + 1 + t (core/exchange.h), above
+    a static table's bad-id flag on the same rank."""
+    keys = [tf.constant([4, 1, 9], tf.int64), tf.constant([2, 3], tf.int64)]
+    counts = [tf.ones([3], tf.int64), tf.ones([2], tf.int64)]
+    request, matrix, row_at, _ = ops.sok_exchange_plan(
+        keys, counts, tf.constant([3, -1], tf.int64), world=2, targets=[-1, -1], rows=[5, -1],
+        dims=[4, 4], signature=7)
+    matrix = matrix.numpy()
+    np.testing.assert_array_equal(matrix[:, 1], [0, 0])  # table 1 requests nothing
+    np.testing.assert_array_equal(matrix[:, 3], [2 + 1 + 1] * 2)  # over table 0's flag (1)
+    assert (row_at.numpy()[3:] == -1).all() and (row_at.numpy()[:3] >= 0).all()
+    assert matrix[:, 0].sum() == 3 and (request.numpy()[3:] == 0).all()
+
+
+@pytest.mark.cpu_placement
+def test_sizes_name_the_table_and_rank_of_bad_positions():
+    ok = _matrix([[1, 0], [1, 0]], [7, 7], [0, 0])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"ids of table 'clicks' on rank 1: an index is negative or beyond "
+                             r"dense_shape"):
+        ops.sok_exchange_sizes(_matrix([[1, 0], [1, 0]], [7, 7], [0, 2 + 1 + 1]), ok,
+                               dims=[4, 4], signature=7, mismatch="m", bad_ids="b",
+                               table_names=["views", "clicks"])
+
+
 def test_bad_shapes_are_named():
     counts = tf.constant([[2, 1, 0, 0], [1, 0, 0, 0]], tf.int64)
     row_pos = tf.fill([4, 2], tf.constant(-1, tf.int64))

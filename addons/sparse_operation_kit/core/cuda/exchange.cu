@@ -344,15 +344,24 @@ __global__ void plan_row_at_kernel(const uint32_t* sorted_block, const int64_t* 
   });
 }
 
+// The bad flag (exchange.h): a static id's, or bad positions (valid[t] < 0), the highest.
+__device__ int64_t bad_flag(const unsigned long long* bad, const int64_t* valid, int n) {
+  int64_t flag = static_cast<int64_t>(*bad);
+  if (valid == nullptr) return flag;
+  for (int t = 0; t < n; ++t)
+    if (valid[t] < 0) flag = max(flag, sok::exchange::bad_positions_flag(n, t));
+  return flag;
+}
+
 // plan, 4: the [world, n + 2] matrix.
 __global__ void plan_matrix_kernel(const int64_t* first, const int64_t* end,
-                                   const unsigned long long* bad, int64_t signature, int world,
-                                   int n, int64_t* matrix) {
+                                   const unsigned long long* bad, const int64_t* valid,
+                                   int64_t signature, int world, int n, int64_t* matrix) {
   const int64_t c = n + 2;
   for_each_index(world * c, [&](int64_t e) {
     const int64_t q = e / c, t = e % c;
-    matrix[e] = t < n ? end[q * n + t] - first[q * n + t]
-                      : (t == n ? signature : static_cast<int64_t>(*bad));
+    matrix[e] =
+        t < n ? end[q * n + t] - first[q * n + t] : (t == n ? signature : bad_flag(bad, valid, n));
   });
 }
 
@@ -456,7 +465,7 @@ Status plan(const std::vector<TableSpec>& tables, int world,
     SOK_LAUNCH_CHECK();
   }
   plan_matrix_kernel<<<grid_for(world * (n + 2), kBlock), kBlock, 0, stream>>>(
-      p.first, p.end, p.bad, signature, world, n, matrix);
+      p.first, p.end, p.bad, valid, signature, world, n, matrix);
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }

@@ -232,7 +232,8 @@ struct GpuEmbeddingTable<K>::Impl {
 
   // Makes sure n more keys fit under the load factor, growing if needed. Synchronises only when
   // neither the running bound nor a finished snapshot shows room (tables of a fixed set of keys
-  // would otherwise sync every few calls: the bound counts every key of every call).
+  // would otherwise sync every few calls: the bound counts every key of every call); after a
+  // sync the table has room for two such calls.
   // *want_snapshot: a copy of the counters should precede this call's launch (prepare_inserts
   // enqueues it for every table of a call at once, and notes the stream).
   Status prepare_insert(int64_t n, cudaStream_t s, bool* want_snapshot) {
@@ -251,9 +252,12 @@ struct GpuEmbeddingTable<K>::Impl {
     int64_t live = 0, erased = 0;
     SOK_RETURN_IF_ERROR(sync_counts(s, &live, &erased));
     set_upper(live + erased);
-    if (upper + n > limit) {
+    // Room for two calls of n: the next call's bound (a snapshot plus this call's n and its own)
+    // then fits without a sync. A table of fixed keys whose calls bring many repeats (an owner's
+    // padded keys: each rank's copy of a key counts) would otherwise sync every other call.
+    if (upper + 2 * n > limit) {
       int64_t cap = capacity;
-      while (static_cast<double>(live + n) > opt.max_load_factor * static_cast<double>(cap))
+      while (static_cast<double>(live + 2 * n) > opt.max_load_factor * static_cast<double>(cap))
         cap *= 2;
       SOK_RETURN_IF_ERROR(rehash(cap, s));
       set_upper(live);

@@ -231,6 +231,7 @@ class ExchangeSizesOp : public SokOpKernel<CpuDevice> {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("signature", &signature_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("mismatch", &mismatch_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("bad_ids", &bad_ids_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &names_));
   }
 
  protected:
@@ -254,6 +255,15 @@ class ExchangeSizesOp : public SokOpKernel<CpuDevice> {
                                         ": ", Column(recv, world, n, n)));
     OP_REQUIRES(ctx, check.ids_valid,
                 errors::InvalidArgument(bad_ids_, " ", Column(recv, world, n, n + 1)));
+    if (check.bad_positions_rank >= 0) {
+      const int t = check.bad_positions_table;
+      ctx->CtxFailure(errors::InvalidArgument(
+          "lookup_sparse: ids of table '",
+          t < static_cast<int>(names_.size()) ? names_[t] : std::to_string(t), "' on rank ",
+          check.bad_positions_rank,
+          ": an index is negative or beyond dense_shape (every rank stops at this lookup)"));
+      return;
+    }
     Tensor *owed_to, *due_from;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({world}), &owed_to));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({world}), &due_from));
@@ -275,6 +285,7 @@ class ExchangeSizesOp : public SokOpKernel<CpuDevice> {
   std::vector<int64_t> dims_;
   int64_t signature_ = 0;
   std::string mismatch_, bad_ids_;
+  std::vector<std::string> names_;
 };
 
 template <typename Device>

@@ -5,6 +5,7 @@
 // inverse_i[j].
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -57,11 +58,13 @@ struct UniqueArgs {
   sok::PositionsCheck check;
 };
 
-// One table whose ids must be listed in sample order (its samples decrease somewhere).
+// One table whose ids must be listed in sample order (its samples decrease somewhere; padded:
+// every table with positions, the identity where they do not).
 struct OrderArgs {
   const Tensor* positions;
   int64_t num_samples;
   Tensor* order;  // output [n]
+  int table;      // its index in SokUniqueKeys' tables
 };
 
 template <typename Device>
@@ -71,11 +74,12 @@ template <>
 struct LookupSteps<CpuDevice> {
   struct State {};  // what a kernel keeps between calls: nothing on the CPU
 
-  // Each table's dedup and position checks; valid[i] (host) = table i's distinct keys. padded:
-  // the outputs keep every entry, the tails past the distinct keys zeros (the CPU never waits;
-  // the padded outputs only keep its results equal to the GPU's).
+  // Each table's dedup and position checks; valid[i] = table i's distinct keys. padded: the
+  // outputs keep every entry, the tails past the distinct keys zeros, valid[i] is -1 for bad
+  // positions and `orders` get every positioned table's order (the CPU never waits; the padded
+  // outputs only keep its results equal to the GPU's).
   static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
-                       bool padded, State*) {
+                       bool padded, const std::vector<OrderArgs>& orders, State*) {
     OnDevice<CpuDevice>::ForEachTable(ctx, tables->size(), [&](int i, const sok::ExecContext&) {
       UniqueArgs& a = (*tables)[i];
       auto run = [&](auto tag) {
@@ -92,8 +96,22 @@ struct LookupSteps<CpuDevice> {
                                  a.positions->dim_size(1), a.dense_shape->flat<int64_t>().data());
       }
     });
-    for (size_t i = 0; i < tables->size(); ++i) valid->flat<int64_t>()(i) = (*tables)[i].num_unique;
+    for (size_t i = 0; i < tables->size(); ++i) {
+      const UniqueArgs& a = (*tables)[i];
+      valid->flat<int64_t>()(i) = padded && a.check.first_outside >= 0 ? -1 : a.num_unique;
+    }
     if (!padded) return OkStatus();
+    std::vector<OrderArgs> unordered;
+    for (const OrderArgs& o : orders) {
+      const sok::PositionsCheck& c = (*tables)[o.table].check;
+      if (c.first_unordered >= 0 && c.first_outside < 0) {
+        unordered.push_back(o);
+      } else {
+        int32_t* order = o.order->flat<int32_t>().data();
+        std::iota(order, order + o.order->NumElements(), 0);
+      }
+    }
+    TF_RETURN_IF_ERROR(Order(ctx, unordered));
     for (UniqueArgs& a : *tables) {
       const int64_t u = a.num_unique, n = a.keys->NumElements();
       auto bytes = a.uniq.tensor_data();
@@ -232,7 +250,7 @@ struct LookupSteps<GpuDevice> {
   // valid (device), then, unless padded, the per-table reports come back with ONE copy and ONE
   // synchronisation.
   static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
-                       bool padded, State* state) {
+                       bool padded, const std::vector<OrderArgs>& orders, State* state) {
     const int n = tables->size();
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
@@ -255,7 +273,10 @@ struct LookupSteps<GpuDevice> {
     Tensor reports_t, staging_t;
     sok::gpu::UniqueTableReport* d_reports;
     TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &reports_t, &d_reports));
-    const int64_t staging = std::max<int64_t>(sok::gpu::unique_keys_multi_staging_bytes(spans), 1);
+    const std::vector<sok::gpu::SampleOrderTable> order_spans = OrderSpans(orders);
+    const int64_t unique_bytes = (sok::gpu::unique_keys_multi_staging_bytes(spans) + 15) / 16 * 16;
+    const int64_t staging = std::max<int64_t>(
+        unique_bytes + (padded ? sok::gpu::sample_order_staging_bytes(order_spans) : 0), 1);
     void* upload;
     std::unique_lock<std::mutex> hold(state->mu, std::defer_lock);
     if (padded) {  // the upload must outlive the op
@@ -270,11 +291,10 @@ struct LookupSteps<GpuDevice> {
     }
     TF_RETURN_IF_ERROR(ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc, upload)));
     TF_RETURN_IF_ERROR(
-        CudaCall(cudaMemcpy2DAsync(valid->flat<int64_t>().data(), sizeof(int64_t),
-                                   &d_reports->num_unique, sizeof(sok::gpu::UniqueTableReport),
-                                   sizeof(int64_t), n, cudaMemcpyDeviceToDevice, stream),
-                 "copying the distinct counts"));
+        ToTf(sok::gpu::unique_valid_counts(d_reports, n, valid->flat<int64_t>().data(), stream)));
     if (padded) {
+      TF_RETURN_IF_ERROR(ToTf(sok::gpu::sample_order_or_identity_multi(
+          order_spans, d_reports, stream, &alloc, static_cast<char*>(upload) + unique_bytes)));
       for (UniqueArgs& a : *tables) a.num_unique = a.keys->NumElements();
       return state->staging.Done(stream);
     }
@@ -295,8 +315,7 @@ struct LookupSteps<GpuDevice> {
     return OkStatus();
   }
 
-  static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
-    TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
+  static std::vector<sok::gpu::SampleOrderTable> OrderSpans(const std::vector<OrderArgs>& tables) {
     std::vector<sok::gpu::SampleOrderTable> spans(tables.size());
     for (size_t i = 0; i < tables.size(); ++i) {
       spans[i].positions = tables[i].positions->flat<int64_t>().data();
@@ -304,9 +323,15 @@ struct LookupSteps<GpuDevice> {
       spans[i].rank = static_cast<int>(tables[i].positions->dim_size(1));
       spans[i].num_samples = tables[i].num_samples;
       spans[i].order = tables[i].order->flat<int32_t>().data();
+      spans[i].report = tables[i].table;
     }
-    return ToTf(
-        sok::gpu::stable_sample_order_multi(spans, OnDevice<GpuDevice>::Stream(ctx), &alloc));
+    return spans;
+  }
+
+  static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
+    TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
+    return ToTf(sok::gpu::stable_sample_order_multi(OrderSpans(tables),
+                                                    OnDevice<GpuDevice>::Stream(ctx), &alloc));
   }
 
   // Row `id` of positions [n, r] (error path only: a second copy and sync).
@@ -507,9 +532,6 @@ class UniqueKeysOp : public SokOpKernel<Device> {
       UniqueArgs& a = tables[i];
       a.keys = &keys[i];
       if (m && !DenseIds(positions[i])) {
-        OP_REQUIRES(ctx, !padded_,
-                    errors::InvalidArgument("SokUniqueKeys: padded needs dense ids, table '",
-                                            names_[i], "' has positions to check"));
         OP_REQUIRES_OK(ctx, CheckPositions(names_[i], k, positions[i], dense_shapes[i]));
         a.positions = &positions[i];
         a.dense_shape = &dense_shapes[i];
@@ -522,8 +544,22 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(ctx, AllocateScratch(ctx, keys, &tables));
     Tensor* valid;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3 * n + m + 1, TensorShape({n}), &valid));
-    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, &tables, valid, padded_, &state_));
-    for (int i = 0; i < m; ++i) {  // the first bad table, as lookup_sparse reported it before
+    // padded: every positioned table's order is made with the dedup (its checks stay on the
+    // device; the identity where the ids are in order), dense ones get none.
+    std::vector<OrderArgs> padded_orders;
+    for (int i = 0; padded_ && i < m; ++i) {
+      Tensor* order;
+      const bool dense = tables[i].positions == nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                              3 * n + i, TensorShape({dense ? 0 : keys[i].NumElements()}), &order));
+      if (!dense) {
+        padded_orders.push_back(
+            OrderArgs{&positions[i], dense_shapes[i].flat<int64_t>()(0), order, i});
+      }
+    }
+    OP_REQUIRES_OK(
+        ctx, LookupSteps<Device>::Unique(ctx, &tables, valid, padded_, padded_orders, &state_));
+    for (int i = 0; !padded_ && i < m; ++i) {  // the first bad table (padded: the exchange's)
       if (tables[i].check.first_outside < 0) continue;
       std::vector<int64_t> index;
       OP_REQUIRES_OK(ctx, LookupSteps<Device>::ReadIndex(ctx, positions[i],
@@ -541,14 +577,14 @@ class UniqueKeysOp : public SokOpKernel<Device> {
       ctx->set_output(2 * n + i, tables[i].counts.Slice(0, tables[i].num_unique));
     }
     std::vector<OrderArgs> unordered;
-    for (int i = 0; i < m; ++i) {
+    for (int i = 0; !padded_ && i < m; ++i) {
       const bool ordered = tables[i].positions == nullptr || tables[i].check.first_unordered < 0;
       Tensor* order;
       OP_REQUIRES_OK(
           ctx, ctx->allocate_output(3 * n + i, TensorShape({ordered ? 0 : keys[i].NumElements()}),
                                     &order));
       if (!ordered) {
-        unordered.push_back(OrderArgs{&positions[i], dense_shapes[i].flat<int64_t>()(0), order});
+        unordered.push_back(OrderArgs{&positions[i], dense_shapes[i].flat<int64_t>()(0), order, i});
       }
     }
     if (!unordered.empty()) OP_REQUIRES_OK(ctx, LookupSteps<Device>::Order(ctx, unordered));

@@ -79,8 +79,9 @@ REGISTER_OP("SokExchangeOwnerKeys")
 // On the host, after the sizes' all-to-all: received / sent [world, N + 2] (what each rank sent
 // here / what this rank sent each rank). Fails with `mismatch` (and every rank's signature)
 // unless every rank passed the tables of `signature`, and with `bad_ids` (and every rank's flag)
-// if any rank passed a static id outside its table; else owed_to[q] / due_from[q]: the floats of
-// the rows this rank sends rank q / receives from rank q. One op for what every rank checks alike.
+// if any rank passed a static id outside its table, naming table_names[t] if a rank's ids of
+// table t lay outside their dense shape; else owed_to[q] / due_from[q]: the floats of the rows
+// this rank sends rank q / receives from rank q. One op for what every rank checks alike.
 REGISTER_OP("SokExchangeSizes")
     .Input("received: int64")
     .Input("sent: int64")
@@ -90,6 +91,7 @@ REGISTER_OP("SokExchangeSizes")
     .Attr("signature: int")
     .Attr("mismatch: string")
     .Attr("bad_ids: string")
+    .Attr("table_names: list(string) = []")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle m;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &m));

@@ -17,9 +17,11 @@ using shape_inference::ShapeHandle;
 // Positions of shape [0, 0] mark a table of dense ids ([batch] or [batch, k]): no check, order [0].
 // batch_sizes [M] (host memory): dim 0 of each dense shape (-1 for an empty one), the batch sizes
 // SokPooledCombine takes, so that no op on the CPU computes them in a GPU step.
-// valid [N] (the op's device): each table's number of distinct keys. padded (dense ids only: no
-// positions to check): unique_i and counts_i hold n_i entries, the distinct ones first; the op
-// then needs no wait for the distinct counts (the exchange's plan takes valid instead).
+// valid [N] (the op's device): each table's number of distinct keys. padded: unique_i and
+// counts_i hold n_i entries, the distinct ones first, and the op does not wait for what the
+// device found (the exchange's plan takes valid instead): bad positions raise nothing here but
+// set valid_i to -1 (the exchange then fails on every rank, core/exchange.h), and every table
+// with positions gets segment_order_i [n_i] (the identity when its samples do not decrease).
 REGISTER_OP("SokUniqueKeys")
     .Input("keys: Tkeys")
     .Input("positions: M * int64")

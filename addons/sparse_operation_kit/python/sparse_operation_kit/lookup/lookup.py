@@ -261,7 +261,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
                                          combiners)
             return outs[0] if single else outs
         tables = partitioned.flat_tables(params)
-        dedup = _dedup(tables, flat, names, training, _may_pad(params, sp_ids))
+        dedup = _dedup(tables, flat, names, training, _may_pad(params))
         rows = _fetch(params, dedup, training, name, names)
         outs = _pool(tables, rows, dedup, flat, combiners, names)
     return outs[0] if single else list(outs)
@@ -343,12 +343,12 @@ def _check_key_dtype(param, keys, name):
         )
 
 
-def _may_pad(params, sp_ids):
+def _may_pad(params):
     """Whether the dedup may leave its outputs padded (SokUniqueKeys' `padded`): under Horovod
-    the exchange's plan takes the distinct counts on the device, so nothing waits for them; that
-    needs dense ids (no positions to check, hence no error to raise before the exchange) and no
-    partitioned table (its keys are split by part on the host's shapes)."""
-    return (context.world_size > 1 and all(_is_dense(i) for i in sp_ids)
+    the exchange's plan takes the distinct counts on the device, so nothing waits for them (bad
+    positions then fail the exchange on every rank, and the sample order is made on the device);
+    not with a partitioned table (its keys are split by part on the host's shapes)."""
+    return (context.world_size > 1
             and not any(partitioned.is_partitioned(p) for p in params))
 
 

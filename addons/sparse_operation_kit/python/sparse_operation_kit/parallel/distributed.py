@@ -12,15 +12,12 @@ One lookup_sparse call makes one exchange per direction, whatever the number of 
      once and send it to every rank that asked, flattened (dims may differ), sized from that
      matrix.
 
-Dense ids (lookup.py's _may_pad) skip both dedups' waits for their distinct counts: the
-requester's dedup and the owner's keep every entry (padding after the distinct keys) and give
-the counts on the device, where the plan, the gather and the update take them
-(core/exchange.h); the size matrix is then the lookup's one wait. Other lookups keep both waits:
-SparseTensor and RaggedTensor ids have positions to check before the exchange, and with the
-owner's padding alone fields100 on 4 GPUs ran 12% slower (benchmarks/gpu/SCALING.md): a table
-reserves room for every padded key, so tables whose keys the ranks share synchronise for their
-size more often. Static tables need exact owner keys (TensorFlow's optimizers apply a repeated
-index twice).
+Lookups of unpartitioned tables (lookup.py's _may_pad) skip both dedups' waits for their
+distinct counts: the requester's dedup and the owner's keep every entry (padding after the
+distinct keys) and give the counts on the device, where the plan, the gather and the update take
+them (core/exchange.h); the size matrix is then the lookup's one wait. Ids outside their dense
+shape travel as the header's bad flag, so every rank fails at that wait. Static tables need
+exact owner keys (TensorFlow's optimizers apply a repeated index twice).
 
 The backward pass sends each row's gradient back the same way (a custom gradient); an owner sums
 a row's gradients in rank order, and the gather's gradient becomes a tf.IndexedSlices of distinct
@@ -135,7 +132,8 @@ def _send_keys(params, keys, counts, names, device, chain, valid):
     with _on_host():
         owed_to, due_from = ops.sok_exchange_sizes(
             ex.received, ex.sent, dims=[_dim(p) for p in params], signature=sig,
-            mismatch=_mismatch(params, names, sig), bad_ids=_bad_ids(params, names))
+            mismatch=_mismatch(params, names, sig), bad_ids=_bad_ids(params, names),
+            table_names=names)
     return types.SimpleNamespace(ex=ex, sizes=sizes, row_at=row_at, owed_to=owed_to,
                                  due_from=due_from)
 
