@@ -568,7 +568,7 @@ def test_unique_keys_padded_holds_the_distinct_keys_first(rng):
         np.testing.assert_array_equal(padded.inverse[t].numpy(), exact.inverse[t].numpy())
 
 
-def test_unique_keys_padded_positions_leave_checks_and_order_on_the_device(rng):
+def test_unique_keys_padded_or_deferred_positions_leave_checks_to_the_exchange(rng):
     """padded with positions: no error here; valid is -1 for a table with an index outside its
     dense shape (the exchange's header carries it), the distinct count otherwise; every
     positioned table gets an order: the identity when its samples do not decrease, else the
@@ -598,6 +598,18 @@ def test_unique_keys_padded_positions_leave_checks_and_order_on_the_device(rng):
         v = len(exact.unique[t])
         np.testing.assert_array_equal(padded.unique[t].numpy()[:v], exact.unique[t].numpy())
         np.testing.assert_array_equal(padded.inverse[t].numpy(), exact.inverse[t].numpy())
+    # Exact outputs with the checks deferred (lookup_sparse under Horovod): no error either, the
+    # bad table's valid -1 and no order for it; the others as without deferring.
+    deferred = ops.sok_unique_keys(keys, positions, shapes, N=4, table_names=names,
+                                   defer_position_errors=True)
+    assert deferred.valid.numpy().tolist() == [len(exact.unique[0]), len(exact.unique[1]), -1, 2]
+    assert deferred.segment_order[0].shape == [0] and deferred.segment_order[2].shape == [0]
+    np.testing.assert_array_equal(deferred.segment_order[1].numpy(),
+                                  exact.segment_order[1].numpy())
+    for t in range(2):
+        np.testing.assert_array_equal(deferred.unique[t].numpy(), exact.unique[t].numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="ids of table 'bad'"):
+        ops.sok_unique_keys(keys, positions, shapes, N=4, table_names=names)
 
 
 def test_unique_keys_batch_sizes_of_dense_tables():

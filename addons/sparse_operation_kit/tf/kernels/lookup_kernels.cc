@@ -74,9 +74,9 @@ template <>
 struct LookupSteps<CpuDevice> {
   struct State {};  // what a kernel keeps between calls: nothing on the CPU
 
-  // Each table's dedup and position checks; valid[i] = table i's distinct keys. padded: the
-  // outputs keep every entry, the tails past the distinct keys zeros, valid[i] is -1 for bad
-  // positions and `orders` get every positioned table's order (the CPU never waits; the padded
+  // Each table's dedup and position checks; valid[i] = table i's distinct keys, -1 for bad
+  // positions. padded: the outputs keep every entry, the tails past the distinct keys zeros,
+  // and `orders` get every positioned table's order (the CPU never waits; the padded
   // outputs only keep its results equal to the GPU's).
   static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
                        bool padded, const std::vector<OrderArgs>& orders, State*) {
@@ -98,7 +98,7 @@ struct LookupSteps<CpuDevice> {
     });
     for (size_t i = 0; i < tables->size(); ++i) {
       const UniqueArgs& a = (*tables)[i];
-      valid->flat<int64_t>()(i) = padded && a.check.first_outside >= 0 ? -1 : a.num_unique;
+      valid->flat<int64_t>()(i) = a.check.first_outside >= 0 ? -1 : a.num_unique;
     }
     if (!padded) return OkStatus();
     std::vector<OrderArgs> unordered;
@@ -510,6 +510,8 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(c, c->GetAttr("N", &n));
     OP_REQUIRES_OK(c, TableNames(c, n, &names_));
     OP_REQUIRES_OK(c, c->GetAttr("padded", &padded_));
+    OP_REQUIRES_OK(c, c->GetAttr("defer_position_errors", &defer_));
+    defer_ = defer_ || padded_;
   }
 
  protected:
@@ -559,7 +561,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     }
     OP_REQUIRES_OK(
         ctx, LookupSteps<Device>::Unique(ctx, &tables, valid, padded_, padded_orders, &state_));
-    for (int i = 0; !padded_ && i < m; ++i) {  // the first bad table (padded: the exchange's)
+    for (int i = 0; !defer_ && i < m; ++i) {  // the first bad table (deferred: the exchange's)
       if (tables[i].check.first_outside < 0) continue;
       std::vector<int64_t> index;
       OP_REQUIRES_OK(ctx, LookupSteps<Device>::ReadIndex(ctx, positions[i],
@@ -578,7 +580,8 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     }
     std::vector<OrderArgs> unordered;
     for (int i = 0; !padded_ && i < m; ++i) {
-      const bool ordered = tables[i].positions == nullptr || tables[i].check.first_unordered < 0;
+      const bool ordered = tables[i].positions == nullptr || tables[i].check.first_unordered < 0 ||
+                           tables[i].check.first_outside >= 0;  // deferred error: no order
       Tensor* order;
       OP_REQUIRES_OK(
           ctx, ctx->allocate_output(3 * n + i, TensorShape({ordered ? 0 : keys[i].NumElements()}),
@@ -647,6 +650,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
 
   std::vector<std::string> names_;
   bool padded_ = false;
+  bool defer_ = false;  // bad positions go to valid (-1), not to an error here
   typename LookupSteps<Device>::State state_;
 };
 

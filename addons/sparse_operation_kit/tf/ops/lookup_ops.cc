@@ -17,11 +17,12 @@ using shape_inference::ShapeHandle;
 // Positions of shape [0, 0] mark a table of dense ids ([batch] or [batch, k]): no check, order [0].
 // batch_sizes [M] (host memory): dim 0 of each dense shape (-1 for an empty one), the batch sizes
 // SokPooledCombine takes, so that no op on the CPU computes them in a GPU step.
-// valid [N] (the op's device): each table's number of distinct keys. padded: unique_i and
-// counts_i hold n_i entries, the distinct ones first, and the op does not wait for what the
-// device found (the exchange's plan takes valid instead): bad positions raise nothing here but
-// set valid_i to -1 (the exchange then fails on every rank, core/exchange.h), and every table
-// with positions gets segment_order_i [n_i] (the identity when its samples do not decrease).
+// valid [N] (the op's device): each table's number of distinct keys. defer_position_errors (the
+// exchange's plan takes valid): bad positions raise nothing here but set valid_i to -1 (the
+// exchange then fails on every rank, core/exchange.h; that table's segment_order_i is [0]).
+// padded (defers too): unique_i and counts_i hold n_i entries, the distinct ones first, and the
+// op does not wait for what the device found: every table with positions gets segment_order_i
+// [n_i] (the identity when its samples do not decrease).
 REGISTER_OP("SokUniqueKeys")
     .Input("keys: Tkeys")
     .Input("positions: M * int64")
@@ -37,6 +38,7 @@ REGISTER_OP("SokUniqueKeys")
     .Attr("Tkeys: list({int32, int64})")
     .Attr("table_names: list(string) = []")  // for error messages; empty: tables by position
     .Attr("padded: bool = false")
+    .Attr("defer_position_errors: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       int n, m;
       TF_RETURN_IF_ERROR(c->GetAttr("N", &n));

@@ -222,13 +222,14 @@ def _diverged(error, call_name, names):
     )
 
 
-def _unique_keys(keys, positions, dense_shapes, names, padded=False):
+def _unique_keys(keys, positions, dense_shapes, names, padded=False, defer_checks=False):
     """SokUniqueKeys with its checks of the ids' positions (all tables at once). Eager inputs
-    outside their dense shape raise a ValueError, as the other eager input checks do."""
+    outside their dense shape raise a ValueError, as the other eager input checks do, unless
+    the checks are deferred to the exchange (`valid` -1: every rank fails there at once)."""
     n = len(keys)
     try:
         return ops.sok_unique_keys(keys, positions, dense_shapes, N=n, table_names=names,
-                                   padded=padded)
+                                   padded=padded, defer_position_errors=defer_checks)
     except tf.errors.InvalidArgumentError as e:
         start = e.message.find("lookup_sparse: ids of table")
         if not tf.executing_eagerly() or start < 0:
@@ -261,7 +262,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners: str | Sequence[str
                                          combiners)
             return outs[0] if single else outs
         tables = partitioned.flat_tables(params)
-        dedup = _dedup(tables, flat, names, training, _may_pad(params))
+        dedup = _dedup(tables, flat, names, training, _exchanged(params),
+                       _exchanged(params) and all(_is_dense(i) for i in sp_ids))
         rows = _fetch(params, dedup, training, name, names)
         outs = _pool(tables, rows, dedup, flat, combiners, names)
     return outs[0] if single else list(outs)
@@ -343,20 +345,24 @@ def _check_key_dtype(param, keys, name):
         )
 
 
-def _may_pad(params):
-    """Whether the dedup may leave its outputs padded (SokUniqueKeys' `padded`): under Horovod
-    the exchange's plan takes the distinct counts on the device, so nothing waits for them (bad
-    positions then fail the exchange on every rank, and the sample order is made on the device);
-    not with a partitioned table (its keys are split by part on the host's shapes)."""
-    return (context.world_size > 1
-            and not any(partitioned.is_partitioned(p) for p in params))
+def _exchanged(params):
+    """Whether the lookup's keys go through the exchange's plan with the dedup's `valid` (under
+    Horovod, no partitioned table: its keys are split by part on the host's shapes). Then bad
+    positions travel in the plan's header, so every rank fails at once, and the dedup may be
+    padded (SokUniqueKeys' `padded`: nothing waits for the distinct counts). lookup_sparse pads
+    only dense ids: padded keys' plan, rows and gradients are sized by the ids, not by the
+    distinct keys, which costs more than the wait where ids repeat (SparseTensor fields100 on 4
+    GPUs, benchmarks/gpu/SCALING.md)."""
+    return context.world_size > 1 and not any(partitioned.is_partitioned(p) for p in params)
 
 
-def _dedup(tables, flat, names, training, padded):
+def _dedup(tables, flat, names, training, exchanged, padded):
     """SokUniqueKeys over every table: per table the unique keys, inverse, counts, sample order
-    and batch size, and `valid` (the distinct counts; padded: unique and counts are padded)."""
+    and batch size, and (exchanged) `valid` for the plan (the distinct counts, -1 for bad
+    positions; padded: unique and counts are padded)."""
     with _on_device_of(tables):
-        out = _unique_keys(flat.keys, flat.positions, flat.dense_shapes, names, padded)
+        out = _unique_keys(flat.keys, flat.positions, flat.dense_shapes, names, padded,
+                           defer_checks=exchanged)
     if not padded:
         # A training Gather of these keys inserts them (the update's keys when they reach it as
         # they are: one process, unpartitioned tables).
@@ -364,14 +370,14 @@ def _dedup(tables, flat, names, training, padded):
     return types.SimpleNamespace(unique=list(out.unique), inverse=list(out.inverse),
                                  counts=list(out.counts), orders=list(out.segment_order),
                                  batch_sizes=out.batch_sizes,
-                                 valid=out.valid if padded else None)
+                                 valid=out.valid if exchanged else None, padded=padded)
 
 
 def _fetch(params, dedup, training, call_name, names):
     """The rows of the distinct keys of every table (through the exchange over ranks)."""
     try:
         return partitioned.fetch_rows(params, dedup.unique, dedup.counts, training=training,
-                                      names=names, valid=dedup.valid)
+                                      names=names, valid=dedup.valid, padded=dedup.padded)
     except tf.errors.OpError as e:  # eager: name the call whose exchange never completed
         diverged = _diverged(e, call_name, names)
         if diverged is e:

@@ -12,12 +12,15 @@ One lookup_sparse call makes one exchange per direction, whatever the number of 
      once and send it to every rank that asked, flattened (dims may differ), sized from that
      matrix.
 
-Lookups of unpartitioned tables (lookup.py's _may_pad) skip both dedups' waits for their
-distinct counts: the requester's dedup and the owner's keep every entry (padding after the
-distinct keys) and give the counts on the device, where the plan, the gather and the update take
-them (core/exchange.h); the size matrix is then the lookup's one wait. Ids outside their dense
-shape travel as the header's bad flag, so every rank fails at that wait. Static tables need
-exact owner keys (TensorFlow's optimizers apply a repeated index twice).
+Dense ids (lookup.py's _exchanged) skip both dedups' waits for their distinct counts: the
+requester's dedup and the owner's keep every entry (padding after the distinct keys) and give
+the counts on the device, where the plan, the gather and the update take them
+(core/exchange.h); the size matrix is then the lookup's one wait. SparseTensor and RaggedTensor
+ids keep both waits: padded, their plan, rows and gradients would be sized by the ids instead of
+the distinct keys; with the owner's keys padded alone fields100 and the 26-field step on 4 GPUs
+also ran slower (benchmarks/gpu/SCALING.md). Ids outside their dense shape travel as the
+header's bad flag (the requester's valid -1), so every rank fails at the size matrix. Static
+tables need exact owner keys (TensorFlow's optimizers apply a repeated index twice).
 
 The backward pass sends each row's gradient back the same way (a custom gradient); an owner sums
 a row's gradients in rank order, and the gather's gradient becomes a tf.IndexedSlices of distinct
@@ -96,11 +99,13 @@ def _specs(params):
     return dict(targets=[target_of(p) for p in params], rows=rows)
 
 
-def fetch_rows(params, keys, counts, training, names, valid=None):
+def fetch_rows(params, keys, counts, training, names, valid=None, padded=False):
     """Rows of the distinct `keys[i]` of every table, fetched from their owners (one exchange per
     direction). The index work is vectorized over the tables: eager execution pays per op.
-    valid: [n] on the device, table i's keys are its first valid[i] (the requester's dedup did
-    not wait for its counts); the padding is not sent and its rows are zeros."""
+    valid: [n] on the device, table i's keys are its first valid[i]; -1: its ids' positions were
+    outside their dense shape (the plan's header makes every rank fail). padded: the keys carry
+    padding past valid (the requester's dedup did not wait for its counts): it is not sent, its
+    rows are zeros, and the owner's keys are padded too."""
     world = context.world_size
     device = getattr(params[0], "device", "")
     for p, nm in zip(params, names):
@@ -108,7 +113,7 @@ def fetch_rows(params, keys, counts, training, names, valid=None):
     with tf.name_scope("sok_exchange"), _not_xla_compiled():
         chain = collectives.TRAIN if training else collectives.LOOKUP
         sent = _send_keys(params, keys, counts, names, device, chain, valid)
-        owned = _owned_keys(params, sent, training, padded=valid is not None)
+        owned = _owned_keys(params, sent, training, padded=padded)
         rows = local_rows(params, owned.keys, owned.counts, training, names, owned.valid)
         return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
 

@@ -9,12 +9,12 @@ from sparse_operation_kit.parallel.local_rows import local_rows
 from sparse_operation_kit.runtime.context import context
 
 
-def fetch_rows(params, keys, counts, training, names, valid=None):
+def fetch_rows(params, keys, counts, training, names, valid=None, padded=False):
     """Rows of the distinct `keys[i]` of every table `params[i]` (training inserts new keys).
-    valid (under Horovod only): table i's keys are its first valid[i], the rest padding, whose
-    rows come back as zeros (a dedup that did not wait for its counts)."""
+    valid, padded (under Horovod only): the dedup's device counts (-1: bad positions) and
+    whether the keys carry padding past them (distributed.fetch_rows)."""
     if context.world_size > 1:
-        return distributed.fetch_rows(params, keys, counts, training, names, valid)
+        return distributed.fetch_rows(params, keys, counts, training, names, valid, padded)
     if valid is not None:
-        raise ValueError("fetch_rows: padded keys in one process")
+        raise ValueError("fetch_rows: the dedup's valid counts in one process")
     return local_rows(params, keys, counts, training, names)

@@ -316,14 +316,14 @@ def flat_tables(params):
     return out
 
 
-def fetch_rows(params, keys, counts, training, names, valid=None):
+def fetch_rows(params, keys, counts, training, names, valid=None, padded=False):
     """exchange.fetch_rows, with the keys of a partitioned table routed to their parts and the
-    rows put back in the keys' order (valid: exchange.fetch_rows', never with a partitioned
-    table)."""
+    rows put back in the keys' order (valid, padded: exchange.fetch_rows', never with a
+    partitioned table)."""
     if not any(is_partitioned(p) for p in params):
-        return exchange.fetch_rows(params, keys, counts, training, names, valid)
+        return exchange.fetch_rows(params, keys, counts, training, names, valid, padded)
     if valid is not None:
-        raise ValueError("fetch_rows: padded keys of a partitioned table")
+        raise ValueError("fetch_rows: the dedup's valid counts with a partitioned table")
     flat_params, flat_keys, flat_counts, flat_names, plan = [], [], [], [], []
     for p, k, c, nm in zip(params, keys, counts, names):
         if not is_partitioned(p):
