@@ -71,13 +71,15 @@ def larger_than_its_tier(c, dump_dir):
     """c: dim, keys, batch, option (the tiered storage), limit (bytes the table's rows and
     slots must exceed: the upper tier's memory), device."""
     row_bytes = 4 * c.dim * 2  # the value and Adagrad's accumulator
-    assert c.keys * row_bytes > c.limit, (
-        f"{c.keys} keys hold {c.keys * row_bytes / 1e6:.1f} MB of rows and slots, not more "
-        f"than the {c.limit / 1e6:.1f} MB the table must exceed")
+    keep_from = c.keys // 20  # the second pass touches keys [keep_from, keys): the rest is evicted
+    # What eviction keeps must still exceed the tier, or the dump and load would not test it.
+    assert (c.keys - keep_from) * row_bytes > c.limit, (
+        f"{c.keys} keys hold {c.keys * row_bytes / 1e6:.1f} MB of rows and slots, "
+        f"{(c.keys - keep_from) * row_bytes / 1e6:.1f} MB after eviction: not more than the "
+        f"{c.limit / 1e6:.1f} MB the table must exceed (ask for more GB)")
     sample = np.unique(np.linspace(0, c.keys - 1, 4096).astype(np.int64))
     name = unique_name("larger_than_its_tier")
     first = -(-c.keys // c.batch)  # steps of the first pass: every key once
-    keep_from = c.keys // 10  # the second pass touches keys [keep_from, keys): the rest is evicted
     second = -(-(c.keys - keep_from) // c.batch)
     # A step of only the sample keys sits between the passes, so every second-pass update is
     # more than `second` steps after every first-pass one: eviction keeps exactly those keys.
