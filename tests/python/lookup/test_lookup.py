@@ -568,15 +568,15 @@ def test_unique_keys_padded_holds_the_distinct_keys_first(rng):
         np.testing.assert_array_equal(padded.inverse[t].numpy(), exact.inverse[t].numpy())
 
 
-def test_unique_keys_padded_or_deferred_positions_leave_checks_to_the_exchange(rng):
-    """padded with positions: no error here; valid is -1 for a table with an index outside its
-    dense shape (the exchange's header carries it), the distinct count otherwise; every
-    positioned table gets an order: the identity when its samples do not decrease, else the
-    stable sample order the exact op gives; dense tables among them get none."""
+def test_unique_keys_deferred_position_errors_go_to_valid(rng):
+    """defer_position_errors (lookup_sparse under Horovod): no error here; valid is -1 for a
+    table with an index outside its dense shape (the exchange's header carries it to every rank)
+    and that table gets no order; the other tables' outputs are the same as without deferring.
+    padded, which needs no position checks, refuses positions."""
     n = 40
     ordered = np.stack([np.sort(rng.integers(0, 8, n)), rng.integers(0, 5, n)], 1)
     shuffled = np.stack([rng.integers(0, 8, n), rng.integers(0, 5, n)], 1)
-    bad = ordered.copy()
+    bad = shuffled.copy()
     bad[7, 1] = 5  # beyond dense_shape [8, 5]
     keys = [tf.constant(rng.integers(0, 9, n), tf.int64) for _ in range(3)] + [
         tf.constant([4, 4, 2], tf.int32)]
@@ -585,31 +585,20 @@ def test_unique_keys_padded_or_deferred_positions_leave_checks_to_the_exchange(r
     shapes = [tf.constant([8, 5], tf.int64)] * 3 + [tf.constant([3], tf.int64)]
     names = ["ordered", "shuffled", "bad", "dense"]
     exact = ops.sok_unique_keys(keys[:2], positions[:2], shapes[:2], N=2)
-    padded = ops.sok_unique_keys(keys, positions, shapes, N=4, table_names=names, padded=True)
-    assert padded.valid.numpy().tolist() == [len(exact.unique[0]), len(exact.unique[1]), -1, 2]
-    np.testing.assert_array_equal(padded.segment_order[0].numpy(), np.arange(n))
-    np.testing.assert_array_equal(padded.segment_order[1].numpy(),
-                                  exact.segment_order[1].numpy())
-    np.testing.assert_array_equal(padded.segment_order[1].numpy(),
-                                  np.argsort(shuffled[:, 0], kind="stable"))
-    assert sorted(padded.segment_order[2].numpy().tolist()) == list(range(n))
-    assert padded.segment_order[3].shape == [0]
-    for t in range(2):
-        v = len(exact.unique[t])
-        np.testing.assert_array_equal(padded.unique[t].numpy()[:v], exact.unique[t].numpy())
-        np.testing.assert_array_equal(padded.inverse[t].numpy(), exact.inverse[t].numpy())
-    # Exact outputs with the checks deferred (lookup_sparse under Horovod): no error either, the
-    # bad table's valid -1 and no order for it; the others as without deferring.
     deferred = ops.sok_unique_keys(keys, positions, shapes, N=4, table_names=names,
                                    defer_position_errors=True)
     assert deferred.valid.numpy().tolist() == [len(exact.unique[0]), len(exact.unique[1]), -1, 2]
     assert deferred.segment_order[0].shape == [0] and deferred.segment_order[2].shape == [0]
     np.testing.assert_array_equal(deferred.segment_order[1].numpy(),
-                                  exact.segment_order[1].numpy())
+                                  np.argsort(shuffled[:, 0], kind="stable"))
     for t in range(2):
         np.testing.assert_array_equal(deferred.unique[t].numpy(), exact.unique[t].numpy())
+        np.testing.assert_array_equal(deferred.inverse[t].numpy(), exact.inverse[t].numpy())
     with pytest.raises(tf.errors.InvalidArgumentError, match="ids of table 'bad'"):
         ops.sok_unique_keys(keys, positions, shapes, N=4, table_names=names)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="padded needs dense ids, table 'p'"):
+        ops.sok_unique_keys([keys[0]], [positions[0]], [shapes[0]], N=1, table_names=["p"],
+                            padded=True)
 
 
 def test_unique_keys_batch_sizes_of_dense_tables():

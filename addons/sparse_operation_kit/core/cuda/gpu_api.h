@@ -137,23 +137,9 @@ struct SampleOrderTable {
   int rank = 1;
   int64_t num_samples = 0;   // dense_shape[0]
   int32_t* order = nullptr;  // [n], device
-  int report = -1;           // sample_order_or_identity_multi: its UniqueTableReport
 };
 Status stable_sample_order_multi(const std::vector<SampleOrderTable>& tables, cudaStream_t stream,
                                  DeviceAllocator* alloc = nullptr);
-
-// Every table's order when only the device knows which tables need one (a dedup that did not
-// wait for its reports): the identity where d_reports[t.report] shows the ids in sample order,
-// else the stable sample order (one segmented sort in which the ordered tables' segments are
-// empty, so ids already in order cost no sort). Samples outside [0, num_samples) (bad positions,
-// which fail the lookup elsewhere) are clamped: the order stays a permutation.
-// host_staging: pinned host memory of sample_order_staging_bytes(tables) bytes valid until the
-// stream has passed the call, or nullptr (pageable).
-size_t sample_order_staging_bytes(const std::vector<SampleOrderTable>& tables);
-Status sample_order_or_identity_multi(const std::vector<SampleOrderTable>& tables,
-                                      const UniqueTableReport* d_reports, cudaStream_t stream,
-                                      DeviceAllocator* alloc = nullptr,
-                                      void* host_staging = nullptr);
 
 // valid[t] = d_reports[t].num_unique, or -1 where table t's positions were outside their dense
 // shape (core/exchange.h: the plan then flags the call as bad), for t < n (device).

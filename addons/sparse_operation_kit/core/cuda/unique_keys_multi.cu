@@ -13,7 +13,6 @@
 #include <cstring>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
-#include <cub/device/device_segmented_radix_sort.cuh>
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/common.h"
@@ -441,8 +440,7 @@ void fill_order_blob(const std::vector<SampleOrderTable>& tables,
     int64_t at = 0;
     for (size_t i = b.begin; i < b.end; ++i) {
       const SampleOrderTable& t = tables[i];
-      args[i] =
-          TableArgs{nullptr, nullptr, t.order, nullptr, t.positions, nullptr, t.rank, t.report};
+      args[i] = TableArgs{nullptr, nullptr, t.order, nullptr, t.positions, nullptr, t.rank, 0};
       first[f++] = at;
       at += t.n;
     }
@@ -503,130 +501,21 @@ Status stable_sample_order_multi(const std::vector<SampleOrderTable>& tables, cu
 }
 
 // ---------------------------------------------------------------------------------------------
-// The order or the identity, as the device's reports say (sample_order_or_identity_multi).
+// The plan's view of the dedup's reports (unique_valid_counts).
 namespace {
-
-__device__ __forceinline__ bool unordered(const Group& g, int t, const UniqueTableReport* r) {
-  return r[g.tables[t].report].first_unordered >= 0;
-}
-
-// Segment t covers table t's ids when they need sorting, else nothing.
-__global__ void k_order_segments(Group g, const UniqueTableReport* reports, int* begin, int* end) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= g.num_tables) return;
-  begin[t] = static_cast<int>(g.first[t]);
-  end[t] = static_cast<int>(unordered(g, t, reports) ? g.first[t + 1] : g.first[t]);
-}
-
-__global__ void k_order_samples(Group g, int sample_bits, uint64_t* keys, int32_t* values) {
-  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= g.n) return;
-  const int t = table_of(g, j);
-  const int64_t l = j - g.first[t];
-  const TableArgs& a = g.tables[t];
-  const uint64_t top = sample_bits >= 64 ? ~0ull : (1ull << sample_bits) - 1;
-  const int64_t s = a.positions[l * a.rank];
-  keys[j] = s < 0 ? 0 : min(static_cast<uint64_t>(s), top);
-  values[j] = static_cast<int32_t>(l);
-}
-
-__global__ void k_order_pick(Group g, const UniqueTableReport* reports, const int32_t* sorted) {
-  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= g.n) return;
-  const int t = table_of(g, j);
-  const int64_t l = j - g.first[t];
-  g.tables[t].inverse[l] = unordered(g, t, reports) ? sorted[j] : static_cast<int32_t>(l);
-}
 
 __global__ void k_valid_counts(const UniqueTableReport* reports, int n, int64_t* valid) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t < n) valid[t] = reports[t].first_outside >= 0 ? -1 : reports[t].num_unique;
 }
 
-size_t order_blob_bytes(const std::vector<SampleOrderTable>& tables,
-                        const std::vector<OrderBatch>& batches) {
-  return tables.size() * sizeof(TableArgs) + (tables.size() + batches.size()) * sizeof(int64_t);
-}
-
 }  // namespace
-
-size_t sample_order_staging_bytes(const std::vector<SampleOrderTable>& tables) {
-  std::vector<OrderBatch> batches;
-  if (!order_batches(tables, &batches).ok()) return 0;
-  return order_blob_bytes(tables, batches);
-}
 
 Status unique_valid_counts(const UniqueTableReport* d_reports, int n, int64_t* valid,
                            cudaStream_t stream) {
   if (n == 0) return Status::OK();
   k_valid_counts<<<grid_for(n, kBlock), kBlock, 0, stream>>>(d_reports, n, valid);
   SOK_LAUNCH_CHECK();
-  return Status::OK();
-}
-
-Status sample_order_or_identity_multi(const std::vector<SampleOrderTable>& tables,
-                                      const UniqueTableReport* d_reports, cudaStream_t stream,
-                                      DeviceAllocator* alloc, void* host_staging) {
-  std::vector<OrderBatch> batches;
-  SOK_RETURN_IF_ERROR(order_batches(tables, &batches));
-  for (const SampleOrderTable& t : tables)
-    if (t.report < 0) return Status::Invalid("sample_order_or_identity_multi: a table's report");
-  int64_t most = 0;
-  size_t most_tables = 0, sort_bytes = 0;
-  for (const OrderBatch& b : batches) {
-    most = std::max(most, b.n);
-    most_tables = std::max(most_tables, b.end - b.begin);
-    size_t bytes = 0;
-    SOK_CUDA_RETURN(cub::DeviceSegmentedRadixSort::SortPairs(
-        nullptr, bytes, static_cast<uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
-        static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(b.n),
-        static_cast<int>(b.end - b.begin), static_cast<int*>(nullptr), static_cast<int*>(nullptr),
-        0, b.sample_bits, stream));
-    sort_bytes = std::max(sort_bytes, bytes);
-  }
-  if (most == 0) return Status::OK();
-  const size_t first_at = tables.size() * sizeof(TableArgs);
-  const size_t blob_bytes = order_blob_bytes(tables, batches);
-  char* blob;
-  uint64_t *keys_in, *keys_out;
-  int32_t *values_in, *values_out;
-  int *begin, *end;
-  void* sort_tmp;
-  Temp tmp;
-  SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, &tmp, [&](Workspace& ws) {
-    blob = ws.take<char>(blob_bytes);
-    keys_in = ws.take<uint64_t>(most);
-    keys_out = ws.take<uint64_t>(most);
-    values_in = ws.take<int32_t>(most);
-    values_out = ws.take<int32_t>(most);
-    begin = ws.take<int>(most_tables);
-    end = ws.take<int>(most_tables);
-    sort_tmp = ws.take_bytes(sort_bytes);
-  }));
-  std::vector<char> pageable;
-  char* host = static_cast<char*>(host_staging);
-  if (host == nullptr) {
-    pageable.resize(blob_bytes);
-    host = pageable.data();
-  }
-  std::vector<Group> g(batches.size());
-  fill_order_blob(tables, batches, first_at, blob, host, g.data());
-  SOK_CUDA_RETURN(cudaMemcpyAsync(blob, host, blob_bytes, cudaMemcpyHostToDevice, stream));
-  for (size_t k = 0; k < batches.size(); ++k) {
-    if (g[k].n == 0) continue;
-    const int grid = grid_for(g[k].n, kBlock);
-    k_order_segments<<<grid_for(g[k].num_tables, kBlock), kBlock, 0, stream>>>(g[k], d_reports,
-                                                                               begin, end);
-    SOK_LAUNCH_CHECK();
-    k_order_samples<<<grid, kBlock, 0, stream>>>(g[k], batches[k].sample_bits, keys_in, values_in);
-    SOK_LAUNCH_CHECK();
-    size_t bytes = sort_bytes;
-    SOK_CUDA_RETURN(cub::DeviceSegmentedRadixSort::SortPairs(
-        sort_tmp, bytes, keys_in, keys_out, values_in, values_out, static_cast<int>(g[k].n),
-        g[k].num_tables, begin, end, 0, batches[k].sample_bits, stream));
-    k_order_pick<<<grid, kBlock, 0, stream>>>(g[k], d_reports, values_out);
-    SOK_LAUNCH_CHECK();
-  }
   return Status::OK();
 }
 

@@ -5,7 +5,6 @@
 // inverse_i[j].
 #include <algorithm>
 #include <limits>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -58,13 +57,11 @@ struct UniqueArgs {
   sok::PositionsCheck check;
 };
 
-// One table whose ids must be listed in sample order (its samples decrease somewhere; padded:
-// every table with positions, the identity where they do not).
+// One table whose ids must be listed in sample order (its samples decrease somewhere).
 struct OrderArgs {
   const Tensor* positions;
   int64_t num_samples;
   Tensor* order;  // output [n]
-  int table;      // its index in SokUniqueKeys' tables
 };
 
 template <typename Device>
@@ -75,11 +72,10 @@ struct LookupSteps<CpuDevice> {
   struct State {};  // what a kernel keeps between calls: nothing on the CPU
 
   // Each table's dedup and position checks; valid[i] = table i's distinct keys, -1 for bad
-  // positions. padded: the outputs keep every entry, the tails past the distinct keys zeros,
-  // and `orders` get every positioned table's order (the CPU never waits; the padded
-  // outputs only keep its results equal to the GPU's).
+  // positions. padded: the outputs keep every entry, the tails past the distinct keys zeros
+  // (the CPU never waits; the padded outputs only keep its results equal to the GPU's).
   static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
-                       bool padded, const std::vector<OrderArgs>& orders, State*) {
+                       bool padded, State*) {
     OnDevice<CpuDevice>::ForEachTable(ctx, tables->size(), [&](int i, const sok::ExecContext&) {
       UniqueArgs& a = (*tables)[i];
       auto run = [&](auto tag) {
@@ -101,17 +97,6 @@ struct LookupSteps<CpuDevice> {
       valid->flat<int64_t>()(i) = a.check.first_outside >= 0 ? -1 : a.num_unique;
     }
     if (!padded) return OkStatus();
-    std::vector<OrderArgs> unordered;
-    for (const OrderArgs& o : orders) {
-      const sok::PositionsCheck& c = (*tables)[o.table].check;
-      if (c.first_unordered >= 0 && c.first_outside < 0) {
-        unordered.push_back(o);
-      } else {
-        int32_t* order = o.order->flat<int32_t>().data();
-        std::iota(order, order + o.order->NumElements(), 0);
-      }
-    }
-    TF_RETURN_IF_ERROR(Order(ctx, unordered));
     for (UniqueArgs& a : *tables) {
       const int64_t u = a.num_unique, n = a.keys->NumElements();
       auto bytes = a.uniq.tensor_data();
@@ -250,7 +235,7 @@ struct LookupSteps<GpuDevice> {
   // valid (device), then, unless padded, the per-table reports come back with ONE copy and ONE
   // synchronisation.
   static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
-                       bool padded, const std::vector<OrderArgs>& orders, State* state) {
+                       bool padded, State* state) {
     const int n = tables->size();
     const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
     TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
@@ -273,10 +258,7 @@ struct LookupSteps<GpuDevice> {
     Tensor reports_t, staging_t;
     sok::gpu::UniqueTableReport* d_reports;
     TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &reports_t, &d_reports));
-    const std::vector<sok::gpu::SampleOrderTable> order_spans = OrderSpans(orders);
-    const int64_t unique_bytes = (sok::gpu::unique_keys_multi_staging_bytes(spans) + 15) / 16 * 16;
-    const int64_t staging = std::max<int64_t>(
-        unique_bytes + (padded ? sok::gpu::sample_order_staging_bytes(order_spans) : 0), 1);
+    const int64_t staging = std::max<int64_t>(sok::gpu::unique_keys_multi_staging_bytes(spans), 1);
     void* upload;
     std::unique_lock<std::mutex> hold(state->mu, std::defer_lock);
     if (padded) {  // the upload must outlive the op
@@ -293,8 +275,6 @@ struct LookupSteps<GpuDevice> {
     TF_RETURN_IF_ERROR(
         ToTf(sok::gpu::unique_valid_counts(d_reports, n, valid->flat<int64_t>().data(), stream)));
     if (padded) {
-      TF_RETURN_IF_ERROR(ToTf(sok::gpu::sample_order_or_identity_multi(
-          order_spans, d_reports, stream, &alloc, static_cast<char*>(upload) + unique_bytes)));
       for (UniqueArgs& a : *tables) a.num_unique = a.keys->NumElements();
       return state->staging.Done(stream);
     }
@@ -315,7 +295,8 @@ struct LookupSteps<GpuDevice> {
     return OkStatus();
   }
 
-  static std::vector<sok::gpu::SampleOrderTable> OrderSpans(const std::vector<OrderArgs>& tables) {
+  static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
+    TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
     std::vector<sok::gpu::SampleOrderTable> spans(tables.size());
     for (size_t i = 0; i < tables.size(); ++i) {
       spans[i].positions = tables[i].positions->flat<int64_t>().data();
@@ -323,15 +304,9 @@ struct LookupSteps<GpuDevice> {
       spans[i].rank = static_cast<int>(tables[i].positions->dim_size(1));
       spans[i].num_samples = tables[i].num_samples;
       spans[i].order = tables[i].order->flat<int32_t>().data();
-      spans[i].report = tables[i].table;
     }
-    return spans;
-  }
-
-  static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
-    TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
-    return ToTf(sok::gpu::stable_sample_order_multi(OrderSpans(tables),
-                                                    OnDevice<GpuDevice>::Stream(ctx), &alloc));
+    return ToTf(
+        sok::gpu::stable_sample_order_multi(spans, OnDevice<GpuDevice>::Stream(ctx), &alloc));
   }
 
   // Row `id` of positions [n, r] (error path only: a second copy and sync).
@@ -511,7 +486,6 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(c, TableNames(c, n, &names_));
     OP_REQUIRES_OK(c, c->GetAttr("padded", &padded_));
     OP_REQUIRES_OK(c, c->GetAttr("defer_position_errors", &defer_));
-    defer_ = defer_ || padded_;
   }
 
  protected:
@@ -534,6 +508,9 @@ class UniqueKeysOp : public SokOpKernel<Device> {
       UniqueArgs& a = tables[i];
       a.keys = &keys[i];
       if (m && !DenseIds(positions[i])) {
+        OP_REQUIRES(ctx, !padded_,
+                    errors::InvalidArgument("SokUniqueKeys: padded needs dense ids, table '",
+                                            names_[i], "' has positions to check"));
         OP_REQUIRES_OK(ctx, CheckPositions(names_[i], k, positions[i], dense_shapes[i]));
         a.positions = &positions[i];
         a.dense_shape = &dense_shapes[i];
@@ -546,21 +523,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(ctx, AllocateScratch(ctx, keys, &tables));
     Tensor* valid;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3 * n + m + 1, TensorShape({n}), &valid));
-    // padded: every positioned table's order is made with the dedup (its checks stay on the
-    // device; the identity where the ids are in order), dense ones get none.
-    std::vector<OrderArgs> padded_orders;
-    for (int i = 0; padded_ && i < m; ++i) {
-      Tensor* order;
-      const bool dense = tables[i].positions == nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                              3 * n + i, TensorShape({dense ? 0 : keys[i].NumElements()}), &order));
-      if (!dense) {
-        padded_orders.push_back(
-            OrderArgs{&positions[i], dense_shapes[i].flat<int64_t>()(0), order, i});
-      }
-    }
-    OP_REQUIRES_OK(
-        ctx, LookupSteps<Device>::Unique(ctx, &tables, valid, padded_, padded_orders, &state_));
+    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, &tables, valid, padded_, &state_));
     for (int i = 0; !defer_ && i < m; ++i) {  // the first bad table (deferred: the exchange's)
       if (tables[i].check.first_outside < 0) continue;
       std::vector<int64_t> index;
@@ -579,7 +542,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
       ctx->set_output(2 * n + i, tables[i].counts.Slice(0, tables[i].num_unique));
     }
     std::vector<OrderArgs> unordered;
-    for (int i = 0; !padded_ && i < m; ++i) {
+    for (int i = 0; i < m; ++i) {
       const bool ordered = tables[i].positions == nullptr || tables[i].check.first_unordered < 0 ||
                            tables[i].check.first_outside >= 0;  // deferred error: no order
       Tensor* order;
@@ -587,7 +550,7 @@ class UniqueKeysOp : public SokOpKernel<Device> {
           ctx, ctx->allocate_output(3 * n + i, TensorShape({ordered ? 0 : keys[i].NumElements()}),
                                     &order));
       if (!ordered) {
-        unordered.push_back(OrderArgs{&positions[i], dense_shapes[i].flat<int64_t>()(0), order, i});
+        unordered.push_back(OrderArgs{&positions[i], dense_shapes[i].flat<int64_t>()(0), order});
       }
     }
     if (!unordered.empty()) OP_REQUIRES_OK(ctx, LookupSteps<Device>::Order(ctx, unordered));

@@ -20,9 +20,9 @@ using shape_inference::ShapeHandle;
 // valid [N] (the op's device): each table's number of distinct keys. defer_position_errors (the
 // exchange's plan takes valid): bad positions raise nothing here but set valid_i to -1 (the
 // exchange then fails on every rank, core/exchange.h; that table's segment_order_i is [0]).
-// padded (defers too): unique_i and counts_i hold n_i entries, the distinct ones first, and the
-// op does not wait for what the device found: every table with positions gets segment_order_i
-// [n_i] (the identity when its samples do not decrease).
+// padded (dense ids only: their order needs no check): unique_i and counts_i hold n_i entries,
+// the distinct ones first; the op then needs no wait for the distinct counts (the exchange's
+// plan takes valid instead).
 REGISTER_OP("SokUniqueKeys")
     .Input("keys: Tkeys")
     .Input("positions: M * int64")
