@@ -118,6 +118,15 @@ def test_dense_ids_match_one_process(np_):
                               "dense ids eager with static tables:"])
 
 
+@pytest.mark.parametrize("np_", [2, MORE])
+def test_tensorflow_lookups_match_one_process(np_):
+    """tf.nn.embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse and Keras's
+    sok.Embedding without a combiner on sharded and whole Embedding Variables fetch rows from
+    their owners: SGD steps' embeddings and owned rows equal one process (workers/tf_api.py)."""
+    rc, out, _ = horovodrun(np_, "tf_api.py")
+    _assert_ok(np_, rc, out, ["tf api eager:", "tf api function:"])
+
+
 def test_more_ranks_match_one_process(run_more):
     """The same with MORE ranks (3 on CPUs: an odd world, owners k mod 3, a table on rank 2)."""
     rc, out, _ = run_more

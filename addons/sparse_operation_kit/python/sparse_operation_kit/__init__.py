@@ -23,6 +23,7 @@ from sparse_operation_kit.checkpoint.incremental import (
 )
 from sparse_operation_kit.keras import layers
 from sparse_operation_kit.keras.layers import Embedding, SparseEmbedding
+from sparse_operation_kit.lookup import tf_api as _tf_api  # noqa: F401  TF's lookups on EVs
 from sparse_operation_kit.lookup.group_embedding import group_embedding_lookup_sparse
 from sparse_operation_kit.lookup.lookup import (
     all2all_dense_embedding,

@@ -19,7 +19,7 @@ import collections
 import tensorflow as tf
 
 from sparse_operation_kit.adapters.get_variable import get_embedding_variable
-from sparse_operation_kit.lookup.lookup import lookup_sparse
+from sparse_operation_kit.lookup.lookup import lookup_rows, lookup_sparse
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariableOption
 
 _STRING_BUCKETS = 2**63 - 1
@@ -390,7 +390,7 @@ def sequence_input_layer(features, feature_columns, training=True):
                     "sequence_categorical_column_with_embedding"
                 )
             ids = c.categorical_column.ids(features)
-            rows = c.table().sparse_read(ids.values, training=training)
+            rows = lookup_rows(c.table(), ids.values, training)
             if isinstance(c.categorical_column, WeightedEmbeddingCategoricalColumn):
                 rows = rows * tf.expand_dims(c.categorical_column.weights(features).values, -1)
             shape = tf.stack([ids.dense_shape[0], ids.dense_shape[1], c.dimension])

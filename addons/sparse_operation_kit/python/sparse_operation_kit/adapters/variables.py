@@ -149,16 +149,13 @@ class DynamicVariable(EmbeddingVariable):
         """Always False: the table stays a hash table (to_static is not supported)."""
         return False
 
-    def _keys(self, indices):
+    def _read_keys(self, ids):
         # SOK 2.x casts int32 ids (e.g. a Python list given to tf.nn.embedding_lookup) to int64
         # keys.
-        indices = tf.convert_to_tensor(indices)
-        if indices.dtype == tf.int32 and self.key_dtype == tf.int64:
-            indices = tf.cast(indices, tf.int64)
-        return indices
-
-    def sparse_read(self, indices, name=None, training=True):
-        return super().sparse_read(self._keys(indices), name=name, training=training)
+        ids = tf.convert_to_tensor(ids)
+        if ids.dtype == tf.int32 and self.key_dtype == tf.int64:
+            ids = tf.cast(ids, tf.int64)
+        return super()._read_keys(ids)
 
     # --- writes by key (tf.Variable's scatter_* with IndexedSlices, on rows keyed by id) --------
     def _rows_by_key(self, sparse_delta, what):
@@ -167,7 +164,7 @@ class DynamicVariable(EmbeddingVariable):
                 f"DynamicVariable '{self.name}'.{what} takes tf.IndexedSlices (values, indices = "
                 f"keys), got {type(sparse_delta).__name__}"
             )
-        keys = tf.reshape(self._check_keys(self._keys(sparse_delta.indices)), [-1])
+        keys = tf.reshape(self._read_keys(sparse_delta.indices), [-1])
         values = tf.convert_to_tensor(sparse_delta.values, tf.float32)
         if values.shape.rank is not None and (
             values.shape.rank == 0 or values.shape[-1] not in (None, self.embedding_dim)

@@ -32,7 +32,7 @@ looked up nor pooled; without it every entry of a dense [batch, n] tensor is an 
 import numpy as np
 import tensorflow as tf
 
-from sparse_operation_kit.lookup.lookup import COMBINERS, lookup_sparse
+from sparse_operation_kit.lookup.lookup import COMBINERS, lookup_rows, lookup_sparse
 from sparse_operation_kit.optimizers import keras_support
 from sparse_operation_kit.runtime import keras_version
 from sparse_operation_kit.runtime.schema import EXPORT_FIELDS
@@ -338,7 +338,7 @@ class Embedding(_TablesLayer):
             raise TypeError(f"layer '{self.name}': SparseTensor ids need a combiner")
         if isinstance(ids, tf.RaggedTensor):
             return self._lookup(lambda: [tf.ragged.map_flat_values(
-                lambda flat: table.sparse_read(flat, training=training), ids)], training)[0]
+                lambda flat: lookup_rows(table, flat, training), ids)], training)[0]
         if self.padding_id is not None:
             positions = tf.where(tf.not_equal(ids, tf.cast(self.padding_id, ids.dtype)))
             shape = tf.concat([tf.shape(ids, out_type=tf.int64), [self.embedding_dim]], 0)
@@ -346,13 +346,13 @@ class Embedding(_TablesLayer):
                 lambda: [
                     tf.scatter_nd(
                         positions,
-                        table.sparse_read(tf.gather_nd(ids, positions), training=training),
+                        lookup_rows(table, tf.gather_nd(ids, positions), training),
                         shape,
                     )
                 ],
                 training,
             )[0]
-        return self._lookup(lambda: [table.sparse_read(ids, training=training)], training)[0]
+        return self._lookup(lambda: [lookup_rows(table, ids, training)], training)[0]
 
     def compute_output_shape(self, input_shape):
         if self.combiner is not None:

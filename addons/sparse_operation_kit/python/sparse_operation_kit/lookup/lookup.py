@@ -11,7 +11,7 @@ Gradients flow back the same way: per-sample gradient -> per-distinct-key gradie
 import contextlib
 import types
 from collections.abc import Sequence
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -86,45 +86,6 @@ def _gather_grad(op, *grads):
 tf.no_gradient("SokUniqueKeys")
 tf.no_gradient("SokPooledCombineGrad")
 tf.no_gradient("SokEmbeddingVariableSparseApply")
-
-
-# tf.nn.embedding_lookup(ev, ids) converts params that are no tf.Variable to a tensor, which an
-# Embedding Variable has not: dispatch on the EV to its sparse_read (gradient: IndexedSlices by id).
-compat.register_dispatchable_type(EmbeddingVariable)
-# dispatch_for_api reads typing annotations (typing.Union, not "X | Y").
-# An Embedding Variable, a partitioned one (compat-registered in partitioned.py), or a list of one EV.
-_TABLES = (EmbeddingVariable, partitioned.PartitionedEmbeddingVariable, list[EmbeddingVariable])
-_EV_PARAMS = {"params": Union[_TABLES]}  # noqa: UP007
-
-
-def _embedding_lookup_ev(params, ids, max_norm):
-    if isinstance(params, (list, tuple)):
-        if len(params) != 1:
-            raise ValueError(
-                f"tf.nn.embedding_lookup: a list of {len(params)} Embedding Variables is not "
-                "supported; an Embedding Variable is one unpartitioned table"
-            )
-        params = params[0]
-    if isinstance(ids, tf.RaggedTensor):
-        return tf.ragged.map_flat_values(lambda k: _embedding_lookup_ev(params, k, max_norm), ids)
-    ids = tf.convert_to_tensor(ids)
-    rows = params.sparse_read(ids)
-    if max_norm is not None:
-        rows = tf.clip_by_norm(rows, max_norm, axes=[rows.shape.rank - 1])
-    return rows
-
-
-@tf.experimental.dispatch_for_api(tf.nn.embedding_lookup, _EV_PARAMS)
-def _embedding_lookup_v2(params, ids, max_norm=None, name=None):
-    with tf.name_scope(name or "embedding_lookup"):
-        return _embedding_lookup_ev(params, ids, max_norm)
-
-
-@tf.experimental.dispatch_for_api(tf.compat.v1.nn.embedding_lookup, _EV_PARAMS)
-def _embedding_lookup_v1(params, ids, partition_strategy="mod", name=None, validate_indices=True,
-                         max_norm=None):
-    with tf.name_scope(name or "embedding_lookup"):
-        return _embedding_lookup_ev(params, ids, max_norm)
 
 
 def _as_list(x):
@@ -393,6 +354,18 @@ def _pool(tables, rows, dedup, flat, combiners, names):
                                          dedup.orders, dedup.batch_sizes, segments_checked=True,
                                          combiners=combiners, table_names=names)
     return outs
+
+
+def lookup_rows(table, ids, training: bool = True) -> tf.Tensor:
+    """The row of every id, [*ids.shape, dim], differentiable (tf.nn.embedding_lookup on an
+    Embedding Variable, Keras's Embedding without a combiner). Under Horovod a key's row lives on
+    its owner: one id per sample of a dense lookup_sparse, through the exchange; one process
+    reads its table directly. training: reads insert unseen keys."""
+    if context.world_size == 1:
+        return table.sparse_read(ids, training=training)
+    ids = table._read_keys(ids) if isinstance(table, EmbeddingVariable) else tf.convert_to_tensor(ids)
+    rows = lookup_sparse(table, tf.reshape(ids, [-1]), combiners="sum", training=training)
+    return tf.reshape(rows, tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
 
 
 def all2all_dense_embedding(param, indices) -> tf.Tensor:

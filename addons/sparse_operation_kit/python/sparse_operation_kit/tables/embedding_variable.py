@@ -348,9 +348,15 @@ class EmbeddingVariable(compat.TableResource):
             )
         return keys
 
+    def _read_keys(self, ids):
+        """ids as keys for a read (sparse_read, lookup_rows); DynamicVariable widens int32."""
+        return self._check_keys(ids)
+
     def sparse_read(self, indices, name=None, training=True):
-        """Rows of `indices` (any shape) -> [*indices.shape, dim]; training reads insert keys."""
-        indices = self._check_keys(indices)
+        """Rows of `indices` (any shape) -> [*indices.shape, dim]; training reads insert keys.
+        Reads this process's table: under Horovod, the rank's shard (lookup_sparse and
+        tf.nn.embedding_lookup fetch rows from their owners)."""
+        indices = self._read_keys(indices)
         if serving.active():  # save_stock_saved_model is tracing: a stock lookup on the frozen table
             return serving.active().table(self).lookup(indices)
         flat = tf.reshape(indices, [-1])
