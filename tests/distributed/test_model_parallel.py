@@ -127,6 +127,15 @@ def test_tensorflow_lookups_match_one_process(np_):
     _assert_ok(np_, rc, out, ["tf api eager:", "tf api function:"])
 
 
+@pytest.mark.parametrize("np_", [2, MORE])
+def test_keras_fit_matches_one_process(np_):
+    """Keras 3's compile/fit with sok.OptimizerWrapper(..., average_over_ranks=True), each rank
+    fitting its slice of the global batches: Dense weights and owned rows equal one process on
+    the global batches (workers/keras_fit.py)."""
+    rc, out, _ = horovodrun(np_, "keras_fit.py")
+    _assert_ok(np_, rc, out, [f"keras fit on {np_} ranks:"])
+
+
 def test_more_ranks_match_one_process(run_more):
     """The same with MORE ranks (3 on CPUs: an odd world, owners k mod 3, a table on rank 2)."""
     rc, out, _ = run_more

@@ -213,6 +213,31 @@ def test_keras_file_round_trip_is_bit_exact(tmp_path, layer):
         assert_tables_bit_equal(emb.embedding_variables[0], layer.embedding_variables[0])
 
 
+def test_average_over_ranks_is_kept_by_keras_files_and_is_exact_in_one_process(tmp_path):
+    """average_over_ranks (Keras's fit under horovodrun: tests/distributed/workers/keras_fit.py)
+    changes nothing in one process, to the bit, and a .keras file keeps it."""
+    rows, labels = parity_data(256, seed=8)
+    states = []
+    for average in (False, True):
+        keras.utils.set_random_seed(3)
+        inp = keras.Input(shape=(None,), dtype="int64", ragged=True)
+        # A constant initializer: the two tables' rows start equal (a seeded one mixes in the
+        # table's name).
+        emb = sok.SparseEmbedding(8, combiners="mean", initializers=tf.constant_initializer(0.05),
+                                  name=unique_name("avg"))
+        model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(emb(inp)))
+        model.compile(loss="binary_crossentropy", optimizer=sok.OptimizerWrapper(
+            keras.optimizers.Adagrad(0.3), average_over_ranks=average))
+        model.fit(ragged_dataset(rows, labels), epochs=1, verbose=0, shuffle=False)
+        states.append((table_state(emb.embedding_variables[0]),
+                       [v.numpy() for v in model.trainable_variables]))
+    for a, b in zip(states[0][0] + states[0][1], states[1][0] + states[1][1]):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    path = str(tmp_path / "avg.keras")
+    model.save(path)
+    assert keras.models.load_model(path).optimizer.get_config()["average_over_ranks"] is True
+
+
 def test_save_weights_round_trip_is_bit_exact(tmp_path):
     model, emb, probe, _ = _trained_model("weights")
     expected = model.predict(probe, verbose=0)

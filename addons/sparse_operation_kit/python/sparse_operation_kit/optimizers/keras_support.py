@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from sparse_operation_kit.optimizers import generic_optimizer, slots, wrapper_step
 from sparse_operation_kit.optimizers.generic_optimizer import SlotStores
+from sparse_operation_kit.optimizers.rank_average import average_over_ranks
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime.keras_version import keras_is_v3, keras_optimizer_kind
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
@@ -228,10 +229,13 @@ def _build_inner(updater, opt, variables):
         updater.ensure([v for _, v in sparse])
 
 
-def _sok_apply(updater, opt, counter, sparse, dense, apply_dense):
+def _sok_apply(updater, opt, counter, sparse, dense, apply_dense, average=False):
     """SOK's update and the wrapped optimizer's, both at the wrapper's step `counter` (the
-    wrapper's own `_iterations`, see wrapper_step), which the call advances once."""
+    wrapper's own `_iterations`, see wrapper_step), which the call advances once. average: the
+    gradients averaged over ranks first (rank_average)."""
     dense = [(g, v) for g, v in dense if g is not None]
+    if average:
+        sparse, dense = average_over_ranks(sparse, dense)
     with wrapper_step.counting_with(opt, counter):
         if _is_generic(updater):
             updater.apply(sparse, dense, apply_dense, step=counter)
@@ -279,7 +283,8 @@ class _OptimizerWrapperBase(_SlotAccess):
 
     _sok_optimizer_wrapper = True  # isinstance(self, sok.OptimizerWrapper)
 
-    def __init__(self, optimizer, name=None, max_touched_rows=None, **kwargs):
+    def __init__(self, optimizer, name=None, max_touched_rows=None, average_over_ranks=False,
+                 **kwargs):
         if isinstance(optimizer, dict):
             optimizer = self._sok_keras_optimizers().deserialize(optimizer)
         slot_stores = SlotStores()
@@ -288,6 +293,7 @@ class _OptimizerWrapperBase(_SlotAccess):
         self._opt = optimizer
         self._sok_updater = updater
         self._max_touched_rows = max_touched_rows
+        self._average_over_ranks = bool(average_over_ranks)
         self.sok_slots = slot_stores
 
     @property
@@ -330,6 +336,7 @@ class _OptimizerWrapperBase(_SlotAccess):
             "name": self.name,
             "optimizer": self._sok_keras_optimizers().serialize(self._opt),
             "max_touched_rows": self._max_touched_rows,
+            "average_over_ranks": self._average_over_ranks,
         }
 
     @classmethod
@@ -370,7 +377,8 @@ class _Keras3Parts:
                 self._opt.build([v for _, v in pairs])
             self._opt.apply([g for g, _ in pairs], [v for _, v in pairs])
 
-        _sok_apply(self._sok_updater, self._opt, self._iterations, sparse, dense, apply_dense)
+        _sok_apply(self._sok_updater, self._opt, self._iterations, sparse, dense, apply_dense,
+                   self._average_over_ranks)
 
     def scale_loss(self, loss):
         return self._opt.scale_loss(loss)
@@ -399,9 +407,8 @@ class _TfKerasParts:
         self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs
     ):
         sparse, dense = split_gradients(grads_and_vars)
-        _sok_apply(
-            self._sok_updater, self._opt, self._iterations, sparse, dense, self._opt.apply_gradients
-        )
+        _sok_apply(self._sok_updater, self._opt, self._iterations, sparse, dense,
+                   self._opt.apply_gradients, self._average_over_ranks)
         return self.iterations
 
 

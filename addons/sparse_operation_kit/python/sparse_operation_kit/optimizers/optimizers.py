@@ -13,6 +13,7 @@ from sparse_operation_kit.optimizers import (
     wrapper_step,
 )
 from sparse_operation_kit.optimizers.keras_support import split_gradients
+from sparse_operation_kit.optimizers.rank_average import average_over_ranks
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.runtime.devices import on_host
@@ -260,6 +261,12 @@ class OptimizerWrapper(
     sok.OptimizerWrapper(keras.optimizers.Adam(1e-3)))` + `model.fit` train the tables of SOK
     layers (see sparse_operation_kit.optimizers.keras_support); its `apply_gradients` also takes
     SOK tables in custom loops.
+
+    average_over_ranks: under Horovod, each step is one process's step on the global batch with
+    the loss averaged over it (Horovod's DistributedOptimizer for the data-parallel variables;
+    SOK tables' summed gradients divided by the ranks; see rank_average). What Keras's `fit`
+    needs under horovodrun; custom loops that average (and scale) gradients themselves leave it
+    off.
     """
 
     def __new__(cls, optimizer=None, *args, **kwargs):
@@ -270,8 +277,9 @@ class OptimizerWrapper(
                 return wrapper(optimizer, *args, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, optimizer, max_touched_rows=None):
+    def __init__(self, optimizer, max_touched_rows=None, average_over_ranks=False):
         self._opt = optimizer
+        self._average_over_ranks = bool(average_over_ranks)
         self._flavor = generic_optimizer.optimizer_flavor(optimizer)
         self._is_v1 = self._flavor == "v1"
         self.sok_slots = generic_optimizer.SlotStores()
@@ -344,6 +352,8 @@ class OptimizerWrapper(
         # Gradient carriers of SOK layers -> their tables.
         sparse, dense = split_gradients(grads_and_vars)
         dense = [(g, v) for g, v in dense if g is not None]
+        if self._average_over_ranks:
+            sparse, dense = average_over_ranks(sparse, dense)
         if self._is_v1:
             return self._apply_v1(sparse, dense, global_step, name)
         # Keras: the whole call runs at the wrapper's step (SOK 2.x), dense variables included.
