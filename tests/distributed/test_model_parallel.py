@@ -122,9 +122,10 @@ def test_dense_ids_match_one_process(np_):
 def test_tensorflow_lookups_match_one_process(np_):
     """tf.nn.embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse and Keras's
     sok.Embedding without a combiner on sharded and whole Embedding Variables fetch rows from
-    their owners: SGD steps' embeddings and owned rows equal one process (workers/tf_api.py)."""
+    their owners: SGD steps' embeddings and owned rows equal one process, eager, in a tf.function
+    and in a TF1 Session (workers/tf_api.py)."""
     rc, out, _ = horovodrun(np_, "tf_api.py")
-    _assert_ok(np_, rc, out, ["tf api eager:", "tf api function:"])
+    _assert_ok(np_, rc, out, ["tf api eager:", "tf api function:", "tf api tf1:"])
 
 
 @pytest.mark.parametrize("np_", [2, MORE])

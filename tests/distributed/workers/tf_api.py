@@ -4,8 +4,8 @@ sok.Embedding without a combiner fetch each row from its owner, on Embedding Var
 sok.Variable tables (a rank holds a shard), so the ranks train one table. Every rank looks up its
 slice of the global batch and takes SGD steps through sok.OptimizerWrapper; it checks each
 step's embeddings and, at the end, every row it owns (and that it holds no other key; a static
-table's shard) against plain TensorFlow on the whole global batch. Eagerly, then in a
-tf.function.
+table's shard) against plain TensorFlow on the whole global batch. Eagerly, in a tf.function,
+and in a TF1 graph and Session (tf.compat.v1's SGD wrapped).
 
     python tf_api.py      (under horovodrun -np N; one process is the world of one)
 """
@@ -41,24 +41,99 @@ def positions(step, spec, salt):
     return rng.integers(0, spec.rows, [GLOBAL_BATCH, K])
 
 
-def as_sparse(values, pos):
-    """[batch, K] as a SparseTensor, an entry per id; entries of position -1 (the safe lookup's
-    invalid ids) keep -1."""
+def as_sparse(values, pos, mode="eager"):
+    """[batch, K] as a SparseTensor (TF1: its value for a feed), an entry per id; entries of
+    position -1 (the safe lookup's invalid ids) keep -1."""
     idx = np.stack(np.meshgrid(np.arange(pos.shape[0]), np.arange(K), indexing="ij"), -1)
+    if mode == "tf1":
+        return tf.compat.v1.SparseTensorValue(idx.reshape(-1, 2), values.reshape(-1), pos.shape)
     return tf.SparseTensor(idx.reshape(-1, 2), tf.constant(values.reshape(-1)), pos.shape)
 
 
-def run(graph_function):
+WHAT = ["embedding_lookup", "Embedding layer (TF1: v1 embedding_lookup)", "embedding_lookup_sparse",
+        "safe_embedding_lookup_sparse", "embedding_lookup of a sok.Variable",
+        "embedding_lookup_sparse of a sok.Variable"]
+
+
+def lookups(tables, layer, dense0, dense_keras, sparse1, safe0, dense2, sparse3):
+    """The six pooled embeddings a step trains ([batch, dim] each); TF1 (layer None) reads the
+    second with the v1 API instead of Keras's layer."""
+    second = (layer(dense_keras) if layer is not None
+              else tf.compat.v1.nn.embedding_lookup(tables[0], dense_keras))
+    return [tf.reduce_sum(tf.nn.embedding_lookup(tables[0], dense0), axis=1),
+            tf.reduce_sum(second, axis=1),
+            tf.nn.embedding_lookup_sparse(tables[1], sparse1, None, combiner="mean"),
+            tf.nn.safe_embedding_lookup_sparse(tables[0], safe0, combiner="sum"),
+            tf.reduce_sum(tf.nn.embedding_lookup(tables[2], dense2), axis=1),
+            tf.nn.embedding_lookup_sparse(tables[3], sparse3, None, combiner="sqrtn")]
+
+
+def tf1_step(all_specs, rank, world):
+    """(tables, the step: inputs -> embeddings, rows of (EVs, static shards) now, the tables'
+    initial rows) in a TF1 graph and Session."""
+    spread, local, st_spread, st_local = all_specs
+    graph = tf.Graph()
+    with graph.as_default():
+        tables = [make_sok_table(s) for s in all_specs]
+        holders = [tf.compat.v1.placeholder(spread.key_dtype, [None, K]),
+                   tf.compat.v1.placeholder(spread.key_dtype, [None, K]),
+                   tf.compat.v1.sparse_placeholder(local.key_dtype, [None, K]),
+                   tf.compat.v1.sparse_placeholder(spread.key_dtype, [None, K]),
+                   tf.compat.v1.placeholder(st_spread.key_dtype, [None, K]),
+                   tf.compat.v1.sparse_placeholder(st_local.key_dtype, [None, K]),
+                   tf.compat.v1.placeholder(tf.float32, [None])]
+        w = tf.constant(dense_init(3 * spread.dim + local.dim + st_spread.dim + st_local.dim))
+        embs = lookups(tables, None, *holders[:-1])
+        opt = sok.OptimizerWrapper(tf.compat.v1.train.GradientDescentOptimizer(HYPER["sgd"]["lr"]))
+        train_op = opt.minimize(loss_fn(embs, w, holders[-1]), var_list=tables)
+        initial = [t.sparse_read(tf.constant(s.vocab, s.key_dtype), training=False)
+                   for s, t in zip(all_specs[:2], tables)]
+        exports = [t.export()[:3] for t in tables[:2]]
+        sess = tf.compat.v1.Session(graph=graph)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run([t.initializer for t in tables[:2]])
+    initial = sess.run(initial) + [static_init(s) for s in all_specs[2:]]
+
+    def step(*inputs):
+        return sess.run([embs, train_op], dict(zip(holders, inputs)))[0]
+
+    def rows():
+        return sess.run(exports), sess.run(tables[2:])
+
+    return tables, step, rows, initial
+
+
+def run(mode):
     _, rank, world = setup()
-    tag = "function" if graph_function else "eager"
+    tag = mode
     spread, local, st_spread, st_local = specs(world, prefix=f"tfapi_{tag}_")
     all_specs = [spread, local, st_spread, st_local]
-    tables = [make_sok_table(s) for s in all_specs]
-    ref = [tf.Variable(t.sparse_read(tf.constant(s.vocab, s.key_dtype), training=False)
-                       if s.kind == "ev" else static_init(s)) for s, t in zip(all_specs, tables)]
-    layer = sok.Embedding(embedding_variable=tables[0])
     w = tf.constant(dense_init(3 * spread.dim + local.dim + st_spread.dim + st_local.dim))
-    opt = sok.OptimizerWrapper(make_keras_optimizer("sgd"))
+    if mode == "tf1":
+        tables, step_fn, rows, initial = tf1_step(all_specs, rank, world)
+    else:
+        tables = [make_sok_table(s) for s in all_specs]
+        initial = [t.sparse_read(tf.constant(s.vocab, s.key_dtype), training=False)
+                   for s, t in zip(all_specs[:2], tables)] + [static_init(s) for s in all_specs[2:]]
+        layer = sok.Embedding(embedding_variable=tables[0])
+        opt = sok.OptimizerWrapper(make_keras_optimizer("sgd"))
+
+        def train(*inputs):
+            with tf.GradientTape() as tape:
+                embs = lookups(tables, layer, *inputs[:-1])
+                loss = loss_fn(embs, w, inputs[-1])
+            opt.apply_gradients(zip(tape.gradient(loss, tables), tables))
+            return [e.numpy() for e in embs] if mode == "eager" else embs
+
+        traced = tf.function(train) if mode == "function" else train
+
+        def step_fn(*inputs):
+            return [np.asarray(e) for e in traced(*inputs)]
+
+        def rows():
+            return ([[x.numpy() for x in t.export()[:3]] for t in tables[:2]],
+                    [t.numpy() for t in tables[2:]])
+    ref = [tf.Variable(r) for r in initial]
     sl = rank_slice(rank, world)
     touched = [np.zeros(spread.rows, bool), np.zeros(local.rows, bool)]
 
@@ -66,19 +141,6 @@ def run(graph_function):
         return np.where(pos >= 0, spec.vocab[np.maximum(pos, 0)], -1).astype(
             spec.key_dtype.as_numpy_dtype)
 
-    def train(dense0, dense_keras, sparse1, safe0, dense2, sparse3, y):
-        with tf.GradientTape() as tape:
-            embs = [tf.reduce_sum(tf.nn.embedding_lookup(tables[0], dense0), axis=1),
-                    tf.reduce_sum(layer(dense_keras), axis=1),
-                    tf.nn.embedding_lookup_sparse(tables[1], sparse1, None, combiner="mean"),
-                    tf.nn.safe_embedding_lookup_sparse(tables[0], safe0, combiner="sum"),
-                    tf.reduce_sum(tf.nn.embedding_lookup(tables[2], dense2), axis=1),
-                    tf.nn.embedding_lookup_sparse(tables[3], sparse3, None, combiner="sqrtn")]
-            loss = loss_fn(embs, w, y)
-        opt.apply_gradients(zip(tape.gradient(loss, tables), tables))
-        return embs
-
-    step_fn = tf.function(train) if graph_function else train
     for step in range(STEPS):
         pos = [positions(step, spread, 0), positions(step, spread, 1), positions(step, local, 2),
                positions(step, spread, 3), positions(step, st_spread, 4),
@@ -86,12 +148,11 @@ def run(graph_function):
         pos[3][::2, 1] = -1  # invalid ids, dropped by the safe lookup: so are negative keys
         pos[3][spread.vocab[pos[3]] < 0] = -1
         y = labels(3, step)
-        embs = step_fn(tf.constant(keys(spread, pos[0][sl])),
-                       tf.constant(keys(spread, pos[1][sl])),
-                       as_sparse(keys(local, pos[2][sl]), pos[2][sl]),
-                       as_sparse(keys(spread, pos[3][sl]), pos[3][sl]),
-                       tf.constant(keys(st_spread, pos[4][sl])),
-                       as_sparse(keys(st_local, pos[5][sl]), pos[5][sl]), tf.constant(y[sl]))
+        feed = (keys(spread, pos[0][sl]), keys(spread, pos[1][sl]),
+                as_sparse(keys(local, pos[2][sl]), pos[2][sl], mode),
+                as_sparse(keys(spread, pos[3][sl]), pos[3][sl], mode), keys(st_spread, pos[4][sl]),
+                as_sparse(keys(st_local, pos[5][sl]), pos[5][sl], mode), y[sl])
+        embs = step_fn(*feed)
         with tf.GradientTape() as tape:
             rembs = [tf.reduce_sum(tf.gather(ref[0], pos[0]), axis=1),
                      tf.reduce_sum(tf.gather(ref[0], pos[1]), axis=1),
@@ -101,29 +162,27 @@ def run(graph_function):
                      tf.reduce_sum(tf.gather(ref[2], pos[4]), axis=1),
                      tf.reduce_sum(tf.gather(ref[3], pos[5]), axis=1) / np.sqrt(K)]
             rloss = loss_fn(rembs, w, y)
-        for i, what in enumerate(["embedding_lookup", "Embedding layer",
-                                  "embedding_lookup_sparse", "safe_embedding_lookup_sparse",
-                                  "embedding_lookup of a sok.Variable",
-                                  "embedding_lookup_sparse of a sok.Variable"]):
-            close(f"{tag} step {step}: {what}", embs[i].numpy(), rembs[i].numpy()[sl])
+        for i, what in enumerate(WHAT):
+            close(f"{tag} step {step}: {what}", embs[i], rembs[i].numpy()[sl])
         for r, g in zip(ref, tape.gradient(rloss, ref)):
             r.assign_sub(HYPER["sgd"]["lr"] * tf.convert_to_tensor(g))
         for p in pos[:2] + pos[3:4]:
             touched[0][p[p >= 0]] = True
         touched[1][pos[2].reshape(-1)] = True
-    for i, (s, t) in enumerate(zip([spread, local], tables)):
-        check_ev_rows(f"{tag}: {s.name} after {STEPS} steps", s, [x.numpy() for x in t.export()[:3]],
-                      ref[i].numpy(), [], "sgd", touched[i], rank, world)
-    for i in (2, 3):
-        check_static_rows(f"{tag}: {all_specs[i].name} after {STEPS} steps", all_specs[i],
-                          tables[i].numpy(), ref[i].numpy(), rank, world)
-    done(f"tf api {tag}: TensorFlow's lookups and Keras's Embedding on {world} ranks equal the "
-         f"reference (global batch {GLOBAL_BATCH})")
+    ev_rows, shards = rows()
+    for i, s in enumerate(all_specs[:2]):
+        check_ev_rows(f"{tag}: {s.name} after {STEPS} steps", s, ev_rows[i], ref[i].numpy(), [],
+                      "sgd", touched[i], rank, world)
+    for i, s in enumerate(all_specs[2:], start=2):
+        check_static_rows(f"{tag}: {s.name} after {STEPS} steps", s, shards[i - 2], ref[i].numpy(),
+                          rank, world)
+    done(f"tf api {tag}: TensorFlow's lookups (eager: Keras's Embedding too) on {world} ranks equal "
+         f"the reference (global batch {GLOBAL_BATCH})")
 
 
 def main():
-    run(graph_function=False)
-    run(graph_function=True)
+    for mode in ("eager", "function", "tf1"):
+        run(mode)
 
 
 if __name__ == "__main__":
