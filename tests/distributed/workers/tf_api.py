@@ -176,7 +176,7 @@ def run(mode):
     for i, s in enumerate(all_specs[2:], start=2):
         check_static_rows(f"{tag}: {s.name} after {STEPS} steps", s, shards[i - 2], ref[i].numpy(),
                           rank, world)
-    done(f"tf api {tag}: TensorFlow's lookups (eager: Keras's Embedding too) on {world} ranks equal "
+    done(f"tf api {tag}: TensorFlow's lookups (TF2: Keras's Embedding too) on {world} ranks equal "
          f"the reference (global batch {GLOBAL_BATCH})")
 
 
