@@ -129,12 +129,24 @@ def test_tensorflow_lookups_match_one_process(np_):
 
 
 @pytest.mark.parametrize("np_", [2, MORE])
-def test_keras_fit_matches_one_process(np_):
+def test_keras_fit_and_files_match_one_process(np_, tmp_path):
     """Keras 3's compile/fit with sok.OptimizerWrapper(..., average_over_ranks=True), each rank
     fitting its slice of the global batches: Dense weights and owned rows equal one process on
-    the global batches (workers/keras_fit.py)."""
-    rc, out, _ = horovodrun(np_, "keras_fit.py")
-    _assert_ok(np_, rc, out, [f"keras fit on {np_} ranks:"])
+    the global batches. .keras files: each rank's shard reloads to the bit on its rank and is
+    refused elsewhere; a one-process file loads onto N ranks, each keeping its rows
+    (workers/keras_fit.py)."""
+    one = {"SOK_TEST_KERAS_DIR": str(tmp_path)}
+    rc, out, _ = horovodrun(1, "keras_fit.py", env=one)
+    _assert_ok(1, rc, out, ["keras fit on 1 ranks:", "keras files:"])
+    several = {**one, "SOK_TEST_KERAS_WHOLE": str(tmp_path / "rank0-of-1.keras")}
+    rc, out, _ = horovodrun(np_, "keras_fit.py", env=several)
+    _assert_ok(np_, rc, out, [f"keras fit on {np_} ranks:", "keras files: each rank's shard",
+                              "keras one-process file:"])
+    (tmp_path / "again").mkdir()
+    shard = {"SOK_TEST_KERAS_DIR": str(tmp_path / "again"),
+             "SOK_TEST_KERAS_SHARD": str(tmp_path / f"rank0-of-{np_}.keras")}
+    rc, out, _ = horovodrun(1, "keras_fit.py", env=shard)
+    _assert_ok(1, rc, out, ["keras files: a shard of another world is refused"])
 
 
 def test_more_ranks_match_one_process(run_more):

@@ -4,8 +4,15 @@ compiled with sok.OptimizerWrapper(SGD, average_over_ranks=True), each rank fitt
 every global batch. After the epoch every rank's Dense weights and the rows it owns equal plain
 TensorFlow's steps on the global batches (tables as tf.Variables, the same Keras loss).
 
+Then .keras files (with $SOK_TEST_KERAS_DIR): each rank saves rank<r>-of-<N>.keras and loads it
+back to the bit; another rank's file is refused. $SOK_TEST_KERAS_WHOLE (a one-process file of
+this model): every rank loads it and keeps exactly the rows it owns. $SOK_TEST_KERAS_SHARD (a
+shard of another world): loading it is refused.
+
     python keras_fit.py      (under horovodrun -np N; one process is the world of one)
 """
+import os
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -89,6 +96,63 @@ def main():
                       "sgd", touched, rank, world)
     done(f"keras fit on {world} ranks: Dense weights and table rows equal one process "
          f"({BATCHES} global batches of {GLOBAL_BATCH})")
+    if os.environ.get("SOK_TEST_KERAS_DIR"):
+        check_files(model, tables, os.environ["SOK_TEST_KERAS_DIR"], rank, world)
+    if os.environ.get("SOK_TEST_KERAS_WHOLE"):
+        check_whole_file(os.environ["SOK_TEST_KERAS_WHOLE"], tables, rank, world)
+    if os.environ.get("SOK_TEST_KERAS_SHARD"):
+        refused(os.environ["SOK_TEST_KERAS_SHARD"])
+        done("keras files: a shard of another world is refused")
+
+
+def rows_by_key(table):
+    keys, values = (x.numpy() for x in table.export()[:2])
+    order = np.argsort(keys)
+    return keys[order], values[order]
+
+
+def sok_tables(model):
+    return [t for layer in model.layers if isinstance(layer, sok.Embedding)
+            for t in layer.embedding_variables]
+
+
+def refused(path):
+    try:
+        keras.models.load_model(path)
+    except ValueError as e:
+        assert "shard of table" in str(e) and "sok.dump" in str(e), e
+        return
+    raise AssertionError(f"loading {path} on rank {sok.rank()} of {sok.num_ranks()} was not refused")
+
+
+def check_files(model, tables, out_dir, rank, world):
+    """Each rank's file holds its shard and loads back on that rank to the bit."""
+    path = os.path.join(out_dir, f"rank{rank}-of-{world}.keras")
+    model.save(path)
+    loaded = sok_tables(keras.models.load_model(path))
+    for t, u in zip(tables, loaded, strict=True):
+        for a, b in zip(rows_by_key(t), rows_by_key(u)):
+            assert a.tobytes() == b.tobytes(), f"rank {rank}: {t.name} reloaded differs"
+    if world > 1:
+        # Every rank saved before any rank reads another's file.
+        sok.all_reduce([tf.zeros([1])])
+        refused(os.path.join(out_dir, f"rank{(rank + 1) % world}-of-{world}.keras"))
+    done("keras files: each rank's shard saves and loads back to the bit")
+
+
+def check_whole_file(path, trained, rank, world):
+    """A one-process file of this model (rank0-of-1.keras) loads onto every rank: the spread
+    table keeps the keys this rank owns, with the rows this rank trained (the one-process fit
+    equals this one); the other table's rows lie on their owners too."""
+    loaded = sok_tables(keras.models.load_model(path))
+    (keys, values), (want_keys, want_values) = rows_by_key(loaded[0]), rows_by_key(trained[0])
+    assert keys.tolist() == want_keys.tolist(), f"rank {rank}: keys {keys} != {want_keys}"
+    close("one-process file: rows of the spread table", values, want_values)
+    keys = rows_by_key(loaded[1])[0].astype(np.int64)
+    target = loaded[1].target_gpu  # the file's placement, as the layer's config gives it
+    owners = np.mod(keys, world) if target < 0 else np.full(keys.shape, target)
+    assert (owners == rank).all(), f"rank {rank}: {loaded[1].name} holds keys {keys}"
+    done("keras one-process file: every rank keeps the rows it owns")
 
 
 if __name__ == "__main__":

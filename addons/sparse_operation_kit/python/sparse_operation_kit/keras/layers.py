@@ -35,6 +35,7 @@ import tensorflow as tf
 from sparse_operation_kit.lookup.lookup import COMBINERS, lookup_rows, lookup_sparse
 from sparse_operation_kit.optimizers import keras_support
 from sparse_operation_kit.runtime import keras_version
+from sparse_operation_kit.runtime.context import context
 from sparse_operation_kit.runtime.schema import EXPORT_FIELDS
 from sparse_operation_kit.tables import storage, validation
 from sparse_operation_kit.tables.embedding_variable import (
@@ -46,7 +47,7 @@ from sparse_operation_kit.tables.embedding_variable import (
     L2WeightEvict,
     is_embedding_variable,
 )
-from sparse_operation_kit.tables.tables import StaticTable, table_name
+from sparse_operation_kit.tables.tables import StaticTable, owner, table_name, target_of
 
 _register = keras_version.keras_module().saving.register_keras_serializable
 
@@ -183,6 +184,7 @@ def table_from_config(c):
 
 
 _FIELDS = EXPORT_FIELDS
+_ROW_FIELDS = 5  # keys, values, slots, freqs, versions: one entry per row
 
 
 class _TablesLayer(tf.keras.layers.Layer):
@@ -223,6 +225,9 @@ class _TablesLayer(tf.keras.layers.Layer):
         return list(self._trainable_variables) + list(self._non_trainable_variables) \
             if hasattr(self, "_trainable_variables") else list(self.weights)
 
+    # Under Horovod a rank holds its shard of each table, so a file records [rank, world]: it
+    # loads onto that rank of that world only; a one-process file loads anywhere, each rank
+    # keeping the rows it owns.
     def save_own_variables(self, store):
         for i, v in enumerate(self._keras_variables()):
             store[f"{i}"] = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
@@ -232,6 +237,29 @@ class _TablesLayer(tf.keras.layers.Layer):
                     store[f"sok_table_{i}_{field}"] = value.numpy()
             elif not any(t is v for v in self._keras_variables()):
                 store[f"sok_table_{i}_values"] = np.asarray(t.numpy())
+            else:
+                continue
+            store[f"sok_table_{i}_shard"] = np.array([context.rank, context.world_size], np.int64)
+
+    def _owned_part(self, store, i, table, fields):
+        """This rank's part of table i's arrays in the file (`fields`, row-aligned)."""
+        rank, world = context.rank, context.world_size
+        marker = f"sok_table_{i}_shard"  # absent from one-process files of older versions
+        saved = np.asarray(store[marker]) if marker in set(store.keys()) else (0, 1)
+        saved_rank, saved_world = (int(x) for x in saved)
+        if saved_world > 1 and (saved_rank, saved_world) != (rank, world):
+            raise ValueError(
+                f"layer '{self.name}': the weights file holds rank {saved_rank}'s shard of table "
+                f"'{table.name}' (of {saved_world} ranks) and loads onto that rank of "
+                f"{saved_world} only, not rank {rank} of {world}; to move a table between "
+                "world sizes save it with sok.dump on every rank and sok.load it"
+            )
+        arrays = [np.asarray(store[f"sok_table_{i}_{f}"]) for f in fields]
+        if saved_world > 1 or world == 1:
+            return arrays
+        keys = arrays[0] if is_embedding_variable(table) else np.arange(len(arrays[0]))
+        mine = owner(keys, target_of(table), world) == rank
+        return [a[mine] for a in arrays]
 
     def load_own_variables(self, store):
         own = self._keras_variables()
@@ -255,11 +283,11 @@ class _TablesLayer(tf.keras.layers.Layer):
                         f"layer '{self.name}': the weights file has no rows of table '{t.name}' "
                         f"(missing {missing})"
                     )
-                t.import_snapshot(
-                    {f: tf.constant(np.asarray(store[f"sok_table_{i}_{f}"])) for f in _FIELDS}
-                )
+                rows = self._owned_part(store, i, t, _FIELDS[:_ROW_FIELDS])
+                rest = [np.asarray(store[f"sok_table_{i}_{f}"]) for f in _FIELDS[_ROW_FIELDS:]]
+                t.import_snapshot({f: tf.constant(a) for f, a in zip(_FIELDS, rows + rest)})
             elif f"sok_table_{i}_values" in keys:
-                t.assign(np.asarray(store[f"sok_table_{i}_values"]))
+                t.assign(self._owned_part(store, i, t, ["values"])[0])
 
     @property
     def embedding_variables(self):
