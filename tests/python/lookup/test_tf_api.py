@@ -226,3 +226,20 @@ def test_static_tables_in_one_process_run_tensorflows_own_functions(rng):
             (safe(table, ids, weights, default_id=1), safe(ref, ids, weights, default_id=1)),
         ]:
             np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+def test_partitioned_embedding_variable(rng):
+    """DeepRec's partitioned table (partitioner=) through both sparse lookups and max_norm."""
+    ev = sok.get_embedding_variable(unique_name(), DIM, partitioner=tf.compat.v1.fixed_size_partitioner(3),
+                                    initializer=tf.random_uniform_initializer(-1.0, 1.0, seed=3))
+    assert isinstance(ev, sok.PartitionedEmbeddingVariable)
+    ref = tf.constant(ev_rows(ev, VOCAB))
+    idx, pos, w, shape = sparse_batch(rng, invalid=True)
+    valid = pos >= 0
+    ids, keys = sparse(idx[valid], pos[valid], shape), sparse(idx[valid], as_keys(pos)[valid], shape)
+    got = tf.nn.embedding_lookup_sparse(ev, keys, None, combiner="sum", max_norm=0.6)
+    want = tf.nn.embedding_lookup_sparse(ref, ids, None, combiner="sum", max_norm=0.6)
+    np.testing.assert_allclose(got.numpy(), padded_to(want, shape[0]).numpy(), rtol=1e-5, atol=1e-6)
+    got = tf.nn.safe_embedding_lookup_sparse(ev, sparse(idx, as_keys(pos), shape), sparse(idx, w, shape))
+    want = tf.nn.safe_embedding_lookup_sparse(ref, sparse(idx, pos, shape), sparse(idx, w, shape))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)

@@ -52,7 +52,7 @@ def _embedding_lookup(params, ids, max_norm):
         return tf.ragged.map_flat_values(lambda k: _embedding_lookup(table, k, max_norm), ids)
     rows = lookup_rows(table, ids)
     if max_norm is not None:
-        rows = tf.clip_by_norm(rows, max_norm, axes=[rows.shape.rank - 1])
+        rows = tf.clip_by_norm(rows, max_norm, axes=[-1])
     return rows
 
 
@@ -65,11 +65,11 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, combiner, max_norm, api
     combiner = combiner or "mean"  # TensorFlow's default
     if max_norm is None:
         return lookup_sparse(table, sp_ids, sp_weights, combiners=combiner)
-    # Each distinct id's row is clipped before the combine (TensorFlow's order): the rows come
-    # from one lookup of one id per sample, TensorFlow's own combine pools them.
+    # Each distinct id's row is clipped before the combine (TensorFlow's order), then TensorFlow's
+    # own combine pools them.
     sp_ids, sp_weights = _as_sparse(sp_ids), _as_sparse(sp_weights)
     distinct, index = tf.unique(sp_ids.values)
-    rows = tf.clip_by_norm(lookup_sparse(table, distinct, combiners="sum"), max_norm, axes=[1])
+    rows = tf.clip_by_norm(lookup_rows(table, distinct), max_norm, axes=[-1])
     positions = tf.SparseTensor(sp_ids.indices, tf.cast(index, tf.int64), sp_ids.dense_shape)
     out = tf.nn.embedding_lookup_sparse(rows, positions, sp_weights, combiner=combiner)
     missing = sp_ids.dense_shape[0] - tf.shape(out, out_type=tf.int64)[0]
