@@ -1,10 +1,10 @@
 """TensorFlow's own lookups under horovodrun against one process: what a DeepRec program calls
 (tf.nn.embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse) and Keras's
-sok.Embedding without a combiner fetch each row from its owner, on Embedding Variables and on
-sok.Variable tables (a rank holds a shard), so the ranks train one table. Every rank looks up its
+sok.Embedding without a combiner fetch each row of an Embedding Variable from its owner, so the
+ranks train one table. Every rank looks up its
 slice of the global batch and takes SGD steps through sok.OptimizerWrapper; it checks each
-step's embeddings and, at the end, every row it owns (and that it holds no other key; a static
-table's shard) against plain TensorFlow on the whole global batch. Eagerly, in a tf.function,
+step's embeddings and, at the end, every row it owns (and that it holds no other key) against
+plain TensorFlow on the whole global batch. Eagerly, in a tf.function,
 and in a TF1 graph and Session (tf.compat.v1's SGD wrapped).
 
     python tf_api.py      (under horovodrun -np N; one process is the world of one)
@@ -15,7 +15,6 @@ from mp_common import (
     GLOBAL_BATCH,
     HYPER,
     check_ev_rows,
-    check_static_rows,
     close,
     dense_init,
     done,
@@ -27,7 +26,6 @@ from mp_common import (
     rank_slice,
     setup,
     specs,
-    static_init,
 )
 
 import sparse_operation_kit as sok
@@ -51,27 +49,24 @@ def as_sparse(values, pos, mode="eager"):
 
 
 WHAT = ["embedding_lookup", "Embedding layer (TF1: v1 embedding_lookup)", "embedding_lookup_sparse",
-        "safe_embedding_lookup_sparse", "embedding_lookup of a sok.Variable",
-        "embedding_lookup_sparse of a sok.Variable"]
+        "safe_embedding_lookup_sparse"]
 
 
-def lookups(tables, layer, dense0, dense_keras, sparse1, safe0, dense2, sparse3):
-    """The six pooled embeddings a step trains ([batch, dim] each); TF1 (layer None) reads the
+def lookups(tables, layer, dense0, dense_keras, sparse1, safe0):
+    """The four pooled embeddings a step trains ([batch, dim] each); TF1 (layer None) reads the
     second with the v1 API instead of Keras's layer."""
     second = (layer(dense_keras) if layer is not None
               else tf.compat.v1.nn.embedding_lookup(tables[0], dense_keras))
     return [tf.reduce_sum(tf.nn.embedding_lookup(tables[0], dense0), axis=1),
             tf.reduce_sum(second, axis=1),
             tf.nn.embedding_lookup_sparse(tables[1], sparse1, None, combiner="mean"),
-            tf.nn.safe_embedding_lookup_sparse(tables[0], safe0, combiner="sum"),
-            tf.reduce_sum(tf.nn.embedding_lookup(tables[2], dense2), axis=1),
-            tf.nn.embedding_lookup_sparse(tables[3], sparse3, None, combiner="sqrtn")]
+            tf.nn.safe_embedding_lookup_sparse(tables[0], safe0, combiner="sum")]
 
 
 def tf1_step(all_specs, rank, world):
-    """(tables, the step: inputs -> embeddings, rows of (EVs, static shards) now, the tables'
-    initial rows) in a TF1 graph and Session."""
-    spread, local, st_spread, st_local = all_specs
+    """(tables, the step: inputs -> embeddings, the tables' exported rows now, their initial
+    rows) in a TF1 graph and Session."""
+    spread, local = all_specs
     graph = tf.Graph()
     with graph.as_default():
         tables = [make_sok_table(s) for s in all_specs]
@@ -79,26 +74,24 @@ def tf1_step(all_specs, rank, world):
                    tf.compat.v1.placeholder(spread.key_dtype, [None, K]),
                    tf.compat.v1.sparse_placeholder(local.key_dtype, [None, K]),
                    tf.compat.v1.sparse_placeholder(spread.key_dtype, [None, K]),
-                   tf.compat.v1.placeholder(st_spread.key_dtype, [None, K]),
-                   tf.compat.v1.sparse_placeholder(st_local.key_dtype, [None, K]),
                    tf.compat.v1.placeholder(tf.float32, [None])]
-        w = tf.constant(dense_init(3 * spread.dim + local.dim + st_spread.dim + st_local.dim))
+        w = tf.constant(dense_init(3 * spread.dim + local.dim))
         embs = lookups(tables, None, *holders[:-1])
         opt = sok.OptimizerWrapper(tf.compat.v1.train.GradientDescentOptimizer(HYPER["sgd"]["lr"]))
         train_op = opt.minimize(loss_fn(embs, w, holders[-1]), var_list=tables)
         initial = [t.sparse_read(tf.constant(s.vocab, s.key_dtype), training=False)
-                   for s, t in zip(all_specs[:2], tables)]
-        exports = [t.export()[:3] for t in tables[:2]]
+                   for s, t in zip(all_specs, tables)]
+        exports = [t.export()[:3] for t in tables]
         sess = tf.compat.v1.Session(graph=graph)
         sess.run(tf.compat.v1.global_variables_initializer())
-        sess.run([t.initializer for t in tables[:2]])
-    initial = sess.run(initial) + [static_init(s) for s in all_specs[2:]]
+        sess.run([t.initializer for t in tables])
+    initial = sess.run(initial)
 
     def step(*inputs):
         return sess.run([embs, train_op], dict(zip(holders, inputs)))[0]
 
     def rows():
-        return sess.run(exports), sess.run(tables[2:])
+        return sess.run(exports)
 
     return tables, step, rows, initial
 
@@ -106,15 +99,14 @@ def tf1_step(all_specs, rank, world):
 def run(mode):
     _, rank, world = setup()
     tag = mode
-    spread, local, st_spread, st_local = specs(world, prefix=f"tfapi_{tag}_")
-    all_specs = [spread, local, st_spread, st_local]
-    w = tf.constant(dense_init(3 * spread.dim + local.dim + st_spread.dim + st_local.dim))
+    spread, local = all_specs = [s for s in specs(world, prefix=f"tfapi_{tag}_") if s.kind == "ev"]
+    w = tf.constant(dense_init(3 * spread.dim + local.dim))
     if mode == "tf1":
         tables, step_fn, rows, initial = tf1_step(all_specs, rank, world)
     else:
         tables = [make_sok_table(s) for s in all_specs]
         initial = [t.sparse_read(tf.constant(s.vocab, s.key_dtype), training=False)
-                   for s, t in zip(all_specs[:2], tables)] + [static_init(s) for s in all_specs[2:]]
+                   for s, t in zip(all_specs, tables)]
         layer = sok.Embedding(embedding_variable=tables[0])
         opt = sok.OptimizerWrapper(make_keras_optimizer("sgd"))
 
@@ -131,8 +123,7 @@ def run(mode):
             return [np.asarray(e) for e in traced(*inputs)]
 
         def rows():
-            return ([[x.numpy() for x in t.export()[:3]] for t in tables[:2]],
-                    [t.numpy() for t in tables[2:]])
+            return [[x.numpy() for x in t.export()[:3]] for t in tables]
     ref = [tf.Variable(r) for r in initial]
     sl = rank_slice(rank, world)
     touched = [np.zeros(spread.rows, bool), np.zeros(local.rows, bool)]
@@ -143,39 +134,37 @@ def run(mode):
 
     for step in range(STEPS):
         pos = [positions(step, spread, 0), positions(step, spread, 1), positions(step, local, 2),
-               positions(step, spread, 3), positions(step, st_spread, 4),
-               positions(step, st_local, 5)]
+               positions(step, spread, 3)]
         pos[3][::2, 1] = -1  # invalid ids, dropped by the safe lookup: so are negative keys
         pos[3][spread.vocab[pos[3]] < 0] = -1
         y = labels(3, step)
         feed = (keys(spread, pos[0][sl]), keys(spread, pos[1][sl]),
                 as_sparse(keys(local, pos[2][sl]), pos[2][sl], mode),
-                as_sparse(keys(spread, pos[3][sl]), pos[3][sl], mode), keys(st_spread, pos[4][sl]),
-                as_sparse(keys(st_local, pos[5][sl]), pos[5][sl], mode), y[sl])
+                as_sparse(keys(spread, pos[3][sl]), pos[3][sl], mode), y[sl])
         embs = step_fn(*feed)
         with tf.GradientTape() as tape:
             rembs = [tf.reduce_sum(tf.gather(ref[0], pos[0]), axis=1),
                      tf.reduce_sum(tf.gather(ref[0], pos[1]), axis=1),
                      tf.reduce_mean(tf.gather(ref[1], pos[2]), axis=1),
                      tf.nn.safe_embedding_lookup_sparse(ref[0], as_sparse(pos[3], pos[3]),
-                                                        combiner="sum"),
-                     tf.reduce_sum(tf.gather(ref[2], pos[4]), axis=1),
-                     tf.reduce_sum(tf.gather(ref[3], pos[5]), axis=1) / np.sqrt(K)]
+                                                        combiner="sum")]
             rloss = loss_fn(rembs, w, y)
         for i, what in enumerate(WHAT):
             close(f"{tag} step {step}: {what}", embs[i], rembs[i].numpy()[sl])
         for r, g in zip(ref, tape.gradient(rloss, ref)):
             r.assign_sub(HYPER["sgd"]["lr"] * tf.convert_to_tensor(g))
-        for p in pos[:2] + pos[3:4]:
+        for p in pos[:2] + pos[3:]:
             touched[0][p[p >= 0]] = True
         touched[1][pos[2].reshape(-1)] = True
-    ev_rows, shards = rows()
-    for i, s in enumerate(all_specs[:2]):
-        check_ev_rows(f"{tag}: {s.name} after {STEPS} steps", s, ev_rows[i], ref[i].numpy(), [],
+    for i, (s, exported) in enumerate(zip(all_specs, rows())):
+        check_ev_rows(f"{tag}: {s.name} after {STEPS} steps", s, exported, ref[i].numpy(), [],
                       "sgd", touched[i], rank, world)
-    for i, s in enumerate(all_specs[2:], start=2):
-        check_static_rows(f"{tag}: {s.name} after {STEPS} steps", s, shards[i - 2], ref[i].numpy(),
-                          rank, world)
+    if mode == "eager":
+        # SOK 2.x's DynamicVariable keeps SOK 2.x's local read: this rank's table, no exchange.
+        dyn = sok.DynamicVariable(dimension=2, name="tfapi_dyn", mode="distributed")
+        tf.nn.embedding_lookup(dyn, tf.constant([100 * rank + 1, 100 * rank + 2], tf.int64))
+        held = int(tf.size(sok.export(dyn)[0]))
+        assert held == 2, f"rank {rank}: {held} keys"
     done(f"tf api {tag}: TensorFlow's lookups (TF2: Keras's Embedding too) on {world} ranks equal "
          f"the reference (global batch {GLOBAL_BATCH})")
 

@@ -210,24 +210,6 @@ def test_errors_name_the_api_and_the_table():
                                       None)
 
 
-def test_static_tables_in_one_process_run_tensorflows_own_functions(rng):
-    """A sok.Variable in one process is a whole table: TensorFlow's functions give what they give
-    on a tf.Variable of the same values (under Horovod, tests/distributed/workers/tf_api.py)."""
-    values = rng.normal(size=[len(VOCAB), DIM]).astype(np.float32)
-    table, ref = sok.Variable(values, mode="localized:0"), tf.Variable(values)
-    idx, pos, w, shape = sparse_batch(rng, invalid=True)
-    ids, weights = sparse(idx, pos, shape), sparse(idx, w, shape)
-    valid = tf.sparse.retain(ids, pos >= 0)
-    for api in ("v1", "v2"):
-        lookup, safe = APIS[api]
-        for got, want in [
-            (tf.nn.embedding_lookup(table, pos[pos >= 0]), tf.nn.embedding_lookup(ref, pos[pos >= 0])),
-            (lookup(table, valid, None, combiner="sqrtn"), lookup(ref, valid, None, combiner="sqrtn")),
-            (safe(table, ids, weights, default_id=1), safe(ref, ids, weights, default_id=1)),
-        ]:
-            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
-
-
 def test_partitioned_embedding_variable(rng):
     """DeepRec's partitioned table (partitioner=) through both sparse lookups and max_norm."""
     ev = sok.get_embedding_variable(unique_name(), DIM, partitioner=tf.compat.v1.fixed_size_partitioner(3),

@@ -149,6 +149,8 @@ class DynamicVariable(EmbeddingVariable):
         """Always False: the table stays a hash table (to_static is not supported)."""
         return False
 
+    _tf_lookup_reads_shard = True  # SOK 2.x reads across ranks with all2all_dense_embedding
+
     def _read_keys(self, ids):
         # SOK 2.x casts int32 ids (e.g. a Python list given to tf.nn.embedding_lookup) to int64
         # keys.

@@ -1,12 +1,14 @@
 """TensorFlow's own embedding functions on Embedding Variables, as DeepRec programs call them:
 tf.nn.embedding_lookup, embedding_lookup_sparse and safe_embedding_lookup_sparse (v1 and v2)
 are dispatched here when their table is an Embedding Variable, a partitioned one, or a list of
-one: they convert any other table to a tensor, which an Embedding Variable has not. And when it
-is a sok.Variable under Horovod: it holds one rank's shard, so TensorFlow's own functions would
-read the wrong rows (in one process, a whole table, they run as they are).
+one: they convert any other table to a tensor, which an Embedding Variable has not. (A
+sok.Variable is a tf.Variable holding this rank's shard: TensorFlow's functions read that shard,
+as SOK 2.x programs expect.)
 
 embedding_lookup reads each id's row (lookup.lookup_rows: from its owner under Horovod; the
-reads insert unseen keys, as DeepRec's do), the sparse ones are one fused sok.lookup_sparse.
+reads insert unseen keys, as DeepRec's do; a sok.DynamicVariable reads this rank's rows, as in
+SOK 2.x, whose programs use all2all_dense_embedding across ranks), the sparse ones are one fused
+sok.lookup_sparse.
 Results follow TensorFlow's documented semantics, with one difference: the output always has a
 row per sample (dense_shape[0]); samples without ids get zeros (TensorFlow's
 embedding_lookup_sparse leaves trailing ones out).
@@ -18,20 +20,12 @@ import tensorflow as tf
 from sparse_operation_kit.lookup.lookup import lookup_rows, lookup_sparse
 from sparse_operation_kit.parallel.partitioned import PartitionedEmbeddingVariable
 from sparse_operation_kit.runtime import compat
-from sparse_operation_kit.runtime.context import context
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
-from sparse_operation_kit.tables.tables import StaticTable, dim_of
+from sparse_operation_kit.tables.tables import dim_of
 
 compat.register_dispatchable_type(EmbeddingVariable)
 # dispatch_for_api reads typing annotations (typing.Union, not "X | Y").
-_TABLE = Union[EmbeddingVariable, PartitionedEmbeddingVariable, StaticTable,  # noqa: UP007
-               list[EmbeddingVariable]]
-
-
-def _tf_own(params):
-    """Whether TensorFlow's own function serves `params` (called with [params], which no
-    dispatch here matches): a sok.Variable in one process, a whole tf.Variable."""
-    return isinstance(params, StaticTable) and context.world_size == 1
+_TABLE = Union[EmbeddingVariable, PartitionedEmbeddingVariable, list[EmbeddingVariable]]  # noqa: UP007
 
 
 def _one_table(params, api):
@@ -50,7 +44,10 @@ def _embedding_lookup(params, ids, max_norm):
     table = _one_table(params, "tf.nn.embedding_lookup")
     if isinstance(ids, tf.RaggedTensor):
         return tf.ragged.map_flat_values(lambda k: _embedding_lookup(table, k, max_norm), ids)
-    rows = lookup_rows(table, ids)
+    if getattr(table, "_tf_lookup_reads_shard", False):
+        rows = table.sparse_read(ids)
+    else:
+        rows = lookup_rows(table, ids)
     if max_norm is not None:
         rows = tf.clip_by_norm(rows, max_norm, axes=[-1])
     return rows
@@ -104,8 +101,6 @@ def _safe_embedding_lookup_sparse(params, sparse_ids, sparse_weights, combiner, 
 
 @tf.experimental.dispatch_for_api(tf.nn.embedding_lookup, {"params": _TABLE})
 def _embedding_lookup_v2(params, ids, max_norm=None, name=None):
-    if _tf_own(params):
-        return tf.nn.embedding_lookup([params], ids, max_norm=max_norm, name=name)
     with tf.name_scope(name or "embedding_lookup"):
         return _embedding_lookup(params, ids, max_norm)
 
@@ -113,9 +108,6 @@ def _embedding_lookup_v2(params, ids, max_norm=None, name=None):
 @tf.experimental.dispatch_for_api(tf.compat.v1.nn.embedding_lookup, {"params": _TABLE})
 def _embedding_lookup_v1(params, ids, partition_strategy="mod", name=None, validate_indices=True,
                          max_norm=None):
-    if _tf_own(params):
-        return tf.compat.v1.nn.embedding_lookup([params], ids, partition_strategy, name,
-                                                validate_indices, max_norm)
     with tf.name_scope(name or "embedding_lookup"):
         return _embedding_lookup(params, ids, max_norm)
 
@@ -123,9 +115,6 @@ def _embedding_lookup_v1(params, ids, partition_strategy="mod", name=None, valid
 @tf.experimental.dispatch_for_api(tf.nn.embedding_lookup_sparse, {"params": _TABLE})
 def _embedding_lookup_sparse_v2(params, sp_ids, sp_weights, combiner=None, max_norm=None,
                                 name=None, allow_fast_lookup=False):
-    if _tf_own(params):
-        return tf.nn.embedding_lookup_sparse([params], sp_ids, sp_weights, combiner, max_norm,
-                                             name, allow_fast_lookup)
     with tf.name_scope(name or "embedding_lookup_sparse"):
         return _embedding_lookup_sparse(params, sp_ids, sp_weights, combiner, max_norm,
                                         "tf.nn.embedding_lookup_sparse")
@@ -134,10 +123,6 @@ def _embedding_lookup_sparse_v2(params, sp_ids, sp_weights, combiner=None, max_n
 @tf.experimental.dispatch_for_api(tf.compat.v1.nn.embedding_lookup_sparse, {"params": _TABLE})
 def _embedding_lookup_sparse_v1(params, sp_ids, sp_weights, partition_strategy="mod", name=None,
                                 combiner=None, max_norm=None, allow_fast_lookup=False):
-    if _tf_own(params):
-        return tf.compat.v1.nn.embedding_lookup_sparse([params], sp_ids, sp_weights,
-                                                       partition_strategy, name, combiner,
-                                                       max_norm, allow_fast_lookup)
     with tf.name_scope(name or "embedding_lookup_sparse"):
         return _embedding_lookup_sparse(params, sp_ids, sp_weights, combiner, max_norm,
                                         "tf.nn.embedding_lookup_sparse")
@@ -148,10 +133,6 @@ def _embedding_lookup_sparse_v1(params, sp_ids, sp_weights, partition_strategy="
 def _safe_embedding_lookup_sparse_v2(embedding_weights, sparse_ids, sparse_weights=None,
                                      combiner="mean", default_id=None, max_norm=None, name=None,
                                      allow_fast_lookup=False):
-    if _tf_own(embedding_weights):
-        return tf.nn.safe_embedding_lookup_sparse([embedding_weights], sparse_ids, sparse_weights,
-                                                  combiner, default_id, max_norm, name,
-                                                  allow_fast_lookup)
     with tf.name_scope(name or "embedding_lookup"):
         return _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
                                              combiner, default_id, max_norm)
@@ -163,10 +144,6 @@ def _safe_embedding_lookup_sparse_v1(embedding_weights, sparse_ids, sparse_weigh
                                      combiner="mean", default_id=None, name=None,
                                      partition_strategy="div", max_norm=None,
                                      allow_fast_lookup=False):
-    if _tf_own(embedding_weights):
-        return tf.compat.v1.nn.safe_embedding_lookup_sparse(
-            [embedding_weights], sparse_ids, sparse_weights, combiner, default_id, name,
-            partition_strategy, max_norm, allow_fast_lookup)
     with tf.name_scope(name or "embedding_lookup"):
         return _safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights,
                                              combiner, default_id, max_norm)

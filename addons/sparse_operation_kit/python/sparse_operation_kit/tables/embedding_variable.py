@@ -348,6 +348,10 @@ class EmbeddingVariable(compat.TableResource):
             )
         return keys
 
+    # tf.nn.embedding_lookup on this table reads this process's rows even under Horovod
+    # (lookup/tf_api.py): SOK 2.x's DynamicVariable does, as in SOK 2.x.
+    _tf_lookup_reads_shard = False
+
     def _read_keys(self, ids):
         """ids as keys for a read (sparse_read, lookup_rows); DynamicVariable widens int32."""
         return self._check_keys(ids)
