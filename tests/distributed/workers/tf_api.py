@@ -1,11 +1,11 @@
 """TensorFlow's own lookups under horovodrun against one process: what a DeepRec program calls
 (tf.nn.embedding_lookup, embedding_lookup_sparse, safe_embedding_lookup_sparse) and Keras's
 sok.Embedding without a combiner fetch each row of an Embedding Variable from its owner, so the
-ranks train one table. Every rank looks up its
-slice of the global batch and takes SGD steps through sok.OptimizerWrapper; it checks each
-step's embeddings and, at the end, every row it owns (and that it holds no other key) against
-plain TensorFlow on the whole global batch. Eagerly, in a tf.function,
-and in a TF1 graph and Session (tf.compat.v1's SGD wrapped).
+ranks train one table. Every rank looks up its slice of the global batch and takes SGD steps
+through sok.OptimizerWrapper; it checks each step's embeddings and, at the end, every row it owns
+(and that it holds no other key) against plain TensorFlow on the whole global batch: eagerly, in
+a tf.function, and in a TF1 graph and Session (tf.compat.v1's SGD wrapped). A SOK 2.x
+DynamicVariable's tf.nn.embedding_lookup reads its own rank's rows, as in SOK 2.x.
 
     python tf_api.py      (under horovodrun -np N; one process is the world of one)
 """
