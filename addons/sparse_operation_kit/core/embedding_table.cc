@@ -9,21 +9,10 @@
 #include <string>
 
 #include "addons/sparse_operation_kit/core/lookup.h"
+#include "addons/sparse_operation_kit/core/prefetch.h"
 
 namespace sok {
 namespace {
-
-inline void prefetch_read(const void* p) {
-#if defined(__GNUC__)
-  __builtin_prefetch(p, 0, 3);
-#endif
-}
-
-inline void prefetch_write(const void* p) {
-#if defined(__GNUC__)
-  __builtin_prefetch(p, 1, 3);
-#endif
-}
 
 // How many keys ahead the batched loops prefetch (enough to cover a DRAM miss).
 constexpr int64_t kPrefetchAhead = 8;
@@ -44,6 +33,23 @@ void row_order(const int64_t* rows, int64_t m, int64_t num_rows, std::vector<int
   for (int64_t j = 0; j < m; ++j) ++start[bucket(rows[j]) + 1];
   for (int64_t k = 0; k < buckets; ++k) start[k + 1] += start[k];
   for (int64_t j = 0; j < m; ++j) (*order)[start[bucket(rows[j])]++] = static_cast<int32_t>(j);
+}
+
+// Calls visit(j, row) for the m keys whose rows probe(rows) writes (kEmpty: absent), in row
+// order; per_key[j * d, (j + 1) * d) is key j's output (kWrite) or input, prefetched ahead since
+// row order visits it out of order.
+template <bool kWrite, typename Probe, typename Visit>
+void visit_in_row_order(int64_t m, int64_t num_rows, const float* per_key, int64_t d,
+                        const Probe& probe, const Visit& visit) {
+  std::vector<int64_t> rows(m);
+  std::vector<int32_t> order;
+  probe(rows.data());
+  row_order(rows.data(), m, num_rows, &order);
+  for (int64_t jj = 0; jj < m; ++jj) {
+    if (jj + kPrefetchAhead < m)
+      prefetch_floats<kWrite>(per_key + order[jj + kPrefetchAhead] * d, d);
+    visit(order[jj], rows[order[jj]]);
+  }
 }
 
 // The distinct keys of an update and their gradients, repeated keys' summed (TensorFlow's
@@ -194,20 +200,11 @@ void EmbeddingTable<K>::find(const K* keys, int64_t n, float* out, const Paralle
   const int64_t d = config_.dim;
   const int64_t num_rows = static_cast<int64_t>(row_keys_.size());
   pf(n, 4 * d + 40, [&](int64_t b, int64_t e) {
-    const int64_t m = e - b;
-    std::vector<int64_t> rows(m);
-    std::vector<int32_t> order;
-    probe_many(keys + b, m, rows.data());
-    row_order(rows.data(), m, num_rows, &order);
-    for (int64_t jj = 0; jj < m; ++jj) {
-      if (jj + kPrefetchAhead < m) {  // the output is written out of order
-        float* oa = out + (b + order[jj + kPrefetchAhead]) * d;
-        prefetch_write(oa);
-        prefetch_write(oa + d - 1);
-      }
-      const int64_t i = b + order[jj], row = rows[order[jj]];
-      read_row(row, keys[i], row != kEmpty, out + i * d);
-    }
+    visit_in_row_order<true>(
+        e - b, num_rows, out + b * d, d, [&](int64_t* rows) { probe_many(keys + b, e - b, rows); },
+        [&](int64_t j, int64_t row) {
+          read_row(row, keys[b + j], row != kEmpty, out + (b + j) * d);
+        });
   });
 }
 
@@ -222,26 +219,19 @@ void EmbeddingTable<K>::find_or_insert(const K* keys, int64_t n, float* out, con
     const int64_t num_rows = static_cast<int64_t>(row_keys_.size());
     pf(n, 4 * d + 40, [&](int64_t b, int64_t e) {
       int64_t local_missing = 0;
-      const int64_t m = e - b;
-      std::vector<int64_t> rows(m);
-      std::vector<int32_t> order;
-      probe_many(keys + b, m, rows.data());
-      row_order(rows.data(), m, num_rows, &order);
-      for (int64_t jj = 0; jj < m; ++jj) {
-        if (jj + kPrefetchAhead < m) {  // the output is written out of order
-          float* oa = out + (b + order[jj + kPrefetchAhead]) * d;
-          prefetch_write(oa);
-          prefetch_write(oa + d - 1);
-        }
-        const int64_t i = b + order[jj], row = rows[order[jj]];
-        // Missing, or its count does not fit the narrow frequency: the exclusive pass adds it.
-        if (row == kEmpty || !freqs_.try_add(row, counts ? counts[i] : 1)) {
-          missing[i] = 1;
-          ++local_missing;
-          continue;
-        }
-        read_row(row, keys[i], true, out + i * d);
-      }
+      visit_in_row_order<true>(
+          e - b, num_rows, out + b * d, d,
+          [&](int64_t* rows) { probe_many(keys + b, e - b, rows); },
+          [&](int64_t j, int64_t row) {
+            const int64_t i = b + j;
+            // Missing, or its count does not fit the narrow frequency: the exclusive pass adds it.
+            if (row == kEmpty || !freqs_.try_add(row, counts ? counts[i] : 1)) {
+              missing[i] = 1;
+              ++local_missing;
+              return;
+            }
+            read_row(row, keys[i], true, out + i * d);
+          });
       num_missing += local_missing;
     });
   }
@@ -350,28 +340,20 @@ Status EmbeddingTable<K>::apply_gradients(const K* keys, int64_t n, const float*
   // Probes keys [b, e) and updates the present, admitted rows in row order; caller holds mu_
   // shared with the slot layout in place. Returns whether every key was present.
   auto update = [&](int64_t b, int64_t e, std::vector<uint8_t>* missing) {
-    const int64_t m = e - b;
-    std::vector<int64_t> rows(m);
-    std::vector<int32_t> order;
-    probe_many(uniq + b, m, rows.data());
-    row_order(rows.data(), m, static_cast<int64_t>(row_keys_.size()), &order);
     bool all_present = true;
-    for (int64_t jj = 0; jj < m; ++jj) {
-      if (jj + kPrefetchAhead < m) {  // the gradients are read out of order
-        const float* ga = g + (b + order[jj + kPrefetchAhead]) * d;
-        prefetch_read(ga);
-        prefetch_read(ga + d - 1);
-      }
-      const int64_t j = order[jj], row = rows[j];
-      if (row == kEmpty) {  // not inserted yet (first pass) / evicted meanwhile (second pass)
-        if (missing) (*missing)[b + j] = 1;
-        all_present = false;
-        continue;
-      }
-      if (!admitted(row)) continue;
-      apply_row(p, alpha, arena_.row(row), d, g + (b + j) * d);
-      versions_.set(row, global_step);
-    }
+    visit_in_row_order<false>(
+        e - b, static_cast<int64_t>(row_keys_.size()), g + b * d, d,
+        [&](int64_t* rows) { probe_many(uniq + b, e - b, rows); },
+        [&](int64_t j, int64_t row) {
+          if (row == kEmpty) {  // not inserted yet (first pass) / evicted meanwhile (second pass)
+            if (missing) (*missing)[b + j] = 1;
+            all_present = false;
+            return;
+          }
+          if (!admitted(row)) return;
+          apply_row(p, alpha, arena_.row(row), d, g + (b + j) * d);
+          versions_.set(row, global_step);
+        });
     return all_present;
   };
   // One pass under the shared lock updates every present key; the missing ones (or all of them,

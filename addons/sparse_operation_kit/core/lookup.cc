@@ -5,6 +5,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "addons/sparse_operation_kit/core/prefetch.h"
+
 namespace sok {
 
 bool parse_combiner(const std::string& name, Combiner* out) {
@@ -192,18 +194,6 @@ void dispatch_dim(int64_t dim, const Fn& fn) {
     case 64: return fn(std::integral_constant<int64_t, 64>());
     default: return fn(std::integral_constant<int64_t, 0>());
   }
-}
-
-inline void prefetch_read(const void* p) {
-#if defined(__GNUC__)
-  __builtin_prefetch(p, 0, 3);
-#endif
-}
-
-inline void prefetch_write(const void* p) {
-#if defined(__GNUC__)
-  __builtin_prefetch(p, 1, 3);
-#endif
 }
 
 // dst[0, d) += src[0, d) (w == nullptr) or += *w * src; D > 0: d == D at compile time.
