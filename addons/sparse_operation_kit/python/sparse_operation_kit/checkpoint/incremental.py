@@ -38,11 +38,9 @@ from sparse_operation_kit.checkpoint.dump import (  # one shard format: sok.dump
 )
 from sparse_operation_kit.optimizers.step_clock import CLOCK_STEPS, MIXED, clock_of
 from sparse_operation_kit.runtime.context import context
-from sparse_operation_kit.runtime.schema import EXPORT_FIELDS
+from sparse_operation_kit.runtime.schema import EXPORT_FIELDS, ROW_FIELDS
 from sparse_operation_kit.tables import tables, validation
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
-
-_PER_ROW = ("keys", "values", "slots", "freqs", "versions")
 
 
 def update_step(optimizer):
@@ -153,7 +151,7 @@ def incremental_model_dump(variables, since, sess=None, path=None):
     increments = []
     for snap, first in zip(snapshots, firsts):
         changed = snap["versions"] >= first
-        increments.append({f: snap[f][changed] if f in _PER_ROW else snap[f] for f in EXPORT_FIELDS})
+        increments.append({f: snap[f][changed] if f in ROW_FIELDS else snap[f] for f in EXPORT_FIELDS})
     if path is not None:
         _write(path, variables, increments, firsts)
     keys = [_gather_ranks(inc["keys"].astype(np.int64)) for inc in increments]
@@ -194,7 +192,7 @@ def incremental_model_load(path, variables):
         current = {f: t.numpy() for f, t in var.snapshot().items()}
         current["keys"] = current["keys"].astype(np.int64)
         mine = [_owned(s["keys"], var.target_gpu, name) for s in shards]
-        shards = [{f: s[f][m] if f in _PER_ROW else s[f] for f in EXPORT_FIELDS}
+        shards = [{f: s[f][m] if f in ROW_FIELDS else s[f] for f in EXPORT_FIELDS}
                   for s, m in zip(shards, mine)]
         validation.check_key_dtype_fits(
             np.concatenate([s["keys"] for s in shards]), var.key_dtype, name,

@@ -36,7 +36,7 @@ from sparse_operation_kit.lookup.lookup import COMBINERS, lookup_rows, lookup_sp
 from sparse_operation_kit.optimizers import keras_support
 from sparse_operation_kit.runtime import keras_version
 from sparse_operation_kit.runtime.context import context
-from sparse_operation_kit.runtime.schema import EXPORT_FIELDS
+from sparse_operation_kit.runtime.schema import EXPORT_FIELDS, ROW_FIELDS
 from sparse_operation_kit.tables import storage, validation
 from sparse_operation_kit.tables.embedding_variable import (
     CounterFilter,
@@ -184,7 +184,6 @@ def table_from_config(c):
 
 
 _FIELDS = EXPORT_FIELDS
-_ROW_FIELDS = 5  # keys, values, slots, freqs, versions: one entry per row
 
 
 class _TablesLayer(tf.keras.layers.Layer):
@@ -241,11 +240,12 @@ class _TablesLayer(tf.keras.layers.Layer):
                 continue
             store[f"sok_table_{i}_shard"] = np.array([context.rank, context.world_size], np.int64)
 
-    def _owned_part(self, store, i, table, fields):
-        """This rank's part of table i's arrays in the file (`fields`, row-aligned)."""
+    def _owned_part(self, store, keys, i, table, fields):
+        """This rank's part of table i's arrays in the file (`fields`, row-aligned; `keys`: the
+        store's)."""
         rank, world = context.rank, context.world_size
         marker = f"sok_table_{i}_shard"  # absent from one-process files of older versions
-        saved = np.asarray(store[marker]) if marker in set(store.keys()) else (0, 1)
+        saved = np.asarray(store[marker]) if marker in keys else (0, 1)
         saved_rank, saved_world = (int(x) for x in saved)
         if saved_world > 1 and (saved_rank, saved_world) != (rank, world):
             raise ValueError(
@@ -257,8 +257,8 @@ class _TablesLayer(tf.keras.layers.Layer):
         arrays = [np.asarray(store[f"sok_table_{i}_{f}"]) for f in fields]
         if saved_world > 1 or world == 1:
             return arrays
-        keys = arrays[0] if is_embedding_variable(table) else np.arange(len(arrays[0]))
-        mine = owner(keys, target_of(table), world) == rank
+        ids = arrays[0] if is_embedding_variable(table) else np.arange(len(arrays[0]))
+        mine = owner(ids, target_of(table), world) == rank
         return [a[mine] for a in arrays]
 
     def load_own_variables(self, store):
@@ -283,11 +283,12 @@ class _TablesLayer(tf.keras.layers.Layer):
                         f"layer '{self.name}': the weights file has no rows of table '{t.name}' "
                         f"(missing {missing})"
                     )
-                rows = self._owned_part(store, i, t, _FIELDS[:_ROW_FIELDS])
-                rest = [np.asarray(store[f"sok_table_{i}_{f}"]) for f in _FIELDS[_ROW_FIELDS:]]
-                t.import_snapshot({f: tf.constant(a) for f, a in zip(_FIELDS, rows + rest)})
+                rows = dict(zip(ROW_FIELDS, self._owned_part(store, keys, i, t, ROW_FIELDS)))
+                t.import_snapshot({f: tf.constant(rows[f] if f in rows
+                                                  else np.asarray(store[f"sok_table_{i}_{f}"]))
+                                   for f in _FIELDS})
             elif f"sok_table_{i}_values" in keys:
-                t.assign(self._owned_part(store, i, t, ["values"])[0])
+                t.assign(self._owned_part(store, keys, i, t, ["values"])[0])
 
     @property
     def embedding_variables(self):

@@ -70,8 +70,7 @@ def _embedding_lookup_sparse(params, sp_ids, sp_weights, combiner, max_norm, api
     positions = tf.SparseTensor(sp_ids.indices, tf.cast(index, tf.int64), sp_ids.dense_shape)
     out = tf.nn.embedding_lookup_sparse(rows, positions, sp_weights, combiner=combiner)
     missing = sp_ids.dense_shape[0] - tf.shape(out, out_type=tf.int64)[0]
-    return tf.pad(out, tf.stack([tf.stack([tf.constant(0, tf.int64), missing]),
-                                 tf.zeros([2], tf.int64)]))
+    return tf.pad(out, [[0, missing], [0, 0]])
 
 
 def _safe_embedding_lookup_sparse(params, sparse_ids, sparse_weights, combiner, default_id,

@@ -32,6 +32,8 @@ class Optimizer(enum.StrEnum):
 # tensors (tf.train.Checkpoint, Saver "<name>/<field>"), sok.dump's arrays and Keras weights.
 EXPORT_FIELDS: tuple[str, ...] = (
     "keys", "values", "slots", "freqs", "versions", "slot_kind", "slot_init")
+# The fields with an entry per row (the rest describe the slots of every row).
+ROW_FIELDS: tuple[str, ...] = EXPORT_FIELDS[:5]
 
 NO_SLOTS = -1  # slot_kind of a table whose rows carry no optimizer slots
 

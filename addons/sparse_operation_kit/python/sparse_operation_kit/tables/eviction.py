@@ -9,10 +9,8 @@ evicted rows): its cost grows with the table, not with the batch.
 """
 import tensorflow as tf
 
-from sparse_operation_kit.runtime.schema import EXPORT_FIELDS
+from sparse_operation_kit.runtime.schema import EXPORT_FIELDS, ROW_FIELDS
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
-
-_PER_ROW = ("keys", "values", "slots", "freqs", "versions")
 
 
 def sparse_read_and_evict(var, indices, name=None):
@@ -63,7 +61,7 @@ def _evict_over_capacity(var, keep_keys, capacity):
         age = tf.where(kept, tf.constant(float("inf"), tf.float64), tf.cast(versions, tf.float64))
         order = tf.argsort(age, stable=True)
         victims, remain = order[:excess], tf.sort(order[excess:])
-        rest = {f: tf.gather(snapshot[f], remain) if f in _PER_ROW else snapshot[f]
+        rest = {f: tf.gather(snapshot[f], remain) if f in ROW_FIELDS else snapshot[f]
                 for f in EXPORT_FIELDS}
         with tf.control_dependencies([var.import_snapshot(rest)]):
             return (tf.identity(tf.gather(keys, victims)),
