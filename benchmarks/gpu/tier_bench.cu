@@ -1,8 +1,10 @@
 // HBM_DRAM tiered tables vs all-HBM vs host-resident rows, framework-free, on one GPU: the shape
 // of the TF embedding benchmark (26 tables of vocab 200,000, dim 16, Adagrad, per-GPU batch
 // 65,536 with 2 ids per field on average, so about 96K distinct uniform ids per table and step;
-// HBM cache 10% of the vocabulary). One step = per table find_or_insert, then per table
-// apply_gradients of the step's distinct keys (what lookup_sparse does per table). Impls:
+// HBM cache 10% of the vocabulary). One step = find_or_insert of every table, then
+// apply_gradients of the step's distinct keys of every table, each one fused call over the 26
+// tables, as lookup_sparse's ops make them (GpuEmbeddingTable's and GpuTieredTable's _many calls).
+// Impls:
 //   hbm           GpuEmbeddingTable, every row in HBM (the target)
 //   host_only     GpuTieredTable::CreateHostOnly: every row in pinned host memory, no cache
 //   hbm_dram_lfu  GpuTieredTable (HBM_DRAM), LFU; hbm_dram_lru the same with LRU
@@ -16,6 +18,8 @@
 //        host_keys_per_step=.. pcie_ms=.. ratio_vs_pcie=.. promoted_per_step=..
 //        demoted_per_step=..]
 // Usage: tier_bench [tables=26] [steps=8] [vocab=200000] [ids_per_sample=2]
+//   TIER_IMPLS=hbm,hbm_dram_lfu (a subset of the impls; the ratios need hbm, and host_only for
+//   speedup_vs_host_only), TIER_DISTS=zipf1.15 (uniform, zipf1.15): fewer runs, e.g. under ncu.
 // Build and run (a GPU machine, from the repo root; sized to run in under 90 s on an H100):
 // clang-format off
 //   cmake -G Ninja -S benchmarks/gpu -B /tmp/tb -DCMAKE_BUILD_TYPE=Release && ninja -C /tmp/tb tier_bench && /tmp/tb/tier_bench
@@ -135,7 +139,8 @@ TableConfig table_cfg(const Shape& sh, Impl impl, int t) {
 
 struct Tables {
   std::vector<std::unique_ptr<Table<Key>>> all;
-  std::vector<GpuTieredTable<Key>*> tiered;  // the same tables where tiered, for their stats
+  std::vector<GpuEmbeddingTable<Key>*> plain;  // hbm: the same tables, for the fused calls
+  std::vector<GpuTieredTable<Key>*> tiered;    // the others: likewise, and their stats
 };
 
 Tables make_tables(const Shape& sh, Impl impl) {
@@ -145,6 +150,7 @@ Tables make_tables(const Shape& sh, Impl impl) {
     if (impl == Impl::kHbm) {
       std::unique_ptr<GpuEmbeddingTable<Key>> g;
       SOK_OK(GpuEmbeddingTable<Key>::Create(c, GpuTableOptions(), &g));
+      ts.plain.push_back(g.get());
       ts.all.emplace_back(new GpuTable<Key>(std::move(g)));
       continue;
     }
@@ -178,19 +184,37 @@ struct StepBuffers {
 // `mid`, if given, is recorded between the lookups and the updates (with their placement).
 void run_step(const Tables& ts, const std::vector<Batch>& batch, int64_t step, StepBuffers* b,
               cudaEvent_t mid = nullptr) {
-  ExecContext e;
-  e.stream = b->stream;
   OptimizerParams p;
   p.kind = OptimizerKind::kAdagrad;
   p.lr = 0.05f;
   p.initial_accumulator = 0.1f;
   p.step = step;
-  for (size_t t = 0; t < ts.all.size(); ++t)
-    SOK_OK(ts.all[t]->find_or_insert(e, batch[t].keys.get(), batch[t].n, b->out.get(), nullptr));
+  // Every table writes the same output buffer: the step's cost, not its values, is measured.
+  if (!ts.plain.empty()) {
+    std::vector<GpuEmbeddingTable<Key>::Keys> calls(ts.plain.size());
+    for (size_t t = 0; t < calls.size(); ++t) {
+      calls[t].table = ts.plain[t];
+      calls[t].keys = batch[t].keys.get();
+      calls[t].n = batch[t].n;
+      calls[t].out = b->out.get();
+    }
+    SOK_OK(GpuEmbeddingTable<Key>::find_or_insert_many(calls, b->stream));
+    if (mid != nullptr) CUDA_OK(cudaEventRecord(mid, b->stream));
+    for (size_t t = 0; t < calls.size(); ++t) calls[t].grads = b->grads.get();
+    SOK_OK(GpuEmbeddingTable<Key>::apply_gradients_many(calls, p, step, b->stream, true, true));
+    return;
+  }
+  std::vector<GpuTieredTable<Key>::Call> calls(ts.tiered.size());
+  for (size_t t = 0; t < calls.size(); ++t) {
+    calls[t].table = ts.tiered[t];
+    calls[t].keys = batch[t].keys.get();
+    calls[t].n = batch[t].n;
+    calls[t].out = b->out.get();
+  }
+  SOK_OK(GpuTieredTable<Key>::find_or_insert_many(calls, b->stream));
   if (mid != nullptr) CUDA_OK(cudaEventRecord(mid, b->stream));
-  for (size_t t = 0; t < ts.all.size(); ++t)
-    SOK_OK(ts.all[t]->apply_gradients(e, batch[t].keys.get(), batch[t].n, b->grads.get(), p, step,
-                                      true));
+  for (size_t t = 0; t < calls.size(); ++t) calls[t].grads = b->grads.get();
+  SOK_OK(GpuTieredTable<Key>::apply_gradients_many(calls, p, step, b->stream, true, true));
 }
 
 struct Result {
@@ -293,6 +317,13 @@ double mean_keys(const std::vector<std::vector<Batch>>& batches) {
   return sum / static_cast<double>(batches.size());
 }
 
+// Whether `name` is in the comma-separated list of environment variable `var` (unset: all).
+bool selected(const char* var, const std::string& name) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return true;
+  return ("," + std::string(v) + ",").find("," + name + ",") != std::string::npos;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -315,6 +346,7 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaStreamCreateWithFlags(&b.stream, cudaStreamNonBlocking));
   for (const double zipf : {0.0, 1.15}) {
     const char* dist = zipf > 0 ? "zipf1.15" : "uniform";
+    if (!selected("TIER_DISTS", dist)) continue;
     int64_t max_n = 0;
     const auto batches = make_batches(sh, zipf, &max_n);
     b.out.resize(max_n * kDim);
@@ -326,6 +358,7 @@ int main(int argc, char** argv) {
     std::printf("KEYS dist=%s distinct_per_table_step=%lld\n", dist, (long long)batches[0][0].n);
     double hbm_ms = 0, host_only_ms = 0;
     for (Impl impl : {Impl::kHbm, Impl::kHostOnly, Impl::kLfu, Impl::kLru}) {
+      if (!selected("TIER_IMPLS", impl_name(impl))) continue;
       const Result r = time_impl(sh, impl, batches, &b);
       if (impl == Impl::kHbm) hbm_ms = r.ms;
       if (impl == Impl::kHostOnly) host_only_ms = r.ms;

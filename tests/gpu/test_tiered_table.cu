@@ -328,6 +328,115 @@ bool test_many_calls(CacheStrategy strategy) {
   return ok;
 }
 
+// The fused calls over several tables (find_or_insert_many, apply_gradients_many: what the TF
+// ops call): LFU, LRU and host-only tables with different dims, one table twice in a call, and
+// keys padded past a device count (a dedup's output: the padding holds present and absent keys,
+// which must be neither read, counted, updated nor inserted). Each table bit for bit against its
+// own one-tier table driven with the counted keys alone, call by call.
+template <typename K>
+bool test_fused_calls() {
+  struct Spec {
+    int64_t dim;
+    CacheStrategy strategy;
+    bool host_only;
+  };
+  const Spec specs[] = {{8, CacheStrategy::kLFU, false},
+                        {5, CacheStrategy::kLRU, false},
+                        {16, CacheStrategy::kLFU, true},
+                        {4, CacheStrategy::kLFU, false}};
+  const int tables = 4;
+  std::vector<Pair<K>> t;
+  for (const Spec& sp : specs)
+    t.push_back(make_pair<K>(tiered_cfg(sp.dim, sp.strategy, 1), sp.host_only));
+  const std::vector<K> pool = key_pool<K>(3000);
+  const std::vector<K> fresh = key_pool<K>(6000);  // mostly keys no table ever gets
+  OptimizerParams p = test_params(OptimizerKind::kAdagrad);
+  bool ok = true;
+  for (int s = 1; s <= 40 && ok; ++s) {
+    p.step = s;
+    // Call j is on table j % tables: table 0 comes twice.
+    const int calls = tables + 1;
+    std::vector<std::vector<K>> keys(calls);
+    std::vector<DevBuf<K>> dk;
+    std::vector<DevBuf<float>> out, grads;
+    std::vector<DevBuf<int64_t>> count;
+    std::vector<typename GpuTieredTable<K>::Call> fused(calls);
+    for (int j = 0; j < calls; ++j) {
+      keys[j] = distinct(step_keys(pool, 200 + 40 * j, true));
+      std::vector<K> padded = keys[j];
+      for (int x = 0; x < 30; ++x)
+        padded.push_back(x % 2 ? pool[g_rng() % pool.size()] : fresh[g_rng() % fresh.size()]);
+      const int64_t dim = t[j % tables].dim;
+      dk.push_back(to_device(padded));
+      out.emplace_back(padded.size() * dim);
+      out.back().poison();
+      grads.push_back(to_device(randn(padded.size() * dim, 0.5f)));
+      count.push_back(to_device(std::vector<int64_t>{static_cast<int64_t>(keys[j].size())}));
+      fused[j].table = t[j % tables].got.get();
+      fused[j].keys = dk[j].get();
+      fused[j].n = static_cast<int64_t>(padded.size());
+      fused[j].out = out[j].get();
+      fused[j].d_n = count[j].get();
+    }
+    SOK_OK(GpuTieredTable<K>::find_or_insert_many(fused, nullptr));
+    for (int j = 0; j < calls && ok; ++j) {
+      Pair<K>& q = t[j % tables];
+      const size_t n = keys[j].size();
+      DevBuf<K> exact = to_device(keys[j]);
+      DevBuf<float> want(n * q.dim);
+      SOK_OK(q.ref->find_or_insert(exact.get(), n, want.get(), nullptr, nullptr));
+      const std::vector<float> got = out[j].download();
+      ok &= sok_test::expect_near("fused find_or_insert",
+                                  std::vector<float>(got.begin(), got.begin() + n * q.dim),
+                                  want.download(), 0, 0);
+      for (size_t x = n * q.dim; x < got.size() && ok; ++x)
+        if (!std::isnan(got[x])) ok = FAIL("a padded key's row was written (call %d)", j);
+    }
+    for (int j = 0; j < calls; ++j) {
+      if (j == tables) continue;  // table 0 updates once per step: its first call's keys
+      fused[j].out = nullptr;
+      fused[j].grads = grads[j].get();
+    }
+    fused.pop_back();
+    SOK_OK(GpuTieredTable<K>::apply_gradients_many(fused, p, s, nullptr, true, true));
+    for (int j = 0; j < tables; ++j) {
+      DevBuf<K> exact = to_device(keys[j]);
+      SOK_OK(t[j].ref->apply_gradients(exact.get(), keys[j].size(), grads[j].get(), p, s, nullptr,
+                                       true));
+      if (!specs[j].host_only) ok &= t[j].tiers_ok(s > 3);
+    }
+    if (s % 10 == 0) {
+      for (int j = 0; j < tables && ok; ++j) {
+        // An evaluation read through a device count, then sizes: nothing padded got in.
+        Pair<K>& q = t[j];
+        const std::vector<K> probe = draw(pool, 300);
+        std::vector<K> padded = probe;
+        padded.insert(padded.end(), fresh.begin(), fresh.begin() + 20);
+        DevBuf<K> dp = to_device(padded), exact = to_device(probe);
+        DevBuf<int64_t> c = to_device(std::vector<int64_t>{static_cast<int64_t>(probe.size())});
+        DevBuf<float> a(probe.size() * q.dim), b(padded.size() * q.dim);
+        b.poison();
+        SOK_OK(q.ref->find(exact.get(), probe.size(), a.get(), nullptr));
+        SOK_OK(q.got->find(dp.get(), padded.size(), b.get(), nullptr, c.get()));
+        const std::vector<float> got = b.download();
+        ok &= sok_test::expect_near("fused find",
+                                    std::vector<float>(got.begin(), got.begin() + a.size()),
+                                    a.download(), 0, 0) &&
+              q.same_size();
+      }
+    }
+  }
+  for (int j = 0; j < tables; ++j) {
+    ok &= t[j].same_export();
+    if (specs[j].host_only) continue;
+    const auto st = t[j].got->stats();
+    if (st.promoted_rows == 0 || st.host_keys == 0 || st.hbm_keys == 0)
+      ok = FAIL("table %d: tiers unused (%lld rows up, keys served %lld HBM / %lld host)", j,
+                (long long)st.promoted_rows, (long long)st.hbm_keys, (long long)st.host_keys);
+  }
+  return ok;
+}
+
 // ---- HBM_DRAM_SSDHASH ----
 
 constexpr int64_t kDramRows = 400;
@@ -524,6 +633,8 @@ int main(int argc, char** argv) {
     run("thrashing lru int32", [] { return test_thrashing<int32_t>(CacheStrategy::kLRU); });
     run("many calls lfu int32", [] { return test_many_calls<int32_t>(CacheStrategy::kLFU); });
     run("many calls lru int64", [] { return test_many_calls<int64_t>(CacheStrategy::kLRU); });
+    run("fused calls int64", [] { return test_fused_calls<int64_t>(); });
+    run("fused calls int32", [] { return test_fused_calls<int32_t>(); });
     run("refusals", [] { return test_refusals(); });
     for (OptimizerKind o : {OptimizerKind::kAdagrad, OptimizerKind::kAdam}) {
       for (CacheStrategy c : {CacheStrategy::kLFU, CacheStrategy::kLRU}) {

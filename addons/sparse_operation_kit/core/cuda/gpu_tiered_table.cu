@@ -12,6 +12,7 @@
 #include "addons/sparse_operation_kit/core/cuda/gpu_tiered_table.h"
 #include "addons/sparse_operation_kit/core/cuda/runtime.h"
 #include "addons/sparse_operation_kit/core/cuda/table_impl.cuh"
+#include "addons/sparse_operation_kit/core/cuda/table_many.cuh"
 #include "addons/sparse_operation_kit/core/cuda/tier_moves.cuh"
 #include "addons/sparse_operation_kit/core/tier_policy.h"
 
@@ -181,29 +182,37 @@ Status GpuTieredTable<K>::size(const ExecContext& e, int64_t* out) {
 
 template <typename K>
 Status GpuTieredTable<K>::find(const ExecContext& e, const K* keys, int64_t n, float* out) {
+  return find(keys, n, out, stream_of(e), nullptr);
+}
+
+template <typename K>
+Status GpuTieredTable<K>::find(const K* keys, int64_t n, float* out, cudaStream_t s,
+                               const int64_t* d_n) {
   std::lock_guard<std::mutex> l(mu_);
-  const cudaStream_t s = stream_of(e);
-  if (!hot_) return cold_->find(keys, n, out, s);
+  if (!hot_) return cold_->find(keys, n, out, s, d_n);
   // Keys of the lower tiers read as absent here (their initial value), then get their row.
-  SOK_RETURN_IF_ERROR(hot_->find(keys, n, out, s));
+  SOK_RETURN_IF_ERROR(hot_->find(keys, n, out, s, d_n));
+  const Span span{keys, n, d_n};
   if (!cold_empty_) {
     auto& c = *cold_->impl_;
     DeviceGuard g(c.device);
     std::lock_guard<std::mutex> cl(c.mu);
     c.note_stream(s);
-    SOK_RETURN_IF_ERROR(detail::find_present(c.t, c.row_init(), keys, n, out, s));
+    SOK_RETURN_IF_ERROR(detail::find_present(c.t, c.row_init(), span, out, s));
   }
-  return find_ssd(keys, n, out, s);
+  return find_ssd(span, out, s);
 }
 
 // Which tier inserts this call's new keys: the HBM tier while its row bound leaves room for
 // every key of the call, else the host tier; the other one is probed first.
 template <typename K>
-Status GpuTieredTable<K>::route(const K* keys, int64_t n, cudaStream_t s, Keys* call) {
+Status GpuTieredTable<K>::route(const Span& keys, cudaStream_t s, Keys* call) {
   int64_t cap = 0;
   SOK_RETURN_IF_ERROR(budget_rows(hot_->num_slots(), &cap));
-  call->keys = keys;
+  const int64_t n = keys.n;
+  call->keys = keys.keys;
   call->n = n;
+  call->d_n = keys.d_n;
   if (hot_bound_ + n <= cap) {
     hot_bound_ += n;
     call->table = hot_.get();
@@ -224,34 +233,36 @@ Status GpuTieredTable<K>::route(const K* keys, int64_t n, cudaStream_t s, Keys* 
   return Status::OK();
 }
 
-// Moves rows from one tier to the other: room in `to` first (growth may sync), then one launch.
+// Moves rows between the tiers, one part per table (parts[i] from from[i] to to[i]): room in
+// each destination first (growth may sync), then the parts' launches.
 template <typename K>
-Status GpuTieredTable<K>::move(GpuEmbeddingTable<K>* from, GpuEmbeddingTable<K>* to, const K* keys,
-                               int64_t n, const int64_t* d_n, int64_t* moved, cudaStream_t s) {
-  if (n <= 0) return Status::OK();
-  auto& src = *from->impl_;
-  auto& dst = *to->impl_;
-  DeviceGuard g(dst.device);
-  std::lock_guard<std::mutex> l1(src.mu);
-  std::lock_guard<std::mutex> l2(dst.mu);
-  src.note_stream(s);
-  SOK_RETURN_IF_ERROR(detail::prepare_inserts<typename GpuEmbeddingTable<K>::Impl>({&dst}, {n}, s));
-  return detail::move_rows<K>(src.t, dst.t, keys, n, d_n, src.d_counters, dst.d_counters,
-                              dst.d_fail, moved, s);
-}
-
-template <typename K>
-Status GpuTieredTable<K>::plan(const K* keys, int64_t n, const detail::PlanRule& rule,
-                               cudaStream_t s) {
-  auto& h = *hot_->impl_;
-  auto& c = *cold_->impl_;
-  DeviceGuard g(h.device);
-  std::lock_guard<std::mutex> l1(h.mu);
-  std::lock_guard<std::mutex> l2(c.mu);
-  h.note_stream(s);
-  c.note_stream(s);
-  return detail::plan_moves<K>(h.t, h.capacity, h.d_counters, c.t, keys, n, rule, d_plan_, d_up_,
-                               d_swap_in_, d_victims_, s);
+Status GpuTieredTable<K>::move_many(const std::vector<GpuEmbeddingTable<K>*>& from,
+                                    const std::vector<GpuEmbeddingTable<K>*>& to,
+                                    std::vector<detail::MovePart<K>> parts, cudaStream_t s) {
+  if (parts.empty()) return Status::OK();
+  using Impl = typename GpuEmbeddingTable<K>::Impl;
+  std::vector<Impl*> dst, all;
+  std::vector<int64_t> ns;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    dst.push_back(to[i]->impl_.get());
+    all.push_back(from[i]->impl_.get());
+    all.push_back(to[i]->impl_.get());
+    ns.push_back(parts[i].keys.n);
+  }
+  DeviceGuard g(dst[0]->device);
+  detail::TablesLock<Impl> lock(all);
+  for (Impl* m : all) m->note_stream(s);
+  SOK_RETURN_IF_ERROR(detail::prepare_inserts<Impl>(dst, ns, s));
+  for (size_t i = 0; i < parts.size(); ++i) {  // the arrays as they are after any growth
+    const Impl& a = *from[i]->impl_;
+    const Impl& b = *to[i]->impl_;
+    parts[i].src = a.t;
+    parts[i].dst = b.t;
+    parts[i].src_counters = a.d_counters;
+    parts[i].dst_counters = b.d_counters;
+    parts[i].dst_fail = b.d_fail;
+  }
+  return detail::move_rows_many<K>(parts, s);
 }
 
 // The last asynchronous copy of the HBM tier's row count, once it has landed, as its floor.
@@ -267,49 +278,100 @@ void GpuTieredTable<K>::refresh_floor() {
   snap_pending_ = false;
 }
 
-// One placement pass over a call's keys (the header comment): plan, demote the victims, promote
-// into the room left and the swapped-in rows. No host sync.
+// One placement pass per table over its call's keys (the header comment): plan, demote the
+// victims, promote into the room left and the swapped-in rows. Every table's pass runs in the
+// same few launches (9 for up to 16 tables). No host sync.
 template <typename K>
-Status GpuTieredTable<K>::place(const K* keys, int64_t n, cudaStream_t s) {
-  if (cold_empty_ || n <= 0) return Status::OK();
-  detail::PlanRule rule;
-  SOK_RETURN_IF_ERROR(budget_rows(hot_->num_slots(), &rule.budget));
-  rule.lfu = cfg_.cache_strategy == CacheStrategy::kLFU;
-  rule.now = now_;
-  rule.max_up = max_up_;
-  rule.max_swaps = max_swaps_;
-  refresh_floor();
-  const int64_t room = std::min({rule.budget - hot_floor_, max_up_, n});
-  SOK_RETURN_IF_ERROR(plan(keys, n, rule, s));
-  ++stats_.placement_passes;
-  const int64_t* swaps = &d_plan_->num_swaps;
-  SOK_RETURN_IF_ERROR(
-      move(hot_.get(), cold_.get(), d_victims_, max_swaps_, swaps, d_counts_ + kDemoted, s));
-  SOK_RETURN_IF_ERROR(
-      move(cold_.get(), hot_.get(), d_up_, room, &d_plan_->num_up, d_counts_ + kPromoted, s));
-  SOK_RETURN_IF_ERROR(
-      move(cold_.get(), hot_.get(), d_swap_in_, max_swaps_, swaps, d_counts_ + kPromoted, s));
-  if (room <= 0) return Status::OK();
-  hot_bound_ = std::min(rule.budget, hot_bound_ + room);
-  // While the tier fills, a copy of its row count tightens the room the next pass reserves.
-  auto& h = *hot_->impl_;
-  DeviceGuard g(h.device);
-  SOK_CUDA_RETURN(
-      cudaMemcpyAsync(h_live_, h.d_counters, sizeof(int64_t), cudaMemcpyDeviceToHost, s));
-  SOK_CUDA_RETURN(cudaEventRecord(snap_event_, s));
-  snap_pending_ = true;
+Status GpuTieredTable<K>::place_many(const std::vector<GpuTieredTable*>& tables,
+                                     const std::vector<Span>& keys, cudaStream_t s) {
+  std::vector<GpuTieredTable*> placed;
+  std::vector<int64_t> rooms;
+  std::vector<detail::PlanPart<K>> plans;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    GpuTieredTable& t = *tables[i];
+    if (!t.hot_ || t.cold_empty_ || keys[i].n <= 0) continue;
+    detail::PlanPart<K> q;
+    SOK_RETURN_IF_ERROR(t.budget_rows(t.hot_->num_slots(), &q.rule.budget));
+    q.rule.lfu = t.cfg_.cache_strategy == CacheStrategy::kLFU;
+    q.rule.now = t.now_;
+    q.rule.max_up = t.max_up_;
+    q.rule.max_swaps = t.max_swaps_;
+    t.refresh_floor();
+    const auto& h = *t.hot_->impl_;
+    const auto& c = *t.cold_->impl_;
+    q.hot = h.t;
+    q.hot_capacity = h.capacity;
+    q.hot_counters = h.d_counters;
+    q.cold = c.t;
+    q.keys = keys[i];
+    q.ps = t.d_plan_;
+    q.up = t.d_up_;
+    q.swap_in = t.d_swap_in_;
+    q.victims = t.d_victims_;
+    plans.push_back(q);
+    placed.push_back(&t);
+    rooms.push_back(std::min({q.rule.budget - t.hot_floor_, t.max_up_, keys[i].n}));
+    ++t.stats_.placement_passes;
+  }
+  if (placed.empty()) return Status::OK();
+  DeviceGuard g(placed[0]->hot_->impl_->device);
+  {
+    using Impl = typename GpuEmbeddingTable<K>::Impl;
+    std::vector<Impl*> impls;
+    for (GpuTieredTable* t : placed) {
+      impls.push_back(t->hot_->impl_.get());
+      impls.push_back(t->cold_->impl_.get());
+    }
+    detail::TablesLock<Impl> lock(impls);
+    for (Impl* m : impls) m->note_stream(s);
+    SOK_RETURN_IF_ERROR(detail::plan_moves_many<K>(plans, s));
+  }
+  // Victims down first, then the room's rows and the swapped-in rows up.
+  std::vector<GpuEmbeddingTable<K>*> hots, colds, up_from, up_to;
+  std::vector<detail::MovePart<K>> down, up, swap_in;
+  for (size_t j = 0; j < placed.size(); ++j) {
+    GpuTieredTable& t = *placed[j];
+    const int64_t* swaps = &t.d_plan_->num_swaps;
+    detail::MovePart<K> m;
+    hots.push_back(t.hot_.get());
+    colds.push_back(t.cold_.get());
+    m.keys = Span{t.d_victims_, t.max_swaps_, swaps};
+    m.moved = t.d_counts_ + kDemoted;
+    down.push_back(m);
+    m.keys = Span{t.d_swap_in_, t.max_swaps_, swaps};
+    m.moved = t.d_counts_ + kPromoted;
+    swap_in.push_back(m);
+    if (rooms[j] <= 0) continue;
+    m.keys = Span{t.d_up_, rooms[j], &t.d_plan_->num_up};
+    up.push_back(m);
+    up_from.push_back(t.cold_.get());
+    up_to.push_back(t.hot_.get());
+  }
+  SOK_RETURN_IF_ERROR(move_many(hots, colds, std::move(down), s));
+  SOK_RETURN_IF_ERROR(move_many(up_from, up_to, std::move(up), s));
+  SOK_RETURN_IF_ERROR(move_many(colds, hots, std::move(swap_in), s));
+  for (size_t j = 0; j < placed.size(); ++j) {
+    GpuTieredTable& t = *placed[j];
+    if (rooms[j] <= 0) continue;
+    t.hot_bound_ = std::min(plans[j].rule.budget, t.hot_bound_ + rooms[j]);
+    // While the tier fills, a copy of its row count tightens the room the next pass reserves.
+    SOK_CUDA_RETURN(cudaMemcpyAsync(t.h_live_, t.hot_->impl_->d_counters, sizeof(int64_t),
+                                    cudaMemcpyDeviceToHost, s));
+    SOK_CUDA_RETURN(cudaEventRecord(t.snap_event_, s));
+    t.snap_pending_ = true;
+  }
   return Status::OK();
 }
 
 // Before the first optimizer step adds num_slots slots (fewer rows fit the budget): the coldest
 // rows over it move down. Reads the row count (a host sync).
 template <typename K>
-Status GpuTieredTable<K>::fit_budget(int num_slots, const K* keys, int64_t n, cudaStream_t s) {
+Status GpuTieredTable<K>::fit_budget(int num_slots, const Span& keys, cudaStream_t s) {
   int64_t cap = 0, live = 0;
   SOK_RETURN_IF_ERROR(budget_rows(num_slots, &cap));
   ++stats_.size_syncs;
   SOK_RETURN_IF_ERROR(hot_->size(&live, s));
-  if (live > cap) SOK_RETURN_IF_ERROR(demote(live, live - cap, keys, n, s));
+  if (live > cap) SOK_RETURN_IF_ERROR(demote(live, live - cap, keys, s));
   hot_bound_ = std::min(live, cap);
   hot_floor_ = hot_bound_;
   snap_pending_ = false;
@@ -335,26 +397,27 @@ Status GpuTieredTable<K>::fit_capacity(int64_t cap, cudaStream_t s) {
 }
 
 template <typename K>
-Status GpuTieredTable<K>::select_victims(int64_t live, int64_t count, const K* keys, int64_t n,
-                                         K* victims, cudaStream_t s) {
+Status GpuTieredTable<K>::select_victims(int64_t live, int64_t count, const Span& keys, K* victims,
+                                         cudaStream_t s) {
   auto& h = *hot_->impl_;
   DeviceGuard g(h.device);
   std::lock_guard<std::mutex> l(h.mu);
   h.note_stream(s);
   const bool lfu = cfg_.cache_strategy == CacheStrategy::kLFU;
-  return detail::coldest_keys<K>(h.t, h.capacity, live, lfu, keys, n, count, victims, h.alloc, s);
+  return detail::coldest_keys<K>(h.t, h.capacity, live, lfu, keys, count, victims, h.alloc, s);
 }
 
 // Moves `count` of the HBM tier's `live` rows down, the coldest first; the rows of keys[0, n)
 // last.
 template <typename K>
-Status GpuTieredTable<K>::demote(int64_t live, int64_t count, const K* keys, int64_t n,
-                                 cudaStream_t s) {
+Status GpuTieredTable<K>::demote(int64_t live, int64_t count, const Span& keys, cudaStream_t s) {
   detail::Temp victims;
   SOK_RETURN_IF_ERROR(victims.alloc(hot_->impl_->alloc, count * sizeof(K), s));
-  SOK_RETURN_IF_ERROR(select_victims(live, count, keys, n, victims.as<K>(), s));
-  SOK_RETURN_IF_ERROR(
-      move(hot_.get(), cold_.get(), victims.as<K>(), count, nullptr, d_counts_ + kDemoted, s));
+  SOK_RETURN_IF_ERROR(select_victims(live, count, keys, victims.as<K>(), s));
+  detail::MovePart<K> m;
+  m.keys = Span{victims.as<K>(), count, nullptr};
+  m.moved = d_counts_ + kDemoted;
+  SOK_RETURN_IF_ERROR(move_many({hot_.get()}, {cold_.get()}, {m}, s));
   ++stats_.budget_demotions;
   cold_empty_ = false;
   cold_bound_ += count;
@@ -375,14 +438,18 @@ int64_t GpuTieredTable<K>::dram_budget_rows() const {
   return rows;
 }
 
-// A call's keys on the host: the file's index is there (one copy, one stream sync).
+// A call's keys on the host, only the counted ones: the file's index is there (one stream sync).
 template <typename K>
-Status GpuTieredTable<K>::keys_on_host(const K* keys, int64_t n, cudaStream_t s,
-                                       std::vector<K>* out) {
+Status GpuTieredTable<K>::keys_on_host(const Span& keys, cudaStream_t s, std::vector<K>* out) {
   DeviceGuard g(cold_->impl_->device);
-  out->resize(n);
-  SOK_CUDA_RETURN(cudaMemcpyAsync(out->data(), keys, n * sizeof(K), cudaMemcpyDeviceToHost, s));
+  out->resize(keys.n);
+  int64_t count = keys.n;
+  SOK_CUDA_RETURN(
+      cudaMemcpyAsync(out->data(), keys.keys, keys.n * sizeof(K), cudaMemcpyDeviceToHost, s));
+  if (keys.d_n != nullptr)
+    SOK_CUDA_RETURN(cudaMemcpyAsync(&count, keys.d_n, sizeof(count), cudaMemcpyDeviceToHost, s));
   SOK_CUDA_RETURN(cudaStreamSynchronize(s));
+  out->resize(std::max<int64_t>(0, std::min(count, keys.n)));
   ++stats_.ssd_key_syncs;
   return Status::OK();
 }
@@ -390,10 +457,11 @@ Status GpuTieredTable<K>::keys_on_host(const K* keys, int64_t n, cudaStream_t s,
 // Before a call that may update or insert: the rows of its keys on file move into the host tier,
 // whole, so that the tiers' kernels serve every key.
 template <typename K>
-Status GpuTieredTable<K>::from_ssd(const K* keys, int64_t n, cudaStream_t s) {
-  if (!ssd_ || ssd_->size() == 0 || n <= 0) return Status::OK();
+Status GpuTieredTable<K>::from_ssd(const Span& keys, cudaStream_t s) {
+  if (!ssd_ || ssd_->size() == 0 || keys.n <= 0) return Status::OK();
   std::vector<K> h;
-  SOK_RETURN_IF_ERROR(keys_on_host(keys, n, s, &h));
+  SOK_RETURN_IF_ERROR(keys_on_host(keys, s, &h));
+  const int64_t n = static_cast<int64_t>(h.size());
   const auto& c = *cold_->impl_;
   TableSnapshot<K> rows;  // in the host tier's slot layout
   rows.dim = cfg_.dim;
@@ -414,10 +482,11 @@ Status GpuTieredTable<K>::from_ssd(const K* keys, int64_t n, cudaStream_t s) {
 
 // A read-only find: the output rows of keys on file get their rows; nothing moves.
 template <typename K>
-Status GpuTieredTable<K>::find_ssd(const K* keys, int64_t n, float* out, cudaStream_t s) {
-  if (!ssd_ || ssd_->size() == 0 || n <= 0) return Status::OK();
+Status GpuTieredTable<K>::find_ssd(const Span& keys, float* out, cudaStream_t s) {
+  if (!ssd_ || ssd_->size() == 0 || keys.n <= 0) return Status::OK();
   std::vector<K> h;
-  SOK_RETURN_IF_ERROR(keys_on_host(keys, n, s, &h));
+  SOK_RETURN_IF_ERROR(keys_on_host(keys, s, &h));
+  const int64_t n = static_cast<int64_t>(h.size());
   std::vector<int64_t> pos;
   std::vector<float> rows;
   SOK_RETURN_IF_ERROR(ssd_->find(h.data(), n, &pos, &rows));
@@ -439,7 +508,7 @@ Status GpuTieredTable<K>::find_ssd(const K* keys, int64_t n, float* out, cudaStr
 }
 
 template <typename K>
-Status GpuTieredTable<K>::select_cold_victims(int64_t live, int64_t count, const K* keys, int64_t n,
+Status GpuTieredTable<K>::select_cold_victims(int64_t live, int64_t count, const Span& keys,
                                               K* victims, cudaStream_t s) {
   auto& c = *cold_->impl_;
   DeviceGuard g(c.device);
@@ -447,14 +516,14 @@ Status GpuTieredTable<K>::select_cold_victims(int64_t live, int64_t count, const
   c.note_stream(s);
   const bool lfu = cfg_.cache_strategy == CacheStrategy::kLFU;
   const Status st =
-      detail::coldest_keys<K>(c.t, c.capacity, live, lfu, keys, n, count, victims, c.alloc, s);
+      detail::coldest_keys<K>(c.t, c.capacity, live, lfu, keys, count, victims, c.alloc, s);
   return st.ok() ? st : Status::Invalid("table '" + cfg_.name + "': " + st.message());
 }
 
 // After a call that may have inserted: once the host tier's row bound passes its budget, its row
 // count is read (a sync) and, when over, its coldest rows go to the file in one batch.
 template <typename K>
-Status GpuTieredTable<K>::to_ssd(const K* keys, int64_t n, cudaStream_t s) {
+Status GpuTieredTable<K>::to_ssd(const Span& keys, cudaStream_t s) {
   if (!ssd_) return Status::OK();
   int64_t cap = 0, live = 0;
   SOK_RETURN_IF_ERROR(dram_rows(cold_->num_slots(), &cap));
@@ -466,7 +535,7 @@ Status GpuTieredTable<K>::to_ssd(const K* keys, int64_t n, cudaStream_t s) {
   const int64_t count = live - tier_low_watermark(cap);
   detail::Temp victims;
   SOK_RETURN_IF_ERROR(victims.alloc(cold_->impl_->alloc, count * sizeof(K), s));
-  SOK_RETURN_IF_ERROR(select_cold_victims(live, count, keys, n, victims.as<K>(), s));
+  SOK_RETURN_IF_ERROR(select_cold_victims(live, count, keys, victims.as<K>(), s));
   TableSnapshot<K> rows;
   SOK_RETURN_IF_ERROR(cold_->export_keys(victims.as<K>(), count, &rows, s));
   // On file first, out of the host tier after: a failed write loses no row.
@@ -480,20 +549,83 @@ Status GpuTieredTable<K>::to_ssd(const K* keys, int64_t n, cudaStream_t s) {
 }
 
 template <typename K>
+template <typename Fn>
+Status GpuTieredTable<K>::for_each_group(const std::vector<Call>& calls, Fn&& fn) {
+  size_t begin = 0;
+  while (begin < calls.size()) {
+    std::vector<GpuTieredTable*> tables{calls[begin].table};
+    size_t end = begin + 1;
+    for (; end < calls.size(); ++end) {
+      if (std::find(tables.begin(), tables.end(), calls[end].table) != tables.end()) break;
+      tables.push_back(calls[end].table);
+    }
+    std::sort(tables.begin(), tables.end());
+    std::vector<std::unique_lock<std::mutex>> locks;
+    for (GpuTieredTable* t : tables) locks.emplace_back(t->mu_);
+    SOK_RETURN_IF_ERROR(fn(begin, end));
+    begin = end;
+  }
+  return Status::OK();
+}
+
+// After the calls' kernels: the placement passes (inference_only: only on tables that have seen
+// no apply_gradients), then each table's demotions to the file.
+template <typename K>
+Status GpuTieredTable<K>::after_update(const std::vector<Call>& calls, size_t begin, size_t end,
+                                       bool inference_only, cudaStream_t s) {
+  std::vector<GpuTieredTable*> tables;
+  std::vector<Span> spans;
+  for (size_t i = begin; i < end; ++i) {
+    const Call& c = calls[i];
+    if (!c.table->hot_ || c.n <= 0 || (inference_only && c.table->trained_)) continue;
+    tables.push_back(c.table);
+    spans.push_back(Span{c.keys, c.n, c.d_n});
+  }
+  SOK_RETURN_IF_ERROR(place_many(tables, spans, s));
+  for (size_t i = begin; i < end; ++i) {
+    const Call& c = calls[i];
+    if (c.table->hot_ && c.n > 0) SOK_RETURN_IF_ERROR(c.table->to_ssd(Span{c.keys, c.n, c.d_n}, s));
+  }
+  return Status::OK();
+}
+
+template <typename K>
 Status GpuTieredTable<K>::find_or_insert(const ExecContext& e, const K* keys, int64_t n, float* out,
                                          const int64_t* counts) {
-  std::lock_guard<std::mutex> l(mu_);
-  const cudaStream_t s = stream_of(e);
-  if (!hot_) return cold_->find_or_insert(keys, n, out, counts, s);
-  if (n <= 0) return Status::OK();
-  SOK_RETURN_IF_ERROR(from_ssd(keys, n, s));
-  Keys call;
-  SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
-  call.out = out;
-  call.counts = counts;
-  SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::find_or_insert_many({call}, s));
-  if (!trained_) SOK_RETURN_IF_ERROR(place(keys, n, s));
-  return to_ssd(keys, n, s);
+  Call c;
+  c.table = this;
+  c.keys = keys;
+  c.n = n;
+  c.out = out;
+  c.counts = counts;
+  return find_or_insert_many({c}, stream_of(e));
+}
+
+template <typename K>
+Status GpuTieredTable<K>::find_or_insert_many(const std::vector<Call>& calls, cudaStream_t s) {
+  return for_each_group(calls, [&](size_t begin, size_t end) -> Status {
+    std::vector<Keys> launch;
+    for (size_t i = begin; i < end; ++i) {
+      const Call& c = calls[i];
+      GpuTieredTable& t = *c.table;
+      if (c.n <= 0) continue;
+      Keys k;
+      if (t.hot_) {
+        SOK_RETURN_IF_ERROR(t.from_ssd(Span{c.keys, c.n, c.d_n}, s));
+        SOK_RETURN_IF_ERROR(t.route(Span{c.keys, c.n, c.d_n}, s, &k));
+      } else {
+        k.table = t.cold_.get();
+        k.keys = c.keys;
+        k.n = c.n;
+        k.d_n = c.d_n;
+      }
+      k.out = c.out;
+      k.counts = c.counts;
+      launch.push_back(k);
+    }
+    SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::find_or_insert_many(launch, s));
+    return after_update(calls, begin, end, /*inference_only=*/true, s);
+  });
 }
 
 template <typename K>
@@ -503,12 +635,13 @@ Status GpuTieredTable<K>::insert_or_assign(const ExecContext& e, const K* keys, 
   const cudaStream_t s = stream_of(e);
   if (!hot_) return cold_->insert_or_assign(keys, n, values, s);
   if (n <= 0) return Status::OK();
-  SOK_RETURN_IF_ERROR(from_ssd(keys, n, s));
+  const Span span{keys, n, nullptr};
+  SOK_RETURN_IF_ERROR(from_ssd(span, s));
   Keys call;
-  SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
+  SOK_RETURN_IF_ERROR(route(span, s, &call));
   SOK_RETURN_IF_ERROR(call.table->insert_or_assign(keys, n, values, s, call.probe_first));
-  if (!trained_) SOK_RETURN_IF_ERROR(place(keys, n, s));
-  return to_ssd(keys, n, s);
+  if (!trained_) SOK_RETURN_IF_ERROR(place_many({this}, {span}, s));
+  return to_ssd(span, s);
 }
 
 // Both tiers take the optimizer's slots together, so a row keeps its layout when it moves.
@@ -524,32 +657,64 @@ Status GpuTieredTable<K>::ensure_same_slots(const OptimizerParams& p, cudaStream
   return Status::OK();
 }
 
+// Before an update: slots to come lower the budget in rows, so the coldest rows over it move down
+// and the HBM tier's hash table shrinks BEFORE the relayout widens the rows, whose old and new
+// arrays coexist while it copies (sized for the old budget, they need not fit the GPU together).
+template <typename K>
+Status GpuTieredTable<K>::prepare_update(const OptimizerParams& p, int64_t global_step,
+                                         const Span& keys, cudaStream_t s) {
+  const int slots = std::max(hot_->num_slots(), sok::num_slots(p.kind));
+  int64_t dram = 0;  // checked before the update: no row changes on this error
+  if (ssd_) SOK_RETURN_IF_ERROR(dram_rows(slots, &dram));
+  if (slots != hot_->num_slots()) SOK_RETURN_IF_ERROR(fit_budget(slots, keys, s));
+  SOK_RETURN_IF_ERROR(ensure_same_slots(p, s));
+  trained_ = true;
+  now_ = std::max(now_, global_step);
+  // After the relayout: rows on file get its slots.
+  return keys.n > 0 ? from_ssd(keys, s) : Status::OK();
+}
+
 template <typename K>
 Status GpuTieredTable<K>::apply_gradients(const ExecContext& e, const K* keys, int64_t n,
                                           const float* grads, const OptimizerParams& p,
                                           int64_t global_step, bool keys_unique) {
-  std::lock_guard<std::mutex> l(mu_);
-  const cudaStream_t s = stream_of(e);
-  if (!hot_) return cold_->apply_gradients(keys, n, grads, p, global_step, s, keys_unique);
-  // Slots to come lower the budget in rows: the coldest rows over it move down and the HBM
-  // tier's hash table shrinks BEFORE the relayout widens the rows, whose old and new arrays
-  // coexist while it copies (sized for the old budget, they need not fit the GPU together).
-  const int slots = std::max(hot_->num_slots(), sok::num_slots(p.kind));
-  int64_t dram = 0;  // checked before the update: no row changes on this error
-  if (ssd_) SOK_RETURN_IF_ERROR(dram_rows(slots, &dram));
-  if (slots != hot_->num_slots()) SOK_RETURN_IF_ERROR(fit_budget(slots, keys, n, s));
-  SOK_RETURN_IF_ERROR(ensure_same_slots(p, s));
-  trained_ = true;
-  now_ = std::max(now_, global_step);
-  if (n <= 0) return Status::OK();
-  SOK_RETURN_IF_ERROR(from_ssd(keys, n, s));  // after the relayout: rows on file get its slots
-  Keys call;
-  SOK_RETURN_IF_ERROR(route(keys, n, s, &call));
-  call.grads = grads;
-  SOK_RETURN_IF_ERROR(
-      GpuEmbeddingTable<K>::apply_gradients_many({call}, p, global_step, s, keys_unique));
-  SOK_RETURN_IF_ERROR(place(keys, n, s));
-  return to_ssd(keys, n, s);
+  Call c;
+  c.table = this;
+  c.keys = keys;
+  c.n = n;
+  c.grads = grads;
+  return apply_gradients_many({c}, p, global_step, stream_of(e), keys_unique);
+}
+
+template <typename K>
+Status GpuTieredTable<K>::apply_gradients_many(const std::vector<Call>& calls,
+                                               const OptimizerParams& p, int64_t global_step,
+                                               cudaStream_t s, bool keys_unique,
+                                               bool keys_present) {
+  return for_each_group(calls, [&](size_t begin, size_t end) -> Status {
+    std::vector<Keys> launch;
+    for (size_t i = begin; i < end; ++i) {
+      const Call& c = calls[i];
+      GpuTieredTable& t = *c.table;
+      const Span span{c.keys, c.n, c.d_n};
+      Keys k;
+      if (t.hot_) {
+        SOK_RETURN_IF_ERROR(t.prepare_update(p, global_step, span, s));
+        if (c.n <= 0) continue;
+        SOK_RETURN_IF_ERROR(t.route(span, s, &k));
+      } else {
+        k.table = t.cold_.get();  // its slots come with the launch
+        k.keys = c.keys;
+        k.n = std::max<int64_t>(c.n, 0);
+        k.d_n = c.d_n;
+      }
+      k.grads = c.grads;
+      launch.push_back(k);
+    }
+    SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::apply_gradients_many(launch, p, global_step, s,
+                                                                   keys_unique, keys_present));
+    return after_update(calls, begin, end, /*inference_only=*/false, s);
+  });
 }
 
 template <typename K>
@@ -560,7 +725,7 @@ Status GpuTieredTable<K>::erase(const K* keys, int64_t n, cudaStream_t s, int64_
   SOK_RETURN_IF_ERROR(cold_->erase(keys, n, s, removed ? &b : nullptr));
   if (ssd_ && ssd_->size() > 0 && n > 0) {
     std::vector<K> h;
-    SOK_RETURN_IF_ERROR(keys_on_host(keys, n, s, &h));
+    SOK_RETURN_IF_ERROR(keys_on_host(Span{keys, n, nullptr}, s, &h));
     SOK_RETURN_IF_ERROR(ssd_->remove(h.data(), n, &c));
   }
   if (removed) *removed = a + b + c;

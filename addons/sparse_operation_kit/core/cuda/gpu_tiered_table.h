@@ -18,13 +18,15 @@
 // own kernels do every op (so results equal one GpuEmbeddingTable's to the bit), with the other
 // tier probed first (GpuEmbeddingTable::Keys::probe_first: served in place, never inserted into):
 //  - find reads the HBM tier, then overwrites the rows the host tier holds; it inserts nothing;
-//  - find_or_insert, insert_or_assign and apply_gradients: one launch. While the HBM tier
-//    surely has room for every key of the call (a host-side upper bound of its rows), new keys go
-//    there (host tier probed first); else to the host tier (HBM tier probed first). One tier
-//    inserts per call, so a key repeated in a call meets one slot.
+//  - find_or_insert, insert_or_assign and apply_gradients: one launch, shared by every table of
+//    a fused call (find_or_insert_many, apply_gradients_many). While the HBM tier surely has
+//    room for every key of the call (a host-side upper bound of its rows), new keys go there
+//    (host tier probed first); else to the host tier (HBM tier probed first). One tier inserts
+//    per call, so a key repeated in a call meets one slot.
 // Placement is a separate, bounded pass after each apply_gradients (after find_or_insert and
 // insert_or_assign only while the table has seen no apply_gradients: inference), over that
-// call's keys, planned and run on the device with no host sync (tier_moves.cuh, plan_moves):
+// call's keys, planned and run on the device with no host sync, every table of a fused call in
+// the same 9 launches (tier_moves.cuh, plan_moves_many and move_rows_many):
 //  - promotion into room: the call's host-tier rows move up while the HBM tier is under budget;
 //  - swaps: a histogram of the HBM rows' heat (LFU: frequency; LRU: recency, now - version, with
 //    now the latest global step; log scale, 4 bins an octave) gives the threshold under which
@@ -78,6 +80,10 @@ namespace gpu {
 namespace detail {
 struct PlanRule;
 struct PlanScratch;
+template <typename K>
+struct KeySpan;
+template <typename K>
+struct MovePart;
 }  // namespace detail
 
 template <typename K>
@@ -107,6 +113,27 @@ class GpuTieredTable final : public Table<K> {
   Status shrink(const ExecContext& exec, int64_t global_step, int64_t* removed) override;
   Status export_rows(const ExecContext& exec, TableSnapshot<K>* out) override;
   Status import_rows(const ExecContext& exec, const TableSnapshot<K>& snapshot) override;
+
+  // One table's keys in a call over several tiered tables, as GpuEmbeddingTable<K>::Keys.
+  struct Call {
+    GpuTieredTable* table = nullptr;
+    const K* keys = nullptr;
+    int64_t n = 0;
+    float* out = nullptr;             // find_or_insert: [n, dim] or null
+    const int64_t* counts = nullptr;  // find_or_insert: or null (1 each)
+    const float* grads = nullptr;     // apply_gradients: [n, dim]
+    const int64_t* d_n = nullptr;     // optional device count <= n (no host sync to read it)
+  };
+  // find_or_insert / apply_gradients of every call: the tiers' kernels of all calls in the
+  // fused launches of GpuEmbeddingTable<K>'s _many calls, then each table's placement pass. A
+  // TF op of 26 tables thus costs a few launches plus the passes, not 26 separate calls.
+  // keys_present: as in GpuEmbeddingTable<K>::apply_gradients_many.
+  static Status find_or_insert_many(const std::vector<Call>& calls, cudaStream_t stream);
+  static Status apply_gradients_many(const std::vector<Call>& calls, const OptimizerParams& p,
+                                     int64_t global_step, cudaStream_t stream, bool keys_unique,
+                                     bool keys_present = false);
+  // find with an optional device count of the keys (d_n, as in Call).
+  Status find(const K* keys, int64_t n, float* out, cudaStream_t stream, const int64_t* d_n);
 
   // Removes the keys from whichever tier holds them; *removed (optional) = how many were present
   // (then it synchronises the stream).
@@ -144,35 +171,44 @@ class GpuTieredTable final : public Table<K> {
 
  private:
   using Keys = typename GpuEmbeddingTable<K>::Keys;
+  using Span = detail::KeySpan<K>;
   // d_counts_: [0, 2) tier_counts while the HBM tier inserts (host tier probed first),
   // [2, 4) while the host tier inserts, then rows promoted, rows demoted.
   enum Count { kFillCounts = 0, kSpillCounts = 2, kPromoted = 4, kDemoted = 5, kNumCounts = 6 };
 
   GpuTieredTable() = default;
+  // Runs fn(begin, end) on consecutive groups of calls in which each table appears once, holding
+  // the group's table mutexes (taken in address order: overlapping calls cannot deadlock).
+  template <typename Fn>
+  static Status for_each_group(const std::vector<Call>& calls, Fn&& fn);
   Status budget_rows(int num_slots, int64_t* rows) const;
   Status alloc_policy_buffers();
-  Status route(const K* keys, int64_t n, cudaStream_t s, Keys* call);
-  Status place(const K* keys, int64_t n, cudaStream_t s);
-  Status plan(const K* keys, int64_t n, const detail::PlanRule& rule, cudaStream_t s);
+  Status route(const Span& keys, cudaStream_t s, Keys* call);
+  static Status after_update(const std::vector<Call>& calls, size_t begin, size_t end,
+                             bool inference_only, cudaStream_t s);
+  static Status place_many(const std::vector<GpuTieredTable*>& tables,
+                           const std::vector<Span>& keys, cudaStream_t s);
   void refresh_floor();
-  Status fit_budget(int num_slots, const K* keys, int64_t n, cudaStream_t s);
-  Status fit_capacity(int64_t cap, cudaStream_t s);
-  Status demote(int64_t live, int64_t count, const K* keys, int64_t n, cudaStream_t s);
-  Status move(GpuEmbeddingTable<K>* from, GpuEmbeddingTable<K>* to, const K* keys, int64_t n,
-              const int64_t* d_n, int64_t* moved, cudaStream_t s);
-  Status select_victims(int64_t live, int64_t count, const K* keys, int64_t n, K* victims,
+  Status prepare_update(const OptimizerParams& p, int64_t global_step, const Span& keys,
                         cudaStream_t s);
+  Status fit_budget(int num_slots, const Span& keys, cudaStream_t s);
+  Status fit_capacity(int64_t cap, cudaStream_t s);
+  Status demote(int64_t live, int64_t count, const Span& keys, cudaStream_t s);
+  static Status move_many(const std::vector<GpuEmbeddingTable<K>*>& from,
+                          const std::vector<GpuEmbeddingTable<K>*>& to,
+                          std::vector<detail::MovePart<K>> parts, cudaStream_t s);
+  Status select_victims(int64_t live, int64_t count, const Span& keys, K* victims, cudaStream_t s);
   Status ensure_same_slots(const OptimizerParams& p, cudaStream_t s);
   void note_exact(int64_t hbm_rows, int64_t host_rows);
   Status import_split(const TableSnapshot<K>& s, int64_t keep, int64_t keep_host,
                       cudaStream_t stream);
   // The SSD tier (the header comment's end).
   Status dram_rows(int num_slots, int64_t* rows) const;
-  Status keys_on_host(const K* keys, int64_t n, cudaStream_t s, std::vector<K>* out);
-  Status from_ssd(const K* keys, int64_t n, cudaStream_t s);
-  Status find_ssd(const K* keys, int64_t n, float* out, cudaStream_t s);
-  Status to_ssd(const K* keys, int64_t n, cudaStream_t s);
-  Status select_cold_victims(int64_t live, int64_t count, const K* keys, int64_t n, K* victims,
+  Status keys_on_host(const Span& keys, cudaStream_t s, std::vector<K>* out);
+  Status from_ssd(const Span& keys, cudaStream_t s);
+  Status find_ssd(const Span& keys, float* out, cudaStream_t s);
+  Status to_ssd(const Span& keys, cudaStream_t s);
+  Status select_cold_victims(int64_t live, int64_t count, const Span& keys, K* victims,
                              cudaStream_t s);
 
   TableConfig cfg_;

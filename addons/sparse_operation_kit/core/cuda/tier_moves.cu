@@ -13,6 +13,7 @@
 #include "addons/sparse_operation_kit/core/common.h"
 #include "addons/sparse_operation_kit/core/cuda/device_util.cuh"
 #include "addons/sparse_operation_kit/core/cuda/runtime.h"
+#include "addons/sparse_operation_kit/core/cuda/table_many.cuh"
 #include "addons/sparse_operation_kit/core/cuda/tier_moves.cuh"
 
 namespace sok {
@@ -36,22 +37,33 @@ __device__ bool erase_slot(const DevTable& t, int64_t s, uint64_t h) {
   return false;
 }
 
+// The blocks of the part holding this block (the parts' blocks are consecutive).
+template <typename Part>
+__device__ __forceinline__ int32_t blocks_of_part(const PartsLaunch<Part>& L, int part) {
+  const int32_t next =
+      part + 1 < L.count ? L.first_block[part + 1] : static_cast<int32_t>(gridDim.x);
+  return next - L.first_block[part];
+}
+
 template <typename K>
 __global__ void
 __launch_bounds__(kBlock)
-    k_move(DevTable src, DevTable dst, const K* keys, int64_t n, const int64_t* d_n,
-           int64_t* src_counters, int64_t* dst_counters, int* fail, int64_t* moved) {
+    k_move(const __grid_constant__ PartsLaunch<MovePart<K>> L) {
+  const int part = part_of_block(L, blockIdx.x);
+  const MovePart<K>& q = L.part[part];
+  const DevTable& src = q.src;
+  const DevTable& dst = q.dst;
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
-  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  const int64_t i = key_of_thread(L.first_block[part]);
   const int lane = tile.thread_rank();
   int inserted = 0, erased = 0;
-  if (i < effective_n(n, d_n)) {
-    const int64_t key = static_cast<int64_t>(keys[i]);
+  if (i < effective_n(q.keys.n, q.keys.d_n)) {
+    const int64_t key = static_cast<int64_t>(q.keys.keys[i]);
     const uint64_t h = hash_key(key);
     const int64_t s = probe_find<true>(tile, src, key, h);
     // A repeated key: the tile that claims the destination copies; whichever tile gets there
     // first erases the source (its row stays readable: slots are not reused before a rehash).
-    const Claim r = s >= 0 ? probe_insert(tile, dst, key, h, fail) : Claim{-1, false};
+    const Claim r = s >= 0 ? probe_insert(tile, dst, key, h, q.dst_fail) : Claim{-1, false};
     if (r.slot >= 0 && r.fresh) {
       if (lane == 0) {
         dst.meta[r.slot] = src.meta[s];
@@ -65,23 +77,24 @@ __launch_bounds__(kBlock)
     }
     if (r.slot >= 0 && lane == 0) erased = erase_slot(src, s, h) ? 1 : 0;
   }
-  add_count(dst_counters, inserted);
-  if (moved != nullptr) add_count(moved, inserted);
+  add_count(q.dst_counters, inserted);
+  if (q.moved != nullptr) add_count(q.moved, inserted);
   const int total = __syncthreads_count(erased);
   if (threadIdx.x == 0 && total != 0) {
-    atomicAdd(reinterpret_cast<unsigned long long*>(&src_counters[0]),
+    atomicAdd(reinterpret_cast<unsigned long long*>(&q.src_counters[0]),
               static_cast<unsigned long long>(-total));
-    atomicAdd(reinterpret_cast<unsigned long long*>(&src_counters[1]),
+    atomicAdd(reinterpret_cast<unsigned long long*>(&q.src_counters[1]),
               static_cast<unsigned long long>(total));
   }
 }
 
 template <typename K>
 __global__ void __launch_bounds__(kBlock) k_find_present(DevTable t, int64_t filter, float no_perm,
-                                                         const K* keys, int64_t n, float* out) {
+                                                         const K* keys, int64_t n,
+                                                         const int64_t* d_n, float* out) {
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
-  if (i >= n) return;
+  if (i >= effective_n(n, d_n)) return;
   const int64_t key = static_cast<int64_t>(keys[i]);
   const int64_t s = probe_find<false>(tile, t, key, hash_key(key));
   if (s < 0) return;
@@ -95,10 +108,10 @@ __global__ void __launch_bounds__(kBlock) k_find_present(DevTable t, int64_t fil
 
 template <typename K>
 __global__ void __launch_bounds__(kBlock)
-    k_protect(DevTable t, const K* keys, int64_t n, uint8_t* flags) {
+    k_protect(DevTable t, const K* keys, int64_t n, const int64_t* d_n, uint8_t* flags) {
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
-  if (i >= n) return;
+  if (i >= effective_n(n, d_n)) return;
   const int64_t key = static_cast<int64_t>(keys[i]);
   const int64_t s = probe_find<false>(tile, t, key, hash_key(key));
   if (s >= 0 && tile.thread_rank() == 0) flags[s] = 1;
@@ -167,28 +180,50 @@ __device__ __forceinline__ int64_t atomic_inc(int64_t* p) {
 
 int scan_grid(int64_t slots) { return std::min(grid_for(slots, kBlock), 1024); }
 
+static_assert(sizeof(PartsLaunch<PlanPart<int64_t>>) <= 4096 &&
+                  sizeof(PartsLaunch<MovePart<int64_t>>) <= 4096,
+              "a launch's parts must fit the classic 4 KB of kernel parameters");
+
+// The plan's kernels, one launch each over every part: the scans of the HBM tier (heat_hist,
+// pick_victims) give each part its own blocks, pick_up its keys' blocks, the one-thread steps a
+// thread per part.
+template <typename K>
+__global__ void k_plan_reset(const __grid_constant__ PartsLaunch<PlanPart<K>> L) {
+  auto* w = reinterpret_cast<uint32_t*>(L.part[blockIdx.x].ps);
+  for (size_t j = threadIdx.x; j < sizeof(PlanScratch) / 4; j += blockDim.x) w[j] = 0;
+}
+
+template <typename K>
 __global__ void __launch_bounds__(kBlock)
-    k_heat_hist(DevTable t, int64_t capacity, PlanRule rule, PlanScratch* ps) {
+    k_heat_hist(const __grid_constant__ PartsLaunch<PlanPart<K>> L) {
+  const int part = part_of_block(L, blockIdx.x);
+  const PlanPart<K>& q = L.part[part];
   __shared__ uint32_t hist[kHeatBins];
   for (int b = threadIdx.x; b < kHeatBins; b += blockDim.x) hist[b] = 0;
   __syncthreads();
-  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < capacity;
-       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (live_slot(t, s)) atomicAdd(&hist[heat_bin(rule, t, s)], 1u);
+  const int64_t step = static_cast<int64_t>(blocks_of_part(L, part)) * blockDim.x;
+  for (int64_t s = (blockIdx.x - L.first_block[part]) * static_cast<int64_t>(blockDim.x) +
+                   threadIdx.x;
+       s < q.hot_capacity; s += step) {
+    if (live_slot(q.hot, s)) atomicAdd(&hist[heat_bin(q.rule, q.hot, s)], 1u);
   }
   __syncthreads();
   for (int b = threadIdx.x; b < kHeatBins; b += blockDim.x)
-    if (hist[b] != 0) atomicAdd(&ps->hist[b], hist[b]);
+    if (hist[b] != 0) atomicAdd(&q.ps->hist[b], hist[b]);
 }
 
 // The room left, and the threshold: the lowest bin at which max_swaps HBM rows are at or below.
-__global__ void k_plan_threshold(const int64_t* hot_counters, PlanRule rule, PlanScratch* ps) {
-  ps->room = rule.budget - hot_counters[0];
+template <typename K>
+__global__ void k_plan_threshold(const __grid_constant__ PartsLaunch<PlanPart<K>> L) {
+  if (static_cast<int>(threadIdx.x) >= L.count) return;
+  const PlanPart<K>& q = L.part[threadIdx.x];
+  PlanScratch* ps = q.ps;
+  ps->room = q.rule.budget - q.hot_counters[0];
   int64_t below = 0;
   ps->threshold = kHeatBins;  // too few rows to swap: no host row is hotter
   for (int b = 0; b < kHeatBins; ++b) {
     below += ps->hist[b];
-    if (below >= rule.max_swaps) {
+    if (below >= q.rule.max_swaps) {
       ps->threshold = b;
       break;
     }
@@ -198,44 +233,56 @@ __global__ void k_plan_threshold(const int64_t* hot_counters, PlanRule rule, Pla
 // The host tier's rows of this call's keys: into the room left while there is some, else into
 // swap_in when hotter than the threshold.
 template <typename K>
-__global__ void __launch_bounds__(kBlock) k_pick_up(DevTable cold, const K* keys, int64_t n,
-                                                    PlanRule rule, PlanScratch* ps, K* up,
-                                                    K* swap_in) {
+__global__ void __launch_bounds__(kBlock)
+    k_pick_up(const __grid_constant__ PartsLaunch<PlanPart<K>> L) {
+  const int part = part_of_block(L, blockIdx.x);
+  const PlanPart<K>& q = L.part[part];
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
-  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
-  if (i >= n) return;
-  const int64_t key = static_cast<int64_t>(keys[i]);
-  const int64_t s = probe_find<false>(tile, cold, key, hash_key(key));
+  const int64_t i = key_of_thread(L.first_block[part]);
+  if (i >= effective_n(q.keys.n, q.keys.d_n)) return;
+  const K k = q.keys.keys[i];
+  const int64_t key = static_cast<int64_t>(k);
+  const int64_t s = probe_find<false>(tile, q.cold, key, hash_key(key));
   if (s < 0 || tile.thread_rank() != 0) return;
+  PlanScratch* ps = q.ps;
   const int64_t token = static_cast<int64_t>(atomicAdd(
       reinterpret_cast<unsigned long long*>(&ps->room), static_cast<unsigned long long>(-1)));
   if (token > 0) {
     const int64_t j = atomic_inc(&ps->num_up);
-    if (j < rule.max_up) up[j] = keys[i];
+    if (j < q.rule.max_up) q.up[j] = k;
     return;
   }
-  if (heat_bin(rule, cold, s) <= ps->threshold) return;
+  if (heat_bin(q.rule, q.cold, s) <= ps->threshold) return;
   const int64_t j = atomic_inc(&ps->num_in);
-  if (j < rule.max_swaps) swap_in[j] = keys[i];
+  if (j < q.rule.max_swaps) q.swap_in[j] = k;
 }
 
 // HBM rows at or below the threshold, as many as there are hotter host rows to replace them.
 template <typename K>
 __global__ void __launch_bounds__(kBlock)
-    k_pick_victims(DevTable hot, int64_t capacity, PlanRule rule, PlanScratch* ps, K* victims) {
-  const int64_t want = imin(ps->num_in, rule.max_swaps);
+    k_pick_victims(const __grid_constant__ PartsLaunch<PlanPart<K>> L) {
+  const int part = part_of_block(L, blockIdx.x);
+  const PlanPart<K>& q = L.part[part];
+  PlanScratch* ps = q.ps;
+  const int64_t want = imin(ps->num_in, q.rule.max_swaps);
   if (want == 0) return;
-  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < capacity;
-       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (!live_slot(hot, s) || heat_bin(rule, hot, s) > ps->threshold) continue;
+  const int64_t step = static_cast<int64_t>(blocks_of_part(L, part)) * blockDim.x;
+  for (int64_t s = (blockIdx.x - L.first_block[part]) * static_cast<int64_t>(blockDim.x) +
+                   threadIdx.x;
+       s < q.hot_capacity; s += step) {
+    if (!live_slot(q.hot, s) || heat_bin(q.rule, q.hot, s) > ps->threshold) continue;
     const int64_t j = atomic_inc(&ps->num_victims);
-    if (j < want) victims[j] = static_cast<K>(hot.meta[s].key);
+    if (j < want) q.victims[j] = static_cast<K>(q.hot.meta[s].key);
   }
 }
 
-__global__ void k_plan_swaps(PlanRule rule, PlanScratch* ps) {
-  ps->num_up = imin(ps->num_up, rule.max_up);
-  ps->num_swaps = imin(imin(ps->num_in, ps->num_victims), rule.max_swaps);
+template <typename K>
+__global__ void k_plan_swaps(const __grid_constant__ PartsLaunch<PlanPart<K>> L) {
+  if (static_cast<int>(threadIdx.x) >= L.count) return;
+  const PlanPart<K>& q = L.part[threadIdx.x];
+  PlanScratch* ps = q.ps;
+  ps->num_up = imin(ps->num_up, q.rule.max_up);
+  ps->num_swaps = imin(imin(ps->num_in, ps->num_victims), q.rule.max_swaps);
 }
 
 __global__ void k_scatter_rows(const float* rows, const int64_t* pos, int64_t m, int64_t dim,
@@ -257,30 +304,40 @@ Status scatter_rows(const float* rows, const int64_t* pos, int64_t m, int64_t di
 }
 
 template <typename K>
-Status move_rows(const DevTable& src, const DevTable& dst, const K* keys, int64_t n,
-                 const int64_t* d_n, int64_t* src_counters, int64_t* dst_counters, int* dst_fail,
-                 int64_t* moved, cudaStream_t s) {
-  if (n <= 0) return Status::OK();
-  if (src.stride != dst.stride) return Status::Invalid("tiers of different row layouts");
-  k_move<K><<<grid_for(n * kTile, kBlock), kBlock, 0, s>>>(src, dst, keys, n, d_n, src_counters,
-                                                           dst_counters, dst_fail, moved);
-  SOK_LAUNCH_CHECK();
+Status move_rows_many(const std::vector<MovePart<K>>& parts, cudaStream_t s) {
+  for (size_t begin = 0; begin < parts.size(); begin += kPartsPerLaunch) {
+    const size_t end = std::min(parts.size(), begin + kPartsPerLaunch);
+    PartsLaunch<MovePart<K>> L;
+    L.count = static_cast<int32_t>(end - begin);
+    int64_t blocks = 0;
+    for (size_t i = begin; i < end; ++i) {
+      if (parts[i].src.stride != parts[i].dst.stride)
+        return Status::Invalid("tiers of different row layouts");
+      L.part[i - begin] = parts[i];
+      L.first_block[i - begin] = static_cast<int32_t>(blocks);
+      blocks += blocks_for_keys(parts[i].keys.n);
+    }
+    if (blocks == 0) continue;
+    k_move<K><<<static_cast<int>(blocks), kBlock, 0, s>>>(L);
+    SOK_LAUNCH_CHECK();
+  }
   return Status::OK();
 }
 
 template <typename K>
-Status find_present(const DevTable& t, const RowInit& ri, const K* keys, int64_t n, float* out,
+Status find_present(const DevTable& t, const RowInit& ri, const KeySpan<K>& keys, float* out,
                     cudaStream_t s) {
-  if (n <= 0) return Status::OK();
-  k_find_present<K><<<grid_for(n * kTile, kBlock), kBlock, 0, s>>>(t, ri.filter_freq, ri.no_perm,
-                                                                   keys, n, out);
+  if (keys.n <= 0) return Status::OK();
+  k_find_present<K><<<grid_for(keys.n * kTile, kBlock), kBlock, 0, s>>>(
+      t, ri.filter_freq, ri.no_perm, keys.keys, keys.n, keys.d_n, out);
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }
 
 template <typename K>
-Status coldest_keys(const DevTable& t, int64_t capacity, int64_t live, bool lfu, const K* keys,
-                    int64_t n, int64_t count, K* victims, DeviceAllocator* alloc, cudaStream_t s) {
+Status coldest_keys(const DevTable& t, int64_t capacity, int64_t live, bool lfu,
+                    const KeySpan<K>& keys, int64_t count, K* victims, DeviceAllocator* alloc,
+                    cudaStream_t s) {
   if (count <= 0 || live <= 0) return Status::OK();
   if (live > std::numeric_limits<int>::max() || count > live)
     return Status::Invalid("demotion: bad row count");
@@ -309,8 +366,9 @@ Status coldest_keys(const DevTable& t, int64_t capacity, int64_t live, bool lfu,
     sort_tmp = ws.take_bytes(sort_bytes);
   }));
   SOK_CUDA_RETURN(cudaMemsetAsync(flags, 0, capacity, s));
-  if (n > 0) {
-    k_protect<K><<<grid_for(n * kTile, kBlock), kBlock, 0, s>>>(t, keys, n, flags);
+  if (keys.n > 0) {
+    k_protect<K><<<grid_for(keys.n * kTile, kBlock), kBlock, 0, s>>>(t, keys.keys, keys.n,
+                                                                     keys.d_n, flags);
     SOK_LAUNCH_CHECK();
   }
   SOK_CUDA_RETURN(cub::DeviceSelect::If(sel_tmp, sel_bytes, it, slots, num, capacity, pred, s));
@@ -324,35 +382,46 @@ Status coldest_keys(const DevTable& t, int64_t capacity, int64_t live, bool lfu,
 }
 
 template <typename K>
-Status plan_moves(const DevTable& hot, int64_t hot_capacity, const int64_t* hot_counters,
-                  const DevTable& cold, const K* keys, int64_t n, const PlanRule& rule,
-                  PlanScratch* ps, K* up, K* swap_in, K* victims, cudaStream_t s) {
-  SOK_CUDA_RETURN(cudaMemsetAsync(ps, 0, sizeof(PlanScratch), s));
-  if (n <= 0) return Status::OK();
-  const int scan = scan_grid(hot_capacity);
-  k_heat_hist<<<scan, kBlock, 0, s>>>(hot, hot_capacity, rule, ps);
-  SOK_LAUNCH_CHECK();
-  k_plan_threshold<<<1, 1, 0, s>>>(hot_counters, rule, ps);
-  SOK_LAUNCH_CHECK();
-  k_pick_up<K><<<grid_for(n * kTile, kBlock), kBlock, 0, s>>>(cold, keys, n, rule, ps, up,
-                                                              swap_in);
-  SOK_LAUNCH_CHECK();
-  k_pick_victims<K><<<scan, kBlock, 0, s>>>(hot, hot_capacity, rule, ps, victims);
-  SOK_LAUNCH_CHECK();
-  k_plan_swaps<<<1, 1, 0, s>>>(rule, ps);
-  SOK_LAUNCH_CHECK();
+Status plan_moves_many(const std::vector<PlanPart<K>>& parts, cudaStream_t s) {
+  for (size_t begin = 0; begin < parts.size(); begin += kPartsPerLaunch) {
+    const size_t end = std::min(parts.size(), begin + kPartsPerLaunch);
+    PartsLaunch<PlanPart<K>> L;
+    L.count = static_cast<int32_t>(end - begin);
+    // The parts' blocks: over their HBM tier's slots (scans) or over their keys (pick_up).
+    const auto lay_out = [&](bool over_keys) {
+      int64_t blocks = 0;
+      for (size_t i = begin; i < end; ++i) {
+        L.first_block[i - begin] = static_cast<int32_t>(blocks);
+        blocks += over_keys ? blocks_for_keys(parts[i].keys.n) : scan_grid(parts[i].hot_capacity);
+      }
+      return static_cast<int>(blocks);
+    };
+    for (size_t i = begin; i < end; ++i) L.part[i - begin] = parts[i];
+    k_plan_reset<K><<<L.count, kBlock, 0, s>>>(L);
+    SOK_LAUNCH_CHECK();
+    const int scan = lay_out(false);
+    if (scan > 0) k_heat_hist<K><<<scan, kBlock, 0, s>>>(L);
+    SOK_LAUNCH_CHECK();
+    k_plan_threshold<K><<<1, kPartsPerLaunch, 0, s>>>(L);
+    SOK_LAUNCH_CHECK();
+    const int keys = lay_out(true);
+    if (keys > 0) k_pick_up<K><<<keys, kBlock, 0, s>>>(L);
+    SOK_LAUNCH_CHECK();
+    lay_out(false);
+    if (scan > 0) k_pick_victims<K><<<scan, kBlock, 0, s>>>(L);
+    SOK_LAUNCH_CHECK();
+    k_plan_swaps<K><<<1, kPartsPerLaunch, 0, s>>>(L);
+    SOK_LAUNCH_CHECK();
+  }
   return Status::OK();
 }
 
 #define SOK_TIER_MOVES(K)                                                                       \
-  template Status move_rows<K>(const DevTable&, const DevTable&, const K*, int64_t,             \
-                               const int64_t*, int64_t*, int64_t*, int*, int64_t*, cudaStream_t); \
-  template Status plan_moves<K>(const DevTable&, int64_t, const int64_t*, const DevTable&,      \
-                                const K*, int64_t, const PlanRule&, PlanScratch*, K*, K*, K*,   \
-                                cudaStream_t);                                                  \
-  template Status find_present<K>(const DevTable&, const RowInit&, const K*, int64_t, float*,   \
+  template Status move_rows_many<K>(const std::vector<MovePart<K>>&, cudaStream_t);             \
+  template Status plan_moves_many<K>(const std::vector<PlanPart<K>>&, cudaStream_t);            \
+  template Status find_present<K>(const DevTable&, const RowInit&, const KeySpan<K>&, float*,   \
                                   cudaStream_t);                                                \
-  template Status coldest_keys<K>(const DevTable&, int64_t, int64_t, bool, const K*, int64_t, \
+  template Status coldest_keys<K>(const DevTable&, int64_t, int64_t, bool, const KeySpan<K>&,   \
                                   int64_t, K*, DeviceAllocator*, cudaStream_t);
 SOK_TIER_MOVES(int32_t)
 SOK_TIER_MOVES(int64_t)

@@ -280,21 +280,12 @@ struct OnDevice<GpuDevice> {
     e.stream = Stream(ctx);
     return e;
   }
-  // Only the first *valid keys of the call count (valid: device memory). The one-tier tables
-  // take the count on the device; a tiered table reads it on the host (a wait: its calls
-  // synchronise anyway).
+  // Only the first *valid keys of the call count (valid: device memory). Every GPU table takes
+  // the count on the device (the kernels clamp it to n): no host wait.
   template <typename K>
-  static Status LimitCount(OpKernelContext* ctx, const int64_t* valid, TableCall<K>* c) {
-    if (IsPlain(c->table)) {
-      c->d_n = valid;  // the kernels clamp it to n
-      return OkStatus();
-    }
-    int64_t host = 0;
-    const char* what = "reading a table's valid key count";
-    TF_RETURN_IF_ERROR(ToTf(sok::gpu::cuda_status(
-        cudaMemcpyAsync(&host, valid, sizeof(host), cudaMemcpyDeviceToHost, Stream(ctx)), what)));
-    TF_RETURN_IF_ERROR(ToTf(sok::gpu::cuda_status(cudaStreamSynchronize(Stream(ctx)), what)));
-    return OnDevice<CpuDevice>::LimitCount(ctx, &host, c);
+  static Status LimitCount(OpKernelContext*, const int64_t* valid, TableCall<K>* c) {
+    c->d_n = valid;
+    return OkStatus();
   }
 
   // The evaluation read: one launch per table.
@@ -302,36 +293,33 @@ struct OnDevice<GpuDevice> {
   static Status Find(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {
     const sok::ExecContext e = Exec(ctx);
     for (const TableCall<K>& c : calls) {
-      const sok::Status s = c.d_n ? static_cast<sok::gpu::GpuTable<K>*>(c.table)->gpu_table()->find(
-                                        c.keys, c.n, c.out, Stream(ctx), c.d_n)
-                                  : c.table->find(e, c.keys, c.n, c.out);
+      sok::Status s;
+      if (c.d_n == nullptr) s = c.table->find(e, c.keys, c.n, c.out);
+      else if (IsPlain(c.table)) s = Plain(c.table)->find(c.keys, c.n, c.out, Stream(ctx), c.d_n);
+      else s = Tiered(c.table)->find(c.keys, c.n, c.out, Stream(ctx), c.d_n);
       TF_RETURN_IF_ERROR(ToTf(s, c.table->name()));
     }
     return OkStatus();
   }
   // The training read / the optimizer step of every table in few launches (the core fuses up to
-  // 16 tables per launch: one op of 26 tables costs the host two launches, not 26).
-  // Tiered tables (HBM_DRAM) take one call each (they move rows between tiers first).
+  // 16 tables per launch: one op of 26 tables costs the host two launches, not 26). Tiered
+  // tables (HBM_DRAM) are fused the same way, then each runs its placement pass.
   template <typename K>
   static Status FindOrInsert(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {
-    const sok::ExecContext e = Exec(ctx);
-    std::vector<TableCall<K>> plain;
-    TF_RETURN_IF_ERROR(EachTiered(calls, &plain, [&](const TableCall<K>& c) {
-      return c.table->find_or_insert(e, c.keys, c.n, c.out, c.counts);
-    }));
-    if (plain.empty()) return OkStatus();
+    std::vector<TableCall<K>> plain, tiered;
+    Split(calls, &plain, &tiered);
+    TF_RETURN_IF_ERROR(
+        ToTf(sok::gpu::GpuTieredTable<K>::find_or_insert_many(TieredCalls(tiered), Stream(ctx))));
     return ToTf(sok::gpu::GpuEmbeddingTable<K>::find_or_insert_many(GpuCalls(plain), Stream(ctx)));
   }
   template <typename K>
   static Status Apply(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls,
                       const sok::OptimizerParams& p, int64_t step, bool keys_unique,
                       bool keys_present) {
-    const sok::ExecContext e = Exec(ctx);
-    std::vector<TableCall<K>> plain;
-    TF_RETURN_IF_ERROR(EachTiered(calls, &plain, [&](const TableCall<K>& c) {
-      return c.table->apply_gradients(e, c.keys, c.n, c.grads, p, step, keys_unique);
-    }));
-    if (plain.empty()) return OkStatus();
+    std::vector<TableCall<K>> plain, tiered;
+    Split(calls, &plain, &tiered);
+    TF_RETURN_IF_ERROR(ToTf(sok::gpu::GpuTieredTable<K>::apply_gradients_many(
+        TieredCalls(tiered), p, step, Stream(ctx), keys_unique, keys_present)));
     return ToTf(sok::gpu::GpuEmbeddingTable<K>::apply_gradients_many(
         GpuCalls(plain), p, step, Stream(ctx), keys_unique, keys_present));
   }
@@ -359,26 +347,41 @@ struct OnDevice<GpuDevice> {
   static bool IsPlain(const sok::Table<K>* t) {
     return t->config().storage == sok::StorageKind::kDram;
   }
-  // Runs `one` (a sok::Status of one call) on each tiered table's call, in order; the plain
-  // tables' calls go to *plain for one fused launch.
-  template <typename K, typename One>
-  static Status EachTiered(const std::vector<TableCall<K>>& calls, std::vector<TableCall<K>>* plain,
-                           const One& one) {
-    for (const TableCall<K>& c : calls) {
-      if (IsPlain(c.table)) {
-        plain->push_back(c);
-      } else {
-        TF_RETURN_IF_ERROR(ToTf(one(c), c.table->name()));
-      }
+  template <typename K>
+  static sok::gpu::GpuEmbeddingTable<K>* Plain(sok::Table<K>* t) {
+    return static_cast<sok::gpu::GpuTable<K>*>(t)->gpu_table();
+  }
+  template <typename K>
+  static sok::gpu::GpuTieredTable<K>* Tiered(sok::Table<K>* t) {
+    return static_cast<sok::gpu::GpuTieredTable<K>*>(t);
+  }
+  // The calls on one-tier tables and those on tiered tables, each in order.
+  template <typename K>
+  static void Split(const std::vector<TableCall<K>>& calls, std::vector<TableCall<K>>* plain,
+                    std::vector<TableCall<K>>* tiered) {
+    for (const TableCall<K>& c : calls) (IsPlain(c.table) ? plain : tiered)->push_back(c);
+  }
+  template <typename K>
+  static std::vector<typename sok::gpu::GpuTieredTable<K>::Call> TieredCalls(
+      const std::vector<TableCall<K>>& calls) {
+    std::vector<typename sok::gpu::GpuTieredTable<K>::Call> out(calls.size());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      out[i].table = Tiered(calls[i].table);
+      out[i].keys = calls[i].keys;
+      out[i].n = calls[i].n;
+      out[i].out = calls[i].out;
+      out[i].counts = calls[i].counts;
+      out[i].grads = calls[i].grads;
+      out[i].d_n = calls[i].d_n;
     }
-    return OkStatus();
+    return out;
   }
   template <typename K>
   static std::vector<typename sok::gpu::GpuEmbeddingTable<K>::Keys> GpuCalls(
       const std::vector<TableCall<K>>& calls) {
     std::vector<typename sok::gpu::GpuEmbeddingTable<K>::Keys> out(calls.size());
     for (size_t i = 0; i < calls.size(); ++i) {
-      out[i].table = static_cast<sok::gpu::GpuTable<K>*>(calls[i].table)->gpu_table();
+      out[i].table = Plain(calls[i].table);
       out[i].keys = calls[i].keys;
       out[i].n = calls[i].n;
       out[i].out = calls[i].out;

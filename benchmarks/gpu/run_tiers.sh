@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# On one device machine (after ../shared/tools/tf-gpu's device-setup.sh, with build/sok_pkg
+# carried: tools/stage_gpu_package.sh), the tiered tables' figures
+# on one GPU (the README of benchmarks/embedding, Tiered tables (GPU), records them):
+#   core   benchmarks/gpu/tier_bench, the framework-free CUDA core, 26 tables (TIER_BENCH: the
+#          binary, default benchmarks/gpu/build/tier/tier_bench, built with -DSOK_STATIC_CUDART=ON
+#          as build_harness.sh does)
+#   onetable  the same ids as one table of 26 x the vocabulary: what the per-table work costs
+#   tf     benchmarks/embedding's criteo26 step at batch 65,536 in a TF1 graph: sok (all in GPU
+#          memory) against sok_tier (HBM_DRAM, a cache of 10%), LFU then LRU, uniform and
+#          power-law ids, plus one --check run per strategy (sok_tier's rows equal sok's)
+#   ncu    per-kernel GPU time of tier_bench's LFU step on power-law ids (Nsight Compute's
+#          summary; where the machine's runtime lets it read the GPU)
+# Full logs go to $OUT (or build/gpu_logs); the summary lines go to stdout.
+#   bash benchmarks/gpu/run_tiers.sh [core|tf|ncu ...]   (default: core tf)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-build/gpu_logs}"; mkdir -p "$out"
+bench=${TIER_BENCH:-benchmarks/gpu/build/tier/tier_bench}
+
+core() {
+  "$bench" > "$out/tier_bench.txt" 2>&1
+  echo "core exit=$?"; grep -E "^(COPY|KEYS|TIER)" "$out/tier_bench.txt"
+}
+
+onetable() {
+  TIER_IMPLS=hbm,host_only,hbm_dram_lfu "$bench" 1 8 5200000 52 > "$out/tier_bench_1table.txt" 2>&1
+  echo "core one table exit=$?"; grep -E "^TIER" "$out/tier_bench_1table.txt"
+}
+
+tf() {
+  . /opt/tfgpu/env.sh
+  export PYTHONPATH="$PWD/build/sok_pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2
+  local cs dist log
+  for cs in lfu lru; do
+    log="$out/tier_tf_$cs.txt"
+    python3 benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
+      --storage hbm_dram --cache-fraction 0.1 --cache-strategy "$cs" --impls sok,sok_tier \
+      --inputs resident --mode graph --dists uniform,powerlaw --steps 10 --rounds 3 > "$log" 2>&1
+    echo "tf $cs exit=$?"; grep -E "^(graph|  graph)|Error" "$log"
+  done
+  for cs in lfu lru; do
+    log="$out/tier_tf_check_$cs.txt"
+    python3 benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
+      --storage hbm_dram --cache-fraction 0.1 --cache-strategy "$cs" --impls sok,sok_tier \
+      --inputs resident --mode graph --dists uniform,powerlaw --check 6 > "$log" 2>&1
+    echo "tf check $cs exit=$?"; grep -E "^TIER|check|Error" "$log" | tail -n 8
+  done
+}
+
+ncu_profile() {
+  local log="$out/tier_ncu.txt"
+  TIER_IMPLS=hbm_dram_lfu TIER_DISTS=zipf1.15 timeout 150 ncu --clock-control none \
+    --metrics gpu__time_duration.sum --print-summary per-kernel "$bench" 26 2 > "$log" 2>&1
+  echo "ncu exit=$? ($log)"
+}
+
+for job in ${@:-core tf}; do
+  case $job in
+    core) core ;;
+    onetable) onetable ;;
+    tf) tf ;;
+    ncu) ncu_profile ;;
+    *) echo "unknown job $job"; exit 2 ;;
+  esac
+done
