@@ -54,44 +54,45 @@ class SokTierImpl(SokImpl):
 
 
 ADAGRAD_SLOTS = 1
-# --storage -> (the StorageType, the flag holding the upper tier's fraction, that tier's name).
+# --storage -> (the StorageType, its cached tiers from the top: (tier, the flag holding the
+# tier's fraction)); the rows below them are in pinned host memory (hbm_dram) or on file.
 TIER_KINDS = {
-    "dram_ssd": ("DRAM_SSDHASH", "dram_fraction", "DRAM"),
-    "hbm_dram": ("HBM_DRAM", "cache_fraction", "HBM"),
+    "dram_ssd": ("DRAM_SSDHASH", (("DRAM", "dram_fraction"),)),
+    "hbm_dram": ("HBM_DRAM", (("HBM", "cache_fraction"),)),
+    "hbm_dram_ssd": ("HBM_DRAM_SSDHASH", (("HBM", "cache_fraction"), ("DRAM", "dram_fraction"))),
 }
 
 
 class Tier:
-    """The storage of sok_tier's tables: per field an upper-tier budget (DRAM for dram_ssd, HBM for
-    hbm_dram) of --dram-fraction / --cache-fraction of the table's final size (its distinct ids
-    over all batches, which the warm-up inserts, x a row's cost: 4 * dim * (1 + Adagrad's slot) +
-    32 bytes), in whole rows. dram_ssd keeps the other rows in files below a fresh folder in
-    --storage-path (a file record is as long as a row's cost); hbm_dram in pinned host memory."""
+    """The storage of sok_tier's tables: per field and cached tier (DRAM for dram_ssd, HBM for
+    hbm_dram, both for hbm_dram_ssd) a budget of --dram-fraction / --cache-fraction of the
+    table's final size (its distinct ids over all batches, which the warm-up inserts, x a row's
+    cost: 4 * dim * (1 + Adagrad's slot) + 32 bytes), in whole rows. dram_ssd and hbm_dram_ssd
+    keep the other rows in files below a fresh folder in --storage-path (a file record is as
+    long as a row's cost); hbm_dram in pinned host memory."""
 
     def __init__(self, args, batches):
         from sparse_operation_kit.tables.storage import ROW_META_BYTES
         self.args = args
-        self.type_name, fraction_flag, self.upper = TIER_KINDS[args.storage]
-        self.fraction = getattr(args, fraction_flag)
+        self.type_name, tiers = TIER_KINDS[args.storage]
+        self.tiers = [(name, getattr(args, flag)) for name, flag in tiers]
         self.row_bytes = 4 * args.dim * (1 + ADAGRAD_SLOTS) + ROW_META_BYTES
         self.final_rows = [len(np.unique(np.concatenate([b[f][0] for b in batches])))
                            for f in range(args.fields)]
-        # Whole rows, at least one: a budget under one row is refused by the storage.
-        self.budget_rows = [max(1, int(self.fraction * r)) for r in self.final_rows]
+        # Per tier, whole rows, at least one: a budget under one row is refused by the storage.
+        self.budget_rows = [[max(1, int(fraction * r)) for _, fraction in self.tiers]
+                            for r in self.final_rows]
         self.dir = None
-        if self.type_name == "DRAM_SSDHASH":
+        if self.type_name.endswith("SSDHASH"):
             if args.storage_path:
                 os.makedirs(args.storage_path, exist_ok=True)
             self.dir = tempfile.mkdtemp(prefix="sok_tier_", dir=args.storage_path)
-
-    def budget_bytes(self, f):
-        return self.budget_rows[f] * self.row_bytes
 
     def option(self, f):
         import sparse_operation_kit as sok
         return sok.EmbeddingVariableOption(storage_option=sok.StorageOption(
             storage_type=sok.StorageType[self.type_name], storage_path=self.dir,
-            storage_size=[self.budget_bytes(f)],
+            storage_size=[rows * self.row_bytes for rows in self.budget_rows[f]],
             cache_strategy=sok.CacheStrategy[self.args.cache_strategy.upper()]))
 
     def files(self):
@@ -103,10 +104,13 @@ class Tier:
     def describe(self, io):
         """The tiers' sizes and, for dram_ssd, from `io` ({rchar, wchar, syscr, steps}: the
         process's I/O over the timed steps), the file traffic per step."""
-        rows, budget = sum(self.final_rows), sum(self.budget_rows)
+        rows = sum(self.final_rows)
+        budgets = [sum(b[t] for b in self.budget_rows) for t in range(len(self.tiers))]
         text = (f"tiers ({self.args.cache_strategy.upper()}): {rows} rows in all tables after "
-                f"a cycle of the batches, {self.upper} budget {budget} rows "
-                f"({self.fraction:g}, {self.row_bytes} B a row), so >= {rows - budget} ")
+                f"a cycle of the batches, " + ", ".join(
+                    f"{name} budget {budget} rows ({fraction:g})"
+                    for (name, fraction), budget in zip(self.tiers, budgets)) +
+                f" ({self.row_bytes} B a row), so >= {rows - sum(budgets)} ")
         if self.dir is None:
             return text + "rows in host memory"
         files, size = self.files()

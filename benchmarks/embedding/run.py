@@ -18,8 +18,10 @@ hands dense variables to), in the same backward pass as the tables. Per implemen
   sok_tier: (--storage dram_ssd, CPU) sok with every table in DRAM_SSDHASH storage, DRAM a
             fraction (--dram-fraction) of each table's final size, the rest in files; or
             (--storage hbm_dram, GPU) every table in HBM_DRAM storage, GPU memory a fraction
-            (--cache-fraction) of each table's final size, the rest in pinned host memory; timed
-            next to sok, with the ratio sok_tier/sok and the tiers' sizes (and file traffic);
+            (--cache-fraction) of each table's final size, the rest in pinned host memory; or
+            (--storage hbm_dram_ssd, GPU) HBM_DRAM_SSDHASH: both fractions, the rest in files;
+            timed next to sok, with the ratio sok_tier/sok and the tiers' sizes (and file
+            traffic);
   harness : (--harness BINARY, GPU only) the same step on the same ids in the framework-free CUDA
             core (benchmarks/gpu/bench_fields.cu): per field unique_keys -> find_or_insert ->
             pooled_forward -> pooled_backward -> Adagrad apply_gradients, CUDA events.
@@ -107,7 +109,7 @@ from inputs import (  # noqa: E402, F401
 )
 from runners import RUNNERS, FunctionRunner, GraphRunner, device_scope  # noqa: E402, F401
 
-IMPLS = ("sok", "tf", "hash")  # the default; also sok_tier (--storage dram_ssd or hbm_dram)
+IMPLS = ("sok", "tf", "hash")  # the default; also sok_tier (--storage other than dram)
 # Shapes of the benchmark; explicit flags override them.
 CONFIGS = {
     "fields100": dict(
@@ -122,20 +124,24 @@ CONFIGS = {
 
 def add_storage_args(p):
     """sok_tier's flags: which tiered storage and each table's budget in its upper tier."""
-    p.add_argument("--storage", choices=("dram", "dram_ssd", "hbm_dram"), default="dram",
+    p.add_argument("--storage", choices=("dram", "dram_ssd", "hbm_dram", "hbm_dram_ssd"),
+                   default="dram",
                    help="dram_ssd: also time sok_tier, sok with its tables in DRAM_SSDHASH "
                    "storage (CPU only), next to sok (--impls defaults to sok,sok_tier); "
-                   "hbm_dram: the same with HBM_DRAM storage (GPU only)")
+                   "hbm_dram: the same with HBM_DRAM storage (GPU only); hbm_dram_ssd: with "
+                   "HBM_DRAM_SSDHASH storage (GPU only)")
     p.add_argument("--dram-fraction", type=float, default=0.1,
-                   help="sok_tier, dram_ssd: each table's DRAM budget, a fraction of its final "
-                   "size (its distinct ids over all batches x a row's cost)")
+                   help="sok_tier, dram_ssd and hbm_dram_ssd: each table's DRAM budget, a "
+                   "fraction of its final size (its distinct ids over all batches x a row's "
+                   "cost)")
     p.add_argument("--cache-fraction", type=float, default=0.1,
-                   help="sok_tier, hbm_dram: each table's GPU-memory (HBM) budget, a fraction "
-                   "of its final size (as --dram-fraction)")
+                   help="sok_tier, hbm_dram and hbm_dram_ssd: each table's GPU-memory (HBM) "
+                   "budget, a fraction of its final size (as --dram-fraction)")
     p.add_argument("--cache-strategy", choices=("lfu", "lru"), default="lfu",
                    help="sok_tier: which rows the upper tier (DRAM or HBM) keeps")
     p.add_argument("--storage-path", metavar="DIR",
-                   help="sok_tier, dram_ssd: where a fresh folder holds the tables' files "
+                   help="sok_tier, dram_ssd and hbm_dram_ssd: where a fresh folder holds the "
+                   "tables' files "
                    "(default: the temporary directory); removed afterwards")
 
 
@@ -265,7 +271,7 @@ def parse_args(argv=None):
         p.error("need 1 <= --min-ids-per-field <= --ids-per-field")
     if args.dram_fraction <= 0 or args.cache_fraction <= 0:
         p.error("--dram-fraction and --cache-fraction must be positive")
-    if args.storage == "hbm_dram":
+    if args.storage.startswith("hbm"):
         check_hbm_args(p, args)
     return args
 
@@ -313,13 +319,14 @@ def mlp_label(args):
 
 
 def check_hbm_args(p, args):
-    """--storage hbm_dram: refused where the run would not be on a GPU (SOK refuses HBM_DRAM
-    tables on the CPU, so it would fail only after building the batches)."""
+    """--storage hbm_dram(_ssd): refused where the run would not be on a GPU (SOK refuses HBM
+    tiers on the CPU, so it would fail only after building the batches)."""
     if args.device == "cpu" or not tf.config.list_physical_devices("GPU"):
         why = "--device cpu" if args.device == "cpu" else "TensorFlow sees no GPU"
-        p.error(f"--storage hbm_dram: HBM_DRAM needs a GPU ({why})")
-    if args.storage_path:
-        p.error("--storage hbm_dram keeps no files: --storage-path is for dram_ssd")
+        p.error(f"--storage {args.storage}: HBM tiers need a GPU ({why})")
+    if args.storage == "hbm_dram" and args.storage_path:
+        p.error("--storage hbm_dram keeps no files: --storage-path is for dram_ssd and "
+                "hbm_dram_ssd")
 
 
 def check_horovod_args(p, args):

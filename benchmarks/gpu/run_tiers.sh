@@ -9,10 +9,12 @@
 #   tf     benchmarks/embedding's criteo26 step at batch 65,536 in a TF1 graph: sok (all in GPU
 #          memory) against sok_tier (HBM_DRAM, a cache of 10%), LFU then LRU, uniform and
 #          power-law ids, plus one --check run per strategy (sok_tier's rows equal sok's)
+#   ssd    the same step with HBM_DRAM_SSDHASH (HBM 10%, DRAM 30%, the rest in files under
+#          /tmp), LFU, timed and checked
 #   ncu    per-kernel GPU time of tier_bench's LFU step on power-law ids (Nsight Compute's
 #          summary; where the machine's runtime lets it read the GPU)
 # Full logs go to $OUT (or build/gpu_logs); the summary lines go to stdout.
-#   bash benchmarks/gpu/run_tiers.sh [core|tf|ncu ...]   (default: core tf)
+#   bash benchmarks/gpu/run_tiers.sh [core|onetable|tf|ssd|ncu ...]   (default: core tf)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-build/gpu_logs}"; mkdir -p "$out"
@@ -48,6 +50,21 @@ tf() {
   done
 }
 
+ssd() {
+  . /opt/tfgpu/env.sh
+  export PYTHONPATH="$PWD/build/sok_pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2
+  local log="$out/tier_tf_ssd.txt" run
+  for run in "--steps 10 --rounds 3" "--check 6"; do
+    # shellcheck disable=SC2086  # $run: several flags
+    python3 benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
+      --storage hbm_dram_ssd --cache-fraction 0.1 --dram-fraction 0.3 --cache-strategy lfu \
+      --storage-path /tmp/sok_tier --impls sok,sok_tier --inputs resident --mode graph \
+      --dists uniform,powerlaw $run >> "$log" 2>&1
+    echo "tf ssd ($run) exit=$?"
+  done
+  grep -E "^(graph|  graph|TIER)|check|Error" "$log"
+}
+
 ncu_profile() {
   local log="$out/tier_ncu.txt"
   TIER_IMPLS=hbm_dram_lfu TIER_DISTS=zipf1.15 timeout 150 ncu --clock-control none \
@@ -59,6 +76,7 @@ for job in ${@:-core tf}; do
   case $job in
     core) core ;;
     onetable) onetable ;;
+    ssd) ssd ;;
     tf) tf ;;
     ncu) ncu_profile ;;
     *) echo "unknown job $job"; exit 2 ;;

@@ -1,8 +1,8 @@
 """run.py --storage dram_ssd on a tiny shape (CPU): sok_tier (sok's tables in DRAM_SSDHASH storage,
 DRAM a tenth of each table) trains like sok, and the timing table gives both step times and their
 ratio, with the tier's files and file traffic. Each run is a subprocess (graph mode switches eager
-execution off for the whole process). --storage hbm_dram needs a GPU: here only its refusal and
-the per-table HBM budgets, in-process."""
+execution off for the whole process). --storage hbm_dram and hbm_dram_ssd need a GPU: here only
+their refusal and the per-table budgets, in-process."""
 import importlib
 import importlib.util
 import os
@@ -72,11 +72,12 @@ def bench():
     return module
 
 
-def test_hbm_dram_is_refused_on_the_cpu(bench, capsys):
+@pytest.mark.parametrize("storage", ["hbm_dram", "hbm_dram_ssd"])
+def test_hbm_tiers_are_refused_on_the_cpu(bench, capsys, storage):
     with pytest.raises(SystemExit) as e:
-        bench.parse_args([*TINY, "--storage", "hbm_dram"])
+        bench.parse_args([*TINY, "--storage", storage])
     assert e.value.code == 2
-    assert "HBM_DRAM needs a GPU (--device cpu)" in capsys.readouterr().err
+    assert f"--storage {storage}: HBM tiers need a GPU (--device cpu)" in capsys.readouterr().err
 
 
 def test_hbm_dram_is_refused_without_a_gpu(bench, capsys):
@@ -86,7 +87,7 @@ def test_hbm_dram_is_refused_without_a_gpu(bench, capsys):
         pytest.skip("TensorFlow sees a GPU")
     with pytest.raises(SystemExit):
         bench.parse_args([*TINY, "--storage", "hbm_dram", "--device", "auto"])
-    assert "HBM_DRAM needs a GPU (TensorFlow sees no GPU)" in capsys.readouterr().err
+    assert "HBM tiers need a GPU (TensorFlow sees no GPU)" in capsys.readouterr().err
 
 
 def test_hbm_dram_budget_is_the_cache_fraction_of_each_table(bench, tmp_path):
@@ -112,7 +113,8 @@ def test_hbm_dram_budget_is_the_cache_fraction_of_each_table(bench, tmp_path):
         assert budget.storage_size == [max(1, int(0.25 * rows)) * row]
         assert 0.25 * rows * row - row < budget.storage_size[0] <= 0.25 * rows * row
     text = tier.describe({"steps": 3, "wchar": 0})
-    assert "HBM budget" in text and f"(0.25, {row} B a row)" in text and "host memory" in text
+    assert "HBM budget" in text and "rows (0.25)" in text and f"({row} B a row)" in text
+    assert "host memory" in text
     tier.close()
     # The same arguments as dram_ssd: --dram-fraction and a folder below --storage-path.
     args.storage, args.storage_path = "dram_ssd", str(tmp_path)
@@ -122,4 +124,17 @@ def test_hbm_dram_budget_is_the_cache_fraction_of_each_table(bench, tmp_path):
     assert option.storage_size == [max(1, int(0.5 * ssd.final_rows[0])) * row]
     assert os.path.dirname(option.storage_path) == str(tmp_path)
     ssd.close()
+    # hbm_dram_ssd: an HBM budget (--cache-fraction) over a DRAM one (--dram-fraction), files.
+    args.storage = "hbm_dram_ssd"
+    three = impls.Tier(args, batches)
+    for f in range(args.fields):
+        option = three.option(f).storage_option
+        rows = three.final_rows[f]
+        assert option.storage_type == sok.StorageType.HBM_DRAM_SSDHASH
+        assert option.storage_size == [max(1, int(0.25 * rows)) * row,
+                                       max(1, int(0.5 * rows)) * row]
+        assert os.path.dirname(option.storage_path) == str(tmp_path)
+    text = three.describe({})
+    assert "HBM budget" in text and "DRAM budget" in text and "rows on file" in text, text
+    three.close()
     assert os.listdir(tmp_path) == []

@@ -341,11 +341,12 @@ struct OnDevice<GpuDevice> {
   }
 
  private:
-  // A one-tier table (sok::gpu::GpuTable), which the fused multi-table launches take; NewTable
-  // above makes only it and GpuTieredTable, so the tag of the config tells them apart.
+  // A one-tier table (sok::gpu::GpuTable: DRAM or HBM), not a GpuTieredTable; NewTable above
+  // makes only these two, and new_gpu_table makes the tiered one for exactly these storage kinds.
   template <typename K>
   static bool IsPlain(const sok::Table<K>* t) {
-    return t->config().storage == sok::StorageKind::kDram;
+    const sok::StorageKind kind = t->config().storage;
+    return kind != sok::StorageKind::kHbmDram && kind != sok::StorageKind::kHbmDramSsdHash;
   }
   template <typename K>
   static sok::gpu::GpuEmbeddingTable<K>* Plain(sok::Table<K>* t) {
