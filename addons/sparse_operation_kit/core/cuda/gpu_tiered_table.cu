@@ -559,6 +559,12 @@ Status GpuTieredTable<K>::for_each_group(const std::vector<Call>& calls, Fn&& fn
       if (std::find(tables.begin(), tables.end(), calls[end].table) != tables.end()) break;
       tables.push_back(calls[end].table);
     }
+    for (const GpuTieredTable* t : tables) {  // one stream: every table on its device
+      if (t->cold_->impl_->device != tables[0]->cold_->impl_->device) {
+        return Status::Invalid("tables '" + tables[0]->cfg_.name + "' and '" + t->cfg_.name +
+                               "' live on different GPUs but share one call");
+      }
+    }
     std::sort(tables.begin(), tables.end());
     std::vector<std::unique_lock<std::mutex>> locks;
     for (GpuTieredTable* t : tables) locks.emplace_back(t->mu_);
