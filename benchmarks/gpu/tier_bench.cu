@@ -181,7 +181,26 @@ struct StepBuffers {
   cudaStream_t stream = nullptr;
 };
 
-// `mid`, if given, is recorded between the lookups and the updates (with their placement).
+// One fused find_or_insert over the tables, then one fused apply_gradients: Table is
+// GpuEmbeddingTable<Key> or GpuTieredTable<Key>, Call its call struct. `mid`, if given, is
+// recorded between the lookups and the updates (with their placement).
+template <typename Table, typename Call>
+void fused_step(const std::vector<Table*>& tables, const std::vector<Batch>& batch,
+                const OptimizerParams& p, StepBuffers* b, cudaEvent_t mid) {
+  // Every table writes the same output buffer: the step's cost, not its values, is measured.
+  std::vector<Call> calls(tables.size());
+  for (size_t t = 0; t < calls.size(); ++t) {
+    calls[t].table = tables[t];
+    calls[t].keys = batch[t].keys.get();
+    calls[t].n = batch[t].n;
+    calls[t].out = b->out.get();
+  }
+  SOK_OK(Table::find_or_insert_many(calls, b->stream));
+  if (mid != nullptr) CUDA_OK(cudaEventRecord(mid, b->stream));
+  for (Call& c : calls) c.grads = b->grads.get();
+  SOK_OK(Table::apply_gradients_many(calls, p, p.step, b->stream, true, true));
+}
+
 void run_step(const Tables& ts, const std::vector<Batch>& batch, int64_t step, StepBuffers* b,
               cudaEvent_t mid = nullptr) {
   OptimizerParams p;
@@ -189,32 +208,9 @@ void run_step(const Tables& ts, const std::vector<Batch>& batch, int64_t step, S
   p.lr = 0.05f;
   p.initial_accumulator = 0.1f;
   p.step = step;
-  // Every table writes the same output buffer: the step's cost, not its values, is measured.
-  if (!ts.plain.empty()) {
-    std::vector<GpuEmbeddingTable<Key>::Keys> calls(ts.plain.size());
-    for (size_t t = 0; t < calls.size(); ++t) {
-      calls[t].table = ts.plain[t];
-      calls[t].keys = batch[t].keys.get();
-      calls[t].n = batch[t].n;
-      calls[t].out = b->out.get();
-    }
-    SOK_OK(GpuEmbeddingTable<Key>::find_or_insert_many(calls, b->stream));
-    if (mid != nullptr) CUDA_OK(cudaEventRecord(mid, b->stream));
-    for (size_t t = 0; t < calls.size(); ++t) calls[t].grads = b->grads.get();
-    SOK_OK(GpuEmbeddingTable<Key>::apply_gradients_many(calls, p, step, b->stream, true, true));
-    return;
-  }
-  std::vector<GpuTieredTable<Key>::Call> calls(ts.tiered.size());
-  for (size_t t = 0; t < calls.size(); ++t) {
-    calls[t].table = ts.tiered[t];
-    calls[t].keys = batch[t].keys.get();
-    calls[t].n = batch[t].n;
-    calls[t].out = b->out.get();
-  }
-  SOK_OK(GpuTieredTable<Key>::find_or_insert_many(calls, b->stream));
-  if (mid != nullptr) CUDA_OK(cudaEventRecord(mid, b->stream));
-  for (size_t t = 0; t < calls.size(); ++t) calls[t].grads = b->grads.get();
-  SOK_OK(GpuTieredTable<Key>::apply_gradients_many(calls, p, step, b->stream, true, true));
+  if (!ts.plain.empty())
+    fused_step<GpuEmbeddingTable<Key>, GpuEmbeddingTable<Key>::Keys>(ts.plain, batch, p, b, mid);
+  else fused_step<GpuTieredTable<Key>, GpuTieredTable<Key>::Call>(ts.tiered, batch, p, b, mid);
 }
 
 struct Result {

@@ -205,15 +205,20 @@ Status GpuTieredTable<K>::find(const K* keys, int64_t n, float* out, cudaStream_
 }
 
 // Which tier inserts this call's new keys: the HBM tier while its row bound leaves room for
-// every key of the call, else the host tier; the other one is probed first.
+// every key of the call, else the host tier; the other one is probed first. Host-only: the host
+// tier alone.
 template <typename K>
 Status GpuTieredTable<K>::route(const Span& keys, cudaStream_t s, Keys* call) {
-  int64_t cap = 0;
-  SOK_RETURN_IF_ERROR(budget_rows(hot_->num_slots(), &cap));
   const int64_t n = keys.n;
   call->keys = keys.keys;
   call->n = n;
   call->d_n = keys.d_n;
+  if (!hot_) {
+    call->table = cold_.get();
+    return Status::OK();
+  }
+  int64_t cap = 0;
+  SOK_RETURN_IF_ERROR(budget_rows(hot_->num_slots(), &cap));
   if (hot_bound_ + n <= cap) {
     hot_bound_ += n;
     call->table = hot_.get();
@@ -492,16 +497,10 @@ Status GpuTieredTable<K>::find_or_insert_many(const std::vector<Call>& calls, cu
       const Call& c = calls[i];
       GpuTieredTable& t = *c.table;
       if (c.n <= 0) continue;
+      const Span span{c.keys, c.n, c.d_n};
       Keys k;
-      if (t.hot_) {
-        SOK_RETURN_IF_ERROR(t.from_ssd(Span{c.keys, c.n, c.d_n}, s));
-        SOK_RETURN_IF_ERROR(t.route(Span{c.keys, c.n, c.d_n}, s, &k));
-      } else {
-        k.table = t.cold_.get();
-        k.keys = c.keys;
-        k.n = c.n;
-        k.d_n = c.d_n;
-      }
+      SOK_RETURN_IF_ERROR(t.from_ssd(span, s));  // nothing without a file
+      SOK_RETURN_IF_ERROR(t.route(span, s, &k));
       k.out = c.out;
       k.counts = c.counts;
       launch.push_back(k);
@@ -579,18 +578,13 @@ Status GpuTieredTable<K>::apply_gradients_many(const std::vector<Call>& calls,
     for (size_t i = begin; i < end; ++i) {
       const Call& c = calls[i];
       GpuTieredTable& t = *c.table;
-      const Span span{c.keys, c.n, c.d_n};
-      Keys k;
+      const Span span{c.keys, std::max<int64_t>(c.n, 0), c.d_n};
       if (t.hot_) {
         SOK_RETURN_IF_ERROR(t.prepare_update(p, global_step, span, s));
         if (c.n <= 0) continue;
-        SOK_RETURN_IF_ERROR(t.route(span, s, &k));
-      } else {
-        k.table = t.cold_.get();  // its slots come with the launch
-        k.keys = c.keys;
-        k.n = std::max<int64_t>(c.n, 0);
-        k.d_n = c.d_n;
-      }
+      }  // host-only: its slots come with the launch, also without keys
+      Keys k;
+      SOK_RETURN_IF_ERROR(t.route(span, s, &k));
       k.grads = c.grads;
       launch.push_back(k);
     }

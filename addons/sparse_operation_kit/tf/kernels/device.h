@@ -362,12 +362,13 @@ struct OnDevice<GpuDevice> {
                     std::vector<TableCall<K>>* tiered) {
     for (const TableCall<K>& c : calls) (IsPlain(c.table) ? plain : tiered)->push_back(c);
   }
-  template <typename K>
-  static std::vector<typename sok::gpu::GpuTieredTable<K>::Call> TieredCalls(
-      const std::vector<TableCall<K>>& calls) {
-    std::vector<typename sok::gpu::GpuTieredTable<K>::Call> out(calls.size());
+  // The core's call structs (GpuEmbeddingTable<K>::Keys, GpuTieredTable<K>::Call) for the op's
+  // calls; table_of gives each one's core table.
+  template <typename Call, typename K, typename TableOf>
+  static std::vector<Call> CoreCalls(const std::vector<TableCall<K>>& calls, TableOf table_of) {
+    std::vector<Call> out(calls.size());
     for (size_t i = 0; i < calls.size(); ++i) {
-      out[i].table = Tiered(calls[i].table);
+      out[i].table = table_of(calls[i].table);
       out[i].keys = calls[i].keys;
       out[i].n = calls[i].n;
       out[i].out = calls[i].out;
@@ -380,17 +381,12 @@ struct OnDevice<GpuDevice> {
   template <typename K>
   static std::vector<typename sok::gpu::GpuEmbeddingTable<K>::Keys> GpuCalls(
       const std::vector<TableCall<K>>& calls) {
-    std::vector<typename sok::gpu::GpuEmbeddingTable<K>::Keys> out(calls.size());
-    for (size_t i = 0; i < calls.size(); ++i) {
-      out[i].table = Plain(calls[i].table);
-      out[i].keys = calls[i].keys;
-      out[i].n = calls[i].n;
-      out[i].out = calls[i].out;
-      out[i].counts = calls[i].counts;
-      out[i].grads = calls[i].grads;
-      out[i].d_n = calls[i].d_n;
-    }
-    return out;
+    return CoreCalls<typename sok::gpu::GpuEmbeddingTable<K>::Keys>(calls, &Plain<K>);
+  }
+  template <typename K>
+  static std::vector<typename sok::gpu::GpuTieredTable<K>::Call> TieredCalls(
+      const std::vector<TableCall<K>>& calls) {
+    return CoreCalls<typename sok::gpu::GpuTieredTable<K>::Call>(calls, &Tiered<K>);
   }
 };
 #endif  // GOOGLE_CUDA
