@@ -8,6 +8,9 @@
 //   hbm           GpuEmbeddingTable, every row in HBM (the target)
 //   host_only     GpuTieredTable::CreateHostOnly: every row in pinned host memory, no cache
 //   hbm_dram_lfu  GpuTieredTable (HBM_DRAM), LFU; hbm_dram_lru the same with LRU
+//   hbm_dram_ssd_lfu  HBM_DRAM_SSDHASH, LFU: the same HBM cache over a DRAM budget of
+//                 TIER_DRAM_FRACTION (0.3) of the vocabulary, the rest in files under
+//                 TIER_SSD_PATH (/tmp); only when TIER_IMPLS names it (seconds a step)
 // for uniform ids and power-law ids (Zipf 1.15 over the vocabulary). Also the pinned
 // host<->device copy bandwidth and, for the tiered impls, the PCIe time of the bytes the rows
 // served from host memory must cross (find reads the value, the update reads and writes value
@@ -16,7 +19,8 @@
 //   TIER impl=.. dist=.. tables=.. ms=.. ratio_vs_hbm=.. find_ms=.. apply_ms=.. issue_ms=..
 //        [speedup_vs_host_only=.. hbm_share=..
 //        host_keys_per_step=.. pcie_ms=.. ratio_vs_pcie=.. promoted_per_step=..
-//        demoted_per_step=..]
+//        demoted_per_step=..] [ssd_up_per_step=.. ssd_down_per_step=.. ssd_host_ms=..
+//        ssd_file_ms=..]
 // Usage: tier_bench [tables=26] [steps=8] [vocab=200000] [ids_per_sample=2]
 //   TIER_IMPLS=hbm,hbm_dram_lfu (a subset of the impls; the ratios need hbm, and host_only for
 //   speedup_vs_host_only), TIER_DISTS=zipf1.15 (uniform, zipf1.15): fewer runs, e.g. under ncu.
@@ -110,13 +114,14 @@ std::vector<std::vector<Batch>> make_batches(const Shape& sh, double zipf_s, int
   return out;
 }
 
-enum class Impl { kHbm, kHostOnly, kLfu, kLru };
+enum class Impl { kHbm, kHostOnly, kLfu, kLru, kSsd };
 const char* impl_name(Impl i) {
   switch (i) {
     case Impl::kHbm: return "hbm";
     case Impl::kHostOnly: return "host_only";
     case Impl::kLfu: return "hbm_dram_lfu";
     case Impl::kLru: return "hbm_dram_lru";
+    case Impl::kSsd: return "hbm_dram_ssd_lfu";
   }
   return "?";
 }
@@ -134,6 +139,14 @@ TableConfig table_cfg(const Shape& sh, Impl impl, int t) {
   c.storage = StorageKind::kHbmDram;
   c.cache_strategy = impl == Impl::kLru ? CacheStrategy::kLRU : CacheStrategy::kLFU;
   c.hbm_bytes = sh.vocab / 10 * tier_row_bytes(kDim, 1);  // 10% of the rows, Adagrad's layout
+  if (impl == Impl::kSsd) {
+    const char* f = std::getenv("TIER_DRAM_FRACTION");
+    const char* path = std::getenv("TIER_SSD_PATH");
+    c.storage = StorageKind::kHbmDramSsdHash;
+    c.dram_bytes =
+        static_cast<int64_t>(sh.vocab * (f ? std::atof(f) : 0.3)) * tier_row_bytes(kDim, 1);
+    c.storage_path = path ? path : "/tmp";
+  }
   return c;
 }
 
@@ -172,6 +185,10 @@ GpuTieredTable<Key>::Stats total_stats(const Tables& ts) {
     sum.host_keys += s.host_keys;
     sum.promoted_rows += s.promoted_rows;
     sum.demoted_rows += s.demoted_rows;
+    sum.ssd_promoted_rows += s.ssd_promoted_rows;
+    sum.ssd_demoted_rows += s.ssd_demoted_rows;
+    sum.ssd_host_us += s.ssd_host_us;
+    sum.ssd_file_us += s.ssd_file_us;
   }
   return sum;
 }
@@ -218,7 +235,8 @@ struct Result {
   // Medians: the lookups' and the updates' GPU time, and the host's time to issue a step (above
   // the GPU time when launches or host work bound the step).
   double find_ms = 0, apply_ms = 0, issue_ms = 0;
-  double hbm_share = 1, host_keys = 0, promoted = 0, demoted = 0;  // per step
+  double hbm_share = 1, host_keys = 0, promoted = 0, demoted = 0;     // per step
+  double ssd_up = 0, ssd_down = 0, ssd_host_ms = 0, ssd_file_ms = 0;  // per step
 };
 
 // Warm-up (the cache fills and settles) then the timed steps; the median step time.
@@ -262,6 +280,11 @@ Result time_impl(const Shape& sh, Impl impl, const std::vector<std::vector<Batch
   r.host_keys = host / sh.steps;
   r.promoted = static_cast<double>(after.promoted_rows - before.promoted_rows) / sh.steps;
   r.demoted = static_cast<double>(after.demoted_rows - before.demoted_rows) / sh.steps;
+  auto per_step = [&](int64_t a, int64_t b) { return static_cast<double>(a - b) / sh.steps; };
+  r.ssd_up = per_step(after.ssd_promoted_rows, before.ssd_promoted_rows);
+  r.ssd_down = per_step(after.ssd_demoted_rows, before.ssd_demoted_rows);
+  r.ssd_host_ms = per_step(after.ssd_host_us, before.ssd_host_us) / 1e3;
+  r.ssd_file_ms = per_step(after.ssd_file_us, before.ssd_file_us) / 1e3;
   if (impl == Impl::kHostOnly) r.hbm_share = 0;
   return r;
 }
@@ -353,8 +376,9 @@ int main(int argc, char** argv) {
     b.grads.upload(g);
     std::printf("KEYS dist=%s distinct_per_table_step=%lld\n", dist, (long long)batches[0][0].n);
     double hbm_ms = 0, host_only_ms = 0;
-    for (Impl impl : {Impl::kHbm, Impl::kHostOnly, Impl::kLfu, Impl::kLru}) {
+    for (Impl impl : {Impl::kHbm, Impl::kHostOnly, Impl::kLfu, Impl::kLru, Impl::kSsd}) {
       if (!selected("TIER_IMPLS", impl_name(impl))) continue;
+      if (impl == Impl::kSsd && std::getenv("TIER_IMPLS") == nullptr) continue;  // opt-in
       const Result r = time_impl(sh, impl, batches, &b);
       if (impl == Impl::kHbm) hbm_ms = r.ms;
       if (impl == Impl::kHostOnly) host_only_ms = r.ms;
@@ -366,7 +390,12 @@ int main(int argc, char** argv) {
         const double keys = 2.0 * mean_keys(batches);
         std::printf(" host_keys_per_step=%.0f pcie_ms=%.3f", keys, pcie_ms(keys, h2d, d2h));
       }
-      if (impl == Impl::kLfu || impl == Impl::kLru) {
+      if (impl == Impl::kSsd) {
+        std::printf(
+            " ssd_up_per_step=%.0f ssd_down_per_step=%.0f ssd_host_ms=%.1f ssd_file_ms=%.1f",
+            r.ssd_up, r.ssd_down, r.ssd_host_ms, r.ssd_file_ms);
+      }
+      if (impl == Impl::kLfu || impl == Impl::kLru || impl == Impl::kSsd) {
         const double pcie = pcie_ms(r.host_keys, h2d, d2h);
         std::printf(
             " speedup_vs_host_only=%.2f hbm_share=%.3f host_keys_per_step=%.0f "

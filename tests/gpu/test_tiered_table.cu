@@ -328,8 +328,43 @@ bool test_many_calls(CacheStrategy strategy) {
   return ok;
 }
 
+// ---- HBM_DRAM_SSDHASH ----
+
+constexpr int64_t kDramRows = 400;
+
+TableConfig ssd_cfg(int64_t dim, CacheStrategy strategy, int slots, int64_t filter = 0) {
+  TableConfig c = tiered_cfg(dim, strategy, slots, filter);
+  c.storage = StorageKind::kHbmDramSsdHash;
+  c.dram_bytes = kDramRows * tier_row_bytes(dim, slots);
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  c.storage_path = tmp ? tmp : "/tmp";
+  c.ssd_compact_min_bytes = 0;  // compact as soon as garbage is half the file
+  return c;
+}
+
+bool dir_exists(const std::string& dir) {
+  struct stat st;
+  return ::stat(dir.c_str(), &st) == 0;
+}
+
+// Every tier within its budget; with expect_ssd, rows in all three.
+template <typename K>
+bool ssd_tiers_ok(Pair<K>& t, bool expect_ssd) {
+  int64_t hbm = 0, host = 0, ssd = 0;
+  SOK_OK(t.got->tier_sizes(nullptr, &hbm, &host, &ssd));
+  bool ok = t.tiers_ok(false);
+  if (host > t.got->dram_budget_rows())
+    ok = FAIL("host tier %lld rows over its budget %lld", (long long)host,
+              (long long)t.got->dram_budget_rows());
+  if (expect_ssd && (hbm == 0 || host == 0 || ssd == 0))
+    ok = FAIL("rows not in all tiers: HBM %lld, host %lld, SSD %lld", (long long)hbm,
+              (long long)host, (long long)ssd);
+  return ok;
+}
+
 // The fused calls over several tables (find_or_insert_many, apply_gradients_many: what the TF
-// ops call): LFU, LRU and host-only tables with different dims, one table twice in a call, and
+// ops call): LFU, LRU, host-only and HBM_DRAM_SSDHASH tables with different dims (the tables'
+// file work runs in parallel), one table twice in a call, and
 // keys padded past a device count (a dedup's output: the padding holds present and absent keys,
 // which must be neither read, counted, updated nor inserted). Each table bit for bit against its
 // own one-tier table driven with the counted keys alone, call by call.
@@ -338,16 +373,20 @@ bool test_fused_calls() {
   struct Spec {
     int64_t dim;
     CacheStrategy strategy;
-    bool host_only;
+    bool host_only, ssd;
   };
-  const Spec specs[] = {{8, CacheStrategy::kLFU, false},
-                        {5, CacheStrategy::kLRU, false},
-                        {16, CacheStrategy::kLFU, true},
-                        {4, CacheStrategy::kLFU, false}};
-  const int tables = 4;
+  const Spec specs[] = {{8, CacheStrategy::kLFU, false, false},
+                        {5, CacheStrategy::kLRU, false, false},
+                        {16, CacheStrategy::kLFU, true, false},
+                        {4, CacheStrategy::kLFU, false, false},
+                        {6, CacheStrategy::kLRU, false, true}};
+  const int tables = 5;
   std::vector<Pair<K>> t;
-  for (const Spec& sp : specs)
-    t.push_back(make_pair<K>(tiered_cfg(sp.dim, sp.strategy, 1), sp.host_only));
+  for (const Spec& sp : specs) {
+    const TableConfig c =
+        sp.ssd ? ssd_cfg(sp.dim, sp.strategy, 1) : tiered_cfg(sp.dim, sp.strategy, 1);
+    t.push_back(make_pair<K>(c, sp.host_only));
+  }
   const std::vector<K> pool = key_pool<K>(3000);
   const std::vector<K> fresh = key_pool<K>(6000);  // mostly keys no table ever gets
   OptimizerParams p = test_params(OptimizerKind::kAdagrad);
@@ -403,7 +442,8 @@ bool test_fused_calls() {
       DevBuf<K> exact = to_device(keys[j]);
       SOK_OK(t[j].ref->apply_gradients(exact.get(), keys[j].size(), grads[j].get(), p, s, nullptr,
                                        true));
-      if (!specs[j].host_only) ok &= t[j].tiers_ok(s > 3);
+      if (specs[j].ssd) ok &= ssd_tiers_ok(t[j], false);
+      else if (!specs[j].host_only) ok &= t[j].tiers_ok(s > 3);
     }
     if (s % 10 == 0) {
       for (int j = 0; j < tables && ok; ++j) {
@@ -437,40 +477,6 @@ bool test_fused_calls() {
   return ok;
 }
 
-// ---- HBM_DRAM_SSDHASH ----
-
-constexpr int64_t kDramRows = 400;
-
-TableConfig ssd_cfg(int64_t dim, CacheStrategy strategy, int slots, int64_t filter = 0) {
-  TableConfig c = tiered_cfg(dim, strategy, slots, filter);
-  c.storage = StorageKind::kHbmDramSsdHash;
-  c.dram_bytes = kDramRows * tier_row_bytes(dim, slots);
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  c.storage_path = tmp ? tmp : "/tmp";
-  c.ssd_compact_min_bytes = 0;  // compact as soon as garbage is half the file
-  return c;
-}
-
-bool dir_exists(const std::string& dir) {
-  struct stat st;
-  return ::stat(dir.c_str(), &st) == 0;
-}
-
-// Every tier within its budget; with expect_ssd, rows in all three.
-template <typename K>
-bool ssd_tiers_ok(Pair<K>& t, bool expect_ssd) {
-  int64_t hbm = 0, host = 0, ssd = 0;
-  SOK_OK(t.got->tier_sizes(nullptr, &hbm, &host, &ssd));
-  bool ok = t.tiers_ok(false);
-  if (host > t.got->dram_budget_rows())
-    ok = FAIL("host tier %lld rows over its budget %lld", (long long)host,
-              (long long)t.got->dram_budget_rows());
-  if (expect_ssd && (hbm == 0 || host == 0 || ssd == 0))
-    ok = FAIL("rows not in all tiers: HBM %lld, host %lld, SSD %lld", (long long)hbm,
-              (long long)host, (long long)ssd);
-  return ok;
-}
-
 // A find reads like the reference and changes no tier's rows.
 template <typename K>
 bool ssd_find_moves_nothing(Pair<K>& t, const std::vector<K>& keys) {
@@ -497,7 +503,18 @@ bool test_ssd_training(OptimizerKind kind, CacheStrategy strategy, bool power_la
     const std::vector<K> keys = step_keys(pool, 512, power_law);
     p.step = s;
     ok &= t.lookup(keys, true);
+    // A trained table's lookup keeps its keys off the file (over the budget by at most the
+    // call's keys), so the update that follows moves nothing up.
+    int64_t hbm = 0, host = 0;
+    SOK_OK(t.got->tier_sizes(nullptr, &hbm, &host));
+    const int64_t up = t.got->stats().ssd_promoted_rows;
+    if (s > 1 && host > t.got->dram_budget_rows() + static_cast<int64_t>(keys.size()))
+      ok = FAIL("step %d: host tier %lld rows after a lookup, budget %lld + %zu keys", s,
+                (long long)host, (long long)t.got->dram_budget_rows(), keys.size());
     t.apply(keys, p, 100 + s, false);
+    if (s > 1 && t.got->stats().ssd_promoted_rows != up)
+      ok = FAIL("step %d: the update moved %lld rows up from the file", s,
+                (long long)(t.got->stats().ssd_promoted_rows - up));
     if (s % 6 == 0) ok &= ssd_find_moves_nothing(t, draw(key_pool<K>(6000), 2000));
     ok &= ssd_tiers_ok(t, s > 6);
   }

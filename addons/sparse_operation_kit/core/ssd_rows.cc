@@ -2,10 +2,40 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_set>
 #include <utility>
 
 namespace sok {
+namespace {
+
+// The keys seen so far in one read: open addressing over positions into a key array (a call
+// repeats few keys, but must meet each row once; std::unordered_set cost an allocation a key).
+class SeenKeys {
+ public:
+  explicit SeenKeys(int64_t n) {
+    int64_t cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    slots_.assign(cap, -1);
+    mask_ = cap - 1;
+  }
+  // Whether keys[i]'s key is new (then remembered); keys must outlive the set.
+  bool insert(const int64_t* keys, int64_t i) {
+    const int64_t key = keys[i];
+    uint64_t h = static_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull;
+    for (int64_t at = static_cast<int64_t>(h >> 20) & mask_;; at = (at + 1) & mask_) {
+      if (slots_[at] < 0) {
+        slots_[at] = i;
+        return true;
+      }
+      if (keys[slots_[at]] == key) return false;
+    }
+  }
+
+ private:
+  std::vector<int64_t> slots_;
+  int64_t mask_ = 0;
+};
+
+}  // namespace
 
 template <typename K>
 Status append_snapshot(const TableSnapshot<K>& s, SsdStore* store) {
@@ -55,13 +85,24 @@ Status SsdRows<K>::Open(const TableConfig& config, std::unique_ptr<SsdRows>* out
 
 template <typename K>
 Status SsdRows<K>::read(const K* keys, int64_t n, TableSnapshot<K>* out) const {
-  std::unordered_set<int64_t> seen;
-  SsdStore::Record r;
+  std::vector<int64_t> found;  // the keys on file, in call order
   for (int64_t i = 0; i < n; ++i) {
     const int64_t key = static_cast<int64_t>(keys[i]);
-    bool found = false;
-    Status s = store_->read_if_present(key, &r, &found);
-    if (s.ok() && found && seen.insert(key).second) s = append_record(r, cfg_.name, out);
+    if (store_->contains(key)) found.push_back(key);
+  }
+  const int64_t m = static_cast<int64_t>(found.size());
+  SeenKeys seen(m);
+  const size_t d = static_cast<size_t>(out->dim), rows = out->keys.size() + m;
+  out->keys.reserve(rows);
+  out->freqs.reserve(rows);
+  out->versions.reserve(rows);
+  out->values.reserve(rows * d);
+  out->slots.reserve(rows * d * out->num_slots);
+  SsdStore::Record r;
+  for (int64_t i = 0; i < m; ++i) {
+    if (!seen.insert(found.data(), i)) continue;
+    Status s = store_->read(found[i], &r);
+    if (s.ok()) s = append_record(r, cfg_.name, out);
     if (!s.ok()) return s;
   }
   return Status::OK();

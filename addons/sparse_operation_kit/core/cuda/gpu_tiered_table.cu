@@ -456,25 +456,45 @@ Status GpuTieredTable<K>::for_each_group(const std::vector<Call>& calls, Fn&& fn
   return Status::OK();
 }
 
+// from_ssd_many over calls[begin, end) (tables with keys; nothing without a file).
+template <typename K>
+Status GpuTieredTable<K>::from_ssd_calls(const std::vector<Call>& calls, size_t begin, size_t end,
+                                         cudaStream_t s) {
+  std::vector<GpuTieredTable*> tables;
+  std::vector<Span> keys;
+  for (size_t i = begin; i < end; ++i) {
+    if (!calls[i].table->ssd_ || calls[i].n <= 0) continue;
+    tables.push_back(calls[i].table);
+    keys.push_back(Span{calls[i].keys, calls[i].n, calls[i].d_n});
+  }
+  return from_ssd_many(tables, keys, s);
+}
+
 // After the calls' kernels: the placement passes (inference_only: only on tables that have seen
-// no apply_gradients), then each table's demotions to the file.
+// no apply_gradients), then the tables' demotions to the file. After a lookup of a trained table
+// (inference_only), the host tier may keep the lookup's keys over its budget: the update that
+// follows needs them, and demoting them in between moved them through the file twice a step.
 template <typename K>
 Status GpuTieredTable<K>::after_update(const std::vector<Call>& calls, size_t begin, size_t end,
                                        bool inference_only, cudaStream_t s) {
-  std::vector<GpuTieredTable*> tables;
-  std::vector<Span> spans;
+  std::vector<GpuTieredTable*> placed, filed;
+  std::vector<Span> placed_keys, filed_keys;
+  std::vector<int64_t> slack;
   for (size_t i = begin; i < end; ++i) {
     const Call& c = calls[i];
-    if (!c.table->hot_ || c.n <= 0 || (inference_only && c.table->trained_)) continue;
-    tables.push_back(c.table);
-    spans.push_back(Span{c.keys, c.n, c.d_n});
+    if (!c.table->hot_ || c.n <= 0) continue;
+    const Span span{c.keys, c.n, c.d_n};
+    if (!(inference_only && c.table->trained_)) {
+      placed.push_back(c.table);
+      placed_keys.push_back(span);
+    }
+    if (!c.table->ssd_) continue;
+    filed.push_back(c.table);
+    filed_keys.push_back(span);
+    slack.push_back(inference_only && c.table->trained_ ? c.n : 0);
   }
-  SOK_RETURN_IF_ERROR(place_many(tables, spans, s));
-  for (size_t i = begin; i < end; ++i) {
-    const Call& c = calls[i];
-    if (c.table->hot_ && c.n > 0) SOK_RETURN_IF_ERROR(c.table->to_ssd(Span{c.keys, c.n, c.d_n}, s));
-  }
-  return Status::OK();
+  SOK_RETURN_IF_ERROR(place_many(placed, placed_keys, s));
+  return to_ssd_many(filed, filed_keys, slack, s);
 }
 
 template <typename K>
@@ -492,6 +512,7 @@ Status GpuTieredTable<K>::find_or_insert(const ExecContext& e, const K* keys, in
 template <typename K>
 Status GpuTieredTable<K>::find_or_insert_many(const std::vector<Call>& calls, cudaStream_t s) {
   return for_each_group(calls, [&](size_t begin, size_t end) -> Status {
+    SOK_RETURN_IF_ERROR(from_ssd_calls(calls, begin, end, s));
     std::vector<Keys> launch;
     for (size_t i = begin; i < end; ++i) {
       const Call& c = calls[i];
@@ -499,7 +520,6 @@ Status GpuTieredTable<K>::find_or_insert_many(const std::vector<Call>& calls, cu
       if (c.n <= 0) continue;
       const Span span{c.keys, c.n, c.d_n};
       Keys k;
-      SOK_RETURN_IF_ERROR(t.from_ssd(span, s));  // nothing without a file
       SOK_RETURN_IF_ERROR(t.route(span, s, &k));
       k.out = c.out;
       k.counts = c.counts;
@@ -518,12 +538,12 @@ Status GpuTieredTable<K>::insert_or_assign(const ExecContext& e, const K* keys, 
   if (!hot_) return cold_->insert_or_assign(keys, n, values, s);
   if (n <= 0) return Status::OK();
   const Span span{keys, n, nullptr};
-  SOK_RETURN_IF_ERROR(from_ssd(span, s));
+  SOK_RETURN_IF_ERROR(from_ssd_many({this}, {span}, s));
   Keys call;
   SOK_RETURN_IF_ERROR(route(span, s, &call));
   SOK_RETURN_IF_ERROR(call.table->insert_or_assign(keys, n, values, s, call.probe_first));
   if (!trained_) SOK_RETURN_IF_ERROR(place_many({this}, {span}, s));
-  return to_ssd(span, s);
+  return to_ssd_many({this}, {span}, {0}, s);
 }
 
 // Both tiers take the optimizer's slots together, so a row keeps its layout when it moves.
@@ -552,8 +572,7 @@ Status GpuTieredTable<K>::prepare_update(const OptimizerParams& p, int64_t globa
   SOK_RETURN_IF_ERROR(ensure_same_slots(p, s));
   trained_ = true;
   now_ = std::max(now_, global_step);
-  // After the relayout: rows on file get its slots.
-  return keys.n > 0 ? from_ssd(keys, s) : Status::OK();
+  return Status::OK();
 }
 
 template <typename K>
@@ -574,15 +593,20 @@ Status GpuTieredTable<K>::apply_gradients_many(const std::vector<Call>& calls,
                                                cudaStream_t s, bool keys_unique,
                                                bool keys_present) {
   return for_each_group(calls, [&](size_t begin, size_t end) -> Status {
+    for (size_t i = begin; i < end; ++i) {
+      const Call& c = calls[i];
+      GpuTieredTable& t = *c.table;
+      const Span span{c.keys, std::max<int64_t>(c.n, 0), c.d_n};
+      if (t.hot_) SOK_RETURN_IF_ERROR(t.prepare_update(p, global_step, span, s));
+    }
+    // After the relayouts: rows on file get their slots.
+    SOK_RETURN_IF_ERROR(from_ssd_calls(calls, begin, end, s));
     std::vector<Keys> launch;
     for (size_t i = begin; i < end; ++i) {
       const Call& c = calls[i];
       GpuTieredTable& t = *c.table;
       const Span span{c.keys, std::max<int64_t>(c.n, 0), c.d_n};
-      if (t.hot_) {
-        SOK_RETURN_IF_ERROR(t.prepare_update(p, global_step, span, s));
-        if (c.n <= 0) continue;
-      }  // host-only: its slots come with the launch, also without keys
+      if (t.hot_ && c.n <= 0) continue;  // host-only: its slots come with the launch
       Keys k;
       SOK_RETURN_IF_ERROR(t.route(span, s, &k));
       k.grads = c.grads;

@@ -65,6 +65,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -166,6 +167,10 @@ class GpuTieredTable final : public Table<K> {
     int64_t ssd_promoted_rows = 0;
     int64_t ssd_demoted_rows = 0;
     int64_t ssd_batches = 0;
+    // Host time (microseconds) in the SSD tier's moves, and in their file work alone (the
+    // tables' reads, writes and removals, run in parallel).
+    int64_t ssd_host_us = 0;
+    int64_t ssd_file_us = 0;
   };
   Stats stats() const;
 
@@ -205,9 +210,17 @@ class GpuTieredTable final : public Table<K> {
   // The SSD tier (the header comment's end).
   Status dram_rows(int num_slots, int64_t* rows) const;
   Status keys_on_host(const Span& keys, cudaStream_t s, std::vector<K>* out);
-  Status from_ssd(const Span& keys, cudaStream_t s);
+  static Status from_ssd_calls(const std::vector<Call>& calls, size_t begin, size_t end,
+                               cudaStream_t s);
+  static Status from_ssd_many(const std::vector<GpuTieredTable*>& tables,
+                              const std::vector<Span>& keys, cudaStream_t s);
   Status find_ssd(const Span& keys, float* out, cudaStream_t s);
-  Status to_ssd(const Span& keys, cudaStream_t s);
+  static Status to_ssd_many(const std::vector<GpuTieredTable*>& tables,
+                            const std::vector<Span>& keys, const std::vector<int64_t>& slack,
+                            cudaStream_t s);
+  using Clock = std::chrono::steady_clock;
+  static void note_ssd_time(GpuTieredTable* t, Clock::time_point t0, Clock::time_point t1,
+                            Clock::time_point t2);
   Status select_cold_victims(int64_t live, int64_t count, const Span& keys, K* victims,
                              cudaStream_t s);
 
