@@ -8,13 +8,16 @@
 #   onetable  the same ids as one table of 26 x the vocabulary: what the per-table work costs
 #   tf     benchmarks/embedding's criteo26 step at batch 65,536 in a TF1 graph: sok (all in GPU
 #          memory) against sok_tier (HBM_DRAM, a cache of 10%), LFU then LRU, uniform and
-#          power-law ids, plus one --check run per strategy (sok_tier's rows equal sok's)
+#          power-law ids, plus one --check run per strategy (sok_tier's rows equal sok's);
+#          TIER_STRATEGIES="lfu" runs one strategy
 #   ssd    the same step with HBM_DRAM_SSDHASH (HBM 10%, DRAM 30%, the rest in files under
 #          /tmp), LFU, timed and checked
+#   trace  the tf step's per-op GPU times (--profile 3), sok against sok_tier (HBM_DRAM LFU),
+#          power-law ids
 #   ncu    per-kernel GPU time of tier_bench's LFU step on power-law ids (Nsight Compute's
 #          summary; where the machine's runtime lets it read the GPU)
 # Full logs go to $OUT (or build/gpu_logs); the summary lines go to stdout.
-#   bash benchmarks/gpu/run_tiers.sh [core|onetable|tf|ssd|ncu ...]   (default: core tf)
+#   bash benchmarks/gpu/run_tiers.sh [core|onetable|tf|ssd|trace|ncu ...]   (default: core tf)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-build/gpu_logs}"; mkdir -p "$out"
@@ -34,14 +37,14 @@ tf() {
   . /opt/tfgpu/env.sh
   export PYTHONPATH="$PWD/build/sok_pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2
   local cs dist log
-  for cs in lfu lru; do
+  for cs in ${TIER_STRATEGIES:-lfu lru}; do
     log="$out/tier_tf_$cs.txt"
     python3 benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
       --storage hbm_dram --cache-fraction 0.1 --cache-strategy "$cs" --impls sok,sok_tier \
       --inputs resident --mode graph --dists uniform,powerlaw --steps 10 --rounds 3 > "$log" 2>&1
     echo "tf $cs exit=$?"; grep -E "^(graph|  graph)|Error" "$log"
   done
-  for cs in lfu lru; do
+  for cs in ${TIER_STRATEGIES:-lfu lru}; do
     log="$out/tier_tf_check_$cs.txt"
     python3 benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
       --storage hbm_dram --cache-fraction 0.1 --cache-strategy "$cs" --impls sok,sok_tier \
@@ -65,6 +68,16 @@ ssd() {
   grep -E "^(graph|  graph|TIER)|check|Error" "$log"
 }
 
+trace() {
+  . /opt/tfgpu/env.sh
+  export PYTHONPATH="$PWD/build/sok_pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2
+  local log="$out/tier_tf_trace.txt"
+  python3 benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
+    --storage hbm_dram --cache-fraction 0.1 --cache-strategy lfu --impls sok,sok_tier \
+    --inputs resident --mode graph --dists powerlaw --profile 3 > "$log" 2>&1
+  echo "trace exit=$? ($log)"
+}
+
 ncu_profile() {
   local log="$out/tier_ncu.txt"
   TIER_IMPLS=hbm_dram_lfu TIER_DISTS=zipf1.15 timeout 150 ncu --clock-control none \
@@ -78,6 +91,7 @@ for job in ${@:-core tf}; do
     onetable) onetable ;;
     ssd) ssd ;;
     tf) tf ;;
+    trace) trace ;;
     ncu) ncu_profile ;;
     *) echo "unknown job $job"; exit 2 ;;
   esac

@@ -64,6 +64,11 @@ int main(int argc, char** argv) {
                 (u ? "unique ids" : "repeated ids"),
             [=] { return test_optimizer<int32_t>(o, 5, u); });
       }
+      // Rows of at most 32 floats with their slots: the whole-row update (apply_row_packed).
+      for (int64_t dim : {4, 8, 16})
+        run(std::string("optimizer ") + oname(o) + " 20 steps int64 dim " + std::to_string(dim) +
+                " repeated ids",
+            [=] { return test_optimizer<int64_t>(o, dim, false); });
     }
   });
 }

@@ -22,7 +22,9 @@
 //    a fused call (find_or_insert_many, apply_gradients_many). While the HBM tier surely has
 //    room for every key of the call (a host-side upper bound of its rows), new keys go there
 //    (host tier probed first); else to the host tier (HBM tier probed first). One tier inserts
-//    per call, so a key repeated in a call meets one slot.
+//    per call, so a key repeated in a call meets one slot. apply_gradients updates the rows in
+//    host memory in a second launch that does nothing else (host_row_jobs.cuh): more of those
+//    PCIe round trips are in flight.
 // Placement is a separate, bounded pass after each apply_gradients (after find_or_insert and
 // insert_or_assign only while the table has seen no apply_gradients: inference), over that
 // call's keys, planned and run on the device with no host sync, every table of a fused call in
@@ -55,7 +57,12 @@
 //    (config.dram_bytes, rows as tier_row_bytes()), its row count is read (a sync) and, when
 //    over, its coldest rows (LFU: frequency; LRU: version; the call's keys last) go to the file
 //    in one batch (exported, written, then erased: a failed write loses no row), down to
-//    tier_low_watermark() of the budget, so the batches are rare.
+//    tier_low_watermark() of the budget, so the batches are rare. After a find_or_insert of a
+//    trained table the limit and the watermark are raised by the call's keys: the update that
+//    follows needs those rows, which would otherwise cross the file twice a step whenever a
+//    step's keys outnumber the budget; the update's demotion then brings the tier within it;
+//  - the tables of a fused call do their file work (reads, writes, removals; each table has its
+//    own file) on parallel host threads (parallel.h's parallel_each).
 // shrink, erase, export (HBM rows, host rows, then the file's), import (the hottest rows into
 // HBM, the next ones into host memory, the rest on file) and size cover the file too.
 // Calls on one table are serialised by a mutex (the TF glue's resource lock does that anyway);

@@ -89,6 +89,7 @@ struct GpuEmbeddingTable<K>::Impl {
   DeviceAllocator* alloc = nullptr;        // temporaries
   DeviceAllocator* storage = nullptr;      // the arrays below but the rows
   DeviceAllocator* row_storage = nullptr;  // t.rows (values and slots)
+  bool host_rows = false;                  // t.rows in (pinned, mapped) host memory
   int device = 0;
   detail::DevTable t;
   int64_t capacity = 0;
@@ -188,6 +189,9 @@ struct GpuEmbeddingTable<K>::Impl {
       free_arrays(a);
       return st;
     }
+    cudaPointerAttributes pa;
+    SOK_CUDA_RETURN(cudaPointerGetAttributes(&pa, a->rows));
+    host_rows = pa.type == cudaMemoryTypeHost;
     SOK_CUDA_RETURN(cudaMemsetAsync(a->digests, 0, nb * 8 * sizeof(uint32_t), s));
     // Versions start at 0 for every slot (slots are never reused before a rehash), so inserting
     // a key needs no extra random write for it.

@@ -14,6 +14,7 @@
 #include "addons/sparse_operation_kit/core/cuda/device_util.cuh"
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
 #include "addons/sparse_operation_kit/core/cuda/group_sum.h"
+#include "addons/sparse_operation_kit/core/cuda/host_row_jobs.cuh"
 #include "addons/sparse_operation_kit/core/cuda/runtime.h"
 #include "addons/sparse_operation_kit/core/cuda/table_impl.cuh"
 #include "addons/sparse_operation_kit/core/cuda/table_layout.cuh"
@@ -49,6 +50,7 @@ struct ApplyStep {
 template <typename K>
 struct ApplyLaunch : PartsLaunch<ApplyPart<K>> {
   ApplyStep s;
+  HostJobs<ApplyJob> jobs;  // on: host rows' updates go to k_apply_host_rows
 };
 static_assert(sizeof(ApplyLaunch<int64_t>) <= 4096, "kernel parameters beyond 4 KB");
 
@@ -139,9 +141,61 @@ __device__ void apply_row_scalar(const OptimizerParams& p, float alpha, float* r
   }
 }
 
+__device__ __forceinline__ float4 shfl4(const Tile& tile, const float4& x, int src) {
+  return make_float4(tile.shfl(x.x, src), tile.shfl(x.y, src), tile.shfl(x.z, src),
+                     tile.shfl(x.w, src));
+}
+
+// A row of at most 32 floats (value and slots; dim a multiple of 4), one float4 per lane: the
+// tile reads and writes the whole row at once, where the value and each slot would be separate
+// accesses of 16 * dim bytes or less. Rows in host memory (a tiered table's host tier) serve such
+// whole-row accesses at 1.3x the bytes per second (benchmarks/gpu/host_read_bench). Lane
+// q < dim / 4 does the math of columns [4q, 4q + 4); shuffles bring it their slots and take them
+// back.
+__device__ void apply_row_packed(const Tile& tile, const OptimizerParams& p, float alpha,
+                                 float* row, const float* g, int64_t dim, int ns, int lane) {
+  const int d4 = static_cast<int>(dim / 4), used = d4 * (1 + ns);
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 x = lane < used ? __ldcg(reinterpret_cast<const float4*>(row) + lane) : zero;
+  const float4 gg = lane < d4 ? __ldg(reinterpret_cast<const float4*>(g) + lane) : zero;
+  float4 s0 = shfl4(tile, x, (lane + d4) % kTile);
+  float4 s1 = shfl4(tile, x, (lane + 2 * d4) % kTile);
+  if (ns < 1) s0 = zero;
+  if (ns < 2) s1 = zero;
+  if (lane < d4) {
+    float* vp = &x.x;
+    float* s0p = &s0.x;
+    float* s1p = &s1.x;
+    const float* gp = &gg.x;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      float sl[2] = {s0p[q], s1p[q]};
+      apply_element(p, alpha, vp + q, sl, 1, 0, gp[q]);
+      s0p[q] = sl[0];
+      s1p[q] = sl[1];
+    }
+  }
+  const float4 back0 = shfl4(tile, s0, (lane + kTile - d4) % kTile);
+  const float4 back1 = shfl4(tile, s1, (lane + kTile - 2 * d4) % kTile);
+  if (lane >= d4 && lane < 2 * d4) x = back0;
+  if (lane >= 2 * d4) x = back1;
+  if (lane < used) reinterpret_cast<float4*>(row)[lane] = x;
+}
+
+// One key's update of its row, the columns as NC says (k_apply).
+template <int NC>
+__device__ __forceinline__ void apply_row(const Tile& tile, const ApplyStep& s, float* row,
+                                          const float* g, int64_t dim, int ns) {
+  const int lane = tile.thread_rank();
+  if constexpr (NC < 0) apply_row_packed(tile, s.p, s.alpha, row, g, dim, ns, lane);
+  else if constexpr (NC > 0) apply_row_vec<NC>(s.p, s.alpha, row, g, dim, ns, lane);
+  else apply_row_scalar(s.p, s.alpha, row, g, dim, ns, lane);
+}
+
 // One optimizer step per (unique) key; apply_element from optimizer.h on a one-element view
 // of the row (dim 1, column 0), so the math is the CPU's, element by element.
-// NC > 0: float4 columns in NC chunks (apply_row_vec); NC == 0: scalar columns.
+// NC > 0: float4 columns in NC chunks (apply_row_vec); NC == 0: scalar columns; NC < 0: rows of
+// at most 32 floats, whole (apply_row_packed).
 template <typename K, int NC>
 __global__ void
 __launch_bounds__(kBlock) k_apply(const __grid_constant__ ApplyLaunch<K> L) {
@@ -161,17 +215,28 @@ __launch_bounds__(kBlock) k_apply(const __grid_constant__ ApplyLaunch<K> L) {
     if (row != nullptr && (q.ri.filter_freq <= 0 || freq >= q.ri.filter_freq)) {
       const float* g = q.grads + i * t.dim;
       const int lane = tile.thread_rank();
-      constexpr int kChunks = NC > 0 ? NC : 1;
-      if (NC > 0) {
-        apply_row_vec<kChunks>(L.s.p, L.s.alpha, row, g, t.dim, q.ri.num_slots, lane);
+      if (L.jobs.defer(part, in_first)) {
+        if (lane == 0) append_job(L.jobs, ApplyJob{row, g, part});
       } else {
-        apply_row_scalar(L.s.p, L.s.alpha, row, g, t.dim, q.ri.num_slots, lane);
+        apply_row<NC>(tile, L.s, row, g, t.dim, q.ri.num_slots);
       }
       if (lane == 0) (in_first ? q.first.t : t).versions[slot] = L.s.step;
     }
   }
   add_count(q.counters, inserted);
   count_tiers(q.first.counts, served, in_first);
+}
+
+// The updates of k_apply's host rows (host_row_jobs.cuh).
+template <typename K, int NC>
+__global__ void __launch_bounds__(kBlock)
+    k_apply_host_rows(const __grid_constant__ ApplyLaunch<K> L) {
+  const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t j = job_of_thread(L.jobs.count);
+  if (j < 0) return;
+  const ApplyJob job = L.jobs.list[j];
+  const ApplyPart<K>& q = L.part[job.part];
+  apply_row<NC>(tile, L.s, job.row, job.grad, q.t.dim, q.ri.num_slots);
 }
 
 // [value | old slots] -> [value | new slots at their initial value], every slot position.
@@ -286,7 +351,7 @@ Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls
     ApplyLaunch<K> L;
     L.count = end - begin;
     L.s = s;
-    int64_t blocks = 0, max_dim = 0;
+    int64_t blocks = 0, max_dim = 0, max_stride = 0;
     bool v4 = true;
     for (int i = begin; i < end; ++i) {
       const Keys& c = distinct[i];
@@ -297,17 +362,38 @@ Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls
       L.first_block[i - begin] = static_cast<int32_t>(blocks);
       blocks += blocks_for_keys(c.n);
       max_dim = std::max(max_dim, m.cfg.dim);
+      max_stride = std::max(max_stride, m.t.stride);
+      if (m.host_rows) L.jobs.host_tables |= 1u << (i - begin);
+      if (calls[i].probe_first && calls[i].probe_first->impl_->host_rows)
+        L.jobs.host_firsts |= 1u << (i - begin);
       v4 = v4 && m.cfg.dim % 4 == 0 && reinterpret_cast<uintptr_t>(c.grads) % 16 == 0;
     }
     if (blocks == 0) return Status::OK();
     if (blocks > 2147483647LL) return Status::Invalid("apply_gradients: too many keys in one call");
     const int grid = static_cast<int>(blocks);
     // Column chunks in flight per lane, measured best on H200 (benchmarks/gpu/RESULTS.md).
-    const int nc = v4 ? (max_dim <= 32 ? 1 : 2) : 0;
-    if (nc == 1) k_apply<K, 1><<<grid, kBlock, 0, stream>>>(L);
+    const int nc = v4 ? (max_stride <= 4 * kTile ? -1 : max_dim <= 32 ? 1 : 2) : 0;
+    Temp jobs;
+    const bool host_rows = (L.jobs.host_tables | L.jobs.host_firsts) != 0;
+    if (host_rows) {
+      const int64_t max_jobs = blocks * kBlock / kTile;
+      SOK_RETURN_IF_ERROR(jobs.alloc(impls[begin]->alloc, 16 + max_jobs * sizeof(ApplyJob), stream));
+      L.jobs.count = jobs.as<int64_t>();
+      L.jobs.list = reinterpret_cast<ApplyJob*>(jobs.as<char>() + 16);
+      SOK_CUDA_RETURN(cudaMemsetAsync(L.jobs.count, 0, sizeof(int64_t), stream));
+    }
+    if (nc < 0) k_apply<K, -1><<<grid, kBlock, 0, stream>>>(L);
+    else if (nc == 1) k_apply<K, 1><<<grid, kBlock, 0, stream>>>(L);
     else if (nc == 2) k_apply<K, 2><<<grid, kBlock, 0, stream>>>(L);
     else k_apply<K, 0><<<grid, kBlock, 0, stream>>>(L);
     SOK_LAUNCH_CHECK();
+    if (host_rows) {
+      if (nc < 0) k_apply_host_rows<K, -1><<<grid, kBlock, 0, stream>>>(L);
+      else if (nc == 1) k_apply_host_rows<K, 1><<<grid, kBlock, 0, stream>>>(L);
+      else if (nc == 2) k_apply_host_rows<K, 2><<<grid, kBlock, 0, stream>>>(L);
+      else k_apply_host_rows<K, 0><<<grid, kBlock, 0, stream>>>(L);
+      SOK_LAUNCH_CHECK();
+    }
     return Status::OK();
   });
 }
