@@ -22,6 +22,17 @@ set_source_files_properties(${SOK_CORE}/cuda/table.cu ${SOK_CORE}/cuda/table_opt
                             ${SOK_CORE}/cuda/table_storage.cu PROPERTIES COMPILE_OPTIONS "-fmad=false")
 target_compile_options(sok_gpu_core PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--threads=2>)
 
+# -DSOK_STATIC_CUDART=ON: the CUDA runtime linked statically into every program of tests/gpu
+# and benchmarks/gpu (a binary to carry to another machine with a matching driver;
+# build_harness.sh sets it).
+option(SOK_STATIC_CUDART "link the CUDA runtime statically" OFF)
+if(SOK_STATIC_CUDART)
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
+  get_target_property(_sok_core_libs sok_gpu_core INTERFACE_LINK_LIBRARIES)
+  list(TRANSFORM _sok_core_libs REPLACE "^CUDA::cudart$" "CUDA::cudart_static")
+  set_target_properties(sok_gpu_core PROPERTIES INTERFACE_LINK_LIBRARIES "${_sok_core_libs}")
+endif()
+
 add_library(sok_gpu_harness STATIC
   ${SOK_REPO_ROOT}/harness/gpu/dense_lookup.cu
   ${SOK_REPO_ROOT}/harness/gpu/key_routing.cu)
