@@ -84,6 +84,22 @@ __device__ float* claim_update_row(const Tile& tile, const DevTable& first, cons
   return row;
 }
 
+// apply_element on four consecutive columns: values v, slots s0 and s1 (unused ones ignored).
+__device__ __forceinline__ void apply_float4(const OptimizerParams& p, float alpha, float4* v,
+                                             float4* s0, float4* s1, const float4& g) {
+  float* vp = &v->x;
+  float* s0p = &s0->x;
+  float* s1p = &s1->x;
+  const float* gp = &g.x;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    float sl[2] = {s0p[q], s1p[q]};
+    apply_element(p, alpha, vp + q, sl, 1, 0, gp[q]);
+    s0p[q] = sl[0];
+    s1p[q] = sl[1];
+  }
+}
+
 // apply_element from optimizer.h over a row's float4 columns: C chunks of 32 columns loaded
 // before the math (more bytes in flight, more registers), then stored.
 template <int C>
@@ -104,18 +120,7 @@ __device__ void apply_row_vec(const OptimizerParams& p, float alpha, float* row,
     }
 #pragma unroll
     for (int k = 0; k < C; ++k) {
-      if (c0 + k * 4 * kTile >= dim) continue;
-      float* vp = &v[k].x;
-      float* s0p = &s0[k].x;
-      float* s1p = &s1[k].x;
-      const float* gp = &gg[k].x;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        float sl[2] = {s0p[q], s1p[q]};
-        apply_element(p, alpha, vp + q, sl, 1, 0, gp[q]);
-        s0p[q] = sl[0];
-        s1p[q] = sl[1];
-      }
+      if (c0 + k * 4 * kTile < dim) apply_float4(p, alpha, &v[k], &s0[k], &s1[k], gg[k]);
     }
 #pragma unroll
     for (int k = 0; k < C; ++k) {
@@ -162,19 +167,7 @@ __device__ void apply_row_packed(const Tile& tile, const OptimizerParams& p, flo
   float4 s1 = shfl4(tile, x, (lane + 2 * d4) % kTile);
   if (ns < 1) s0 = zero;
   if (ns < 2) s1 = zero;
-  if (lane < d4) {
-    float* vp = &x.x;
-    float* s0p = &s0.x;
-    float* s1p = &s1.x;
-    const float* gp = &gg.x;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      float sl[2] = {s0p[q], s1p[q]};
-      apply_element(p, alpha, vp + q, sl, 1, 0, gp[q]);
-      s0p[q] = sl[0];
-      s1p[q] = sl[1];
-    }
-  }
+  if (lane < d4) apply_float4(p, alpha, &x, &s0, &s1, gg);
   const float4 back0 = shfl4(tile, s0, (lane + kTile - d4) % kTile);
   const float4 back1 = shfl4(tile, s1, (lane + kTile - 2 * d4) % kTile);
   if (lane >= d4 && lane < 2 * d4) x = back0;
