@@ -84,11 +84,12 @@ Status SsdRows<K>::Open(const TableConfig& config, std::unique_ptr<SsdRows>* out
 }
 
 template <typename K>
-Status SsdRows<K>::read(const K* keys, int64_t n, TableSnapshot<K>* out) const {
+Status read_snapshot(const SsdStore& store, const K* keys, int64_t n, const std::string& table,
+                     TableSnapshot<K>* out) {
   std::vector<int64_t> found;  // the keys on file, in call order
   for (int64_t i = 0; i < n; ++i) {
     const int64_t key = static_cast<int64_t>(keys[i]);
-    if (store_->contains(key)) found.push_back(key);
+    if (store.contains(key)) found.push_back(key);
   }
   const int64_t m = static_cast<int64_t>(found.size());
   SeenKeys seen(m);
@@ -101,11 +102,16 @@ Status SsdRows<K>::read(const K* keys, int64_t n, TableSnapshot<K>* out) const {
   SsdStore::Record r;
   for (int64_t i = 0; i < m; ++i) {
     if (!seen.insert(found.data(), i)) continue;
-    Status s = store_->read(found[i], &r);
-    if (s.ok()) s = append_record(r, cfg_.name, out);
+    Status s = store.read(found[i], &r);
+    if (s.ok()) s = append_record(r, table, out);
     if (!s.ok()) return s;
   }
   return Status::OK();
+}
+
+template <typename K>
+Status SsdRows<K>::read(const K* keys, int64_t n, TableSnapshot<K>* out) const {
+  return read_snapshot(*store_, keys, n, cfg_.name, out);
 }
 
 template <typename K>
@@ -171,6 +177,10 @@ template Status append_snapshot<int64_t>(const TableSnapshot<int64_t>&, SsdStore
 template Status append_record<int32_t>(const SsdStore::Record&, const std::string&,
                                        TableSnapshot<int32_t>*);
 template Status append_record<int64_t>(const SsdStore::Record&, const std::string&,
+                                       TableSnapshot<int64_t>*);
+template Status read_snapshot<int32_t>(const SsdStore&, const int32_t*, int64_t, const std::string&,
+                                       TableSnapshot<int32_t>*);
+template Status read_snapshot<int64_t>(const SsdStore&, const int64_t*, int64_t, const std::string&,
                                        TableSnapshot<int64_t>*);
 template class SsdRows<int32_t>;
 template class SsdRows<int64_t>;

@@ -30,6 +30,12 @@ Status append_snapshot(const TableSnapshot<K>& s, SsdStore* store);
 template <typename K>
 Status append_record(const SsdStore::Record& r, const std::string& table, TableSnapshot<K>* s);
 
+// Appends to *out (in its layout) the rows on file of keys[0, n), each key once, in the order
+// of the keys' first occurrence; `table` names the table in errors. The file is unchanged.
+template <typename K>
+Status read_snapshot(const SsdStore& store, const K* keys, int64_t n, const std::string& table,
+                     TableSnapshot<K>* out);
+
 template <typename K>
 class SsdRows {
  public:

@@ -95,16 +95,8 @@ Status TieredTable<K>::promote(const K* keys, int64_t n) {
   TableSnapshot<K> shape = hot_.rows_of(nullptr, 0);  // the memory tier's slot layout
   rows.slot_kind = shape.slot_kind;
   rows.slot_init = shape.slot_init;
-  std::unordered_set<int64_t> seen;
-  SsdStore::Record r;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t key = static_cast<int64_t>(keys[i]);
-    bool found = false;
-    Status s = cold_->read_if_present(key, &r, &found);
-    if (s.ok() && found && seen.insert(key).second) s = append_record(r, config().name, &rows);
-    if (!s.ok()) return s;
-  }
-  Status s = hot_.put_rows(rows);
+  Status s = read_snapshot(*cold_, keys, n, config().name, &rows);
+  if (s.ok()) s = hot_.put_rows(rows);
   if (!s.ok()) return s;
   for (const K key : rows.keys) cold_->remove(static_cast<int64_t>(key));
   return cold_->maybe_compact(config().ssd_compact_min_bytes);
