@@ -99,26 +99,6 @@ float time_pattern(float* rows, const int64_t* pick, int64_t n, float4* out) {
   return ms[ms.size() / 2];
 }
 
-double copy_gbs(bool up, void* host, void* dev, size_t bytes) {
-  cudaEvent_t a, b;
-  CUDA_OK(cudaEventCreate(&a));
-  CUDA_OK(cudaEventCreate(&b));
-  float best = 1e30f;
-  for (int i = 0; i < 5; ++i) {
-    CUDA_OK(cudaEventRecord(a));
-    CUDA_OK(cudaMemcpyAsync(up ? dev : host, up ? host : dev, bytes,
-                            up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost));
-    CUDA_OK(cudaEventRecord(b));
-    CUDA_OK(cudaEventSynchronize(b));
-    float t = 0;
-    CUDA_OK(cudaEventElapsedTime(&t, a, b));
-    best = std::min(best, t);
-  }
-  CUDA_OK(cudaEventDestroy(a));
-  CUDA_OK(cudaEventDestroy(b));
-  return static_cast<double>(bytes) / (best * 1e6);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,8 +118,8 @@ int main(int argc, char** argv) {
   pick.upload(std::vector<int64_t>(all.begin(), all.begin() + n));
   DevBuf<float4> out(n * (kRowFloats / 4));
   DevBuf<char> dev(bytes);
-  const double h2d = copy_gbs(true, rows, dev.get(), bytes);
-  const double d2h = copy_gbs(false, rows, dev.get(), bytes);
+  const double h2d = pinned_copy_gbs(true, rows, dev.get(), bytes);
+  const double d2h = pinned_copy_gbs(false, rows, dev.get(), bytes);
   std::printf("COPY h2d_gbs=%.1f d2h_gbs=%.1f table_rows=%lld rows_read=%lld\n", h2d, d2h,
               (long long)table_rows, (long long)n);
   auto report = [&](Pattern p, float ms, int bytes_read, int bytes_written) {

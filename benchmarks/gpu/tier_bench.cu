@@ -289,33 +289,14 @@ Result time_impl(const Shape& sh, Impl impl, const std::vector<std::vector<Batch
   return r;
 }
 
-// Pinned host <-> device copy bandwidth (GB/s), 256 MiB each way, the best of a few.
+// Pinned host <-> device copy bandwidth (GB/s), 256 MiB each way.
 void copy_bandwidth(double* h2d, double* d2h) {
   const size_t bytes = size_t{256} << 20;
   void* host = nullptr;
   CUDA_OK(cudaMallocHost(&host, bytes));
   DevBuf<char> dev(bytes);
-  cudaEvent_t a, b;
-  CUDA_OK(cudaEventCreate(&a));
-  CUDA_OK(cudaEventCreate(&b));
-  auto best = [&](bool up) {
-    float lo = 1e30f;
-    for (int i = 0; i < 5; ++i) {
-      CUDA_OK(cudaEventRecord(a));
-      if (up) CUDA_OK(cudaMemcpyAsync(dev.get(), host, bytes, cudaMemcpyHostToDevice));
-      else CUDA_OK(cudaMemcpyAsync(host, dev.get(), bytes, cudaMemcpyDeviceToHost));
-      CUDA_OK(cudaEventRecord(b));
-      CUDA_OK(cudaEventSynchronize(b));
-      float ms = 0;
-      CUDA_OK(cudaEventElapsedTime(&ms, a, b));
-      lo = std::min(lo, ms);
-    }
-    return static_cast<double>(bytes) / (lo * 1e6);
-  };
-  *h2d = best(true);
-  *d2h = best(false);
-  CUDA_OK(cudaEventDestroy(a));
-  CUDA_OK(cudaEventDestroy(b));
+  *h2d = pinned_copy_gbs(true, host, dev.get(), bytes);
+  *d2h = pinned_copy_gbs(false, host, dev.get(), bytes);
   CUDA_OK(cudaFreeHost(host));
 }
 

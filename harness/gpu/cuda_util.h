@@ -1,5 +1,6 @@
 // Host-side helpers of the programs that drive the CUDA core (tests/gpu, benchmarks/gpu): fatal
-// checks of CUDA calls and Statuses, device buffers, and the median of timings.
+// checks of CUDA calls and Statuses, device buffers, the median of timings and the copy
+// bandwidth.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -87,4 +88,26 @@ inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// GB/s of one copy of `bytes` between pinned `host` and `dev` (to_device: host to device), the
+// best of five: the copy engine's bandwidth, the bound of rows that cross PCIe.
+inline double pinned_copy_gbs(bool to_device, void* host, void* dev, size_t bytes) {
+  cudaEvent_t a, b;
+  CUDA_OK(cudaEventCreate(&a));
+  CUDA_OK(cudaEventCreate(&b));
+  float best = 1e30f;
+  for (int i = 0; i < 5; ++i) {
+    CUDA_OK(cudaEventRecord(a));
+    CUDA_OK(cudaMemcpyAsync(to_device ? dev : host, to_device ? host : dev, bytes,
+                            to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaEventRecord(b));
+    CUDA_OK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+    best = std::min(best, ms);
+  }
+  CUDA_OK(cudaEventDestroy(a));
+  CUDA_OK(cudaEventDestroy(b));
+  return static_cast<double>(bytes) / (best * 1e6);
 }
