@@ -484,14 +484,15 @@ Status GpuTieredTable<K>::after_update(const std::vector<Call>& calls, size_t be
     const Call& c = calls[i];
     if (!c.table->hot_ || c.n <= 0) continue;
     const Span span{c.keys, c.n, c.d_n};
-    if (!(inference_only && c.table->trained_)) {
+    const bool lookup_of_trained = inference_only && c.table->trained_;
+    if (!lookup_of_trained) {
       placed.push_back(c.table);
       placed_keys.push_back(span);
     }
     if (!c.table->ssd_) continue;
     filed.push_back(c.table);
     filed_keys.push_back(span);
-    slack.push_back(inference_only && c.table->trained_ ? c.n : 0);
+    slack.push_back(lookup_of_trained ? c.n : 0);
   }
   SOK_RETURN_IF_ERROR(place_many(placed, placed_keys, s));
   return to_ssd_many(filed, filed_keys, slack, s);
