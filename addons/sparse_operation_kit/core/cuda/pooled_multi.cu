@@ -123,10 +123,12 @@ struct Slot {
   int gl, G;
 };
 
-__device__ __forceinline__ Slot slot_of(const LaunchTable& t) {
+// A block covers `reps` consecutive spans of kWarpsPerBlock warps' samples; `rep` picks one.
+__device__ __forceinline__ Slot slot_of(const LaunchTable& t, int rep = 0, int reps = 1) {
   const int lane = threadIdx.x & 31;
   const int64_t warp =
-      static_cast<int64_t>(blockIdx.x - t.first_block) * kWarpsPerBlock + (threadIdx.x >> 5);
+      (static_cast<int64_t>(blockIdx.x - t.first_block) * reps + rep) * kWarpsPerBlock +
+      (threadIdx.x >> 5);
   Slot s;
   s.G = 1 << t.group_shift;
   s.b = (warp << (5 - t.group_shift)) + (lane >> t.group_shift);
@@ -236,10 +238,13 @@ __device__ __forceinline__ void add_scaled(float* dst, float w, const Vec<VEC>& 
 // per table and step, which the L2 serialises: the 26-field backward was 10x slower on Zipf 1.15
 // rows than on uniform ones (tests/gpu/bench_pooled_multi). A row's slot is claimed by its
 // first id in the block and kept (a hot row's ids come first); an id whose slot holds another
-// row goes to grad_rows directly. On one H200, batch 65,536: Zipf 3.56 -> 0.99 ms, uniform rows
-// (which rarely meet in a block) 0.34 -> 0.55 ms; 64 slots gave 0.83 and 0.64, 16 gave 1.33 and
-// 0.50.
+// row goes to grad_rows directly. On one H200, batch 65,536, a block covering 4 spans of
+// samples: Zipf 3.56 -> 0.67 ms, uniform rows (which rarely meet in a block) 0.34 -> 0.46 ms.
+// One span a block gave 0.99 and 0.55; with it, 64 slots gave 0.83 and 0.64, 16 gave 1.33, 0.50.
 constexpr int kHotBits = 5;
+// Sample spans per block of the backward: more ids share a block's hot rows and pay for its
+// shared memory's set-up and flush once.
+constexpr int kBackwardReps = 4;
 constexpr int kHotSlots = 1 << kHotBits;
 constexpr int kHotFloats = 4096;  // kHotSlots rows of dim <= 4096 / kHotSlots; wider ones skip it
 
@@ -269,8 +274,8 @@ __device__ __forceinline__ bool add_hot(const HotRows& h, int64_t dim, int64_t r
 // grad_rows[row of each id of sample b] += w * scale * grad_out[b] with atomics (through the
 // block's hot rows when `hot`).
 template <int VEC>
-__device__ void backward_sample(const LaunchTable& t, const HotRows* hot) {
-  const Slot s = slot_of(t);
+__device__ void backward_sample(const LaunchTable& t, const HotRows* hot, int rep) {
+  const Slot s = slot_of(t, rep, kBackwardReps);
   int64_t a, e;
   sample_range(t, s.b, &a, &e);
   // Whole warps without ids leave (the scale's shuffles need every lane of the warp).
@@ -312,8 +317,10 @@ __global__ void __launch_bounds__(kBlock)
     __syncthreads();
   }
   const HotRows hot{hot_row, hot_acc};
-  if (t.vec4) backward_sample<4>(t, cached ? &hot : nullptr);
-  else backward_sample<1>(t, cached ? &hot : nullptr);
+  for (int rep = 0; rep < kBackwardReps; ++rep) {
+    if (t.vec4) backward_sample<4>(t, cached ? &hot : nullptr, rep);
+    else backward_sample<1>(t, cached ? &hot : nullptr, rep);
+  }
   if (!cached) return;
   __syncthreads();
   // Flush: one atomic per column of each claimed row (float4 where the rows allow it).
@@ -403,7 +410,7 @@ Status check_table(const PooledTable& p, int index) {
 // blocks of the sample kernel; *offset_blocks gets those of the offsets kernel.
 template <typename Active>
 int64_t pack(const PooledTable* tables, int begin, int end, Active&& active, int64_t** offsets,
-             LaunchTables* ts, int64_t* offset_blocks) {
+             LaunchTables* ts, int64_t* offset_blocks, int reps) {
   int64_t blocks = 0;
   *offset_blocks = 0;
   ts->count = end - begin;
@@ -439,7 +446,7 @@ int64_t pack(const PooledTable* tables, int begin, int end, Active&& active, int
     t.first_block = static_cast<int32_t>(blocks);
     if (active(p)) {
       const int64_t samples_per_warp = 32 >> t.group_shift;
-      blocks += ceil_div(ceil_div(p.batch, samples_per_warp), kWarpsPerBlock);
+      blocks += ceil_div(ceil_div(p.batch, samples_per_warp), kWarpsPerBlock * reps);
     }
   }
   return blocks;
@@ -449,7 +456,7 @@ int64_t pack(const PooledTable* tables, int begin, int end, Active&& active, int
 // pass of the chunk's tables (into one temporary of alloc for all chunks).
 template <typename Active, typename Body>
 Status for_each_chunk(const PooledTable* tables, int count, DeviceAllocator* alloc,
-                      cudaStream_t stream, Active&& active, Body&& body) {
+                      cudaStream_t stream, int reps, Active&& active, Body&& body) {
   int64_t offset_entries = 0;
   for (int k = 0; k < count; ++k) {
     SOK_RETURN_IF_ERROR(check_table(tables[k], k));
@@ -464,7 +471,7 @@ Status for_each_chunk(const PooledTable* tables, int count, DeviceAllocator* all
     const int end = begin + kTablesPerLaunch < count ? begin + kTablesPerLaunch : count;
     LaunchTables ts;
     int64_t offset_blocks;
-    const int64_t blocks = pack(tables, begin, end, active, &next, &ts, &offset_blocks);
+    const int64_t blocks = pack(tables, begin, end, active, &next, &ts, &offset_blocks, reps);
     if (blocks > 2147483647LL || offset_blocks > 2147483647LL)
       return Status::Invalid("pooled lookup: too many samples or ids for one launch");
     if (offset_blocks > 0) {
@@ -481,7 +488,7 @@ Status for_each_chunk(const PooledTable* tables, int count, DeviceAllocator* all
 Status pooled_forward_multi(const PooledTable* tables, int count, cudaStream_t stream,
                             DeviceAllocator* alloc) {
   auto active = [](const PooledTable& p) { return p.dim > 0 && p.batch > 0; };
-  return for_each_chunk(tables, count, alloc, stream, active,
+  return for_each_chunk(tables, count, alloc, stream, 1, active,
                         [&](const LaunchTables& ts, int64_t blocks) {
                           if (blocks == 0) return Status::OK();
                           k_forward_multi<<<static_cast<int>(blocks), kBlock, 0, stream>>>(ts);
@@ -496,7 +503,7 @@ Status pooled_backward_multi_unordered(const PooledTable* tables, int count, cud
     return p.dim > 0 && p.num_rows > 0 && p.n > 0 && p.batch > 0;
   };
   return for_each_chunk(
-      tables, count, alloc, stream, active,
+      tables, count, alloc, stream, kBackwardReps, active,
       [&](const LaunchTables& ts, int64_t blocks) {
         int64_t elements = 0;
         for (int k = 0; k < ts.count; ++k) elements += ts.t[k].num_rows * ts.t[k].dim;
