@@ -10,6 +10,12 @@ pytest's tmp_path), and minutes:
 
     SOK_TEST_DEVICE=gpu SOK_TEST_LARGE_TABLE_GB=100 python3 -m pytest -s \
         tests/python/tables/test_storage_larger_than_tier.py -k gpu
+
+Where host memory is smaller than the GPU's, SOK_TEST_GPU_MEMORY_GB=<GB> caps the GPU memory
+TensorFlow (and so every SOK table) may use, and the table must exceed that cap instead:
+
+    SOK_TEST_DEVICE=gpu SOK_TEST_GPU_MEMORY_GB=8 SOK_TEST_LARGE_TABLE_GB=20 python3 -m pytest -s \
+        tests/python/tables/test_storage_larger_than_tier.py -k gpu
 """
 import gc
 import os
@@ -26,10 +32,31 @@ from sparse_operation_kit.tables import storage
 from tests.python.support import TEST_DEVICE, unique_name
 
 GB = float(os.environ.get("SOK_TEST_LARGE_TABLE_GB", "0") or 0)
+GPU_CAP_GB = float(os.environ.get("SOK_TEST_GPU_MEMORY_GB", "0") or 0)
+
+
+def cap_gpu_memory():
+    """With SOK_TEST_GPU_MEMORY_GB, TensorFlow's GPU:0 gets that much memory (its allocator holds
+    every SOK table's GPU arrays). Set at import, before anything initialises the GPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if GPU_CAP_GB <= 0 or TEST_DEVICE != "gpu" or not gpus:
+        return
+    tf.config.set_logical_device_configuration(
+        gpus[0], [tf.config.LogicalDeviceConfiguration(memory_limit=int(GPU_CAP_GB * 1024))])
+
+
+cap_gpu_memory()
 
 
 def gpu_bytes():
-    """Total memory of the GPU this process uses (the first visible one)."""
+    """The GPU memory this process may use: SOK_TEST_GPU_MEMORY_GB's cap, else the total of the
+    GPU it uses (the first visible one)."""
+    if GPU_CAP_GB > 0:
+        config = tf.config.get_logical_device_configuration(tf.config.list_physical_devices("GPU")[0])
+        assert config and config[0].memory_limit == int(GPU_CAP_GB * 1024), (
+            "SOK_TEST_GPU_MEMORY_GB did not take: TensorFlow initialised the GPU before this "
+            "module (run the file alone)")
+        return int(GPU_CAP_GB * 1024) << 20
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,"
                           "nounits", "-i", first], check=True, capture_output=True, text=True)
