@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/cuda/gpu_tiered_table.h"
@@ -253,6 +254,89 @@ bool test_export_import(CacheStrategy strategy) {
   if (s.ok() || s.message().find("appears twice") == std::string::npos)
     ok = FAIL("a repeated key was not refused: '%s'", s.message().c_str());
   return ok;
+}
+
+// Device memory by pointer: what a table still holds from it.
+class CountingAllocator final : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes, cudaStream_t) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+    sizes_.push_back({p, bytes});
+    return p;
+  }
+  void deallocate(void* p, size_t, cudaStream_t) override {
+    cudaDeviceSynchronize();
+    for (auto it = sizes_.begin(); it != sizes_.end(); ++it) {
+      if (it->first != p) continue;
+      sizes_.erase(it);
+      cudaFree(p);
+      return;
+    }
+  }
+  int64_t held() const {
+    int64_t b = 0;
+    for (const auto& x : sizes_) b += static_cast<int64_t>(x.second);
+    return b;
+  }
+
+ private:
+  std::vector<std::pair<void*, size_t>> sizes_;
+};
+
+// The HBM tier's rows take the budget's rows, not a row per slot of its index: its row memory
+// (GpuTableOptions::row_storage, which the host tier does not use) stays within the budget
+// through the first optimizer step's relayout, placement, eviction and an import.
+template <typename K>
+bool test_hbm_row_memory() {
+  const int64_t dim = 16;
+  const TableConfig cfg = tiered_cfg(dim, CacheStrategy::kLFU, 1);
+  CountingAllocator rows;
+  GpuTableOptions o;
+  o.row_storage = &rows;
+  std::unique_ptr<GpuTieredTable<K>> got;
+  SOK_OK(GpuTieredTable<K>::Create(cfg, o, &got));
+  TableConfig one = cfg;
+  one.storage = StorageKind::kDram;
+  Pair<K> t{make_gpu<K>(one), std::move(got), dim};
+  const std::vector<K> pool = key_pool<K>(4000);
+  OptimizerParams p = test_params(OptimizerKind::kAdagrad);
+  bool ok = true;
+  const auto within = [&](const char* when) {
+    const int64_t budget = t.got->hbm_budget_rows();
+    const int64_t stride = 2 * dim;  // value and Adagrad's accumulator
+    const int64_t want = budget * stride * static_cast<int64_t>(sizeof(float));
+    const int64_t front = 256 + (budget * 4 + 255) / 256 * 256;  // free list and its header
+    return (rows.held() >= want && rows.held() <= want + front) ||
+           FAIL(
+               "%s: HBM rows hold %lld bytes, want %lld (+ %lld) for %lld budget rows; budget "
+               "%lld bytes",
+               when, (long long)rows.held(), (long long)want, (long long)front, (long long)budget,
+               (long long)cfg.hbm_bytes);
+  };
+  for (int s = 1; s <= 12 && ok; ++s) {
+    const std::vector<K> keys = step_keys(pool, 512, s % 2 == 0);
+    p.step = s;
+    ok &= t.lookup(keys, true);
+    t.apply(keys, p, s, false);
+    ok &= t.tiers_ok(s > 2) && within("training");
+  }
+  int64_t a = 0, b = 0;
+  SOK_OK(t.ref->shrink(8, nullptr, &a));
+  SOK_OK(t.got->shrink(kExec, 8, &b));
+  if (a != b) ok = FAIL("shrink removed %lld, want %lld", (long long)b, (long long)a);
+  ok &= t.same_export() && within("after shrink");
+  TableSnapshot<K> snap;
+  SOK_OK(t.got->export_rows(kExec, &snap));
+  SOK_OK(t.got->import_rows(kExec, snap));
+  ok &= t.tiers_ok(true) && t.same_export() && within("after import");
+  for (int s = 13; s <= 16 && ok; ++s) {
+    const std::vector<K> keys = step_keys(pool, 512, true);
+    p.step = s;
+    ok &= t.lookup(keys, true);
+    t.apply(keys, p, s, false);
+  }
+  return ok && t.same_export() && within("after more steps");
 }
 
 // Every step's working set is several times the cache (uniform keys): rows are served in place
@@ -650,6 +734,8 @@ int main(int argc, char** argv) {
     run("thrashing lru int32", [] { return test_thrashing<int32_t>(CacheStrategy::kLRU); });
     run("many calls lfu int32", [] { return test_many_calls<int32_t>(CacheStrategy::kLFU); });
     run("many calls lru int64", [] { return test_many_calls<int64_t>(CacheStrategy::kLRU); });
+    run("HBM row memory int64", [] { return test_hbm_row_memory<int64_t>(); });
+    run("HBM row memory int32", [] { return test_hbm_row_memory<int32_t>(); });
     run("fused calls int64", [] { return test_fused_calls<int64_t>(); });
     run("fused calls int32", [] { return test_fused_calls<int32_t>(); });
     run("refusals", [] { return test_refusals(); });

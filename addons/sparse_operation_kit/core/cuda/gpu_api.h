@@ -228,6 +228,10 @@ struct GpuTableOptions {
   // export_rows and import_rows move rows through device buffers of at most this many bytes
   // (a table whose rows live in host memory can be larger than the GPU).
   int64_t transfer_chunk_bytes = int64_t{256} << 20;
+  // > 0: the rows live in a pool of this many rows apart from the index (a tiered table's HBM
+  // tier, whose row budget it is), so the index's spare slots cost no row memory; an insert
+  // past the pool fails. At most 2^31 - 1.
+  int64_t pool_rows = 0;
 };
 
 template <typename K>

@@ -61,13 +61,17 @@ Status GpuTieredTable<K>::Create(const TableConfig& config, const GpuTableOption
   SOK_RETURN_IF_ERROR(CreateHostOnly(config, options, &t));
   t->cfg_.storage = config.storage;
   if (ssd) SOK_RETURN_IF_ERROR(SsdRows<K>::Open(config, &t->ssd_));
-  // Sized for twice the largest budget (no slots; fit_capacity resizes it once slots come): the
-  // HBM tier never grows, and the erased slots of demoted rows fill the spare room over several
-  // passes before a rehash (at the same capacity, a device sync) drops them.
+  // The index is sized for twice the largest budget (no slots; fit_capacity resizes it once
+  // slots come): the HBM tier never grows, and the erased slots of demoted rows fill the spare
+  // room over several passes before a rehash (at the same capacity, a device sync) drops them.
+  // The rows live in a pool of the budget's rows (GpuTableOptions::pool_rows), so that spare
+  // room costs index entries only.
   TableConfig hot = config;
   const int64_t max_rows = config.hbm_bytes / tier_row_bytes(config.dim, 0);
   hot.initial_capacity = 2 * max_rows;
-  SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::Create(hot, options, &t->hot_));
+  GpuTableOptions pooled = options;
+  pooled.pool_rows = max_rows;
+  SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::Create(hot, pooled, &t->hot_));
   t->max_up_ = max_rows;
   t->max_swaps_ = std::max<int64_t>(1, max_rows / kSwapShare);
   SOK_RETURN_IF_ERROR(t->alloc_policy_buffers());
@@ -385,11 +389,13 @@ Status GpuTieredTable<K>::fit_budget(int num_slots, const Span& keys, cudaStream
 }
 
 // The HBM tier's hash table, sized at creation for the budget in rows without slots, down to
-// twice the budget in rows of the new layout; the swaps per pass follow the budget.
+// twice the budget in rows of the new layout, and its row pool to the budget; the swaps per
+// pass follow the budget.
 template <typename K>
 Status GpuTieredTable<K>::fit_capacity(int64_t cap, cudaStream_t s) {
   max_swaps_ = std::max<int64_t>(1, cap / kSwapShare);
   auto& h = *hot_->impl_;
+  h.next_pool_rows = cap;  // the slot relayout that follows sizes the row pool for the budget
   const int64_t want = detail::capacity_for(2 * cap, h.opt.max_load_factor);
   if (want >= h.capacity) return Status::OK();
   DeviceGuard g(h.device);
@@ -710,6 +716,7 @@ Status GpuTieredTable<K>::import_rows(const ExecContext& e, const TableSnapshot<
   }
   // The HBM tier's import allocates its arrays afresh: for the checkpoint's slot layout.
   hot_->impl_->cfg.initial_capacity = 2 * cap;
+  hot_->impl_->next_pool_rows = cap;
   max_swaps_ = std::max<int64_t>(1, cap / kSwapShare);
   return import_split(s, cap, host, stream_of(e));
 }

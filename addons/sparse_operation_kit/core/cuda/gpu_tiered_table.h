@@ -2,9 +2,10 @@
 // three with a file under them (kHbmDramSsdHash, HBM_DRAM_SSDHASH: the end of this comment); the
 // GPU mirror of core/tiered_table.h. Two GpuEmbeddingTables with the same layout:
 //   - the HBM tier caches the most used rows within config.hbm_bytes (rows counted as
-//     tier_policy.h's tier_row_bytes: values, slots and 32 bytes of metadata; the hash table's
-//     spare room is not counted: it is sized for twice the budget, so its arrays hold 2.7 to 5.3
-//     times the budget's rows, and it never grows);
+//     tier_policy.h's tier_row_bytes: values, slots and 32 bytes of metadata). Its rows live in
+//     a pool of exactly the budget's rows (GpuTableOptions::pool_rows); its index, sized for
+//     twice the budget and never grown, has 2.7 to 5.3 slots a row of 29 bytes each (digest,
+//     key, frequency, version, pool row);
 //   - the host tier holds the rest; its index (digests, keys, frequencies, versions) is in GPU
 //     memory, its rows in pinned, mapped host memory (pinned_host_storage_allocator()), which
 //     kernels read and write directly.

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -40,7 +41,7 @@ __launch_bounds__(kBlock, MINB) k_find(DevTable t, RowInit ri, const K* keys, in
   const int64_t s = probe_find<false>(tile, t, key, h);
   float* o = out + i * t.dim;
   if (s >= 0 && (ri.filter_freq <= 0 || ld_relaxed_i64(&t.meta[s].freq) >= ri.filter_freq)) {
-    copy_row<V4, true>(tile, t.rows + s * t.stride, o, t.dim);
+    copy_row<V4, true>(tile, row_at(t, s), o, t.dim);
   } else if (ri.filter_freq > 0) {
     fill_row<V4>(tile, ri.no_perm, o, t.dim);
   } else {
@@ -84,7 +85,9 @@ __global__ void __launch_bounds__(kBlock)
     const DevTable& rt = in_first ? q.first.t : t;  // the tier that holds the row
     served = r.slot >= 0 && lane == 0;  // one count per key, not per lane
     float* o = q.out ? q.out + i * t.dim : nullptr;
-    if (r.slot < 0) {
+    float* row = r.slot >= 0 && r.fresh ? fresh_row(tile, t, r.slot, q.fail) : nullptr;
+    if (r.slot < 0 || (r.fresh && row == nullptr)) {
+      served = false;
       if (o) fill_row<V4>(tile, 0.f, o, t.dim);
     } else if (r.fresh) {
       if (lane == 0) {
@@ -92,7 +95,6 @@ __global__ void __launch_bounds__(kBlock)
         t.meta[r.slot].freq = cnt;
       }
       const bool admitted = ri.filter_freq <= 0 || cnt >= ri.filter_freq;
-      float* row = t.rows + r.slot * t.stride;
       for (int64_t c = lane; c < t.stride; c += kTile) {
         const float v = fresh_element(ri, key, c, t.dim);
         row[c] = v;
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__(kBlock)
       }
       if (o) {
         if (!admitted) fill_row<V4>(tile, ri.no_perm, o, t.dim);
-        else copy_row<V4>(tile, rt.rows + r.slot * t.stride, o, t.dim);
+        else copy_row<V4>(tile, row_at(rt, r.slot), o, t.dim);
       }
     }
   }
@@ -134,8 +136,10 @@ __global__ void __launch_bounds__(kBlock)
     bool in_first = false;
     const Claim r = claim_in_tiers(tile, first, t, key, h, fail, &in_first);
     const float* v = values + i * t.dim;
-    if (r.slot >= 0) {
-      float* row = (in_first ? first.rows : t.rows) + r.slot * t.stride;
+    float* row = nullptr;
+    if (r.slot >= 0)
+      row = r.fresh ? fresh_row(tile, t, r.slot, fail) : row_at(in_first ? first : t, r.slot);
+    if (row != nullptr) {
       if (r.fresh) {
         if (lane == 0) {
           t.meta[r.slot].key = key;
@@ -173,6 +177,7 @@ __global__ void __launch_bounds__(kBlock) k_erase(DevTable t, const K* keys, int
         const uint32_t old = atomicCAS(wp, w, nw);
         if (old == w) {
           erased = 1;
+          give_row(t, s);
           break;
         }
         w = old;
@@ -253,6 +258,9 @@ Status GpuEmbeddingTable<K>::Create(const TableConfig& config, const GpuTableOpt
     SOK_RETURN_IF_ERROR(m.acquire(&m.d_matrix, count * sizeof(float), "the initializer matrix"));
     SOK_CUDA_RETURN(cudaMemcpy(m.d_matrix, config.init_matrix.data(), count * sizeof(float), cudaMemcpyHostToDevice));
   }
+  if (options.pool_rows < 0 || options.pool_rows > std::numeric_limits<int32_t>::max())
+    return Status::Invalid("table '" + config.name + "': pool_rows must be in [0, 2^31)");
+  m.pool_rows = m.next_pool_rows = options.pool_rows;
   SOK_RETURN_IF_ERROR(m.acquire(&m.d_counters, 2 * sizeof(int64_t), "counters"));
   SOK_RETURN_IF_ERROR(m.acquire(&m.d_fail, sizeof(int), "counters"));
   SOK_CUDA_RETURN(cudaMallocHost(&m.h_counters, 6 * sizeof(int64_t)));
@@ -260,6 +268,7 @@ Status GpuEmbeddingTable<K>::Create(const TableConfig& config, const GpuTableOpt
   SOK_CUDA_RETURN(cudaMemset(m.d_fail, 0, sizeof(int)));
   const int64_t cap = capacity_for(std::max<int64_t>(config.initial_capacity, 1), options.max_load_factor);
   SOK_RETURN_IF_ERROR(m.alloc_arrays(cap, config.dim, &m.t, nullptr));
+  if (m.pooled()) SOK_RETURN_IF_ERROR(m.alloc_pool(m.pool_rows, &m.t, nullptr));
   m.capacity = cap;
   SOK_CUDA_RETURN(cudaDeviceSynchronize());
   *out = std::move(tab);

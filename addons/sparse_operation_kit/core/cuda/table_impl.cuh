@@ -80,6 +80,10 @@ class SnapshotEvent {
 Status copy_counters(const std::vector<const int64_t*>& src, const std::vector<int64_t*>& dst,
                      cudaStream_t s);
 
+// The free list of a pool of `pool` rows (its rows at `rows`) after *taken (device; null: 0) were
+// given out: rows taken, taken + 1, ..., pool - 1.
+Status fill_free_rows(float* rows, int64_t pool, const int64_t* taken, cudaStream_t s);
+
 }  // namespace detail
 
 template <typename K>
@@ -93,6 +97,10 @@ struct GpuEmbeddingTable<K>::Impl {
   int device = 0;
   detail::DevTable t;
   int64_t capacity = 0;
+  // Pooled rows (GpuTableOptions::pool_rows > 0): t.rows holds pool_rows rows; the next slot
+  // relayout or import allocates next_pool_rows (a tiered table lowers it with its budget).
+  int64_t pool_rows = 0;
+  int64_t next_pool_rows = 0;
   float* d_matrix = nullptr;
   int64_t* d_counters = nullptr;  // [0] live keys, [1] erased slots
   int* d_fail = nullptr;
@@ -164,38 +172,76 @@ struct GpuEmbeddingTable<K>::Impl {
     return ri;
   }
 
-  void free_arrays(detail::DevTable* a) {
+  bool pooled() const { return pool_rows > 0; }
+
+  // The index's arrays (and, unpooled, the rows at its slots).
+  void free_index(detail::DevTable* a) {
     release(a->digests);
     release(a->meta);
     release(a->versions);
-    release_rows(a->rows);
+    release(a->row_of);
+    if (!pooled()) release_rows(a->rows);
+  }
+  // A pooled table's pool (table_layout.cuh), its rows into *rows.
+  Status acquire_pool(int64_t pool, int64_t stride, float** rows, const char* what) {
+    const int64_t front = detail::pool_free_list_bytes(pool) + detail::kPoolAlign;
+    char* p = nullptr;
+    SOK_RETURN_IF_ERROR(acquire_from(
+        row_storage, &p, static_cast<size_t>(front + pool * stride * sizeof(float)), what));
+    *rows = reinterpret_cast<float*>(p + front);
+    return Status::OK();
+  }
+  void release_pool(float*& rows, int64_t pool) {
+    if (rows == nullptr) return;
+    const int64_t front = detail::pool_free_list_bytes(pool) + detail::kPoolAlign;
+    row_storage->deallocate(reinterpret_cast<char*>(rows) - front, 0, nullptr);
+    rows = nullptr;
+  }
+  void free_pool(detail::DevTable* a) {
+    if (pooled()) release_pool(a->rows, pool_rows);
+  }
+  void free_arrays(detail::DevTable* a) {
+    free_index(a);
+    free_pool(a);
     *a = detail::DevTable();
   }
 
+  // An index of cap slots for rows of `stride` floats: with its rows, or, pooled, with a slot's
+  // pool row each (the pool itself: alloc_pool).
   Status alloc_arrays(int64_t cap, int64_t stride, detail::DevTable* a, cudaStream_t s) {
     *a = detail::DevTable();
     const int64_t nb = cap / detail::kSlots;
     a->mask = static_cast<uint64_t>(nb - 1);
-    a->stride = stride;
-    a->dim = cfg.dim;
+    a->stride = static_cast<int32_t>(stride);
+    a->dim = static_cast<int32_t>(cfg.dim);
     const std::string what =
         std::to_string(cap) + " slots of " + std::to_string(stride) + " floats";
     Status st = acquire(&a->digests, nb * 8 * sizeof(uint32_t), what.c_str());
     if (st.ok()) st = acquire(&a->meta, cap * sizeof(detail::Meta), what.c_str());
     if (st.ok()) st = acquire(&a->versions, cap * sizeof(int64_t), what.c_str());
-    if (st.ok())
+    if (st.ok() && pooled()) st = acquire(&a->row_of, cap * sizeof(int32_t), what.c_str());
+    if (st.ok() && !pooled())
       st = acquire_rows(&a->rows, static_cast<size_t>(cap) * stride * sizeof(float), what.c_str());
     if (!st.ok()) {
-      free_arrays(a);
+      free_index(a);
+      *a = detail::DevTable();
       return st;
     }
-    cudaPointerAttributes pa;
-    SOK_CUDA_RETURN(cudaPointerGetAttributes(&pa, a->rows));
-    host_rows = pa.type == cudaMemoryTypeHost;
+    if (!pooled()) SOK_RETURN_IF_ERROR(note_row_memory(a->rows));
     SOK_CUDA_RETURN(cudaMemsetAsync(a->digests, 0, nb * 8 * sizeof(uint32_t), s));
     // Versions start at 0 for every slot (slots are never reused before a rehash), so inserting
     // a key needs no extra random write for it.
     SOK_CUDA_RETURN(cudaMemsetAsync(a->versions, 0, cap * sizeof(int64_t), s));
+    return Status::OK();
+  }
+
+  // A pooled table's pool of `rows` rows of a->stride floats, every row free, into *a.
+  Status alloc_pool(int64_t rows, detail::DevTable* a, cudaStream_t s);
+
+  Status note_row_memory(const float* rows) {
+    cudaPointerAttributes pa;
+    SOK_CUDA_RETURN(cudaPointerGetAttributes(&pa, rows));
+    host_rows = pa.type == cudaMemoryTypeHost;
     return Status::OK();
   }
 
@@ -218,6 +264,8 @@ struct GpuEmbeddingTable<K>::Impl {
         cudaMemcpyAsync(&h_counters[2], d_fail, sizeof(int), cudaMemcpyDeviceToHost, s));
     SOK_CUDA_RETURN(cudaStreamSynchronize(s));
     std::memcpy(&h_fail, &h_counters[2], sizeof(int));
+    if (h_fail & detail::kFailPoolEmpty)
+      return Status::Invalid("table '" + cfg.name + "': the GPU tier's row pool ran out of rows");
     if (h_fail != 0) return Status::Invalid("table '" + cfg.name + "': GPU hash table overflowed");
     *live = h_counters[0];
     *erased = h_counters[1];
@@ -273,6 +321,8 @@ struct GpuEmbeddingTable<K>::Impl {
 
   // Makes the rows hold the slots optimizer p needs (relayout on first use; synchronises).
   Status ensure_slots(const OptimizerParams& p, cudaStream_t s);
+  // ensure_slots of a pooled table: a pool of next_pool_rows rows of `stride` floats.
+  Status relayout_pool(int64_t stride, cudaStream_t s);
 };
 
 namespace detail {

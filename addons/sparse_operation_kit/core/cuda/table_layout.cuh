@@ -3,8 +3,12 @@
 // Layout: nb (power of two) buckets of 32 slots. Per slot: a digest byte (0 empty, 1 erased,
 // 2 being written, 3..255 = 3 + (hash >> 56) % 253), {key, frequency} (16 bytes, so the frequency
 // update hits the line the key compare just brought into L2), the version, and the row
-// [value(dim) | slots(num_slots x dim)]. A key lives in its home bucket (hash & (nb - 1)) or, when
-// that was full at insertion, in one of the following buckets (linear probing over buckets); a
+// [value(dim) | slots(num_slots x dim)]: row s of `rows`, or, in a pooled table (a tiered
+// table's HBM tier), row row_of[s] of a pool that holds only as many rows as the tier's budget,
+// whatever the index's spare slots (a fresh slot takes a row from the free list, an erased one
+// gives it back; a launch only takes or only gives, so a row given back is never reused while
+// a tile of the same launch still reads it). A key lives in its home bucket (hash & (nb - 1)) or,
+// when that was full at insertion, in one of the following buckets (linear probing over buckets); a
 // bucket with an empty slot ends a search. Erased slots stay "erased" (never reused) until the
 // next rehash, so concurrent inserts and erases cannot break a probe chain.
 //
@@ -49,11 +53,37 @@ struct DevTable {
   uint32_t* digests = nullptr;  // nb * 8 words
   Meta* meta = nullptr;         // nb * 32
   int64_t* versions = nullptr;  // nb * 32
-  float* rows = nullptr;        // nb * 32 * stride
-  uint64_t mask = 0;            // nb - 1
-  int64_t stride = 0;
-  int64_t dim = 0;
+  float* rows = nullptr;        // nb * 32 * stride; pooled: pool rows * stride (below)
+  // Pooled tables only (else null): each slot's pool row (nb * 32).
+  int32_t* row_of = nullptr;
+  uint64_t mask = 0;  // nb - 1
+  // 32 bits, so 16 tables' launch parts with two DevTables each stay within 4 KB.
+  int32_t stride = 0;
+  int32_t dim = 0;
 };
+
+// A pooled table's pool is one allocation: the free list (pool rows int32, padded to
+// kPoolAlign), a header of kPoolAlign bytes (the free list's count, then its padded size), then
+// the rows, where DevTable::rows points.
+constexpr int64_t kPoolAlign = 256;
+__host__ __device__ inline int64_t pool_free_list_bytes(int64_t pool_rows) {
+  return (pool_rows * 4 + kPoolAlign - 1) / kPoolAlign * kPoolAlign;
+}
+__host__ __device__ __forceinline__ int64_t* pool_header(const float* rows) {
+  return reinterpret_cast<int64_t*>(reinterpret_cast<char*>(const_cast<float*>(rows)) - kPoolAlign);
+}
+__device__ __forceinline__ int32_t* pool_free_rows(const DevTable& t) {
+  return reinterpret_cast<int32_t*>(reinterpret_cast<char*>(pool_header(t.rows)) -
+                                    pool_header(t.rows)[1]);
+}
+
+// Set in a launch's fail flag when a pooled table had no free row (kFailFull: no free slot).
+constexpr int kFailFull = 1, kFailPoolEmpty = 2;
+
+// The row of live slot s.
+__device__ __forceinline__ float* row_at(const DevTable& t, int64_t s) {
+  return t.rows + (t.row_of != nullptr ? static_cast<int64_t>(t.row_of[s]) : s) * t.stride;
+}
 
 struct RowInit {
   InitializerSpec init;
@@ -141,7 +171,7 @@ __device__ inline Claim probe_insert(const Tile& tile, const DevTable& t, int64_
     const unsigned eb = tile.ballot(e != 0);
     if (eb == 0) {
       if (++advanced > t.mask) {
-        if (lane == 0 && fail != nullptr) atomicOr(fail, 1);
+        if (lane == 0 && fail != nullptr) atomicOr(fail, kFailFull);
         return Claim{-1, false};
       }
       b = (b + 1) & t.mask;
@@ -191,6 +221,35 @@ __device__ __forceinline__ void publish(const Tile& tile, const DevTable& t, int
     const int byte = static_cast<int>(slot & 3);
     atomicXor(t.digests + (slot >> 2), (kBusyB ^ digest_of(h)) << (8 * byte));
   }
+}
+
+// The row of a slot this tile claimed: in a pooled table lane 0 takes one from the free list.
+// With none left (the tier's budget logic keeps that from happening) the slot is given up,
+// marked erased before it was ever published, *fail gets kFailPoolEmpty and the result is null.
+__device__ inline float* fresh_row(const Tile& tile, const DevTable& t, int64_t slot, int* fail) {
+  if (t.row_of == nullptr) return t.rows + slot * t.stride;
+  int64_t r = -1;
+  if (tile.thread_rank() == 0) {
+    auto* count = reinterpret_cast<unsigned long long*>(pool_header(t.rows));
+    const int64_t i = static_cast<int64_t>(atomicAdd(count, ~0ull)) - 1;  // pop
+    if (i >= 0) {
+      r = pool_free_rows(t)[i];
+      t.row_of[slot] = static_cast<int32_t>(r);
+    } else {
+      atomicAdd(count, 1ull);
+      atomicXor(t.digests + (slot >> 2), (kBusyB ^ kErasedB) << (8 * static_cast<int>(slot & 3)));
+      if (fail != nullptr) atomicOr(fail, kFailPoolEmpty);
+    }
+  }
+  r = tile.shfl(r, 0);
+  return r < 0 ? nullptr : t.rows + r * t.stride;
+}
+
+// A pooled table's row of slot s, just erased by this thread, back to the free list.
+__device__ __forceinline__ void give_row(const DevTable& t, int64_t s) {
+  if (t.row_of == nullptr) return;
+  const auto i = atomicAdd(reinterpret_cast<unsigned long long*>(pool_header(t.rows)), 1ull);
+  pool_free_rows(t)[i] = t.row_of[s];
 }
 
 // Row -> output. Outputs are written evict-first (streaming), so they do not push the digests

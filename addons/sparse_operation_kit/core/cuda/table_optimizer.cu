@@ -66,8 +66,11 @@ __device__ float* claim_update_row(const Tile& tile, const DevTable& first, cons
   *slot = r.slot;
   *freq = 0;
   if (r.slot < 0) return nullptr;
-  const DevTable& rt = *in_first ? first : t;
-  float* row = rt.rows + r.slot * t.stride;
+  float* row = r.fresh ? fresh_row(tile, t, r.slot, fail) : row_at(*in_first ? first : t, r.slot);
+  if (row == nullptr) {
+    *slot = -1;
+    return nullptr;
+  }
   if (r.fresh) {
     if (tile.thread_rank() == 0) {
       t.meta[r.slot].key = key;
@@ -79,7 +82,7 @@ __device__ float* claim_update_row(const Tile& tile, const DevTable& first, cons
     publish(tile, t, r.slot, h);
     *inserted = tile.thread_rank() == 0;
   } else {
-    *freq = ld_relaxed_i64(&rt.meta[r.slot].freq);
+    *freq = ld_relaxed_i64(&(*in_first ? first : t).meta[r.slot].freq);
   }
   return row;
 }
@@ -243,7 +246,54 @@ __global__ void k_relayout(const float* old_rows, int64_t old_stride, float* row
     rows[s * stride + c] = c < dim ? old_rows[s * old_stride + c] : (c < 2 * dim ? ri.slot_init[0] : ri.slot_init[1]);
 }
 
+// A pooled table's relayout: each live slot's row to the next row of the new pool (a tile per
+// slot), so the new pool, sized for the tier's budget in wider rows, need not cover the old
+// pool's row numbers. *taken counts the rows given out.
+__global__ void __launch_bounds__(kBlock)
+    k_relayout_pooled(DevTable o, float* rows, int64_t stride, RowInit ri, int64_t slots,
+                      int64_t pool_rows, int64_t* taken, int* fail) {
+  const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t s = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  if (s >= slots || ((o.digests[s >> 2] >> (8 * (s & 3))) & 0xffu) < 3u) return;
+  int64_t r = 0;
+  if (tile.thread_rank() == 0)
+    r = static_cast<int64_t>(atomicAdd(reinterpret_cast<unsigned long long*>(taken), 1ull));
+  r = tile.shfl(r, 0);
+  if (r >= pool_rows) {
+    if (tile.thread_rank() == 0) atomicOr(fail, kFailPoolEmpty);
+    return;
+  }
+  const float* from = row_at(o, s);
+  for (int64_t c = tile.thread_rank(); c < stride; c += kTile)
+    rows[r * stride + c] = c < o.dim ? from[c] : (c < 2 * o.dim ? ri.slot_init[0] : ri.slot_init[1]);
+  tile.sync();  // every lane read row_of[s] (row_at) before it changes
+  if (tile.thread_rank() == 0) o.row_of[s] = static_cast<int32_t>(r);
+}
+
 }  // namespace
+
+template <typename K>
+Status GpuEmbeddingTable<K>::Impl::relayout_pool(int64_t stride, cudaStream_t s) {
+  DevTable nt = t;
+  nt.stride = static_cast<int32_t>(stride);
+  SOK_RETURN_IF_ERROR(acquire_pool(next_pool_rows, stride, &nt.rows, "optimizer slots"));
+  Temp taken;
+  const Status st = taken.alloc(alloc, sizeof(int64_t), s);
+  if (!st.ok()) {
+    release_pool(nt.rows, next_pool_rows);
+    return st;
+  }
+  SOK_CUDA_RETURN(cudaMemsetAsync(taken.as<int64_t>(), 0, sizeof(int64_t), s));
+  k_relayout_pooled<<<grid_for(capacity * kTile, kBlock), kBlock, 0, s>>>(
+      t, nt.rows, stride, row_init(), capacity, next_pool_rows, taken.as<int64_t>(), d_fail);
+  SOK_LAUNCH_CHECK();
+  SOK_RETURN_IF_ERROR(fill_free_rows(nt.rows, next_pool_rows, taken.as<int64_t>(), s));
+  SOK_CUDA_RETURN(cudaStreamSynchronize(s));
+  release_pool(t.rows, pool_rows);
+  t = nt;
+  pool_rows = next_pool_rows;
+  return Status::OK();
+}
 
 template <typename K>
 Status GpuEmbeddingTable<K>::Impl::ensure_slots(const OptimizerParams& p, cudaStream_t s) {
@@ -263,16 +313,29 @@ Status GpuEmbeddingTable<K>::Impl::ensure_slots(const OptimizerParams& p, cudaSt
     mixed = false;
     const int64_t stride = cfg.dim * (1 + want);
     float* rows = nullptr;
-    SOK_RETURN_IF_ERROR(acquire_rows(&rows, static_cast<size_t>(capacity) * stride * sizeof(float), "optimizer slots"));
+    if (!pooled())
+      SOK_RETURN_IF_ERROR(acquire_rows(&rows, static_cast<size_t>(capacity) * stride * sizeof(float), "optimizer slots"));
+    const int old_slots = num_slots;
+    const std::vector<float> old_init = slot_init;
     num_slots = want;
     slot_init = init;
+    if (pooled()) {
+      const Status st = relayout_pool(stride, s);
+      if (!st.ok()) {
+        num_slots = old_slots;
+        slot_init = old_init;
+        return st;
+      }
+      slot_kind = kind;
+      return Status::OK();
+    }
     k_relayout<<<grid_for(capacity * kTile, kBlock), kBlock, 0, s>>>(t.rows, t.stride, rows, stride,
                                                                      cfg.dim, row_init(), capacity);
     SOK_LAUNCH_CHECK();
     SOK_CUDA_RETURN(cudaStreamSynchronize(s));
     release_rows(t.rows);
     t.rows = rows;
-    t.stride = stride;
+    t.stride = static_cast<int32_t>(stride);
   }
   num_slots = want;
   slot_kind = kind;
@@ -355,7 +418,7 @@ Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls
       L.first_block[i - begin] = static_cast<int32_t>(blocks);
       blocks += blocks_for_keys(c.n);
       max_dim = std::max(max_dim, m.cfg.dim);
-      max_stride = std::max(max_stride, m.t.stride);
+      max_stride = std::max<int64_t>(max_stride, m.t.stride);
       if (m.host_rows) L.jobs.host_tables |= 1u << (i - begin);
       if (calls[i].probe_first && calls[i].probe_first->impl_->host_rows)
         L.jobs.host_firsts |= 1u << (i - begin);

@@ -41,11 +41,25 @@ __launch_bounds__(kBlock) k_rehash(DevTable o, DevTable t, int64_t old_slots, in
   if (lane == 0) {
     t.meta[r.slot] = o.meta[s];
     t.versions[r.slot] = o.versions[s];
+    if (t.row_of != nullptr) t.row_of[r.slot] = o.row_of[s];  // pooled: the row stays put
   }
-  const float* src = o.rows + s * o.stride;
-  float* dst = t.rows + r.slot * t.stride;
-  for (int64_t c = lane; c < t.stride; c += kTile) dst[c] = src[c];
+  if (t.row_of == nullptr) {
+    const float* src = o.rows + s * o.stride;
+    float* dst = t.rows + r.slot * t.stride;
+    for (int64_t c = lane; c < t.stride; c += kTile) dst[c] = src[c];
+  }
   if (r.fresh) publish(tile, t, r.slot, h);
+}
+
+__global__ void k_fill_free(int32_t* free_rows, int64_t pool, const int64_t* taken,
+                            int64_t* header, int64_t free_list_bytes) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t first = taken != nullptr ? *taken : 0;
+  if (j < pool - first) free_rows[j] = static_cast<int32_t>(first + j);
+  if (j == 0) {
+    header[0] = pool - first;
+    header[1] = free_list_bytes;
+  }
 }
 
 struct IsLive {
@@ -74,7 +88,7 @@ __global__ void k_export(DevTable t, const int64_t* slots, int64_t n, int ns, K*
     freqs[j] = t.meta[s].freq;
     versions[j] = t.versions[s];
   }
-  const float* row = t.rows + s * t.stride;
+  const float* row = row_at(t, s);
   for (int64_t c = l; c < t.dim; c += kTile) values[j * t.dim + c] = row[c];
   for (int64_t c = l; c < ns * t.dim; c += kTile) slot_vals[j * ns * t.dim + c] = row[t.dim + c];
 }
@@ -92,15 +106,15 @@ __global__ void __launch_bounds__(kBlock) k_import(DevTable t, const K* keys, co
     const int64_t key = static_cast<int64_t>(keys[i]);
     const uint64_t h = hash_key(key);
     const Claim r = probe_insert(tile, t, key, h, fail);
+    float* row = r.slot >= 0 && r.fresh ? fresh_row(tile, t, r.slot, fail) : nullptr;
     if (r.slot >= 0 && !r.fresh) {
       if (lane == 0) atomicOr(dup, 1);
-    } else if (r.slot >= 0) {
+    } else if (row != nullptr) {
       if (lane == 0) {
         t.meta[r.slot].key = key;
         t.meta[r.slot].freq = freqs[i];
         t.versions[r.slot] = versions[i];
       }
-      float* row = t.rows + r.slot * t.stride;
       for (int64_t c = lane; c < t.dim; c += kTile) row[c] = values[i * t.dim + c];
       for (int64_t c = lane; c < ns * t.dim; c += kTile) row[t.dim + c] = slot_vals[i * ns * t.dim + c];
       publish(tile, t, r.slot, h);
@@ -238,19 +252,42 @@ Status check_import(const TableConfig& cfg, const TableSnapshot<K>& s) {
 
 }  // namespace
 
+Status detail::fill_free_rows(float* rows, int64_t pool, const int64_t* taken, cudaStream_t s) {
+  int64_t* header = pool_header(rows);
+  const int64_t bytes = pool_free_list_bytes(pool);
+  int32_t* free_rows = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(header) - bytes);
+  k_fill_free<<<grid_for(std::max<int64_t>(pool, 1), kBlock), kBlock, 0, s>>>(free_rows, pool,
+                                                                             taken, header, bytes);
+  SOK_LAUNCH_CHECK();
+  return Status::OK();
+}
+
+template <typename K>
+Status GpuEmbeddingTable<K>::Impl::alloc_pool(int64_t rows, DevTable* a, cudaStream_t s) {
+  const std::string what = "a pool of " + std::to_string(rows) + " rows of " +
+                           std::to_string(a->stride) + " floats";
+  SOK_RETURN_IF_ERROR(acquire_pool(rows, a->stride, &a->rows, what.c_str()));
+  pool_rows = next_pool_rows = rows;
+  SOK_RETURN_IF_ERROR(note_row_memory(a->rows));
+  return fill_free_rows(a->rows, rows, nullptr, s);
+}
+
 template <typename K>
 Status GpuEmbeddingTable<K>::Impl::rehash(int64_t new_cap, cudaStream_t s) {
   SOK_CUDA_RETURN(cudaDeviceSynchronize());
   mixed = false;
   DevTable nt;
   SOK_RETURN_IF_ERROR(alloc_arrays(new_cap, t.stride, &nt, s));
+  if (pooled()) {  // a new index over the same pool
+    nt.rows = t.rows;
+  }
   if (capacity > 0) {
     k_rehash<<<grid_for(capacity * kTile, kBlock), kBlock, 0, s>>>(t, nt, capacity, d_fail);
     SOK_LAUNCH_CHECK();
   }
   SOK_CUDA_RETURN(cudaMemsetAsync(d_counters + 1, 0, sizeof(int64_t), s));
   SOK_CUDA_RETURN(cudaStreamSynchronize(s));
-  free_arrays(&t);
+  free_index(&t);
   t = nt;
   capacity = new_cap;
   return Status::OK();
@@ -340,6 +377,7 @@ Status GpuEmbeddingTable<K>::import_rows(const TableSnapshot<K>& s, cudaStream_t
   const int64_t cap = capacity_for(
       std::max<int64_t>(std::max<int64_t>(n, m.cfg.initial_capacity), 1), m.opt.max_load_factor);
   SOK_RETURN_IF_ERROR(m.alloc_arrays(cap, d * (1 + s.num_slots), &m.t, stream));
+  if (m.pooled()) SOK_RETURN_IF_ERROR(m.alloc_pool(m.next_pool_rows, &m.t, stream));
   m.capacity = cap;
   SOK_CUDA_RETURN(cudaMemsetAsync(m.d_counters, 0, 2 * sizeof(int64_t), stream));
   m.set_upper(n);
@@ -380,6 +418,8 @@ Status GpuEmbeddingTable<K>::reserve(int64_t num_keys, cudaStream_t stream) {
   return Status::OK();
 }
 
+template Status GpuEmbeddingTable<int32_t>::Impl::alloc_pool(int64_t, DevTable*, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::Impl::alloc_pool(int64_t, DevTable*, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::Impl::rehash(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::Impl::rehash(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::export_rows(TableSnapshot<int32_t>*, cudaStream_t);

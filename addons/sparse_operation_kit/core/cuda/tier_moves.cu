@@ -64,18 +64,23 @@ __launch_bounds__(kBlock)
     // A repeated key: the tile that claims the destination copies; whichever tile gets there
     // first erases the source (its row stays readable: slots are not reused before a rehash).
     const Claim r = s >= 0 ? probe_insert(tile, dst, key, h, q.dst_fail) : Claim{-1, false};
-    if (r.slot >= 0 && r.fresh) {
+    // A launch moves one way: a pooled source only gives rows back, a pooled destination only
+    // takes them (table_layout.cuh).
+    float* to = r.slot >= 0 && r.fresh ? fresh_row(tile, dst, r.slot, q.dst_fail) : nullptr;
+    if (to != nullptr) {
       if (lane == 0) {
         dst.meta[r.slot] = src.meta[s];
         dst.versions[r.slot] = src.versions[s];
       }
-      const float* from = src.rows + s * src.stride;
-      float* to = dst.rows + r.slot * dst.stride;
+      const float* from = row_at(src, s);
       for (int64_t c = lane; c < dst.stride; c += kTile) to[c] = __ldcg(from + c);
       publish(tile, dst, r.slot, h);
       inserted = lane == 0;
     }
-    if (r.slot >= 0 && lane == 0) erased = erase_slot(src, s, h) ? 1 : 0;
+    if (r.slot >= 0 && (!r.fresh || to != nullptr) && lane == 0 && erase_slot(src, s, h)) {
+      erased = 1;
+      give_row(src, s);
+    }
   }
   add_count(q.dst_counters, inserted);
   if (q.moved != nullptr) add_count(q.moved, inserted);
@@ -102,7 +107,7 @@ __global__ void __launch_bounds__(kBlock) k_find_present(DevTable t, int64_t fil
   if (filter > 0 && ld_relaxed_i64(&t.meta[s].freq) < filter) {
     fill_row<false>(tile, no_perm, o, t.dim);
   } else {
-    copy_row<false>(tile, t.rows + s * t.stride, o, t.dim);
+    copy_row<false>(tile, row_at(t, s), o, t.dim);
   }
 }
 
