@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
+from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
 from tests.python.support import unique_name
 
 ROWS, DIM = 12, 3
@@ -134,3 +135,29 @@ def test_load_refuses_a_dumped_slot_the_plain_optimizer_lacks(tmp_path):
     fresh.build([a])
     with pytest.raises(ValueError, match="slot of '.*b.*' but the SGD has none"):
         sok.load(str(tmp_path), [a, b], fresh)
+
+
+def test_eager_snapshots_stay_in_host_memory(tmp_path, monkeypatch):
+    """An eager export hands its rows over on the CPU and sok.load builds the snapshot it imports
+    there, so a snapshot never needs GPU memory and a table larger than the GPU dumps and loads
+    (under SOK_TEST_DEVICE=gpu the table is on the GPU)."""
+    ev = sok.EmbeddingVariable(unique_name("host_snapshot"), DIM,
+                               initializer=tf.random_uniform_initializer(-1, 1, seed=5))
+    ev.sparse_read(tf.constant([1, 5, 9], tf.int64))  # inserts the keys
+    exported = ev.export()
+    assert all(t.device.endswith("CPU:0") for t in exported), [t.device for t in exported]
+    want = ev.sparse_read(tf.constant([1, 5, 9], tf.int64), training=False).numpy()
+    devices = []
+    real = EmbeddingVariable.import_snapshot
+
+    def recording(self, tensors):
+        devices.extend(t.device for t in tensors.values())
+        return real(self, tensors)
+
+    monkeypatch.setattr(EmbeddingVariable, "import_snapshot", recording)
+    sok.dump(str(tmp_path), [ev])
+    ev.assign(tf.constant([1], tf.int64), tf.zeros([1, DIM]))
+    sok.load(str(tmp_path), [ev])
+    assert devices and all(d.endswith("CPU:0") for d in devices), devices
+    np.testing.assert_array_equal(
+        ev.sparse_read(tf.constant([1, 5, 9], tf.int64), training=False).numpy(), want)

@@ -266,8 +266,10 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
                 keys[mine], var.key_dtype, name, f"sok.load from {path}"
             )
             slots, slot_kind, slot_init = _ev_slots(shards, dim, name)
-            var.import_snapshot(
-                {
+            # The import reads its snapshot from host memory: on the CPU, eager constants never
+            # enter GPU memory (a table larger than the GPU loads too).
+            with tf.device("/device:CPU:0"):
+                snapshot = {
                     "keys": tf.constant(keys[mine]),
                     "values": tf.constant(values[mine]),
                     "slots": tf.constant(slots[mine]),
@@ -276,7 +278,7 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
                     "slot_kind": tf.constant(slot_kind, tf.int32),
                     "slot_init": tf.constant(slot_init, tf.float32),
                 }
-            )
+            var.import_snapshot(snapshot)
         else:
             local = tables.local_row(keys[mine], target, context.world_size)
             current = var.numpy()

@@ -125,6 +125,27 @@ class L2WeightEvict(EvictOption):
         self.l2_weight_threshold = value
 
 
+
+# Eager ops on a GPU run as one-op functions, and TensorFlow copies such a function's results
+# into GPU memory even where the kernel writes them to host memory (the export's snapshot): a
+# table larger than the GPU's free memory could not be dumped. These functions hand the
+# snapshot over on the CPU, so it never enters GPU memory.
+tf.no_gradient("SokEmbeddingVariableExport")  # a snapshot: rows, not a function of them
+
+
+@tf.function(autograph=False)
+def _export_on_host(handle, key_dtype):
+    rows = ops.sok_embedding_variable_export(handle, key_dtype=key_dtype)
+    with tf.device("/device:CPU:0"):
+        return [tf.identity(t) for t in rows]
+
+
+@tf.function(autograph=False)
+def _import_from_host(handle, *snapshot):
+    with tf.device("/device:CPU:0"):
+        snapshot = [tf.identity(t) for t in snapshot]
+    ops.sok_embedding_variable_import(handle, *snapshot)
+
 class EmbeddingVariableOption:
     def __init__(self, ht_type=None, ht_partition_num=None, evict_option=None, ckpt=None,
                  filter_option=None, storage_option=None, init_option=None):
@@ -384,6 +405,8 @@ class EmbeddingVariable(compat.TableResource):
 
     def export(self):
         """(keys, values, slots, freqs, versions, slot_kind, slot_init) of every row."""
+        if tf.executing_eagerly():
+            return _export_on_host(self.resource_handle, self._key_dtype)
         return ops.sok_embedding_variable_export(self.resource_handle, key_dtype=self._key_dtype)
 
     def assign(self, keys, values):
@@ -449,6 +472,8 @@ class EmbeddingVariable(compat.TableResource):
         # Restoring replaces initialization (TF1 Saver.restore, SavedModel load): create the table
         # first if it does not exist yet; an existing one keeps its content until the import.
         deps.append(self._initialize())
+        if tf.executing_eagerly():
+            return _import_from_host(self.resource_handle, tf.cast(t[0], self._key_dtype), *t[1:])
         with tf.control_dependencies(deps):
             return ops.sok_embedding_variable_import(
                 self.resource_handle, tf.cast(t[0], self._key_dtype), *t[1:]
