@@ -5,6 +5,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -84,6 +85,38 @@ TEST(SsdRows, ReadLeavesTheFileAndRemoveCounts) {
   ASSERT_TRUE(r->remove(keys.data(), 4, &removed).ok());
   EXPECT_EQ(removed, 2);
   EXPECT_EQ(r->size(), 1);
+}
+
+// Many keys (the reads go in groups): each present key once, in the order of its first
+// occurrence; find gives every occurrence's position.
+TEST(SsdRows, ReadAndFindKeepTheCallsOrderOverManyKeys) {
+  auto r = open();
+  std::vector<int64_t> even;
+  for (int64_t k = 0; k < 200; k += 2) even.push_back(k);
+  ASSERT_TRUE(r->put(rows(even, 1)).ok());
+  std::vector<int64_t> keys;
+  for (int64_t i = 0; i < 150; ++i) keys.push_back((i * 37) % 120);  // repeats, odd ones absent
+  std::vector<int64_t> first, pos;
+  std::vector<float> values;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i] % 2 != 0) continue;
+    pos.push_back(static_cast<int64_t>(i));
+    values.insert(values.end(), {static_cast<float>(keys[i]), static_cast<float>(-keys[i])});
+    if (std::find(first.begin(), first.end(), keys[i]) == first.end()) first.push_back(keys[i]);
+  }
+  TableSnapshot<int64_t> got = layout(1);
+  ASSERT_TRUE(r->read(keys.data(), static_cast<int64_t>(keys.size()), &got).ok());
+  const TableSnapshot<int64_t> want = rows(first, 1);
+  EXPECT_EQ(got.keys, want.keys);
+  EXPECT_EQ(got.values, want.values);
+  EXPECT_EQ(got.slots, want.slots);
+  EXPECT_EQ(got.freqs, want.freqs);
+  EXPECT_EQ(got.versions, want.versions);
+  std::vector<int64_t> got_pos;
+  std::vector<float> got_values;
+  ASSERT_TRUE(r->find(keys.data(), static_cast<int64_t>(keys.size()), &got_pos, &got_values).ok());
+  EXPECT_EQ(got_pos, pos);
+  EXPECT_EQ(got_values, values);
 }
 
 TEST(SsdRows, RowsWithFewerSlotsGetTheLayoutsInitialSlots) {

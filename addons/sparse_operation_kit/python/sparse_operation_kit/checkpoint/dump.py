@@ -17,7 +17,7 @@ from sparse_operation_kit.optimizers import generic_optimizer
 from sparse_operation_kit.runtime import compat, schema
 from sparse_operation_kit.runtime.context import context
 from sparse_operation_kit.tables import tables, validation
-from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable, host_snapshot
 
 
 def _dir_name(name):
@@ -266,19 +266,15 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
                 keys[mine], var.key_dtype, name, f"sok.load from {path}"
             )
             slots, slot_kind, slot_init = _ev_slots(shards, dim, name)
-            # The import reads its snapshot from host memory: on the CPU, eager constants never
-            # enter GPU memory (a table larger than the GPU loads too).
-            with tf.device("/device:CPU:0"):
-                snapshot = {
-                    "keys": tf.constant(keys[mine]),
-                    "values": tf.constant(values[mine]),
-                    "slots": tf.constant(slots[mine]),
-                    "freqs": tf.constant(np.concatenate([s["freqs"] for s in shards])[mine]),
-                    "versions": tf.constant(np.concatenate([s["versions"] for s in shards])[mine]),
-                    "slot_kind": tf.constant(slot_kind, tf.int32),
-                    "slot_init": tf.constant(slot_init, tf.float32),
-                }
-            var.import_snapshot(snapshot)
+            var.import_snapshot(host_snapshot({
+                "keys": keys[mine],
+                "values": values[mine],
+                "slots": slots[mine],
+                "freqs": np.concatenate([s["freqs"] for s in shards])[mine],
+                "versions": np.concatenate([s["versions"] for s in shards])[mine],
+                "slot_kind": np.int32(slot_kind),
+                "slot_init": np.asarray(slot_init, np.float32),
+            }))
         else:
             local = tables.local_row(keys[mine], target, context.world_size)
             current = var.numpy()

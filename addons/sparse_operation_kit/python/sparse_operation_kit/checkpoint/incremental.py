@@ -40,7 +40,7 @@ from sparse_operation_kit.optimizers.step_clock import CLOCK_STEPS, MIXED, clock
 from sparse_operation_kit.runtime.context import context
 from sparse_operation_kit.runtime.schema import EXPORT_FIELDS, ROW_FIELDS
 from sparse_operation_kit.tables import tables, validation
-from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable, host_snapshot
 
 
 def update_step(optimizer):
@@ -218,4 +218,4 @@ def _upsert(current, shards, dim, name):
         "slot_kind": np.int32(slot_kind),
         "slot_init": np.asarray(slot_init, np.float32),
     }
-    return {f: tf.constant(v) for f, v in merged.items()}
+    return host_snapshot(merged)

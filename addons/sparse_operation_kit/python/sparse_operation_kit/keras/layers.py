@@ -45,6 +45,7 @@ from sparse_operation_kit.tables.embedding_variable import (
     GlobalStepEvict,
     InitializerOption,
     L2WeightEvict,
+    host_snapshot,
     is_embedding_variable,
 )
 from sparse_operation_kit.tables.tables import StaticTable, owner, table_name, target_of
@@ -284,9 +285,9 @@ class _TablesLayer(tf.keras.layers.Layer):
                         f"(missing {missing})"
                     )
                 rows = dict(zip(ROW_FIELDS, self._owned_part(store, keys, i, t, ROW_FIELDS)))
-                t.import_snapshot({f: tf.constant(rows[f] if f in rows
-                                                  else np.asarray(store[f"sok_table_{i}_{f}"]))
-                                   for f in _FIELDS})
+                t.import_snapshot(host_snapshot({
+                    f: rows[f] if f in rows else np.asarray(store[f"sok_table_{i}_{f}"])
+                    for f in _FIELDS}))
             elif f"sok_table_{i}_values" in keys:
                 t.assign(self._owned_part(store, keys, i, t, ["values"])[0])
 

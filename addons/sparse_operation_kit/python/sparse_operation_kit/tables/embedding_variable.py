@@ -140,6 +140,13 @@ def _export_on_host(handle, key_dtype):
         return [tf.identity(t) for t in rows]
 
 
+def host_snapshot(arrays):
+    """{field: tensor} from {field: array} for import_snapshot, in host memory: eager constants
+    would go to the default device, a GPU, which a table larger than its memory cannot pass."""
+    with tf.device("/device:CPU:0"):
+        return {f: tf.constant(v) for f, v in arrays.items()}
+
+
 @tf.function(autograph=False)
 def _import_from_host(handle, *snapshot):
     with tf.device("/device:CPU:0"):
