@@ -705,8 +705,15 @@ bool test_refusals() {
   c.hbm_bytes = 10;
   std::unique_ptr<GpuTieredTable<int64_t>> t;
   const Status s = GpuTieredTable<int64_t>::Create(c, GpuTableOptions(), &t);
-  return (!s.ok() && s.message().find("smaller than one row") != std::string::npos) ||
-         FAIL("a budget below one row was accepted: '%s'", s.message().c_str());
+  bool ok = (!s.ok() && s.message().find("smaller than one row") != std::string::npos) ||
+            FAIL("a budget below one row was accepted: '%s'", s.message().c_str());
+  // More rows than a row pool can number: refused before anything of that size is allocated.
+  c.hbm_bytes = (int64_t{1} << 31) * tier_row_bytes(c.dim, 0);
+  const Status big = GpuTieredTable<int64_t>::Create(c, GpuTableOptions(), &t);
+  ok &= (!big.ok() && big.message().find("2^31 - 1") != std::string::npos &&
+         big.message().find("table '") != std::string::npos) ||
+        FAIL("a budget of 2^31 rows was not refused by name: '%s'", big.message().c_str());
+  return ok;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <unordered_set>
@@ -68,6 +69,11 @@ Status GpuTieredTable<K>::Create(const TableConfig& config, const GpuTableOption
   // room costs index entries only.
   TableConfig hot = config;
   const int64_t max_rows = config.hbm_bytes / tier_row_bytes(config.dim, 0);
+  if (max_rows > std::numeric_limits<int32_t>::max()) {
+    return Status::Invalid(where + "the HBM budget of " + std::to_string(config.hbm_bytes) +
+                           " bytes holds " + std::to_string(max_rows) +
+                           " rows, more than the 2^31 - 1 a GPU tier's row pool can number");
+  }
   hot.initial_capacity = 2 * max_rows;
   GpuTableOptions pooled = options;
   pooled.pool_rows = max_rows;
