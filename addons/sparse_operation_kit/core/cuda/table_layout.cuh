@@ -77,7 +77,7 @@ __device__ __forceinline__ int32_t* pool_free_rows(const DevTable& t) {
                                     pool_header(t.rows)[1]);
 }
 
-// Set in a launch's fail flag when a pooled table had no free row (kFailFull: no free slot).
+// A launch's fail flag: kFailFull, no free slot; kFailPoolEmpty, a pooled table had no free row.
 constexpr int kFailFull = 1, kFailPoolEmpty = 2;
 
 // The row of live slot s.
