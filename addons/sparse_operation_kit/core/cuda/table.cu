@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kBlock)
           t.meta[r.slot].freq = 0;
         }
         for (int64_t c = lane; c < t.stride; c += kTile)
-          row[c] = c < t.dim ? v[c] : (c < 2 * t.dim ? ri.slot_init[0] : ri.slot_init[1]);
+          row[c] = c < t.dim ? v[c] : initial_slot_element(ri, c, t.dim);
         publish(tile, t, r.slot, h);
         inserted = lane == 0;
       } else {

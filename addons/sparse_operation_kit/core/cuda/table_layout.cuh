@@ -99,11 +99,25 @@ __device__ __forceinline__ uint32_t digest_of(uint64_t h) {
   return 3u + static_cast<uint32_t>((h >> 56) % 253u);
 }
 
+// Whether slot s holds a published key (digest 3..255: not empty, erased or being written).
+__device__ __forceinline__ bool live_slot(const uint32_t* digests, int64_t s) {
+  return ((digests[s >> 2] >> (8 * (s & 3))) & 0xffu) >= 3u;
+}
+// live_slot as a predicate over slot numbers (cub's selections).
+struct IsLiveSlot {
+  const uint32_t* digests;
+  __device__ bool operator()(int64_t s) const { return live_slot(digests, s); }
+};
+
+// Element c >= dim of a row: its optimizer slot's initial value.
+__device__ __forceinline__ float initial_slot_element(const RowInit& ri, int64_t c, int64_t dim) {
+  return c < 2 * dim ? ri.slot_init[0] : ri.slot_init[1];  // no run-time index into kernel params
+}
+
 // Initial content of element c of a fresh row (value from initializer.h, slots their init).
 __device__ __forceinline__ float fresh_element(const RowInit& ri, int64_t key, int64_t c,
                                                int64_t dim) {
-  if (c < dim) return initial_value(ri.init, key, c, dim);
-  return c < 2 * dim ? ri.slot_init[0] : ri.slot_init[1];  // no run-time index into kernel params
+  return c < dim ? initial_value(ri.init, key, c, dim) : initial_slot_element(ri, c, dim);
 }
 
 // Returns the slot of key or -1. kAcquire orders the caller's later reads of that slot after the

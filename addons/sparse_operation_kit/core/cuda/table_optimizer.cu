@@ -243,7 +243,7 @@ __global__ void k_relayout(const float* old_rows, int64_t old_stride, float* row
   const int l = static_cast<int>(t % kTile);
   if (s >= slots) return;
   for (int64_t c = l; c < stride; c += kTile)
-    rows[s * stride + c] = c < dim ? old_rows[s * old_stride + c] : (c < 2 * dim ? ri.slot_init[0] : ri.slot_init[1]);
+    rows[s * stride + c] = c < dim ? old_rows[s * old_stride + c] : initial_slot_element(ri, c, dim);
 }
 
 // A pooled table's relayout: each live slot's row to the next row of the new pool (a tile per
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kBlock)
                       int64_t pool_rows, int64_t* taken, int* fail) {
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t s = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
-  if (s >= slots || ((o.digests[s >> 2] >> (8 * (s & 3))) & 0xffu) < 3u) return;
+  if (s >= slots || !live_slot(o.digests, s)) return;
   int64_t r = 0;
   if (tile.thread_rank() == 0)
     r = static_cast<int64_t>(atomicAdd(reinterpret_cast<unsigned long long*>(taken), 1ull));
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kBlock)
   }
   const float* from = row_at(o, s);
   for (int64_t c = tile.thread_rank(); c < stride; c += kTile)
-    rows[r * stride + c] = c < o.dim ? from[c] : (c < 2 * o.dim ? ri.slot_init[0] : ri.slot_init[1]);
+    rows[r * stride + c] = c < o.dim ? from[c] : initial_slot_element(ri, c, o.dim);
   tile.sync();  // every lane read row_of[s] (row_at) before it changes
   if (tile.thread_rank() == 0) o.row_of[s] = static_cast<int32_t>(r);
 }

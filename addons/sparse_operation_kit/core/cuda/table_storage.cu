@@ -31,8 +31,7 @@ __launch_bounds__(kBlock) k_rehash(DevTable o, DevTable t, int64_t old_slots, in
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t s = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
   if (s >= old_slots) return;
-  const uint32_t w = o.digests[s >> 2];
-  if (((w >> (8 * (s & 3))) & 0xffu) < 3u) return;
+  if (!live_slot(o.digests, s)) return;
   const int64_t key = o.meta[s].key;
   const uint64_t h = hash_key(key);
   const Claim r = probe_insert(tile, t, key, h, fail);
@@ -61,11 +60,6 @@ __global__ void k_fill_free(int32_t* free_rows, int64_t pool, const int64_t* tak
     header[1] = free_list_bytes;
   }
 }
-
-struct IsLive {
-  const uint32_t* digests;
-  __device__ bool operator()(int64_t s) const { return ((digests[s >> 2] >> (8 * (s & 3))) & 0xffu) >= 3u; }
-};
 
 // Rows per export/import chunk of at most chunk_bytes on the device (GpuTableOptions).
 template <typename K>
@@ -304,7 +298,7 @@ Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t str
   m.set_upper(live + erased);
   size_t sel_bytes = 0;
   thrust::counting_iterator<int64_t> it(0);
-  IsLive pred{m.t.digests};
+  IsLiveSlot pred{m.t.digests};
   SOK_CUDA_RETURN(cub::DeviceSelect::If(nullptr, sel_bytes, it, static_cast<int64_t*>(nullptr),
                                         static_cast<int64_t*>(nullptr), m.capacity, pred, stream));
   int64_t *slots, *num;

@@ -122,12 +122,6 @@ __global__ void __launch_bounds__(kBlock)
   if (s >= 0 && tile.thread_rank() == 0) flags[s] = 1;
 }
 
-struct IsLiveSlot {
-  const uint32_t* digests;
-  __device__ bool operator()(int64_t s) const {
-    return ((digests[s >> 2] >> (8 * (s & 3))) & 0xffu) >= 3u;
-  }
-};
 
 // The sort key of each listed slot: protected rows (and entries past the real count) last.
 __global__ void k_scores(DevTable t, int64_t* slots, const int64_t* d_num, int64_t m,
@@ -173,10 +167,6 @@ __device__ __forceinline__ int heat_bin(const PlanRule& r, const DevTable& t, in
   return kHeatBins - 1 - log_bin(r.now - t.versions[s]);
 }
 
-__device__ __forceinline__ bool live_slot(const DevTable& t, int64_t s) {
-  return ((t.digests[s >> 2] >> (8 * (s & 3))) & 0xffu) >= 3u;
-}
-
 __device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 __device__ __forceinline__ int64_t atomic_inc(int64_t* p) {
@@ -210,7 +200,7 @@ __global__ void __launch_bounds__(kBlock)
   for (int64_t s = (blockIdx.x - L.first_block[part]) * static_cast<int64_t>(blockDim.x) +
                    threadIdx.x;
        s < q.hot_capacity; s += step) {
-    if (live_slot(q.hot, s)) atomicAdd(&hist[heat_bin(q.rule, q.hot, s)], 1u);
+    if (live_slot(q.hot.digests, s)) atomicAdd(&hist[heat_bin(q.rule, q.hot, s)], 1u);
   }
   __syncthreads();
   for (int b = threadIdx.x; b < kHeatBins; b += blockDim.x)
@@ -275,7 +265,7 @@ __global__ void __launch_bounds__(kBlock)
   for (int64_t s = (blockIdx.x - L.first_block[part]) * static_cast<int64_t>(blockDim.x) +
                    threadIdx.x;
        s < q.hot_capacity; s += step) {
-    if (!live_slot(q.hot, s) || heat_bin(q.rule, q.hot, s) > ps->threshold) continue;
+    if (!live_slot(q.hot.digests, s) || heat_bin(q.rule, q.hot, s) > ps->threshold) continue;
     const int64_t j = atomic_inc(&ps->num_victims);
     if (j < want) q.victims[j] = static_cast<K>(q.hot.meta[s].key);
   }
