@@ -4,9 +4,10 @@ DRAM_SSDHASH table ten times its DRAM budget (always), on a GPU an HBM_DRAM tabl
 slots exceed the GPU's memory (10% of the GPU as the row cache, the rest in pinned host memory).
 
 The GPU case is opt-in by size: SOK_TEST_LARGE_TABLE_GB=<GB of rows and slots>, larger than the
-GPU (the test checks it), with SOK_TEST_DEVICE=gpu. It needs about 2.2x that in host memory
-(the table, and sok.dump's export of it), 1.1x on disk under SOK_TEST_LARGE_TABLE_DIR (default:
-pytest's tmp_path), and minutes:
+GPU (the test checks it), with SOK_TEST_DEVICE=gpu. It needs about 4.6x that in host memory
+(the host tier's slots, and the snapshots of sok.dump and sok.load beside the table; each phase
+logs its peak), 1.1x on disk under SOK_TEST_LARGE_TABLE_DIR (default: pytest's tmp_path), and
+minutes:
 
     SOK_TEST_DEVICE=gpu SOK_TEST_LARGE_TABLE_GB=100 python3 -m pytest -s \
         tests/python/tables/test_storage_larger_than_tier.py -k gpu
@@ -19,6 +20,7 @@ TensorFlow (and so every SOK table) may use, and the table must exceed that cap 
 """
 import gc
 import os
+import resource
 import subprocess
 import time
 import types
@@ -91,7 +93,9 @@ class Trainer:
 
 
 def log(what, t0):
-    print(f"[larger than its tier] {what}: {time.time() - t0:.1f} s", flush=True)
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    print(f"[larger than its tier] {what}: {time.time() - t0:.1f} s (peak host memory "
+          f"{peak_gb:.1f} GB)", flush=True)
 
 
 def larger_than_its_tier(c, dump_dir):

@@ -33,6 +33,16 @@ def _owned(keys, target, name):
     return tables.owner(keys, target, world) == rank
 
 
+# A table can be larger than half the host's memory: a load keeps one copy of each array where it
+# can (one shard is not concatenated, rows all owned are not indexed).
+def _joined(parts):
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _picked(array, mine):
+    return array if mine is None else array[mine]
+
+
 _SHARD = re.compile(r"rank(\d+)-of-(\d+)\.npz$")
 
 
@@ -108,8 +118,8 @@ def _ev_slots(shards, dim, name):
         )
         if slots.shape[1] != num_slots:
             slots = np.broadcast_to(slot_init[None, :, None], (rows, num_slots, dim))
-        parts.append(slots.astype(np.float32))
-    return np.concatenate(parts), slot_kind, slot_init
+        parts.append(slots.astype(np.float32, copy=False))
+    return _joined(parts), slot_kind, slot_init
 
 
 def _require_eager(what, names):
@@ -257,25 +267,13 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
             if int(s["dim"]) != dim:
                 raise ValueError(f"sok.load: '{name}' has dimension {dim} but {f} holds "
                                  f"dimension {int(s['dim'])}")
-        keys = np.concatenate([s["keys"] for s in shards])
-        values = np.concatenate([s["values"].reshape(-1, dim) for s in shards])
+        keys = _joined([s["keys"] for s in shards])
         mine = _owned(keys, target, name)
         if isinstance(var, EmbeddingVariable):
-            # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
-            validation.check_key_dtype_fits(
-                keys[mine], var.key_dtype, name, f"sok.load from {path}"
-            )
-            slots, slot_kind, slot_init = _ev_slots(shards, dim, name)
-            var.import_snapshot(host_snapshot({
-                "keys": keys[mine],
-                "values": values[mine],
-                "slots": slots[mine],
-                "freqs": np.concatenate([s["freqs"] for s in shards])[mine],
-                "versions": np.concatenate([s["versions"] for s in shards])[mine],
-                "slot_kind": np.int32(slot_kind),
-                "slot_init": np.asarray(slot_init, np.float32),
-            }))
+            _load_ev(var, shards, keys, None if mine.all() else mine, dim, name, path)
+            shards = keys = None
         else:
+            values = _joined([s["values"].reshape(-1, dim) for s in shards])
             local = tables.local_row(keys[mine], target, context.world_size)
             current = var.numpy()
             if local.size and local.max() >= current.shape[0]:
@@ -285,3 +283,25 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
                 )
             current[local] = values[mine]
             var.assign(current)
+
+
+def _load_ev(var, shards, keys, mine, dim, name, path):
+    """Imports the rows `mine` (None: all) of an Embedding Variable's shards. Each array is dropped
+    once its tensor exists, so a load needs little more host memory than the table."""
+    # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
+    validation.check_key_dtype_fits(_picked(keys, mine), var.key_dtype, name,
+                                    f"sok.load from {path}")
+    slots, slot_kind, slot_init = _ev_slots(shards, dim, name)
+    arrays = {
+        "keys": _picked(keys, mine),
+        "values": _picked(_joined([s.pop("values").reshape(-1, dim) for s in shards]), mine),
+        "slots": _picked(slots, mine),
+        "freqs": _picked(_joined([s["freqs"] for s in shards]), mine),
+        "versions": _picked(_joined([s["versions"] for s in shards]), mine),
+        "slot_kind": np.int32(slot_kind),
+        "slot_init": np.asarray(slot_init, np.float32),
+    }
+    for s in shards:
+        s.pop("slots")
+    del slots, keys
+    var.import_snapshot(host_snapshot(arrays))

@@ -142,9 +142,10 @@ def _export_on_host(handle, key_dtype):
 
 def host_snapshot(arrays):
     """{field: tensor} from {field: array} for import_snapshot, in host memory: eager constants
-    would go to the default device, a GPU, which a table larger than its memory cannot pass."""
+    would go to the default device, a GPU, which a table larger than its memory cannot pass.
+    Takes each array out of `arrays` as its tensor is made, so the array can be freed then."""
     with tf.device("/device:CPU:0"):
-        return {f: tf.constant(v) for f, v in arrays.items()}
+        return {f: tf.constant(arrays.pop(f)) for f in list(arrays)}
 
 
 @tf.function(autograph=False)
@@ -413,7 +414,8 @@ class EmbeddingVariable(compat.TableResource):
     def export(self):
         """(keys, values, slots, freqs, versions, slot_kind, slot_init) of every row."""
         if tf.executing_eagerly():
-            return _export_on_host(self.resource_handle, self._key_dtype)
+            with tf.device("/device:CPU:0"):  # the call's outputs land on its device
+                return _export_on_host(self.resource_handle, self._key_dtype)
         return ops.sok_embedding_variable_export(self.resource_handle, key_dtype=self._key_dtype)
 
     def assign(self, keys, values):
