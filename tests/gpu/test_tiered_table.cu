@@ -256,12 +256,16 @@ bool test_export_import(CacheStrategy strategy) {
   return ok;
 }
 
-// Device memory by pointer: what a table still holds from it.
+// Device (or pinned, mapped host) memory by pointer: what a table still holds from it.
 class CountingAllocator final : public DeviceAllocator {
  public:
+  explicit CountingAllocator(bool host = false) : host_(host) {}
   void* allocate(size_t bytes, cudaStream_t) override {
     void* p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+    const cudaError_t e =
+        host_ ? cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable)
+              : cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) return nullptr;
     sizes_.push_back({p, bytes});
     return p;
   }
@@ -270,7 +274,8 @@ class CountingAllocator final : public DeviceAllocator {
     for (auto it = sizes_.begin(); it != sizes_.end(); ++it) {
       if (it->first != p) continue;
       sizes_.erase(it);
-      cudaFree(p);
+      if (host_) cudaFreeHost(p);
+      else cudaFree(p);
       return;
     }
   }
@@ -281,12 +286,14 @@ class CountingAllocator final : public DeviceAllocator {
   }
 
  private:
+  bool host_;
   std::vector<std::pair<void*, size_t>> sizes_;
 };
 
 // The HBM tier's rows take the budget's rows, not a row per slot of its index: its row memory
-// (GpuTableOptions::row_storage, which the host tier does not use) stays within the budget
-// through the first optimizer step's relayout, placement, eviction and an import.
+// (GpuTableOptions::row_storage, which the host tier does not use) is the budget's rows through
+// the first optimizer step's relayout, placement, eviction and an import (the pool's free list
+// is in the device storage).
 template <typename K>
 bool test_hbm_row_memory() {
   const int64_t dim = 16;
@@ -306,13 +313,10 @@ bool test_hbm_row_memory() {
     const int64_t budget = t.got->hbm_budget_rows();
     const int64_t stride = 2 * dim;  // value and Adagrad's accumulator
     const int64_t want = budget * stride * static_cast<int64_t>(sizeof(float));
-    const int64_t front = 256 + (budget * 4 + 255) / 256 * 256;  // free list and its header
-    return (rows.held() >= want && rows.held() <= want + front) ||
-           FAIL(
-               "%s: HBM rows hold %lld bytes, want %lld (+ %lld) for %lld budget rows; budget "
-               "%lld bytes",
-               when, (long long)rows.held(), (long long)want, (long long)front, (long long)budget,
-               (long long)cfg.hbm_bytes);
+    return rows.held() == want ||
+           FAIL("%s: HBM rows hold %lld bytes, want %lld for %lld budget rows; budget %lld bytes",
+                when, (long long)rows.held(), (long long)want, (long long)budget,
+                (long long)cfg.hbm_bytes);
   };
   for (int s = 1; s <= 12 && ok; ++s) {
     const std::vector<K> keys = step_keys(pool, 512, s % 2 == 0);
@@ -337,6 +341,76 @@ bool test_hbm_row_memory() {
     t.apply(keys, p, s, false);
   }
   return ok && t.same_export() && within("after more steps");
+}
+
+// The host tier's rows take about its keys' rows (a pool growing by half), not a row per slot of
+// its index (1.3 to 2.7 a key): its row memory (GpuTableOptions::host_row_storage) holds every
+// host row and, after a growth, at most 1.5 times the most rows it held plus three calls' keys
+// (a call of n keys grows a pool of fewer than live + 2n rows to at most 1.5 times that),
+// through growth, the first optimizer step's relayout, eviction (the pool keeps its rows) and
+// an import (its rows and a quarter); results stay those of a one-tier table.
+template <typename K>
+bool test_host_row_memory(bool host_only) {
+  const int64_t dim = 16, batch = 1000;
+  const TableConfig cfg = tiered_cfg(dim, CacheStrategy::kLFU, 1);
+  CountingAllocator host(true);
+  GpuTableOptions o;
+  o.host_row_storage = &host;
+  std::unique_ptr<GpuTieredTable<K>> got;
+  SOK_OK(host_only ? GpuTieredTable<K>::CreateHostOnly(cfg, o, &got)
+                   : GpuTieredTable<K>::Create(cfg, o, &got));
+  TableConfig one = cfg;
+  one.storage = StorageKind::kDram;
+  Pair<K> t{make_gpu<K>(one), std::move(got), dim};
+  const std::vector<K> pool =
+      key_pool<K>(13000);  // an index of 32,768 slots: a row each would fail
+  OptimizerParams p = test_params(OptimizerKind::kAdagrad);
+  bool ok = true;
+  int64_t peak = 0;
+  const auto within = [&](const char* when, int64_t stride, int64_t call) {
+    int64_t hbm = 0, rows = 0;
+    SOK_OK(t.got->tier_sizes(nullptr, &hbm, &rows));
+    peak = std::max(peak, rows);
+    const int64_t row = stride * static_cast<int64_t>(sizeof(float));
+    const int64_t most = std::max(cfg.initial_capacity, peak * 3 / 2 + 3 * call) * row;
+    return (host.held() >= rows * row && host.held() <= most) ||
+           FAIL("%s: host rows hold %lld bytes for %lld rows of %lld bytes, want at most %lld",
+                when, (long long)host.held(), (long long)rows, (long long)row, (long long)most);
+  };
+  for (size_t b = 0; b < pool.size() && ok; b += batch) {  // every key new: the pool grows
+    const std::vector<K> keys(pool.begin() + b, pool.begin() + std::min(pool.size(), b + batch));
+    ok &= t.lookup(keys, true) && within("inserting", dim, batch);
+  }
+  for (int s = 1; s <= 6 && ok; ++s) {
+    const std::vector<K> keys = step_keys(pool, 2 * batch, s % 2 == 0);
+    p.step = s;
+    ok &= t.lookup(keys, true);
+    t.apply(keys, p, s, false);
+    ok &= within("training", 2 * dim, 2 * batch);
+  }
+  const int64_t before = host.held();
+  int64_t a = 0, b = 0;
+  SOK_OK(t.ref->shrink(14, nullptr, &a));  // keys not updated since step 2 go
+  SOK_OK(t.got->shrink(kExec, 14, &b));
+  if (a != b || a == 0)
+    ok = FAIL("shrink removed %lld, want %lld (> 0)", (long long)b, (long long)a);
+  if (host.held() != before)
+    ok = FAIL("shrink changed the host rows' memory from %lld to %lld bytes", (long long)before,
+              (long long)host.held());
+  ok &= t.same_export();
+  TableSnapshot<K> snap;
+  SOK_OK(t.got->export_rows(kExec, &snap));
+  SOK_OK(t.got->import_rows(kExec, snap));
+  peak = 0;  // the import's pool: its rows and a quarter
+  ok &= t.same_export() && within("after import", 2 * dim, 0);
+  for (int s = 7; s <= 9 && ok; ++s) {
+    const std::vector<K> keys = step_keys(pool, 2 * batch, true);
+    p.step = s;
+    ok &= t.lookup(keys, true);
+    t.apply(keys, p, s, false);
+    ok &= within("after more steps", 2 * dim, 2 * batch);
+  }
+  return ok && t.same_export();
 }
 
 // Every step's working set is several times the cache (uniform keys): rows are served in place
@@ -743,6 +817,8 @@ int main(int argc, char** argv) {
     run("many calls lru int64", [] { return test_many_calls<int64_t>(CacheStrategy::kLRU); });
     run("HBM row memory int64", [] { return test_hbm_row_memory<int64_t>(); });
     run("HBM row memory int32", [] { return test_hbm_row_memory<int32_t>(); });
+    run("host row memory int64", [] { return test_host_row_memory<int64_t>(false); });
+    run("host row memory host-only int32", [] { return test_host_row_memory<int32_t>(true); });
     run("fused calls int64", [] { return test_fused_calls<int64_t>(); });
     run("fused calls int32", [] { return test_fused_calls<int32_t>(); });
     run("refusals", [] { return test_refusals(); });

@@ -77,6 +77,7 @@ Status GpuTieredTable<K>::Create(const TableConfig& config, const GpuTableOption
   hot.initial_capacity = 2 * max_rows;
   GpuTableOptions pooled = options;
   pooled.pool_rows = max_rows;
+  pooled.grow_pool = false;  // the budget is the pool
   SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::Create(hot, pooled, &t->hot_));
   t->max_up_ = max_rows;
   t->max_swaps_ = std::max<int64_t>(1, max_rows / kSwapShare);
@@ -92,7 +93,10 @@ Status GpuTieredTable<K>::CreateHostOnly(const TableConfig& config, const GpuTab
   t->cfg_ = config;
   t->cfg_.storage = StorageKind::kHbmDram;  // the glue tells tiered tables by it (device.h)
   GpuTableOptions host = options;
-  host.row_storage = pinned_host_storage_allocator();
+  host.row_storage =
+      options.host_row_storage ? options.host_row_storage : pinned_host_storage_allocator();
+  host.grow_pool = true;  // host memory bounds the table: rows for its keys, not its index
+  host.pool_rows = 0;
   SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::Create(config, host, &t->cold_));
   SOK_CUDA_RETURN(cudaMallocHost(&t->h_live_, sizeof(int64_t)));
   SOK_CUDA_RETURN(cudaEventCreateWithFlags(&t->snap_event_, cudaEventDisableTiming));

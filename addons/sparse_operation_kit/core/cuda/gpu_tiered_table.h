@@ -6,9 +6,11 @@
 //     a pool of exactly the budget's rows (GpuTableOptions::pool_rows); its index, sized for
 //     twice the budget and never grown, has 2.7 to 5.3 slots a row of 29 bytes each (digest,
 //     key, frequency, version, pool row);
-//   - the host tier holds the rest; its index (digests, keys, frequencies, versions) is in GPU
-//     memory, its rows in pinned, mapped host memory (pinned_host_storage_allocator()), which
-//     kernels read and write directly.
+//   - the host tier holds the rest; its index (digests, keys, frequencies, versions, pool rows)
+//     and its pool's free list are in GPU memory, its rows in pinned, mapped host memory
+//     (pinned_host_storage_allocator()), which kernels read and write directly. The rows live in
+//     a pool that grows by half as keys arrive (GpuTableOptions::grow_pool): 1 to 1.5 rows a
+//     key, however many slots the index has.
 // Every row is in exactly one tier and travels whole (values, slots, frequency, version), by one
 // kernel per batch that probes the source, claims the slot in the destination and erases the
 // source slot.
@@ -100,8 +102,8 @@ class GpuTieredTable final : public Table<K> {
  public:
   // config.storage must be kHbmDram or kHbmDramSsdHash, config.hbm_bytes (and for the SSD tier
   // config.dram_bytes) hold at least one row. options give the HBM tier's allocators and the
-  // host tier's temporaries and index; the host tier's rows always come from
-  // pinned_host_storage_allocator().
+  // host tier's temporaries and index; the host tier's rows come from
+  // options.host_row_storage (default pinned_host_storage_allocator()).
   static Status Create(const TableConfig& config, const GpuTableOptions& options,
                        std::unique_ptr<GpuTieredTable>* out);
   // No HBM tier: every row in host memory, every call on the host tier (HierarchicalKV-style

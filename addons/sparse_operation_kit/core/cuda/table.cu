@@ -258,9 +258,10 @@ Status GpuEmbeddingTable<K>::Create(const TableConfig& config, const GpuTableOpt
     SOK_RETURN_IF_ERROR(m.acquire(&m.d_matrix, count * sizeof(float), "the initializer matrix"));
     SOK_CUDA_RETURN(cudaMemcpy(m.d_matrix, config.init_matrix.data(), count * sizeof(float), cudaMemcpyHostToDevice));
   }
-  if (options.pool_rows < 0 || options.pool_rows > std::numeric_limits<int32_t>::max())
+  if (options.pool_rows < 0 || options.pool_rows > detail::kMaxPoolRows)
     return Status::Invalid("table '" + config.name + "': pool_rows must be in [0, 2^31)");
-  m.pool_rows = m.next_pool_rows = options.pool_rows;
+  m.grow_pool = options.grow_pool;
+  m.pool_rows = m.next_pool_rows = m.grow_pool ? m.first_pool_rows() : options.pool_rows;
   SOK_RETURN_IF_ERROR(m.acquire(&m.d_counters, 2 * sizeof(int64_t), "counters"));
   SOK_RETURN_IF_ERROR(m.acquire(&m.d_fail, sizeof(int), "counters"));
   SOK_CUDA_RETURN(cudaMallocHost(&m.h_counters, 6 * sizeof(int64_t)));
@@ -309,7 +310,7 @@ Status GpuEmbeddingTable<K>::size(int64_t* out, cudaStream_t stream) {
   m.note_stream(stream);
   int64_t live = 0, erased = 0;
   SOK_RETURN_IF_ERROR(m.sync_counts(stream, &live, &erased));
-  m.set_upper(live + erased);
+  m.set_upper(live + erased, live);
   *out = live;
   return Status::OK();
 }

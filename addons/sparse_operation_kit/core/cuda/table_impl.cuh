@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -80,9 +81,10 @@ class SnapshotEvent {
 Status copy_counters(const std::vector<const int64_t*>& src, const std::vector<int64_t*>& dst,
                      cudaStream_t s);
 
-// The free list of a pool of `pool` rows (its rows at `rows`) after *taken (device; null: 0) were
-// given out: rows taken, taken + 1, ..., pool - 1.
-Status fill_free_rows(float* rows, int64_t pool, const int64_t* taken, cudaStream_t s);
+// `list` as the free list of a pool of `pool` rows after *taken (device; null: 0) were given
+// out (rows taken, taken + 1, ..., pool - 1), and the pool header before row_of pointing to it.
+Status fill_free_rows(int32_t* list, int64_t pool, const int64_t* taken, int32_t* row_of,
+                      cudaStream_t s);
 
 }  // namespace detail
 
@@ -97,10 +99,13 @@ struct GpuEmbeddingTable<K>::Impl {
   int device = 0;
   detail::DevTable t;
   int64_t capacity = 0;
-  // Pooled rows (GpuTableOptions::pool_rows > 0): t.rows holds pool_rows rows; the next slot
-  // relayout or import allocates next_pool_rows (a tiered table lowers it with its budget).
+  // Pooled rows (GpuTableOptions::pool_rows > 0 or grow_pool): t.rows holds pool_rows rows; the
+  // next slot relayout or import allocates next_pool_rows (a tiered table lowers it with its
+  // budget). A growing pool grows before an insert could find it empty.
   int64_t pool_rows = 0;
   int64_t next_pool_rows = 0;
+  bool grow_pool = false;
+  int32_t* free_list = nullptr;  // the pool's (device; table_layout.cuh's PoolHeader)
   float* d_matrix = nullptr;
   int64_t* d_counters = nullptr;  // [0] live keys, [1] erased slots
   int* d_fail = nullptr;
@@ -108,7 +113,8 @@ struct GpuEmbeddingTable<K>::Impl {
   int num_slots = 0;
   int slot_kind = -1;
   std::vector<float> slot_init;
-  int64_t upper = 0;  // upper bound of live + erased
+  int64_t upper = 0;       // upper bound of live + erased
+  int64_t live_upper = 0;  // upper bound of live (a growing pool's rows in use)
   // An asynchronous copy of the counters (h_counters[4, 6)), enqueued when the bound gets within
   // half the limit: once its event has passed, live + erased <= the copy + since_snapshot, a
   // tighter bound than `upper` (which grows by every call's n, inserted or not) without a sync.
@@ -173,32 +179,39 @@ struct GpuEmbeddingTable<K>::Impl {
   }
 
   bool pooled() const { return pool_rows > 0; }
+  // A growing pool's rows at creation (and at least, after an import).
+  int64_t first_pool_rows() const {
+    return std::min(std::max<int64_t>({opt.pool_rows, cfg.initial_capacity, 1}),
+                    detail::kMaxPoolRows);
+  }
 
   // The index's arrays (and, unpooled, the rows at its slots).
   void free_index(detail::DevTable* a) {
     release(a->digests);
     release(a->meta);
     release(a->versions);
-    release(a->row_of);
+    if (a->row_of != nullptr) {
+      char* block = reinterpret_cast<char*>(a->row_of) - detail::kPoolAlign;  // its pool header
+      release(block);
+      a->row_of = nullptr;
+    }
     if (!pooled()) release_rows(a->rows);
   }
-  // A pooled table's pool (table_layout.cuh), its rows into *rows.
-  Status acquire_pool(int64_t pool, int64_t stride, float** rows, const char* what) {
-    const int64_t front = detail::pool_free_list_bytes(pool) + detail::kPoolAlign;
-    char* p = nullptr;
-    SOK_RETURN_IF_ERROR(acquire_from(
-        row_storage, &p, static_cast<size_t>(front + pool * stride * sizeof(float)), what));
-    *rows = reinterpret_cast<float*>(p + front);
-    return Status::OK();
+  // A pool of `pool` rows of `stride` floats from the row storage, and its free list from the
+  // device storage.
+  Status acquire_pool(int64_t pool, int64_t stride, float** rows, int32_t** list,
+                      const char* what) {
+    SOK_RETURN_IF_ERROR(acquire(list, static_cast<size_t>(pool) * sizeof(int32_t), what));
+    const Status st = acquire_rows(rows, static_cast<size_t>(pool) * stride * sizeof(float), what);
+    if (!st.ok()) release(*list);
+    return st;
   }
-  void release_pool(float*& rows, int64_t pool) {
-    if (rows == nullptr) return;
-    const int64_t front = detail::pool_free_list_bytes(pool) + detail::kPoolAlign;
-    row_storage->deallocate(reinterpret_cast<char*>(rows) - front, 0, nullptr);
-    rows = nullptr;
+  void release_pool(float*& rows, int32_t*& list) {
+    release(list);
+    release_rows(rows);
   }
   void free_pool(detail::DevTable* a) {
-    if (pooled()) release_pool(a->rows, pool_rows);
+    if (pooled()) release_pool(a->rows, free_list);
   }
   void free_arrays(detail::DevTable* a) {
     free_index(a);
@@ -219,7 +232,10 @@ struct GpuEmbeddingTable<K>::Impl {
     Status st = acquire(&a->digests, nb * 8 * sizeof(uint32_t), what.c_str());
     if (st.ok()) st = acquire(&a->meta, cap * sizeof(detail::Meta), what.c_str());
     if (st.ok()) st = acquire(&a->versions, cap * sizeof(int64_t), what.c_str());
-    if (st.ok() && pooled()) st = acquire(&a->row_of, cap * sizeof(int32_t), what.c_str());
+    char* row_of = nullptr;  // after the pool's header
+    if (st.ok() && pooled())
+      st = acquire(&row_of, detail::kPoolAlign + cap * sizeof(int32_t), what.c_str());
+    if (row_of != nullptr) a->row_of = reinterpret_cast<int32_t*>(row_of + detail::kPoolAlign);
     if (st.ok() && !pooled())
       st = acquire_rows(&a->rows, static_cast<size_t>(cap) * stride * sizeof(float), what.c_str());
     if (!st.ok()) {
@@ -237,6 +253,9 @@ struct GpuEmbeddingTable<K>::Impl {
 
   // A pooled table's pool of `rows` rows of a->stride floats, every row free, into *a.
   Status alloc_pool(int64_t rows, detail::DevTable* a, cudaStream_t s);
+  // A growing pool of `rows` rows: its rows copied, the new ones added to the free list
+  // (synchronises the device).
+  Status grow_pool_to(int64_t rows, cudaStream_t s);
 
   Status note_row_memory(const float* rows) {
     cudaPointerAttributes pa;
@@ -275,9 +294,11 @@ struct GpuEmbeddingTable<K>::Impl {
   // Moves every key into a table of new_cap slots (synchronises the device).
   Status rehash(int64_t new_cap, cudaStream_t s);
 
-  // The exact bound after a synchronisation (a snapshot still pending is dropped).
-  void set_upper(int64_t v) {
+  // The exact bounds after a synchronisation (a snapshot still pending is dropped); live < 0:
+  // at most v live keys.
+  void set_upper(int64_t v, int64_t live = -1) {
     upper = v;
+    live_upper = live < 0 ? v : live;
     snapshot.reset();
     since_snapshot = 0;
   }
@@ -291,19 +312,24 @@ struct GpuEmbeddingTable<K>::Impl {
   Status prepare_insert(int64_t n, cudaStream_t s, bool* want_snapshot) {
     *want_snapshot = false;
     const int64_t limit = static_cast<int64_t>(opt.max_load_factor * static_cast<double>(capacity));
-    if (upper + n > limit && snapshot && !mixed && snapshot->passed()) {
+    // A growing pool must also hold every live key's row.
+    const int64_t rows = grow_pool ? pool_rows : std::numeric_limits<int64_t>::max();
+    const auto fits = [&] { return upper + n <= limit && live_upper + n <= rows; };
+    if (!fits() && snapshot && !mixed && snapshot->passed()) {
       upper = std::min(upper, h_counters[4] + h_counters[5] + since_snapshot);
+      live_upper = std::min(live_upper, h_counters[4] + since_snapshot);
       snapshot.reset();
     }
-    if (upper + n <= limit) {
-      *want_snapshot = !snapshot && !mixed && upper > limit / 2;
+    if (fits()) {
+      *want_snapshot = !snapshot && !mixed && (upper > limit / 2 || live_upper > rows / 4 * 3);
       upper += n;
+      live_upper += n;
       since_snapshot += n;
       return Status::OK();
     }
     int64_t live = 0, erased = 0;
     SOK_RETURN_IF_ERROR(sync_counts(s, &live, &erased));
-    set_upper(live + erased);
+    set_upper(live + erased, live);
     // Room for two calls of n: the next call's bound (a snapshot plus this call's n and its own)
     // then fits without a sync. A table of fixed keys whose calls bring many repeats (an owner's
     // padded keys: each rank's copy of a key counts) would otherwise sync every other call.
@@ -314,7 +340,15 @@ struct GpuEmbeddingTable<K>::Impl {
       SOK_RETURN_IF_ERROR(rehash(cap, s));
       set_upper(live);
     }
+    // By half: a copy of the rows per growth stays cheap over the table's life, and the spare
+    // rows stay under a third of the pool.
+    if (grow_pool && live + 2 * n > pool_rows) {
+      const int64_t want = std::max(pool_rows + pool_rows / 2, live + 2 * n);
+      SOK_RETURN_IF_ERROR(
+          grow_pool_to(std::min(want, std::max(detail::kMaxPoolRows, live + n)), s));
+    }
     upper += n;
+    live_upper += n;
     since_snapshot += n;
     return Status::OK();
   }

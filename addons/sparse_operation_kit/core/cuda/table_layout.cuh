@@ -4,10 +4,11 @@
 // 2 being written, 3..255 = 3 + (hash >> 56) % 253), {key, frequency} (16 bytes, so the frequency
 // update hits the line the key compare just brought into L2), the version, and the row
 // [value(dim) | slots(num_slots x dim)]: row s of `rows`, or, in a pooled table (a tiered
-// table's HBM tier), row row_of[s] of a pool that holds only as many rows as the tier's budget,
-// whatever the index's spare slots (a fresh slot takes a row from the free list, an erased one
-// gives it back; a launch only takes or only gives, so a row given back is never reused while
-// a tile of the same launch still reads it). A key lives in its home bucket (hash & (nb - 1)) or,
+// table's tiers), row row_of[s] of a pool that holds only the rows the tier needs (the HBM
+// tier's budget; the host tier's keys and a growth margin), whatever the index's spare slots (a
+// fresh slot takes a row from the free list, an erased one gives it back; a launch only takes or
+// only gives, so a row given back is never reused while a tile of the same launch still reads
+// it). A key lives in its home bucket (hash & (nb - 1)) or,
 // when that was full at insertion, in one of the following buckets (linear probing over buckets); a
 // bucket with an empty slot ends a search. Erased slots stay "erased" (never reused) until the
 // next rehash, so concurrent inserts and erases cannot break a probe chain.
@@ -54,7 +55,7 @@ struct DevTable {
   Meta* meta = nullptr;         // nb * 32
   int64_t* versions = nullptr;  // nb * 32
   float* rows = nullptr;        // nb * 32 * stride; pooled: pool rows * stride (below)
-  // Pooled tables only (else null): each slot's pool row (nb * 32).
+  // Pooled tables only (else null): each slot's pool row (nb * 32), after the pool's header.
   int32_t* row_of = nullptr;
   uint64_t mask = 0;  // nb - 1
   // 32 bits, so 16 tables' launch parts with two DevTables each stay within 4 KB.
@@ -62,19 +63,19 @@ struct DevTable {
   int32_t dim = 0;
 };
 
-// A pooled table's pool is one allocation: the free list (pool rows int32, padded to
-// kPoolAlign), a header of kPoolAlign bytes (the free list's count, then its padded size), then
-// the rows, where DevTable::rows points.
+// A pooled table's free list (a row number per pool row) is a device allocation of its own,
+// even for rows in host memory, so its atomics stay on the GPU. The header in the kPoolAlign
+// bytes before row_of finds it: a rehash copies the header with the index, and a new pool
+// (growth, relayout, import) rewrites it, so DevTable, in every launch's parameters, stays small.
+struct PoolHeader {
+  unsigned long long count;  // free rows: list[0, count)
+  int32_t* list;
+};
 constexpr int64_t kPoolAlign = 256;
-__host__ __device__ inline int64_t pool_free_list_bytes(int64_t pool_rows) {
-  return (pool_rows * 4 + kPoolAlign - 1) / kPoolAlign * kPoolAlign;
-}
-__host__ __device__ __forceinline__ int64_t* pool_header(const float* rows) {
-  return reinterpret_cast<int64_t*>(reinterpret_cast<char*>(const_cast<float*>(rows)) - kPoolAlign);
-}
-__device__ __forceinline__ int32_t* pool_free_rows(const DevTable& t) {
-  return reinterpret_cast<int32_t*>(reinterpret_cast<char*>(pool_header(t.rows)) -
-                                    pool_header(t.rows)[1]);
+constexpr int64_t kMaxPoolRows = 2147483647;  // row numbers are int32
+__host__ __device__ __forceinline__ PoolHeader* pool_header(const int32_t* row_of) {
+  return reinterpret_cast<PoolHeader*>(reinterpret_cast<char*>(const_cast<int32_t*>(row_of)) -
+                                       kPoolAlign);
 }
 
 // A launch's fail flag: kFailFull, no free slot; kFailPoolEmpty, a pooled table had no free row.
@@ -244,10 +245,11 @@ __device__ inline float* fresh_row(const Tile& tile, const DevTable& t, int64_t 
   if (t.row_of == nullptr) return t.rows + slot * t.stride;
   int64_t r = -1;
   if (tile.thread_rank() == 0) {
-    auto* count = reinterpret_cast<unsigned long long*>(pool_header(t.rows));
+    PoolHeader* pool = pool_header(t.row_of);
+    unsigned long long* count = &pool->count;
     const int64_t i = static_cast<int64_t>(atomicAdd(count, ~0ull)) - 1;  // pop
     if (i >= 0) {
-      r = pool_free_rows(t)[i];
+      r = pool->list[i];
       t.row_of[slot] = static_cast<int32_t>(r);
     } else {
       atomicAdd(count, 1ull);
@@ -262,8 +264,8 @@ __device__ inline float* fresh_row(const Tile& tile, const DevTable& t, int64_t 
 // A pooled table's row of slot s, just erased by this thread, back to the free list.
 __device__ __forceinline__ void give_row(const DevTable& t, int64_t s) {
   if (t.row_of == nullptr) return;
-  const auto i = atomicAdd(reinterpret_cast<unsigned long long*>(pool_header(t.rows)), 1ull);
-  pool_free_rows(t)[i] = t.row_of[s];
+  PoolHeader* pool = pool_header(t.row_of);
+  pool->list[atomicAdd(&pool->count, 1ull)] = t.row_of[s];
 }
 
 // Row -> output. Outputs are written evict-first (streaming), so they do not push the digests

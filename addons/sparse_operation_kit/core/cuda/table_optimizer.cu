@@ -274,23 +274,25 @@ __global__ void __launch_bounds__(kBlock)
 
 template <typename K>
 Status GpuEmbeddingTable<K>::Impl::relayout_pool(int64_t stride, cudaStream_t s) {
-  DevTable nt = t;
-  nt.stride = static_cast<int32_t>(stride);
-  SOK_RETURN_IF_ERROR(acquire_pool(next_pool_rows, stride, &nt.rows, "optimizer slots"));
+  float* rows = nullptr;
+  int32_t* list = nullptr;
+  SOK_RETURN_IF_ERROR(acquire_pool(next_pool_rows, stride, &rows, &list, "optimizer slots"));
   Temp taken;
   const Status st = taken.alloc(alloc, sizeof(int64_t), s);
   if (!st.ok()) {
-    release_pool(nt.rows, next_pool_rows);
+    release_pool(rows, list);
     return st;
   }
   SOK_CUDA_RETURN(cudaMemsetAsync(taken.as<int64_t>(), 0, sizeof(int64_t), s));
   k_relayout_pooled<<<grid_for(capacity * kTile, kBlock), kBlock, 0, s>>>(
-      t, nt.rows, stride, row_init(), capacity, next_pool_rows, taken.as<int64_t>(), d_fail);
+      t, rows, stride, row_init(), capacity, next_pool_rows, taken.as<int64_t>(), d_fail);
   SOK_LAUNCH_CHECK();
-  SOK_RETURN_IF_ERROR(fill_free_rows(nt.rows, next_pool_rows, taken.as<int64_t>(), s));
+  SOK_RETURN_IF_ERROR(fill_free_rows(list, next_pool_rows, taken.as<int64_t>(), t.row_of, s));
   SOK_CUDA_RETURN(cudaStreamSynchronize(s));
-  release_pool(t.rows, pool_rows);
-  t = nt;
+  release_pool(t.rows, free_list);
+  t.rows = rows;
+  t.stride = static_cast<int32_t>(stride);
+  free_list = list;
   pool_rows = next_pool_rows;
   return Status::OK();
 }

@@ -50,15 +50,24 @@ __launch_bounds__(kBlock) k_rehash(DevTable o, DevTable t, int64_t old_slots, in
   if (r.fresh) publish(tile, t, r.slot, h);
 }
 
-__global__ void k_fill_free(int32_t* free_rows, int64_t pool, const int64_t* taken,
-                            int64_t* header, int64_t free_list_bytes) {
+__global__ void k_fill_free(int32_t* list, int64_t pool, const int64_t* taken, PoolHeader* h) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t first = taken != nullptr ? *taken : 0;
-  if (j < pool - first) free_rows[j] = static_cast<int32_t>(first + j);
-  if (j == 0) {
-    header[0] = pool - first;
-    header[1] = free_list_bytes;
-  }
+  if (j < pool - first) list[j] = static_cast<int32_t>(first + j);
+  if (j == 0) *h = PoolHeader{static_cast<unsigned long long>(pool - first), list};
+}
+
+// The free list of a pool grown from old_pool to pool rows: the old list's rows, then the new
+// ones (k_point_pool then points the header at it).
+__global__ void k_grow_free(const PoolHeader* h, int32_t* list, int64_t old_pool, int64_t pool) {
+  const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t had = static_cast<int64_t>(h->count);
+  if (j < had) list[j] = h->list[j];
+  else if (j < had + pool - old_pool) list[j] = static_cast<int32_t>(old_pool + j - had);
+}
+
+__global__ void k_point_pool(PoolHeader* h, int32_t* list, int64_t added) {
+  *h = PoolHeader{h->count + static_cast<unsigned long long>(added), list};
 }
 
 // Rows per export/import chunk of at most chunk_bytes on the device (GpuTableOptions).
@@ -246,24 +255,65 @@ Status check_import(const TableConfig& cfg, const TableSnapshot<K>& s) {
 
 }  // namespace
 
-Status detail::fill_free_rows(float* rows, int64_t pool, const int64_t* taken, cudaStream_t s) {
-  int64_t* header = pool_header(rows);
-  const int64_t bytes = pool_free_list_bytes(pool);
-  int32_t* free_rows = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(header) - bytes);
-  k_fill_free<<<grid_for(std::max<int64_t>(pool, 1), kBlock), kBlock, 0, s>>>(free_rows, pool,
-                                                                             taken, header, bytes);
+Status detail::fill_free_rows(int32_t* list, int64_t pool, const int64_t* taken, int32_t* row_of,
+                              cudaStream_t s) {
+  k_fill_free<<<grid_for(std::max<int64_t>(pool, 1), kBlock), kBlock, 0, s>>>(
+      list, pool, taken, pool_header(row_of));
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }
 
+namespace {
+std::string pool_what(int64_t rows, int64_t stride) {
+  return "a pool of " + std::to_string(rows) + " rows of " + std::to_string(stride) + " floats";
+}
+}  // namespace
+
 template <typename K>
 Status GpuEmbeddingTable<K>::Impl::alloc_pool(int64_t rows, DevTable* a, cudaStream_t s) {
-  const std::string what = "a pool of " + std::to_string(rows) + " rows of " +
-                           std::to_string(a->stride) + " floats";
-  SOK_RETURN_IF_ERROR(acquire_pool(rows, a->stride, &a->rows, what.c_str()));
+  SOK_RETURN_IF_ERROR(
+      acquire_pool(rows, a->stride, &a->rows, &free_list, pool_what(rows, a->stride).c_str()));
   pool_rows = next_pool_rows = rows;
   SOK_RETURN_IF_ERROR(note_row_memory(a->rows));
-  return fill_free_rows(a->rows, rows, nullptr, s);
+  return fill_free_rows(free_list, rows, nullptr, a->row_of, s);
+}
+
+template <typename K>
+Status GpuEmbeddingTable<K>::Impl::grow_pool_to(int64_t rows, cudaStream_t s) {
+  if (rows > kMaxPoolRows) {
+    return Status::Invalid("table '" + cfg.name + "': " + std::to_string(rows) +
+                           " rows, more than the 2^31 - 1 a GPU table's row pool can number "
+                           "(shard the table over more GPUs)");
+  }
+  SOK_CUDA_RETURN(cudaDeviceSynchronize());
+  mixed = false;
+  float* new_rows = nullptr;
+  int32_t* new_list = nullptr;
+  SOK_RETURN_IF_ERROR(
+      acquire_pool(rows, t.stride, &new_rows, &new_list, pool_what(rows, t.stride).c_str()));
+  Status st = Status::OK();
+  if (cudaMemcpyAsync(new_rows, t.rows, static_cast<size_t>(pool_rows) * t.stride * sizeof(float),
+                      cudaMemcpyDefault, s) != cudaSuccess) {
+    st = Status::Invalid("table '" + cfg.name + "': copying its rows into a larger pool failed: " +
+                         cudaGetErrorString(cudaGetLastError()));
+  }
+  if (st.ok()) {
+    PoolHeader* h = pool_header(t.row_of);
+    k_grow_free<<<grid_for(rows, kBlock), kBlock, 0, s>>>(h, new_list, pool_rows, rows);
+    k_point_pool<<<1, 1, 0, s>>>(h, new_list, rows - pool_rows);
+    if (cudaStreamSynchronize(s) != cudaSuccess)
+      st = Status::Invalid("table '" + cfg.name + "': growing its row pool failed: " +
+                           cudaGetErrorString(cudaGetLastError()));
+  }
+  if (!st.ok()) {
+    release_pool(new_rows, new_list);
+    return st;
+  }
+  release_pool(t.rows, free_list);
+  t.rows = new_rows;
+  free_list = new_list;
+  pool_rows = next_pool_rows = rows;
+  return Status::OK();
 }
 
 template <typename K>
@@ -272,8 +322,10 @@ Status GpuEmbeddingTable<K>::Impl::rehash(int64_t new_cap, cudaStream_t s) {
   mixed = false;
   DevTable nt;
   SOK_RETURN_IF_ERROR(alloc_arrays(new_cap, t.stride, &nt, s));
-  if (pooled()) {  // a new index over the same pool
+  if (pooled()) {  // a new index over the same pool, its header copied
     nt.rows = t.rows;
+    SOK_CUDA_RETURN(cudaMemcpyAsync(pool_header(nt.row_of), pool_header(t.row_of),
+                                    sizeof(PoolHeader), cudaMemcpyDeviceToDevice, s));
   }
   if (capacity > 0) {
     k_rehash<<<grid_for(capacity * kTile, kBlock), kBlock, 0, s>>>(t, nt, capacity, d_fail);
@@ -295,7 +347,7 @@ Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t str
   m.note_stream(stream);
   int64_t live = 0, erased = 0;
   SOK_RETURN_IF_ERROR(m.sync_counts(stream, &live, &erased));
-  m.set_upper(live + erased);
+  m.set_upper(live + erased, live);
   size_t sel_bytes = 0;
   thrust::counting_iterator<int64_t> it(0);
   IsLiveSlot pred{m.t.digests};
@@ -370,6 +422,10 @@ Status GpuEmbeddingTable<K>::import_rows(const TableSnapshot<K>& s, cudaStream_t
   m.slot_init = s.slot_init;
   const int64_t cap = capacity_for(
       std::max<int64_t>(std::max<int64_t>(n, m.cfg.initial_capacity), 1), m.opt.max_load_factor);
+  if (m.grow_pool) {  // a quarter to spare, so training can insert before the first growth
+    if (n > kMaxPoolRows) return m.grow_pool_to(n, stream);  // the error naming the limit
+    m.next_pool_rows = std::min(std::max(m.first_pool_rows(), n + n / 4), kMaxPoolRows);
+  }
   SOK_RETURN_IF_ERROR(m.alloc_arrays(cap, d * (1 + s.num_slots), &m.t, stream));
   if (m.pooled()) SOK_RETURN_IF_ERROR(m.alloc_pool(m.next_pool_rows, &m.t, stream));
   m.capacity = cap;
@@ -403,6 +459,7 @@ Status GpuEmbeddingTable<K>::reserve(int64_t num_keys, cudaStream_t stream) {
   DeviceGuard g(m.device);
   std::lock_guard<std::mutex> l(m.mu);
   m.note_stream(stream);
+  if (m.grow_pool && num_keys > m.pool_rows) SOK_RETURN_IF_ERROR(m.grow_pool_to(num_keys, stream));
   if (static_cast<double>(num_keys) <= m.opt.max_load_factor * static_cast<double>(m.capacity))
     return Status::OK();
   int64_t live = 0, erased = 0;
@@ -414,6 +471,8 @@ Status GpuEmbeddingTable<K>::reserve(int64_t num_keys, cudaStream_t stream) {
 
 template Status GpuEmbeddingTable<int32_t>::Impl::alloc_pool(int64_t, DevTable*, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::Impl::alloc_pool(int64_t, DevTable*, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::Impl::grow_pool_to(int64_t, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::Impl::grow_pool_to(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::Impl::rehash(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::Impl::rehash(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::export_rows(TableSnapshot<int32_t>*, cudaStream_t);
