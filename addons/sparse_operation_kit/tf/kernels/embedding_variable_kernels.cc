@@ -323,13 +323,14 @@ class ShrinkOp : public SokOpKernel<Device> {
 constexpr int Out(sok::SnapshotField f) { return static_cast<int>(f); }
 constexpr int In(sok::SnapshotField f) { return 1 + static_cast<int>(f); }
 
-// Host output `index` holding a copy of v.
+// Host output `index` holding v's values; v is freed then, so an export holds its snapshot and
+// the outputs together for one field at a time (the snapshot can be most of the host's memory).
 template <typename T>
-Status HostOutput(OpKernelContext* ctx, int index, const std::vector<T>& v,
-                  const TensorShape& shape) {
+Status HostOutput(OpKernelContext* ctx, int index, std::vector<T>* v, const TensorShape& shape) {
   Tensor* t;
   TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &t));
-  std::copy(v.begin(), v.end(), t->flat<T>().data());
+  std::copy(v->begin(), v->end(), t->flat<T>().data());
+  std::vector<T>().swap(*v);
   return OkStatus();
 }
 
@@ -346,19 +347,21 @@ class ExportOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(ctx, ToTf(res->table()->export_rows(OnDevice<Device>::Exec(ctx), &s),
                              res->table()->name()));
     const int64_t n = static_cast<int64_t>(s.keys.size());
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kKeys), s.keys, TensorShape({n})));
+    std::vector<int32_t> slot_kind{s.slot_kind};
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kKeys), &s.keys, TensorShape({n})));
     OP_REQUIRES_OK(
-        ctx, HostOutput(ctx, Out(sok::SnapshotField::kValues), s.values, TensorShape({n, s.dim})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlots), s.slots,
+        ctx, HostOutput(ctx, Out(sok::SnapshotField::kValues), &s.values, TensorShape({n, s.dim})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlots), &s.slots,
                                    TensorShape({n, s.num_slots, s.dim})));
     OP_REQUIRES_OK(ctx,
-                   HostOutput(ctx, Out(sok::SnapshotField::kFreqs), s.freqs, TensorShape({n})));
+                   HostOutput(ctx, Out(sok::SnapshotField::kFreqs), &s.freqs, TensorShape({n})));
     OP_REQUIRES_OK(
-        ctx, HostOutput(ctx, Out(sok::SnapshotField::kVersions), s.versions, TensorShape({n})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotKind),
-                                   std::vector<int32_t>{s.slot_kind}, TensorShape({})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotInit), s.slot_init,
-                                   TensorShape({static_cast<int64_t>(s.slot_init.size())})));
+        ctx, HostOutput(ctx, Out(sok::SnapshotField::kVersions), &s.versions, TensorShape({n})));
+    OP_REQUIRES_OK(
+        ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotKind), &slot_kind, TensorShape({})));
+    const int64_t inits = static_cast<int64_t>(s.slot_init.size());
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotInit), &s.slot_init,
+                                   TensorShape({inits})));
   }
 };
 
