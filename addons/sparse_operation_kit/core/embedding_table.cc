@@ -430,8 +430,8 @@ TableSnapshot<K> EmbeddingTable<K>::export_rows() const {
 }
 
 template <typename K>
-Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
-  const int64_t n = static_cast<int64_t>(s.keys.size()), d = config_.dim;
+Status EmbeddingTable<K>::import_rows(const SnapshotView<K>& s) {
+  const int64_t n = s.n, d = config_.dim;
   Status valid = check_snapshot(config_.name, d, s);
   if (!valid.ok()) return valid;
   std::unique_lock<std::shared_mutex> l(mu_);
@@ -451,11 +451,11 @@ Status EmbeddingTable<K>::import_rows(const TableSnapshot<K>& s) {
     index_.insert(hash_key(s.keys[i]), i);
     row_keys_.push_back(s.keys[i]);
     float* dst = arena_.append();
-    std::memcpy(dst, s.values.data() + i * d, sizeof(float) * d);
-    std::memcpy(dst + d, s.slots.data() + i * s.num_slots * d, sizeof(float) * s.num_slots * d);
+    std::memcpy(dst, s.values + i * d, sizeof(float) * d);
+    std::memcpy(dst + d, s.slots + i * s.num_slots * d, sizeof(float) * s.num_slots * d);
   }
-  freqs_.assign(s.freqs);
-  versions_.assign(s.versions);
+  freqs_.assign(s.freqs, n);
+  versions_.assign(s.versions, n);
   return Status::OK();
 }
 

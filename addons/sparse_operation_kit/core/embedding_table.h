@@ -71,7 +71,7 @@ class EmbeddingTable {
 
   TableSnapshot<K> export_rows() const;
   // Replaces the whole content. The snapshot's dim must equal the table's.
-  Status import_rows(const TableSnapshot<K>& snapshot);
+  Status import_rows(const SnapshotView<K>& snapshot);
 
   // For the tiered table (tiered_table.h), which moves whole rows between its tiers:
   // the key and frequency of every row;

@@ -92,17 +92,20 @@ class NarrowColumn {
       narrow_values_.resize(n);
     }
   }
-  // Replaces the content (narrow again when every value fits).
-  void assign(const std::vector<int64_t>& values) {
+  // Replaces the content with values[0, n) (narrow again when every value fits).
+  void assign(const int64_t* values, int64_t n) {
     wide_ = false;
     narrow_values_.release();
     wide_values_.release();
-    for (int64_t v : values) wide_ = wide_ || !fits(v);
+    for (int64_t i = 0; i < n; ++i) wide_ = wide_ || !fits(values[i]);
     if (wide_) {
-      wide_values_.assign(values.begin(), values.end());
+      wide_values_.assign(values, values + n);
     } else {
-      narrow_values_.assign(values.begin(), values.end());
+      narrow_values_.assign(values, values + n);
     }
+  }
+  void assign(const std::vector<int64_t>& values) {
+    assign(values.data(), static_cast<int64_t>(values.size()));
   }
   std::vector<int64_t> to_vector() const {
     if (wide_) return wide_values_.to_vector();

@@ -45,7 +45,7 @@ class Table {
   // Evicts the rows should_evict() selects; *removed = how many.
   virtual Status shrink(const ExecContext& exec, int64_t global_step, int64_t* removed) = 0;
   virtual Status export_rows(const ExecContext& exec, TableSnapshot<K>* out) = 0;
-  virtual Status import_rows(const ExecContext& exec, const TableSnapshot<K>& snapshot) = 0;
+  virtual Status import_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) = 0;
 };
 
 // The CPU table behind the interface.
@@ -84,7 +84,7 @@ class CpuTable final : public Table<K> {
     *out = table_.export_rows();
     return Status::OK();
   }
-  Status import_rows(const ExecContext&, const TableSnapshot<K>& snapshot) override {
+  Status import_rows(const ExecContext&, const SnapshotView<K>& snapshot) override {
     return table_.import_rows(snapshot);
   }
 

@@ -130,42 +130,89 @@ struct TableSnapshot {
   std::vector<int64_t> versions;
 };
 
+// A snapshot's arrays, not owned: what an import reads, from a TableSnapshot (it converts) or
+// straight from the import op's input tensors (a table's size less at a load's peak).
+template <typename K>
+struct SnapshotView {
+  int64_t n = 0;  // keys
+  int64_t dim = 0;
+  int num_slots = 0;
+  int slot_kind = -1;
+  std::vector<float> slot_init;
+  const K* keys = nullptr;
+  const float* values = nullptr;  // [n, dim]
+  const float* slots = nullptr;   // [n, num_slots, dim]
+  const int64_t* freqs = nullptr;
+  const int64_t* versions = nullptr;
+  // The arrays' lengths as given (check_snapshot compares them with n).
+  int64_t values_size = 0, slots_size = 0, freqs_size = 0, versions_size = 0;
+
+  SnapshotView() = default;
+  SnapshotView(const TableSnapshot<K>& s)  // NOLINT: implicit, so snapshots pass as they are
+      : n(static_cast<int64_t>(s.keys.size())),
+        dim(s.dim),
+        num_slots(s.num_slots),
+        slot_kind(s.slot_kind),
+        slot_init(s.slot_init),
+        keys(s.keys.data()),
+        values(s.values.data()),
+        slots(s.slots.data()),
+        freqs(s.freqs.data()),
+        versions(s.versions.data()),
+        values_size(static_cast<int64_t>(s.values.size())),
+        slots_size(static_cast<int64_t>(s.slots.size())),
+        freqs_size(static_cast<int64_t>(s.freqs.size())),
+        versions_size(static_cast<int64_t>(s.versions.size())) {}
+};
+
 // The rows of `s` at positions `pick`, same layout (a tiered import splits a snapshot by tier).
 template <typename K>
-TableSnapshot<K> snapshot_rows(const TableSnapshot<K>& s, const std::vector<int64_t>& pick) {
+TableSnapshot<K> snapshot_rows(const SnapshotView<K>& s, const std::vector<int64_t>& pick) {
   TableSnapshot<K> out;
   out.dim = s.dim;
   out.num_slots = s.num_slots;
   out.slot_kind = s.slot_kind;
   out.slot_init = s.slot_init;
   const int64_t d = s.dim, st = s.num_slots * s.dim;
+  const size_t m = pick.size();
+  out.keys.reserve(m);
+  out.freqs.reserve(m);
+  out.versions.reserve(m);
+  out.values.reserve(m * d);
+  out.slots.reserve(m * st);
   for (int64_t i : pick) {
     out.keys.push_back(s.keys[i]);
     out.freqs.push_back(s.freqs[i]);
     out.versions.push_back(s.versions[i]);
-    out.values.insert(out.values.end(), s.values.begin() + i * d, s.values.begin() + (i + 1) * d);
-    out.slots.insert(out.slots.end(), s.slots.begin() + i * st, s.slots.begin() + (i + 1) * st);
+    out.values.insert(out.values.end(), s.values + i * d, s.values + (i + 1) * d);
+    out.slots.insert(out.slots.end(), s.slots + i * st, s.slots + (i + 1) * st);
   }
   return out;
+}
+template <typename K>
+TableSnapshot<K> snapshot_rows(const TableSnapshot<K>& s, const std::vector<int64_t>& pick) {
+  return snapshot_rows(SnapshotView<K>(s), pick);
 }
 
 // Whether a snapshot can be restored into a table of dimension `dim`; an error naming `table`.
 template <typename K>
-Status check_snapshot(const std::string& table, int64_t dim, const TableSnapshot<K>& s) {
-  const int64_t n = static_cast<int64_t>(s.keys.size());
+Status check_snapshot(const std::string& table, int64_t dim, const SnapshotView<K>& s) {
+  const int64_t n = s.n;
   if (s.dim != dim) {
     return Status::Invalid("cannot restore table '" + table + "': the checkpoint has dimension " +
                            std::to_string(s.dim) + ", the table " + std::to_string(dim));
   }
-  if (static_cast<int64_t>(s.values.size()) != n * dim ||
-      static_cast<int64_t>(s.slots.size()) != n * s.num_slots * dim ||
-      static_cast<int64_t>(s.freqs.size()) != n || static_cast<int64_t>(s.versions.size()) != n ||
-      static_cast<int64_t>(s.slot_init.size()) != s.num_slots) {
+  if (s.values_size != n * dim || s.slots_size != n * s.num_slots * dim || s.freqs_size != n ||
+      s.versions_size != n || static_cast<int64_t>(s.slot_init.size()) != s.num_slots) {
     return Status::Invalid(
         "cannot restore table '" + table +
         "': the checkpoint's keys, values, slots, frequencies and versions disagree in size");
   }
   return Status::OK();
+}
+template <typename K>
+Status check_snapshot(const std::string& table, int64_t dim, const TableSnapshot<K>& s) {
+  return check_snapshot(table, dim, SnapshotView<K>(s));
 }
 
 }  // namespace sok

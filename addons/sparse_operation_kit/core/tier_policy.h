@@ -49,13 +49,17 @@ inline int64_t tier_low_watermark(int64_t cap) { return cap - cap / 16; }
 // updated (a checkpoint keeps no lookup stamps); ties by checkpoint order. A tiered import puts
 // the first ones in its upper tiers.
 template <typename K>
-std::vector<int64_t> hottest_first(const TableSnapshot<K>& s, CacheStrategy strategy) {
-  std::vector<int64_t> order(s.keys.size());
+std::vector<int64_t> hottest_first(const SnapshotView<K>& s, CacheStrategy strategy) {
+  std::vector<int64_t> order(s.n);
   std::iota(order.begin(), order.end(), 0);
-  const std::vector<int64_t>& rank = strategy == CacheStrategy::kLFU ? s.freqs : s.versions;
+  const int64_t* rank = strategy == CacheStrategy::kLFU ? s.freqs : s.versions;
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return rank[a] > rank[b]; });
   return order;
+}
+template <typename K>
+std::vector<int64_t> hottest_first(const TableSnapshot<K>& s, CacheStrategy strategy) {
+  return hottest_first(SnapshotView<K>(s), strategy);
 }
 
 template <typename K>

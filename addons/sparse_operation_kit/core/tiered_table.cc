@@ -209,9 +209,9 @@ Status TieredTable<K>::export_rows(const ExecContext&, TableSnapshot<K>* out) {
 }
 
 template <typename K>
-Status TieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t cap) {
+Status TieredTable<K>::import_split(const SnapshotView<K>& s, int64_t cap) {
   // The rows that stay in memory: the hottest (tier_policy.h).
-  const int64_t n = static_cast<int64_t>(s.keys.size());
+  const int64_t n = s.n;
   const std::vector<int64_t> order = hottest_first(s, config().cache_strategy);
   const int64_t keep = std::min(n, tier_low_watermark(cap));
   std::vector<int64_t> hot(order.begin(), order.begin() + keep);
@@ -223,14 +223,15 @@ Status TieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t cap) {
 }
 
 template <typename K>
-Status TieredTable<K>::import_rows(const ExecContext&, const TableSnapshot<K>& s) {
+Status TieredTable<K>::import_rows(const ExecContext&, const SnapshotView<K>& s) {
   Status st = check_snapshot(config().name, config().dim, s);
   if (!st.ok()) return st;
   int64_t cap = 0;
   st = capacity(s.num_slots, &cap);
   if (!st.ok()) return st;
   std::unordered_set<int64_t> keys;
-  for (const K key : s.keys) {
+  for (int64_t i = 0; i < s.n; ++i) {
+    const K key = s.keys[i];
     if (!keys.insert(static_cast<int64_t>(key)).second) {
       return Status::Invalid("cannot restore table '" + config().name + "': key " +
                              std::to_string(static_cast<int64_t>(key)) +
@@ -239,7 +240,7 @@ Status TieredTable<K>::import_rows(const ExecContext&, const TableSnapshot<K>& s
   }
   std::unique_lock<std::shared_mutex> l(mu_);
   policy_.reset();
-  if (static_cast<int64_t>(s.keys.size()) <= cap) {
+  if (s.n <= cap) {
     st = cold_->clear();
     return st.ok() ? hot_.import_rows(s) : st;
   }

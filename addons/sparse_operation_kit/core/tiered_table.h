@@ -42,7 +42,7 @@ class TieredTable final : public Table<K> {
                          const OptimizerParams& p, int64_t global_step, bool keys_unique) override;
   Status shrink(const ExecContext& exec, int64_t global_step, int64_t* removed) override;
   Status export_rows(const ExecContext& exec, TableSnapshot<K>* out) override;
-  Status import_rows(const ExecContext& exec, const TableSnapshot<K>& snapshot) override;
+  Status import_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) override;
 
   // Removes the keys from whichever tier holds them; *removed = how many were present.
   Status erase(const K* keys, int64_t n, int64_t* removed);
@@ -62,7 +62,7 @@ class TieredTable final : public Table<K> {
   template <typename Op>
   Status with_keys_in_memory(const K* keys, int64_t n, const Op& op);
   void read_cold(const SsdStore::Record& r, float* out) const;
-  Status import_split(const TableSnapshot<K>& s, int64_t cap);  // caller holds mu_ exclusively
+  Status import_split(const SnapshotView<K>& s, int64_t cap);  // caller holds mu_ exclusively
 
   EmbeddingTable<K> hot_;
   std::unique_ptr<SsdStore> cold_;

@@ -330,7 +330,7 @@ class GpuEmbeddingTable {
   // Everything, in slot order, to host memory (synchronises).
   Status export_rows(TableSnapshot<K>* out, cudaStream_t stream);
   // Replaces the whole content (synchronises); same checks as the CPU table.
-  Status import_rows(const TableSnapshot<K>& snapshot, cudaStream_t stream);
+  Status import_rows(const SnapshotView<K>& snapshot, cudaStream_t stream);
   // Tiered tables' row batches (GpuTieredTable's SSD tier). export_keys: the rows of those of
   // keys[0, n) (device) it holds, to host memory (synchronises). put_rows: adds rows of keys it
   // lacks, whole (slots, frequencies, versions; the table's slot layout), growing as needed
@@ -379,7 +379,7 @@ class GpuTable final : public Table<K> {
   Status export_rows(const ExecContext& e, TableSnapshot<K>* out) override {
     return t_->export_rows(out, s(e));
   }
-  Status import_rows(const ExecContext& e, const TableSnapshot<K>& snapshot) override {
+  Status import_rows(const ExecContext& e, const SnapshotView<K>& snapshot) override {
     return t_->import_rows(snapshot, s(e));
   }
   GpuEmbeddingTable<K>* gpu_table() const { return t_.get(); }

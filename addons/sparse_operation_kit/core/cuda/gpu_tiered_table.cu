@@ -684,7 +684,7 @@ Status GpuTieredTable<K>::export_rows(const ExecContext& e, TableSnapshot<K>* ou
 // memory, the rest to the file. Both GPU tiers take the snapshot's slot layout, even when one
 // gets no row.
 template <typename K>
-Status GpuTieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t keep, int64_t keep_host,
+Status GpuTieredTable<K>::import_split(const SnapshotView<K>& s, int64_t keep, int64_t keep_host,
                                        cudaStream_t stream) {
   const std::vector<int64_t> order = hottest_first(s, cfg_.cache_strategy);
   const int64_t n = static_cast<int64_t>(order.size());
@@ -704,14 +704,15 @@ Status GpuTieredTable<K>::import_split(const TableSnapshot<K>& s, int64_t keep, 
 }
 
 template <typename K>
-Status GpuTieredTable<K>::import_rows(const ExecContext& e, const TableSnapshot<K>& s) {
+Status GpuTieredTable<K>::import_rows(const ExecContext& e, const SnapshotView<K>& s) {
   std::lock_guard<std::mutex> l(mu_);
   if (!hot_) return cold_->import_rows(s, stream_of(e));
   SOK_RETURN_IF_ERROR(check_snapshot(cfg_.name, cfg_.dim, s));
   int64_t cap = 0;
   SOK_RETURN_IF_ERROR(budget_rows(s.num_slots, &cap));
   std::unordered_set<K> seen;  // the tiers' imports only see their own part's repeats
-  for (const K key : s.keys) {
+  for (int64_t i = 0; i < s.n; ++i) {
+    const K key = s.keys[i];
     if (!seen.insert(key).second) {
       return Status::Invalid("cannot restore table '" + cfg_.name + "': key " +
                              std::to_string(static_cast<int64_t>(key)) +
@@ -719,7 +720,7 @@ Status GpuTieredTable<K>::import_rows(const ExecContext& e, const TableSnapshot<
     }
   }
   // Without an SSD tier every row below HBM stays in host memory.
-  int64_t host = static_cast<int64_t>(s.keys.size());
+  int64_t host = s.n;
   if (ssd_) {
     SOK_RETURN_IF_ERROR(dram_rows(s.num_slots, &host));
     host = tier_low_watermark(host);

@@ -123,7 +123,7 @@ class GpuTieredTable final : public Table<K> {
                          const OptimizerParams& p, int64_t global_step, bool keys_unique) override;
   Status shrink(const ExecContext& exec, int64_t global_step, int64_t* removed) override;
   Status export_rows(const ExecContext& exec, TableSnapshot<K>* out) override;
-  Status import_rows(const ExecContext& exec, const TableSnapshot<K>& snapshot) override;
+  Status import_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) override;
 
   // One table's keys in a call over several tiered tables, as GpuEmbeddingTable<K>::Keys.
   struct Call {
@@ -215,7 +215,7 @@ class GpuTieredTable final : public Table<K> {
   Status select_victims(int64_t live, int64_t count, const Span& keys, K* victims, cudaStream_t s);
   Status ensure_same_slots(const OptimizerParams& p, cudaStream_t s);
   void note_exact(int64_t hbm_rows, int64_t host_rows);
-  Status import_split(const TableSnapshot<K>& s, int64_t keep, int64_t keep_host,
+  Status import_split(const SnapshotView<K>& s, int64_t keep, int64_t keep_host,
                       cudaStream_t stream);
   // The SSD tier (the header comment's end).
   Status dram_rows(int num_slots, int64_t* rows) const;

@@ -180,8 +180,8 @@ Status copy_out(Impl& m, const int64_t* slots, int64_t count, TableSnapshot<K>* 
 // Inserts the snapshot's rows (the table's slot layout, room already made) through buffers of at
 // most a chunk (synchronises); an error when a key is already there or repeats.
 template <typename K, typename Impl>
-Status copy_in(Impl& m, const TableSnapshot<K>& s, cudaStream_t stream) {
-  const int64_t n = static_cast<int64_t>(s.keys.size()), d = m.cfg.dim;
+Status copy_in(Impl& m, const SnapshotView<K>& s, cudaStream_t stream) {
+  const int64_t n = s.n, d = m.cfg.dim;
   const int64_t chunk = std::min(n, chunk_rows<K>(m.opt.transfer_chunk_bytes, d, s.num_slots));
   K* keys;
   float *values, *slot_vals;
@@ -200,16 +200,16 @@ Status copy_in(Impl& m, const TableSnapshot<K>& s, cudaStream_t stream) {
   const int64_t sd = s.num_slots * d;
   for (int64_t at = 0; at < n; at += chunk) {
     const int64_t c = std::min(chunk, n - at);
-    SOK_CUDA_RETURN(cudaMemcpyAsync(keys, s.keys.data() + at, c * sizeof(K),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(keys, s.keys + at, c * sizeof(K),
                                     cudaMemcpyHostToDevice, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(values, s.values.data() + at * d, c * d * sizeof(float),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(values, s.values + at * d, c * d * sizeof(float),
                                     cudaMemcpyHostToDevice, stream));
     if (sd > 0)
-      SOK_CUDA_RETURN(cudaMemcpyAsync(slot_vals, s.slots.data() + at * sd, c * sd * sizeof(float),
+      SOK_CUDA_RETURN(cudaMemcpyAsync(slot_vals, s.slots + at * sd, c * sd * sizeof(float),
                                       cudaMemcpyHostToDevice, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(freqs, s.freqs.data() + at, c * sizeof(int64_t),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(freqs, s.freqs + at, c * sizeof(int64_t),
                                     cudaMemcpyHostToDevice, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(versions, s.versions.data() + at, c * sizeof(int64_t),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(versions, s.versions + at, c * sizeof(int64_t),
                                     cudaMemcpyHostToDevice, stream));
     // A key repeated across chunks finds the earlier chunk's slot: flagged like one within a
     // chunk.
@@ -245,7 +245,7 @@ struct IsSlot {
 
 // Checks of a snapshot to restore, naming the table.
 template <typename K>
-Status check_import(const TableConfig& cfg, const TableSnapshot<K>& s) {
+Status check_import(const TableConfig& cfg, const SnapshotView<K>& s) {
   SOK_RETURN_IF_ERROR(check_snapshot(cfg.name, cfg.dim, s));
   if (s.num_slots < 0 || s.num_slots > 2)
     return Status::Invalid("cannot restore table '" + cfg.name +
@@ -406,9 +406,9 @@ Status GpuEmbeddingTable<K>::export_keys(const K* keys, int64_t n, TableSnapshot
 }
 
 template <typename K>
-Status GpuEmbeddingTable<K>::import_rows(const TableSnapshot<K>& s, cudaStream_t stream) {
+Status GpuEmbeddingTable<K>::import_rows(const SnapshotView<K>& s, cudaStream_t stream) {
   Impl& m = *impl_;
-  const int64_t n = static_cast<int64_t>(s.keys.size()), d = m.cfg.dim;
+  const int64_t n = s.n, d = m.cfg.dim;
   SOK_RETURN_IF_ERROR(check_import(m.cfg, s));
   DeviceGuard g(m.device);
   std::lock_guard<std::mutex> l(m.mu);
@@ -442,7 +442,7 @@ template <typename K>
 Status GpuEmbeddingTable<K>::put_rows(const TableSnapshot<K>& s, cudaStream_t stream) {
   Impl& m = *impl_;
   const int64_t n = static_cast<int64_t>(s.keys.size());
-  SOK_RETURN_IF_ERROR(check_import(m.cfg, s));
+  SOK_RETURN_IF_ERROR(check_import<K>(m.cfg, s));
   if (n == 0) return Status::OK();
   DeviceGuard g(m.device);
   std::lock_guard<std::mutex> l(m.mu);
@@ -477,8 +477,8 @@ template Status GpuEmbeddingTable<int32_t>::Impl::rehash(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::Impl::rehash(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::export_rows(TableSnapshot<int32_t>*, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::export_rows(TableSnapshot<int64_t>*, cudaStream_t);
-template Status GpuEmbeddingTable<int32_t>::import_rows(const TableSnapshot<int32_t>&, cudaStream_t);
-template Status GpuEmbeddingTable<int64_t>::import_rows(const TableSnapshot<int64_t>&, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::import_rows(const SnapshotView<int32_t>&, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::import_rows(const SnapshotView<int64_t>&, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::put_rows(const TableSnapshot<int32_t>&, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::put_rows(const TableSnapshot<int64_t>&, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::export_keys(const int32_t*, int64_t, TableSnapshot<int32_t>*,

@@ -323,13 +323,14 @@ class ShrinkOp : public SokOpKernel<Device> {
 constexpr int Out(sok::SnapshotField f) { return static_cast<int>(f); }
 constexpr int In(sok::SnapshotField f) { return 1 + static_cast<int>(f); }
 
-// Host output `index` holding a copy of v.
+// Host output `index` holding v's values; v is freed then, so an export holds its snapshot and
+// the outputs together for one field at a time (the snapshot can be most of the host's memory).
 template <typename T>
-Status HostOutput(OpKernelContext* ctx, int index, const std::vector<T>& v,
-                  const TensorShape& shape) {
+Status HostOutput(OpKernelContext* ctx, int index, std::vector<T>* v, const TensorShape& shape) {
   Tensor* t;
   TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &t));
-  std::copy(v.begin(), v.end(), t->flat<T>().data());
+  std::copy(v->begin(), v->end(), t->flat<T>().data());
+  std::vector<T>().swap(*v);
   return OkStatus();
 }
 
@@ -346,19 +347,21 @@ class ExportOp : public SokOpKernel<Device> {
     OP_REQUIRES_OK(ctx, ToTf(res->table()->export_rows(OnDevice<Device>::Exec(ctx), &s),
                              res->table()->name()));
     const int64_t n = static_cast<int64_t>(s.keys.size());
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kKeys), s.keys, TensorShape({n})));
+    std::vector<int32_t> slot_kind{s.slot_kind};
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kKeys), &s.keys, TensorShape({n})));
     OP_REQUIRES_OK(
-        ctx, HostOutput(ctx, Out(sok::SnapshotField::kValues), s.values, TensorShape({n, s.dim})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlots), s.slots,
+        ctx, HostOutput(ctx, Out(sok::SnapshotField::kValues), &s.values, TensorShape({n, s.dim})));
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlots), &s.slots,
                                    TensorShape({n, s.num_slots, s.dim})));
     OP_REQUIRES_OK(ctx,
-                   HostOutput(ctx, Out(sok::SnapshotField::kFreqs), s.freqs, TensorShape({n})));
+                   HostOutput(ctx, Out(sok::SnapshotField::kFreqs), &s.freqs, TensorShape({n})));
     OP_REQUIRES_OK(
-        ctx, HostOutput(ctx, Out(sok::SnapshotField::kVersions), s.versions, TensorShape({n})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotKind),
-                                   std::vector<int32_t>{s.slot_kind}, TensorShape({})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotInit), s.slot_init,
-                                   TensorShape({static_cast<int64_t>(s.slot_init.size())})));
+        ctx, HostOutput(ctx, Out(sok::SnapshotField::kVersions), &s.versions, TensorShape({n})));
+    OP_REQUIRES_OK(
+        ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotKind), &slot_kind, TensorShape({})));
+    const int64_t inits = static_cast<int64_t>(s.slot_init.size());
+    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotInit), &s.slot_init,
+                                   TensorShape({inits})));
   }
 };
 
@@ -379,25 +382,32 @@ class ImportOp : public SokOpKernel<Device> {
                     "cannot restore '", table->name(),
                     "': values must be [n, dim] and slots [n, num_slots, dim], got ",
                     values.shape().DebugString(), " and ", slots.shape().DebugString()));
-    sok::TableSnapshot<K> s;
+    // The table reads the input tensors in place: no copy of a checkpoint that may be most of
+    // the host's memory.
+    sok::SnapshotView<K> s;
     s.dim = values.dim_size(1);
     s.num_slots = static_cast<int>(slots.dim_size(1));
     OP_REQUIRES(
         ctx, slots.dim_size(2) == s.dim || slots.NumElements() == 0,
         errors::InvalidArgument("cannot restore '", table->name(), "': slots of shape ",
                                 slots.shape().DebugString(), " for values of dimension ", s.dim));
-    auto copy = [](const Tensor& t, auto* v) {
-      using T = typename std::remove_reference_t<decltype(*v)>::value_type;
-      auto f = t.flat<T>();
-      v->assign(f.data(), f.data() + f.size());
-    };
-    copy(ctx->input(In(sok::SnapshotField::kKeys)), &s.keys);
-    copy(values, &s.values);
-    copy(slots, &s.slots);
-    copy(ctx->input(In(sok::SnapshotField::kFreqs)), &s.freqs);
-    copy(ctx->input(In(sok::SnapshotField::kVersions)), &s.versions);
+    const Tensor& keys = ctx->input(In(sok::SnapshotField::kKeys));
+    const Tensor& freqs = ctx->input(In(sok::SnapshotField::kFreqs));
+    const Tensor& versions = ctx->input(In(sok::SnapshotField::kVersions));
+    const Tensor& slot_init = ctx->input(In(sok::SnapshotField::kSlotInit));
+    s.n = keys.NumElements();
+    s.keys = keys.flat<K>().data();
+    s.values = values.flat<float>().data();
+    s.values_size = values.NumElements();
+    s.slots = slots.flat<float>().data();
+    s.slots_size = slots.NumElements();
+    s.freqs = freqs.flat<int64_t>().data();
+    s.freqs_size = freqs.NumElements();
+    s.versions = versions.flat<int64_t>().data();
+    s.versions_size = versions.NumElements();
     s.slot_kind = ctx->input(In(sok::SnapshotField::kSlotKind)).scalar<int32_t>()();
-    copy(ctx->input(In(sok::SnapshotField::kSlotInit)), &s.slot_init);
+    s.slot_init.assign(slot_init.flat<float>().data(),
+                       slot_init.flat<float>().data() + slot_init.NumElements());
     OP_REQUIRES_OK(ctx, ToTf(table->import_rows(OnDevice<Device>::Exec(ctx), s), table->name()));
   }
 };

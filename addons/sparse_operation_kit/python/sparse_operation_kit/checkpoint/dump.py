@@ -229,8 +229,9 @@ def dump(path: str, variables: Iterable, optimizer=None) -> None:
                 if m and int(m.group(2)) != world:
                     os.remove(f)
         if isinstance(var, EmbeddingVariable):
-            arrays = {f: t.numpy() for f, t in var.snapshot().items()}
-            arrays["keys"] = arrays["keys"].astype(np.int64)
+            # np.asarray views the snapshot's host tensors; .numpy() would copy each.
+            arrays = {f: np.asarray(t) for f, t in var.snapshot().items()}
+            arrays["keys"] = arrays["keys"].astype(np.int64, copy=False)
             values = arrays["values"]
         else:
             values = var.numpy()

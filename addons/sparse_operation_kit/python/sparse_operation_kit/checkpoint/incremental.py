@@ -139,7 +139,7 @@ def incremental_model_dump(variables, since, sess=None, path=None):
     seconds = _since_seconds(since)
     variables = _tables(variables, "incremental_model_dump")
     if tf.executing_eagerly():
-        snapshots = [{f: t.numpy() for f, t in v.snapshot().items()} for v in variables]
+        snapshots = [{f: np.asarray(t) for f, t in v.snapshot().items()} for v in variables]
     elif sess is None:
         raise ValueError("sok.incremental_model_dump in a TF1 graph: pass the session (sess=...)")
     else:
@@ -189,7 +189,7 @@ def incremental_model_load(path, variables):
                     f"sok.incremental_model_load: '{name}' has dimension {var.embedding_dim} but "
                     f"{f} holds dimension {int(s['dim'])}"
                 )
-        current = {f: t.numpy() for f, t in var.snapshot().items()}
+        current = {f: np.asarray(t) for f, t in var.snapshot().items()}
         current["keys"] = current["keys"].astype(np.int64)
         mine = [_owned(s["keys"], var.target_gpu, name) for s in shards]
         shards = [{f: s[f][m] if f in ROW_FIELDS else s[f] for f in EXPORT_FIELDS}

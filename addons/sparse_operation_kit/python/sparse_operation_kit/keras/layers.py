@@ -234,7 +234,7 @@ class _TablesLayer(tf.keras.layers.Layer):
         for i, t in enumerate(self._tables):
             if is_embedding_variable(t):
                 for field, value in t.snapshot().items():
-                    store[f"sok_table_{i}_{field}"] = value.numpy()
+                    store[f"sok_table_{i}_{field}"] = np.asarray(value)  # a view, no copy
             elif not any(t is v for v in self._keras_variables()):
                 store[f"sok_table_{i}_values"] = np.asarray(t.numpy())
             else:

@@ -143,9 +143,11 @@ def _export_on_host(handle, key_dtype):
 def host_snapshot(arrays):
     """{field: tensor} from {field: array} for import_snapshot, in host memory: eager constants
     would go to the default device, a GPU, which a table larger than its memory cannot pass.
-    Takes each array out of `arrays` as its tensor is made, so the array can be freed then."""
+    Takes each array out of `arrays` as its tensor is made, so the array can be freed then.
+    An op's numpy input is copied once; tf.constant and tf.identity hold a second copy of a
+    large array for a while (a table's size more at a load's peak)."""
     with tf.device("/device:CPU:0"):
-        return {f: tf.constant(arrays.pop(f)) for f in list(arrays)}
+        return {f: tf.raw_ops.Identity(input=arrays.pop(f)) for f in list(arrays)}
 
 
 @tf.function(autograph=False)
