@@ -179,6 +179,12 @@ struct GpuEmbeddingTable<K>::Impl {
   }
 
   bool pooled() const { return pool_rows > 0; }
+  Status check_pool_rows(int64_t rows) const {
+    if (rows <= detail::kMaxPoolRows) return Status::OK();
+    return Status::Invalid("table '" + cfg.name + "': " + std::to_string(rows) +
+                           " rows, more than the 2^31 - 1 a GPU table's row pool can number "
+                           "(shard the table over more GPUs)");
+  }
   // A growing pool's rows at creation (and at least, after an import).
   int64_t first_pool_rows() const {
     return std::min(std::max<int64_t>({opt.pool_rows, cfg.initial_capacity, 1}),

@@ -280,11 +280,7 @@ Status GpuEmbeddingTable<K>::Impl::alloc_pool(int64_t rows, DevTable* a, cudaStr
 
 template <typename K>
 Status GpuEmbeddingTable<K>::Impl::grow_pool_to(int64_t rows, cudaStream_t s) {
-  if (rows > kMaxPoolRows) {
-    return Status::Invalid("table '" + cfg.name + "': " + std::to_string(rows) +
-                           " rows, more than the 2^31 - 1 a GPU table's row pool can number "
-                           "(shard the table over more GPUs)");
-  }
+  SOK_RETURN_IF_ERROR(check_pool_rows(rows));
   SOK_CUDA_RETURN(cudaDeviceSynchronize());
   mixed = false;
   float* new_rows = nullptr;
@@ -410,6 +406,7 @@ Status GpuEmbeddingTable<K>::import_rows(const SnapshotView<K>& s, cudaStream_t 
   Impl& m = *impl_;
   const int64_t n = s.n, d = m.cfg.dim;
   SOK_RETURN_IF_ERROR(check_import(m.cfg, s));
+  if (m.grow_pool) SOK_RETURN_IF_ERROR(m.check_pool_rows(n));
   DeviceGuard g(m.device);
   std::lock_guard<std::mutex> l(m.mu);
   SOK_CUDA_RETURN(cudaDeviceSynchronize());
@@ -422,10 +419,8 @@ Status GpuEmbeddingTable<K>::import_rows(const SnapshotView<K>& s, cudaStream_t 
   m.slot_init = s.slot_init;
   const int64_t cap = capacity_for(
       std::max<int64_t>(std::max<int64_t>(n, m.cfg.initial_capacity), 1), m.opt.max_load_factor);
-  if (m.grow_pool) {  // a quarter to spare, so training can insert before the first growth
-    if (n > kMaxPoolRows) return m.grow_pool_to(n, stream);  // the error naming the limit
+  if (m.grow_pool)  // a quarter to spare, so training can insert before the first growth
     m.next_pool_rows = std::min(std::max(m.first_pool_rows(), n + n / 4), kMaxPoolRows);
-  }
   SOK_RETURN_IF_ERROR(m.alloc_arrays(cap, d * (1 + s.num_slots), &m.t, stream));
   if (m.pooled()) SOK_RETURN_IF_ERROR(m.alloc_pool(m.next_pool_rows, &m.t, stream));
   m.capacity = cap;
