@@ -3,6 +3,7 @@
 // erase, export_rows / import_rows.
 // Usage: test_table [seed (0: from the clock)] [name filter]; see test_util.cuh.
 #include <cstdint>
+#include <numeric>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -320,6 +321,24 @@ bool test_export_import(int64_t chunk_bytes) {
   auto g2 = make_gpu<K>(cfg, 0.75, chunk_bytes);
   SOK_OK(g2->import_rows(gs, nullptr));
   ok &= expect_same_table(gpu_export(*g2), gs, 0, 0);
+  // Appended after another table's rows (a tiered table's export): those first, unchanged.
+  TableSnapshot<K> both = gpu_export(*g2);
+  const int64_t first = static_cast<int64_t>(both.keys.size());
+  SOK_OK(gpu->export_rows(&both, nullptr, /*append=*/true));
+  std::vector<int64_t> head(first), tail(both.keys.size() - first);
+  std::iota(head.begin(), head.end(), 0);
+  std::iota(tail.begin(), tail.end(), first);
+  ok &= expect_same_table(snapshot_rows(both, head), gs, 0, 0) &&
+        expect_same_table(snapshot_rows(both, tail), gs, 0, 0);
+  auto untrained = make_gpu<K>(cfg, 0.75, chunk_bytes);  // rows without slots
+  const std::vector<K> some(pool.begin(), pool.begin() + 10);
+  DevBuf<K> dsome = to_device(some);
+  DevBuf<float> sink(some.size() * 16);
+  SOK_OK(untrained->find_or_insert(dsome.get(), some.size(), sink.get(), nullptr, nullptr));
+  TableSnapshot<K> mixed = gpu_export(*untrained);
+  Status appended = gpu->export_rows(&mixed, nullptr, /*append=*/true);
+  if (appended.ok() || appended.message().find("cannot follow") == std::string::npos)
+    ok = FAIL("rows of another slot layout appended: '%s'", appended.message().c_str());
   // CPU -> GPU, then both keep training identically (slots restored, kind known).
   auto g3 = make_gpu<K>(cfg, 0.75, chunk_bytes);
   SOK_OK(g3->import_rows(cs, nullptr));

@@ -327,8 +327,9 @@ class GpuEmbeddingTable {
                                      int64_t global_step, cudaStream_t stream,
                                      bool keys_unique = false, bool keys_present = false);
 
-  // Everything, in slot order, to host memory (synchronises).
-  Status export_rows(TableSnapshot<K>* out, cudaStream_t stream);
+  // Everything, in slot order, to host memory (synchronises); append: after out's rows (the
+  // same slot layout; room reserved in out spares a copy of them), else replacing them.
+  Status export_rows(TableSnapshot<K>* out, cudaStream_t stream, bool append = false);
   // Replaces the whole content (synchronises); same checks as the CPU table.
   Status import_rows(const SnapshotView<K>& snapshot, cudaStream_t stream);
   // Tiered tables' row batches (GpuTieredTable's SSD tier). export_keys: the rows of those of

@@ -27,15 +27,6 @@ namespace {
 
 cudaStream_t stream_of(const ExecContext& e) { return static_cast<cudaStream_t>(e.stream); }
 
-template <typename K>
-void append(const TableSnapshot<K>& from, TableSnapshot<K>* to) {
-  to->keys.insert(to->keys.end(), from.keys.begin(), from.keys.end());
-  to->values.insert(to->values.end(), from.values.begin(), from.values.end());
-  to->slots.insert(to->slots.end(), from.slots.begin(), from.slots.end());
-  to->freqs.insert(to->freqs.end(), from.freqs.begin(), from.freqs.end());
-  to->versions.insert(to->versions.end(), from.versions.begin(), from.versions.end());
-}
-
 // Rows each way per placement pass, as a share of the budget: a skewed working set settles
 // within some 8 steps, and when it is flat (uniform ids, every pass swaps the most) the swaps
 // stay a few percent of the PCIe traffic of the rows served from host memory.
@@ -665,18 +656,23 @@ Status GpuTieredTable<K>::shrink(const ExecContext& e, int64_t global_step, int6
   return Status::OK();
 }
 
-// The HBM tier's rows, then the host tier's (each in slot order), then the file's (file order).
+// The HBM tier's rows, then the host tier's (each in slot order), then the file's (file order),
+// into room reserved for all of them: the snapshot, which can be most of the host's memory, is
+// never copied to grow.
 template <typename K>
 Status GpuTieredTable<K>::export_rows(const ExecContext& e, TableSnapshot<K>* out) {
+  int64_t hbm = 0, host = 0, on_file = 0;
+  SOK_RETURN_IF_ERROR(tier_sizes(stream_of(e), &hbm, &host, &on_file));
   std::lock_guard<std::mutex> l(mu_);
-  SOK_RETURN_IF_ERROR(cold_->export_rows(out, stream_of(e)));
-  if (hot_) {
-    TableSnapshot<K> cold = std::move(*out);
-    SOK_RETURN_IF_ERROR(hot_->export_rows(out, stream_of(e)));
-    if (out->num_slots != cold.num_slots)
-      return Status::Invalid("table '" + cfg_.name + "': its tiers have different slot layouts");
-    append(cold, out);
-  }
+  const int64_t n = hbm + host + on_file, row = cfg_.dim * (1 + cold_->num_slots());
+  *out = TableSnapshot<K>();
+  out->keys.reserve(n);
+  out->values.reserve(n * cfg_.dim);
+  out->slots.reserve(n * (row - cfg_.dim));
+  out->freqs.reserve(n);
+  out->versions.reserve(n);
+  if (hot_) SOK_RETURN_IF_ERROR(hot_->export_rows(out, stream_of(e)));
+  SOK_RETURN_IF_ERROR(cold_->export_rows(out, stream_of(e), /*append=*/true));
   return ssd_ ? ssd_->export_rows(out) : Status::OK();
 }
 

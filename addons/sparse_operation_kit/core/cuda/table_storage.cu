@@ -128,12 +128,17 @@ __global__ void __launch_bounds__(kBlock) k_import(DevTable t, const K* keys, co
 }
 
 // The rows at slots[0, count) (device) to *out, through buffers of at most a chunk
-// (synchronises). The caller holds m.mu.
+// (synchronises); append: after out's rows (the same slot layout), else replacing them. The
+// caller holds m.mu.
 template <typename K, typename Impl>
 Status copy_out(Impl& m, const int64_t* slots, int64_t count, TableSnapshot<K>* out,
-                cudaStream_t stream) {
+                cudaStream_t stream, bool append = false) {
   const int64_t d = m.cfg.dim;
   const int ns = m.num_slots;
+  const int64_t base = append ? static_cast<int64_t>(out->keys.size()) : 0;
+  if (base > 0 && (out->num_slots != ns || out->dim != d))
+    return Status::Invalid("table '" + m.cfg.name + "': rows of " + std::to_string(ns) +
+                           " slots cannot follow rows of " + std::to_string(out->num_slots));
   const int64_t chunk =
       std::min(std::max<int64_t>(count, 1), chunk_rows<K>(m.opt.transfer_chunk_bytes, d, ns));
   K* keys;
@@ -151,26 +156,27 @@ Status copy_out(Impl& m, const int64_t* slots, int64_t count, TableSnapshot<K>* 
   out->num_slots = ns;
   out->slot_kind = m.slot_kind;
   out->slot_init = m.slot_init;
-  out->keys.resize(count);
-  out->values.resize(count * d);
-  out->slots.resize(count * ns * d);
-  out->freqs.resize(count);
-  out->versions.resize(count);
+  out->keys.resize(base + count);
+  out->values.resize((base + count) * d);
+  out->slots.resize((base + count) * ns * d);
+  out->freqs.resize(base + count);
+  out->versions.resize(base + count);
   for (int64_t at = 0; at < count; at += chunk) {
     const int64_t c = std::min(chunk, count - at);
+    const int64_t to = base + at;
     k_export<K><<<grid_for(c * kTile, kBlock), kBlock, 0, stream>>>(
         m.t, slots + at, c, ns, keys, values, slot_vals, freqs, versions);
     SOK_LAUNCH_CHECK();
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->keys.data() + at, keys, c * sizeof(K),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->keys.data() + to, keys, c * sizeof(K),
                                     cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->values.data() + at * d, values, c * d * sizeof(float),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->values.data() + to * d, values, c * d * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream));
     if (ns > 0)
-      SOK_CUDA_RETURN(cudaMemcpyAsync(out->slots.data() + at * ns * d, slot_vals,
+      SOK_CUDA_RETURN(cudaMemcpyAsync(out->slots.data() + to * ns * d, slot_vals,
                                       c * ns * d * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->freqs.data() + at, freqs, c * sizeof(int64_t),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->freqs.data() + to, freqs, c * sizeof(int64_t),
                                     cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->versions.data() + at, versions, c * sizeof(int64_t),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->versions.data() + to, versions, c * sizeof(int64_t),
                                     cudaMemcpyDeviceToHost, stream));
     SOK_CUDA_RETURN(cudaStreamSynchronize(stream));  // the buffers are reused by the next chunk
   }
@@ -336,7 +342,8 @@ Status GpuEmbeddingTable<K>::Impl::rehash(int64_t new_cap, cudaStream_t s) {
 }
 
 template <typename K>
-Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t stream) {
+Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t stream,
+                                         bool append) {
   Impl& m = *impl_;
   DeviceGuard g(m.device);
   std::lock_guard<std::mutex> l(m.mu);
@@ -365,7 +372,7 @@ Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t str
   if (h_num != live)
     return Status::Invalid("table '" + m.cfg.name + "': export found " + std::to_string(h_num) +
                            " live slots but the counter says " + std::to_string(live));
-  return copy_out<K>(m, slots, h_num, out, stream);
+  return copy_out<K>(m, slots, h_num, out, stream, append);
 }
 
 template <typename K>
@@ -470,8 +477,10 @@ template Status GpuEmbeddingTable<int32_t>::Impl::grow_pool_to(int64_t, cudaStre
 template Status GpuEmbeddingTable<int64_t>::Impl::grow_pool_to(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::Impl::rehash(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::Impl::rehash(int64_t, cudaStream_t);
-template Status GpuEmbeddingTable<int32_t>::export_rows(TableSnapshot<int32_t>*, cudaStream_t);
-template Status GpuEmbeddingTable<int64_t>::export_rows(TableSnapshot<int64_t>*, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::export_rows(TableSnapshot<int32_t>*, cudaStream_t,
+                                                         bool);
+template Status GpuEmbeddingTable<int64_t>::export_rows(TableSnapshot<int64_t>*, cudaStream_t,
+                                                         bool);
 template Status GpuEmbeddingTable<int32_t>::import_rows(const SnapshotView<int32_t>&, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::import_rows(const SnapshotView<int64_t>&, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::put_rows(const TableSnapshot<int32_t>&, cudaStream_t);
