@@ -165,6 +165,7 @@ Status SsdRows<K>::shrink(int64_t global_step, int64_t* removed) {
 
 template <typename K>
 Status SsdRows<K>::export_rows(TableSnapshot<K>* out) const {
+  out->reserve(static_cast<int64_t>(out->keys.size()) + store_->size());
   Status inner;
   Status s = store_->for_each([&](const SsdStore::Record& r) {
     if (inner.ok()) inner = append_record(r, cfg_.name, out);

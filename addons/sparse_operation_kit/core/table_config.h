@@ -128,6 +128,16 @@ struct TableSnapshot {
   std::vector<float> slots;   // [n, num_slots, dim]
   std::vector<int64_t> freqs;
   std::vector<int64_t> versions;
+
+  // Room for `rows` rows in all, in this layout: rows appended tier by tier then never copy the
+  // snapshot to grow it (it can be most of the host's memory).
+  void reserve(int64_t rows) {
+    keys.reserve(rows);
+    values.reserve(rows * dim);
+    slots.reserve(rows * num_slots * dim);
+    freqs.reserve(rows);
+    versions.reserve(rows);
+  }
 };
 
 // A snapshot's arrays, not owned: what an import reads, from a TableSnapshot (it converts) or

@@ -201,6 +201,7 @@ template <typename K>
 Status TieredTable<K>::export_rows(const ExecContext&, TableSnapshot<K>* out) {
   std::shared_lock<std::shared_mutex> l(mu_);
   *out = hot_.export_rows();
+  out->reserve(static_cast<int64_t>(out->keys.size()) + cold_->size());
   Status inner;
   Status s = cold_->for_each([&](const SsdStore::Record& r) {
     if (inner.ok()) inner = append_record(r, config().name, out);

@@ -664,13 +664,10 @@ Status GpuTieredTable<K>::export_rows(const ExecContext& e, TableSnapshot<K>* ou
   int64_t hbm = 0, host = 0, on_file = 0;
   SOK_RETURN_IF_ERROR(tier_sizes(stream_of(e), &hbm, &host, &on_file));
   std::lock_guard<std::mutex> l(mu_);
-  const int64_t n = hbm + host + on_file, row = cfg_.dim * (1 + cold_->num_slots());
   *out = TableSnapshot<K>();
-  out->keys.reserve(n);
-  out->values.reserve(n * cfg_.dim);
-  out->slots.reserve(n * (row - cfg_.dim));
-  out->freqs.reserve(n);
-  out->versions.reserve(n);
+  out->dim = cfg_.dim;
+  out->num_slots = cold_->num_slots();
+  out->reserve(hbm + host + on_file);
   if (hot_) SOK_RETURN_IF_ERROR(hot_->export_rows(out, stream_of(e)));
   SOK_RETURN_IF_ERROR(cold_->export_rows(out, stream_of(e), /*append=*/true));
   return ssd_ ? ssd_->export_rows(out) : Status::OK();
