@@ -339,6 +339,12 @@ bool test_export_import(int64_t chunk_bytes) {
   Status appended = gpu->export_rows(&mixed, nullptr, /*append=*/true);
   if (appended.ok() || appended.message().find("cannot follow") == std::string::npos)
     ok = FAIL("rows of another slot layout appended: '%s'", appended.message().c_str());
+  // A picked import (a tiered import's split): those rows only, as if their snapshot were given.
+  std::vector<int64_t> every_third;
+  for (int64_t i = 0; i < static_cast<int64_t>(gs.keys.size()); i += 3) every_third.push_back(i);
+  auto picked = make_gpu<K>(cfg, 0.75, chunk_bytes);
+  SOK_OK(picked->import_rows(gs, nullptr, &every_third));
+  ok &= expect_same_table(gpu_export(*picked), snapshot_rows(gs, every_third), 0, 0);
   // CPU -> GPU, then both keep training identically (slots restored, kind known).
   auto g3 = make_gpu<K>(cfg, 0.75, chunk_bytes);
   SOK_OK(g3->import_rows(cs, nullptr));

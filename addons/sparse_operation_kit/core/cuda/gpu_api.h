@@ -330,8 +330,10 @@ class GpuEmbeddingTable {
   // Everything, in slot order, to host memory (synchronises); append: after out's rows (the
   // same slot layout; room reserved in out spares a copy of them), else replacing them.
   Status export_rows(TableSnapshot<K>* out, cudaStream_t stream, bool append = false);
-  // Replaces the whole content (synchronises); same checks as the CPU table.
-  Status import_rows(const SnapshotView<K>& snapshot, cudaStream_t stream);
+  // Replaces the whole content (synchronises); same checks as the CPU table. pick: only those
+  // rows of the snapshot, in that order (a tiered import's split).
+  Status import_rows(const SnapshotView<K>& snapshot, cudaStream_t stream,
+                     const std::vector<int64_t>* pick = nullptr);
   // Tiered tables' row batches (GpuTieredTable's SSD tier). export_keys: the rows of those of
   // keys[0, n) (device) it holds, to host memory (synchronises). put_rows: adds rows of keys it
   // lacks, whole (slots, frequencies, versions; the table's slot layout), growing as needed

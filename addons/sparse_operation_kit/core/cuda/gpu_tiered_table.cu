@@ -684,13 +684,15 @@ Status GpuTieredTable<K>::import_split(const SnapshotView<K>& s, int64_t keep, i
   keep = std::min(n, keep);
   keep_host = std::min(n - keep, keep_host);
   const auto part = [&](int64_t from, int64_t to) {
-    return snapshot_rows(s, std::vector<int64_t>(order.begin() + from, order.begin() + to));
+    return std::vector<int64_t>(order.begin() + from, order.begin() + to);
   };
-  SOK_RETURN_IF_ERROR(hot_->import_rows(part(0, keep), stream));
-  SOK_RETURN_IF_ERROR(cold_->import_rows(part(keep, keep + keep_host), stream));
+  // The GPU tiers gather their rows from the snapshot a chunk at a time (no copy of a tier).
+  const std::vector<int64_t> hot = part(0, keep), host = part(keep, keep + keep_host);
+  SOK_RETURN_IF_ERROR(hot_->import_rows(s, stream, &hot));
+  SOK_RETURN_IF_ERROR(cold_->import_rows(s, stream, &host));
   if (ssd_) {
     SOK_RETURN_IF_ERROR(ssd_->clear());
-    SOK_RETURN_IF_ERROR(ssd_->put(part(keep + keep_host, n)));
+    SOK_RETURN_IF_ERROR(ssd_->put(snapshot_rows(s, part(keep + keep_host, n))));
   }
   note_exact(keep, keep_host);
   return Status::OK();

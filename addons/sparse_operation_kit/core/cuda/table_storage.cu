@@ -186,8 +186,9 @@ Status copy_out(Impl& m, const int64_t* slots, int64_t count, TableSnapshot<K>* 
 // Inserts the snapshot's rows (the table's slot layout, room already made) through buffers of at
 // most a chunk (synchronises); an error when a key is already there or repeats.
 template <typename K, typename Impl>
-Status copy_in(Impl& m, const SnapshotView<K>& s, cudaStream_t stream) {
-  const int64_t n = s.n, d = m.cfg.dim;
+Status copy_in(Impl& m, const SnapshotView<K>& s, cudaStream_t stream,
+               const std::vector<int64_t>* pick = nullptr) {
+  const int64_t n = pick ? static_cast<int64_t>(pick->size()) : s.n, d = m.cfg.dim;
   const int64_t chunk = std::min(n, chunk_rows<K>(m.opt.transfer_chunk_bytes, d, s.num_slots));
   K* keys;
   float *values, *slot_vals;
@@ -204,18 +205,45 @@ Status copy_in(Impl& m, const SnapshotView<K>& s, cudaStream_t stream) {
   }));
   SOK_CUDA_RETURN(cudaMemsetAsync(dup, 0, sizeof(int), stream));
   const int64_t sd = s.num_slots * d;
+  // Picked rows are gathered a chunk at a time on the host, so a tiered import's split never
+  // copies its tiers' rows whole.
+  std::vector<K> hk;
+  std::vector<float> hv, hs;
+  std::vector<int64_t> hf, hver;
   for (int64_t at = 0; at < n; at += chunk) {
     const int64_t c = std::min(chunk, n - at);
-    SOK_CUDA_RETURN(cudaMemcpyAsync(keys, s.keys + at, c * sizeof(K),
-                                    cudaMemcpyHostToDevice, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(values, s.values + at * d, c * d * sizeof(float),
+    const K* src_keys = s.keys + at;
+    const float *src_values = s.values + at * d, *src_slots = s.slots + at * sd;
+    const int64_t *src_freqs = s.freqs + at, *src_versions = s.versions + at;
+    if (pick != nullptr) {
+      hk.resize(c);
+      hv.resize(c * d);
+      hs.resize(c * sd);
+      hf.resize(c);
+      hver.resize(c);
+      for (int64_t j = 0; j < c; ++j) {
+        const int64_t r = (*pick)[at + j];
+        hk[j] = s.keys[r];
+        hf[j] = s.freqs[r];
+        hver[j] = s.versions[r];
+        std::copy(s.values + r * d, s.values + (r + 1) * d, hv.begin() + j * d);
+        std::copy(s.slots + r * sd, s.slots + (r + 1) * sd, hs.begin() + j * sd);
+      }
+      src_keys = hk.data();
+      src_values = hv.data();
+      src_slots = hs.data();
+      src_freqs = hf.data();
+      src_versions = hver.data();
+    }
+    SOK_CUDA_RETURN(cudaMemcpyAsync(keys, src_keys, c * sizeof(K), cudaMemcpyHostToDevice, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(values, src_values, c * d * sizeof(float),
                                     cudaMemcpyHostToDevice, stream));
     if (sd > 0)
-      SOK_CUDA_RETURN(cudaMemcpyAsync(slot_vals, s.slots + at * sd, c * sd * sizeof(float),
+      SOK_CUDA_RETURN(cudaMemcpyAsync(slot_vals, src_slots, c * sd * sizeof(float),
                                       cudaMemcpyHostToDevice, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(freqs, s.freqs + at, c * sizeof(int64_t),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(freqs, src_freqs, c * sizeof(int64_t),
                                     cudaMemcpyHostToDevice, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(versions, s.versions + at, c * sizeof(int64_t),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(versions, src_versions, c * sizeof(int64_t),
                                     cudaMemcpyHostToDevice, stream));
     // A key repeated across chunks finds the earlier chunk's slot: flagged like one within a
     // chunk.
@@ -409,9 +437,10 @@ Status GpuEmbeddingTable<K>::export_keys(const K* keys, int64_t n, TableSnapshot
 }
 
 template <typename K>
-Status GpuEmbeddingTable<K>::import_rows(const SnapshotView<K>& s, cudaStream_t stream) {
+Status GpuEmbeddingTable<K>::import_rows(const SnapshotView<K>& s, cudaStream_t stream,
+                                         const std::vector<int64_t>* pick) {
   Impl& m = *impl_;
-  const int64_t n = s.n, d = m.cfg.dim;
+  const int64_t n = pick ? static_cast<int64_t>(pick->size()) : s.n, d = m.cfg.dim;
   SOK_RETURN_IF_ERROR(check_import(m.cfg, s));
   if (m.grow_pool) SOK_RETURN_IF_ERROR(m.check_pool_rows(n));
   DeviceGuard g(m.device);
@@ -437,7 +466,7 @@ Status GpuEmbeddingTable<K>::import_rows(const SnapshotView<K>& s, cudaStream_t 
     SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
     return Status::OK();
   }
-  return copy_in<K>(m, s, stream);
+  return copy_in<K>(m, s, stream, pick);
 }
 
 template <typename K>
@@ -481,8 +510,10 @@ template Status GpuEmbeddingTable<int32_t>::export_rows(TableSnapshot<int32_t>*,
                                                          bool);
 template Status GpuEmbeddingTable<int64_t>::export_rows(TableSnapshot<int64_t>*, cudaStream_t,
                                                          bool);
-template Status GpuEmbeddingTable<int32_t>::import_rows(const SnapshotView<int32_t>&, cudaStream_t);
-template Status GpuEmbeddingTable<int64_t>::import_rows(const SnapshotView<int64_t>&, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::import_rows(const SnapshotView<int32_t>&, cudaStream_t,
+                                                         const std::vector<int64_t>*);
+template Status GpuEmbeddingTable<int64_t>::import_rows(const SnapshotView<int64_t>&, cudaStream_t,
+                                                         const std::vector<int64_t>*);
 template Status GpuEmbeddingTable<int32_t>::put_rows(const TableSnapshot<int32_t>&, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::put_rows(const TableSnapshot<int64_t>&, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::export_keys(const int32_t*, int64_t, TableSnapshot<int32_t>*,
