@@ -289,12 +289,12 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
 def _load_ev(var, shards, keys, mine, dim, name, path):
     """Imports the rows `mine` (None: all) of an Embedding Variable's shards. Each array is dropped
     once its tensor exists, so a load needs little more host memory than the table."""
+    keys = _picked(keys, mine)
     # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
-    validation.check_key_dtype_fits(_picked(keys, mine), var.key_dtype, name,
-                                    f"sok.load from {path}")
+    validation.check_key_dtype_fits(keys, var.key_dtype, name, f"sok.load from {path}")
     slots, slot_kind, slot_init = _ev_slots(shards, dim, name)
     arrays = {
-        "keys": _picked(keys, mine),
+        "keys": keys,
         "values": _picked(_joined([s.pop("values").reshape(-1, dim) for s in shards]), mine),
         "slots": _picked(slots, mine),
         "freqs": _picked(_joined([s["freqs"] for s in shards]), mine),
