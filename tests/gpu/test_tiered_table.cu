@@ -256,7 +256,8 @@ bool test_export_import(CacheStrategy strategy) {
   return ok;
 }
 
-// Device (or pinned, mapped host) memory by pointer: what a table still holds from it.
+// Device (or pinned, mapped host) memory by pointer: what a table still holds from it, and the
+// most it held at once.
 class CountingAllocator final : public DeviceAllocator {
  public:
   explicit CountingAllocator(bool host = false) : host_(host) {}
@@ -267,6 +268,7 @@ class CountingAllocator final : public DeviceAllocator {
               : cudaMalloc(&p, bytes);
     if (e != cudaSuccess) return nullptr;
     sizes_.push_back({p, bytes});
+    peak_ = std::max(peak_, held());
     return p;
   }
   void deallocate(void* p, size_t, cudaStream_t) override {
@@ -284,10 +286,12 @@ class CountingAllocator final : public DeviceAllocator {
     for (const auto& x : sizes_) b += static_cast<int64_t>(x.second);
     return b;
   }
+  int64_t peak() const { return peak_; }
 
  private:
   bool host_;
   std::vector<std::pair<void*, size_t>> sizes_;
+  int64_t peak_ = 0;
 };
 
 // The HBM tier's rows take the budget's rows, not a row per slot of its index: its row memory
@@ -348,7 +352,8 @@ bool test_hbm_row_memory() {
 // host row and, after a growth, at most 1.5 times the most rows it held plus three calls' keys
 // (a call of n keys grows a pool of fewer than live + 2n rows to at most 1.5 times that),
 // through growth, the first optimizer step's relayout, eviction (the pool keeps its rows) and
-// an import (its rows and a quarter); results stay those of a one-tier table.
+// an import (its rows and a quarter); a growth adds a block and frees nothing (no copy: the
+// memory held never exceeds what is held after it); results stay those of a one-tier table.
 template <typename K>
 bool test_host_row_memory(bool host_only) {
   const int64_t dim = 16, batch = 1000;
@@ -377,10 +382,15 @@ bool test_host_row_memory(bool host_only) {
            FAIL("%s: host rows hold %lld bytes for %lld rows of %lld bytes, want at most %lld",
                 when, (long long)host.held(), (long long)rows, (long long)row, (long long)most);
   };
+  const int64_t first = host.held();
   for (size_t b = 0; b < pool.size() && ok; b += batch) {  // every key new: the pool grows
     const std::vector<K> keys(pool.begin() + b, pool.begin() + std::min(pool.size(), b + batch));
     ok &= t.lookup(keys, true) && within("inserting", dim, batch);
+    if (host.peak() != host.held())
+      ok = FAIL("a growth held %lld bytes of host rows at once, %lld after it",
+                (long long)host.peak(), (long long)host.held());
   }
+  if (host.held() <= first) ok = FAIL("the host pool never grew (%lld bytes)", (long long)first);
   for (int s = 1; s <= 6 && ok; ++s) {
     const std::vector<K> keys = step_keys(pool, 2 * batch, s % 2 == 0);
     p.step = s;

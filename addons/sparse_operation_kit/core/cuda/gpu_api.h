@@ -232,9 +232,10 @@ struct GpuTableOptions {
   // tier, whose row budget it is), so the index's spare slots cost no row memory; an insert
   // past the pool fails. At most 2^31 - 1.
   int64_t pool_rows = 0;
-  // The rows live in a pool that grows by half (its rows copied; a device sync) before an insert
-  // could find it empty, starting at max(pool_rows, initial_capacity) rows: 1 to 1.5 rows a key
-  // instead of a row per index slot (1.3 to 2.7 a key). A tiered table's host tier uses it.
+  // The rows live in a pool that grows by half before an insert could find it empty, starting
+  // at max(pool_rows, initial_capacity) rows: 1 to 1.5 rows a key instead of a row per index
+  // slot (1.3 to 2.7 a key). A growth adds a block of rows (a device sync; no row is copied).
+  // A tiered table's host tier uses it.
   bool grow_pool = false;
   // The host tier's rows (GpuTieredTable); nullptr: pinned_host_storage_allocator().
   DeviceAllocator* host_row_storage = nullptr;

@@ -10,7 +10,7 @@
 //     and its pool's free list are in GPU memory, its rows in pinned, mapped host memory
 //     (pinned_host_storage_allocator()), which kernels read and write directly. The rows live in
 //     a pool that grows by half as keys arrive (GpuTableOptions::grow_pool): 1 to 1.5 rows a
-//     key, however many slots the index has.
+//     key, however many slots the index has; a growth adds a block and moves no row.
 // Every row is in exactly one tier and travels whole (values, slots, frequency, version), by one
 // kernel per batch that probes the source, claims the slot in the destination and erases the
 // source slot.

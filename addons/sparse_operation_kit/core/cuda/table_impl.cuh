@@ -81,10 +81,11 @@ class SnapshotEvent {
 Status copy_counters(const std::vector<const int64_t*>& src, const std::vector<int64_t*>& dst,
                      cudaStream_t s);
 
-// `list` as the free list of a pool of `pool` rows after *taken (device; null: 0) were given
-// out (rows taken, taken + 1, ..., pool - 1), and the pool header before row_of pointing to it.
-Status fill_free_rows(int32_t* list, int64_t pool, const int64_t* taken, int32_t* row_of,
-                      cudaStream_t s);
+// `list` as the free list of a pool of `pool` rows (one block, `rows`) after *taken (device;
+// null: 0) were given out (rows taken, taken + 1, ..., pool - 1), and the pool header before
+// row_of pointing to both.
+Status fill_free_rows(int32_t* list, int64_t pool, const int64_t* taken, float* rows,
+                      int32_t* row_of, cudaStream_t s);
 
 }  // namespace detail
 
@@ -105,7 +106,8 @@ struct GpuEmbeddingTable<K>::Impl {
   int64_t pool_rows = 0;
   int64_t next_pool_rows = 0;
   bool grow_pool = false;
-  int32_t* free_list = nullptr;  // the pool's (device; table_layout.cuh's PoolHeader)
+  int32_t* free_list = nullptr;     // the pool's (device; table_layout.cuh's PoolHeader)
+  std::vector<float*> pool_blocks;  // the pool's row blocks (t.rows is the first)
   float* d_matrix = nullptr;
   int64_t* d_counters = nullptr;  // [0] live keys, [1] erased slots
   int* d_fail = nullptr;
@@ -203,8 +205,8 @@ struct GpuEmbeddingTable<K>::Impl {
     }
     if (!pooled()) release_rows(a->rows);
   }
-  // A pool of `pool` rows of `stride` floats from the row storage, and its free list from the
-  // device storage.
+  // A pool of `pool` rows of `stride` floats (one block) from the row storage, and its free list
+  // from the device storage; release_pool gives back such a pool, not (or no longer) in use.
   Status acquire_pool(int64_t pool, int64_t stride, float** rows, int32_t** list,
                       const char* what) {
     SOK_RETURN_IF_ERROR(acquire(list, static_cast<size_t>(pool) * sizeof(int32_t), what));
@@ -216,8 +218,13 @@ struct GpuEmbeddingTable<K>::Impl {
     release(list);
     release_rows(rows);
   }
+  // The pool in use: its free list and every block.
   void free_pool(detail::DevTable* a) {
-    if (pooled()) release_pool(a->rows, free_list);
+    if (!pooled()) return;
+    release(free_list);
+    for (float*& b : pool_blocks) release_rows(b);
+    pool_blocks.clear();
+    a->rows = nullptr;
   }
   void free_arrays(detail::DevTable* a) {
     free_index(a);
@@ -259,8 +266,8 @@ struct GpuEmbeddingTable<K>::Impl {
 
   // A pooled table's pool of `rows` rows of a->stride floats, every row free, into *a.
   Status alloc_pool(int64_t rows, detail::DevTable* a, cudaStream_t s);
-  // A growing pool of `rows` rows: its rows copied, the new ones added to the free list
-  // (synchronises the device).
+  // A growing pool of `rows` rows: a block of the rows added, which join the free list; no row
+  // moves (synchronises the device).
   Status grow_pool_to(int64_t rows, cudaStream_t s);
 
   Status note_row_memory(const float* rows) {
@@ -346,8 +353,8 @@ struct GpuEmbeddingTable<K>::Impl {
       SOK_RETURN_IF_ERROR(rehash(cap, s));
       set_upper(live);
     }
-    // By half: a copy of the rows per growth stays cheap over the table's life, and the spare
-    // rows stay under a third of the pool.
+    // By half: few blocks (each an allocation of pinned memory, slow for host rows), and the
+    // spare rows stay under a third of the pool.
     if (grow_pool && live + 2 * n > pool_rows) {
       const int64_t want = std::max(pool_rows + pool_rows / 2, live + 2 * n);
       SOK_RETURN_IF_ERROR(

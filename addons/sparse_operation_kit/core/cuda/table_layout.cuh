@@ -5,13 +5,13 @@
 // update hits the line the key compare just brought into L2), the version, and the row
 // [value(dim) | slots(num_slots x dim)]: row s of `rows`, or, in a pooled table (a tiered
 // table's tiers), row row_of[s] of a pool that holds only the rows the tier needs (the HBM
-// tier's budget; the host tier's keys and a growth margin), whatever the index's spare slots (a
-// fresh slot takes a row from the free list, an erased one gives it back; a launch only takes or
-// only gives, so a row given back is never reused while a tile of the same launch still reads
-// it). A key lives in its home bucket (hash & (nb - 1)) or,
-// when that was full at insertion, in one of the following buckets (linear probing over buckets); a
-// bucket with an empty slot ends a search. Erased slots stay "erased" (never reused) until the
-// next rehash, so concurrent inserts and erases cannot break a probe chain.
+// tier's budget; the host tier's keys and a growth margin, in blocks), whatever the index's spare
+// slots (a fresh slot takes a row from the free list, an erased one gives it back; a launch only
+// takes or only gives, so a row given back is never reused while a tile of the same launch still
+// reads it). A key lives in its home bucket (hash & (nb - 1)) or, when that was full at insertion,
+// in one of the following buckets (linear probing over buckets); a bucket with an empty slot ends a
+// search. Erased slots stay "erased" (never reused) until the next rehash, so concurrent inserts
+// and erases cannot break a probe chain.
 //
 // Probing is cooperative: 8 threads per key, each loading one 4-byte word of the bucket's 32
 // digests (one 32-byte sector per bucket), comparing 4 digests at once (__vcmpeq4), and only the
@@ -64,18 +64,33 @@ struct DevTable {
 };
 
 // A pooled table's free list (a row number per pool row) is a device allocation of its own,
-// even for rows in host memory, so its atomics stay on the GPU. The header in the kPoolAlign
-// bytes before row_of finds it: a rehash copies the header with the index, and a new pool
-// (growth, relayout, import) rewrites it, so DevTable, in every launch's parameters, stays small.
+// even for rows in host memory, so its atomics stay on the GPU. The pool's rows are blocks:
+// a growth adds one and copies nothing (pool rows [start[c], start[c + 1]) are block[c]'s).
+// The header in the kPoolAlign bytes before row_of finds both: a rehash copies the header with
+// the index, and a new pool (growth, relayout, import) rewrites it, so DevTable, in every
+// launch's parameters, stays small.
+constexpr int kMaxPoolBlocks = 60;  // growth by half: 1 row to kMaxPoolRows in 54 blocks
 struct PoolHeader {
   unsigned long long count;  // free rows: list[0, count)
   int32_t* list;
+  int64_t num_blocks;
+  int64_t start[kMaxPoolBlocks];
+  float* block[kMaxPoolBlocks];
 };
-constexpr int64_t kPoolAlign = 256;
+constexpr int64_t kPoolAlign = 1024;
+static_assert(sizeof(PoolHeader) <= kPoolAlign, "the pool header fits before row_of");
 constexpr int64_t kMaxPoolRows = 2147483647;  // row numbers are int32
 __host__ __device__ __forceinline__ PoolHeader* pool_header(const int32_t* row_of) {
   return reinterpret_cast<PoolHeader*>(reinterpret_cast<char*>(const_cast<int32_t*>(row_of)) -
                                        kPoolAlign);
+}
+
+// Pool row r of a pooled table (the last blocks, the largest, are searched first).
+__device__ __forceinline__ float* pool_row(const DevTable& t, int64_t r) {
+  const PoolHeader* h = pool_header(t.row_of);
+  int64_t b = h->num_blocks - 1;
+  while (r < h->start[b]) --b;
+  return h->block[b] + (r - h->start[b]) * t.stride;
 }
 
 // A launch's fail flag: kFailFull, no free slot; kFailPoolEmpty, a pooled table had no free row.
@@ -83,7 +98,7 @@ constexpr int kFailFull = 1, kFailPoolEmpty = 2;
 
 // The row of live slot s.
 __device__ __forceinline__ float* row_at(const DevTable& t, int64_t s) {
-  return t.rows + (t.row_of != nullptr ? static_cast<int64_t>(t.row_of[s]) : s) * t.stride;
+  return t.row_of != nullptr ? pool_row(t, t.row_of[s]) : t.rows + s * t.stride;
 }
 
 struct RowInit {
@@ -258,7 +273,7 @@ __device__ inline float* fresh_row(const Tile& tile, const DevTable& t, int64_t 
     }
   }
   r = tile.shfl(r, 0);
-  return r < 0 ? nullptr : t.rows + r * t.stride;
+  return r < 0 ? nullptr : pool_row(t, r);
 }
 
 // A pooled table's row of slot s, just erased by this thread, back to the free list.

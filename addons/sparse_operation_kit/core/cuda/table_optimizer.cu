@@ -287,10 +287,12 @@ Status GpuEmbeddingTable<K>::Impl::relayout_pool(int64_t stride, cudaStream_t s)
   k_relayout_pooled<<<grid_for(capacity * kTile, kBlock), kBlock, 0, s>>>(
       t, rows, stride, row_init(), capacity, next_pool_rows, taken.as<int64_t>(), d_fail);
   SOK_LAUNCH_CHECK();
-  SOK_RETURN_IF_ERROR(fill_free_rows(list, next_pool_rows, taken.as<int64_t>(), t.row_of, s));
+  SOK_RETURN_IF_ERROR(
+      fill_free_rows(list, next_pool_rows, taken.as<int64_t>(), rows, t.row_of, s));
   SOK_CUDA_RETURN(cudaStreamSynchronize(s));
-  release_pool(t.rows, free_list);
+  free_pool(&t);
   t.rows = rows;
+  pool_blocks = {rows};
   t.stride = static_cast<int32_t>(stride);
   free_list = list;
   pool_rows = next_pool_rows;

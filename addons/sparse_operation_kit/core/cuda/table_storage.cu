@@ -50,15 +50,22 @@ __launch_bounds__(kBlock) k_rehash(DevTable o, DevTable t, int64_t old_slots, in
   if (r.fresh) publish(tile, t, r.slot, h);
 }
 
-__global__ void k_fill_free(int32_t* list, int64_t pool, const int64_t* taken, PoolHeader* h) {
+__global__ void k_fill_free(int32_t* list, int64_t pool, const int64_t* taken, float* rows,
+                            PoolHeader* h) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t first = taken != nullptr ? *taken : 0;
   if (j < pool - first) list[j] = static_cast<int32_t>(first + j);
-  if (j == 0) *h = PoolHeader{static_cast<unsigned long long>(pool - first), list};
+  if (j == 0) {
+    h->count = static_cast<unsigned long long>(pool - first);
+    h->list = list;
+    h->num_blocks = 1;
+    h->start[0] = 0;
+    h->block[0] = rows;
+  }
 }
 
 // The free list of a pool grown from old_pool to pool rows: the old list's rows, then the new
-// ones (k_point_pool then points the header at it).
+// block's (k_point_pool then points the header at the list and the block).
 __global__ void k_grow_free(const PoolHeader* h, int32_t* list, int64_t old_pool, int64_t pool) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t had = static_cast<int64_t>(h->count);
@@ -66,8 +73,13 @@ __global__ void k_grow_free(const PoolHeader* h, int32_t* list, int64_t old_pool
   else if (j < had + pool - old_pool) list[j] = static_cast<int32_t>(old_pool + j - had);
 }
 
-__global__ void k_point_pool(PoolHeader* h, int32_t* list, int64_t added) {
-  *h = PoolHeader{h->count + static_cast<unsigned long long>(added), list};
+__global__ void k_point_pool(PoolHeader* h, int32_t* list, int64_t old_pool, int64_t pool,
+                             float* block) {
+  h->count += static_cast<unsigned long long>(pool - old_pool);
+  h->list = list;
+  h->start[h->num_blocks] = old_pool;
+  h->block[h->num_blocks] = block;
+  ++h->num_blocks;
 }
 
 // Rows per export/import chunk of at most chunk_bytes on the device (GpuTableOptions).
@@ -289,10 +301,10 @@ Status check_import(const TableConfig& cfg, const SnapshotView<K>& s) {
 
 }  // namespace
 
-Status detail::fill_free_rows(int32_t* list, int64_t pool, const int64_t* taken, int32_t* row_of,
-                              cudaStream_t s) {
+Status detail::fill_free_rows(int32_t* list, int64_t pool, const int64_t* taken, float* rows,
+                              int32_t* row_of, cudaStream_t s) {
   k_fill_free<<<grid_for(std::max<int64_t>(pool, 1), kBlock), kBlock, 0, s>>>(
-      list, pool, taken, pool_header(row_of));
+      list, pool, taken, rows, pool_header(row_of));
   SOK_LAUNCH_CHECK();
   return Status::OK();
 }
@@ -308,40 +320,40 @@ Status GpuEmbeddingTable<K>::Impl::alloc_pool(int64_t rows, DevTable* a, cudaStr
   SOK_RETURN_IF_ERROR(
       acquire_pool(rows, a->stride, &a->rows, &free_list, pool_what(rows, a->stride).c_str()));
   pool_rows = next_pool_rows = rows;
+  pool_blocks = {a->rows};
   SOK_RETURN_IF_ERROR(note_row_memory(a->rows));
-  return fill_free_rows(free_list, rows, nullptr, a->row_of, s);
+  return fill_free_rows(free_list, rows, nullptr, a->rows, a->row_of, s);
 }
 
 template <typename K>
 Status GpuEmbeddingTable<K>::Impl::grow_pool_to(int64_t rows, cudaStream_t s) {
   SOK_RETURN_IF_ERROR(check_pool_rows(rows));
+  if (pool_blocks.size() >= static_cast<size_t>(kMaxPoolBlocks))
+    return Status::Invalid("table '" + cfg.name + "': its row pool has " +
+                           std::to_string(pool_blocks.size()) + " blocks, the most it can have");
   SOK_CUDA_RETURN(cudaDeviceSynchronize());
   mixed = false;
-  float* new_rows = nullptr;
+  float* block = nullptr;
   int32_t* new_list = nullptr;
-  SOK_RETURN_IF_ERROR(
-      acquire_pool(rows, t.stride, &new_rows, &new_list, pool_what(rows, t.stride).c_str()));
-  Status st = Status::OK();
-  if (cudaMemcpyAsync(new_rows, t.rows, static_cast<size_t>(pool_rows) * t.stride * sizeof(float),
-                      cudaMemcpyDefault, s) != cudaSuccess) {
-    st = Status::Invalid("table '" + cfg.name + "': copying its rows into a larger pool failed: " +
-                         cudaGetErrorString(cudaGetLastError()));
-  }
+  const std::string what = pool_what(rows - pool_rows, t.stride) + " more";
+  SOK_RETURN_IF_ERROR(acquire(&new_list, static_cast<size_t>(rows) * sizeof(int32_t), what.c_str()));
+  Status st = acquire_rows(
+      &block, static_cast<size_t>(rows - pool_rows) * t.stride * sizeof(float), what.c_str());
   if (st.ok()) {
     PoolHeader* h = pool_header(t.row_of);
     k_grow_free<<<grid_for(rows, kBlock), kBlock, 0, s>>>(h, new_list, pool_rows, rows);
-    k_point_pool<<<1, 1, 0, s>>>(h, new_list, rows - pool_rows);
+    k_point_pool<<<1, 1, 0, s>>>(h, new_list, pool_rows, rows, block);
     if (cudaStreamSynchronize(s) != cudaSuccess)
       st = Status::Invalid("table '" + cfg.name + "': growing its row pool failed: " +
                            cudaGetErrorString(cudaGetLastError()));
   }
   if (!st.ok()) {
-    release_pool(new_rows, new_list);
+    release_pool(block, new_list);
     return st;
   }
-  release_pool(t.rows, free_list);
-  t.rows = new_rows;
+  release(free_list);
   free_list = new_list;
+  pool_blocks.push_back(block);
   pool_rows = next_pool_rows = rows;
   return Status::OK();
 }
