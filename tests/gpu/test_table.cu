@@ -1,7 +1,9 @@
 // GpuEmbeddingTable vs the CPU core's EmbeddingTable: find / find_or_insert (every initializer,
 // counter filter), duplicate keys in one batch, two streams at once, growth, insert_or_assign /
-// erase, export_rows / import_rows.
+// erase, export_rows / import_rows, shrink.
 // Usage: test_table [seed (0: from the clock)] [name filter]; see test_util.cuh.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <set>
@@ -395,6 +397,54 @@ bool test_export_import(int64_t chunk_bytes) {
   return ok;
 }
 
+// shrink() by age (steps_to_live, versions from SGD steps) and by L2 norm (values assigned): the
+// same keys go as from the CPU table, and the rest stay; chunk_bytes > 0 reads the victims'
+// fields in chunks of that many bytes.
+template <typename K>
+bool test_shrink(bool by_norm, int64_t chunk_bytes) {
+  const int64_t dim = 8;
+  TableConfig cfg = make_cfg(dim, InitKind::kUniform);
+  const std::vector<K> pool = key_pool<K>(30000);
+  const std::vector<float> vals = randn(pool.size() * dim, 1.f);
+  if (by_norm) {
+    std::vector<double> norms(pool.size());
+    for (size_t i = 0; i < pool.size(); ++i) {
+      double sq = 0;
+      for (int64_t c = 0; c < dim; ++c) sq += double(vals[i * dim + c]) * vals[i * dim + c];
+      norms[i] = std::sqrt(sq);
+    }
+    std::nth_element(norms.begin(), norms.begin() + norms.size() / 3, norms.end());
+    cfg.l2_weight_threshold = static_cast<float>(norms[norms.size() / 3]);  // about a third go
+  } else {
+    cfg.steps_to_live = 3;
+  }
+  EmbeddingTable<K> cpu(cfg);
+  auto gpu = make_gpu<K>(cfg, 0.75, chunk_bytes);
+  DevBuf<K> dk = to_device(pool);
+  DevBuf<float> dv = to_device(vals);
+  cpu.insert_or_assign(pool.data(), pool.size(), vals.data());
+  SOK_OK(gpu->insert_or_assign(dk.get(), pool.size(), dv.get(), nullptr));
+  OptimizerParams p;
+  p.kind = OptimizerKind::kSGD;
+  p.lr = 0.f;  // versions move, values stay: the norm rule sees the assigned values
+  for (int s = 1; s <= 6 && !by_norm; ++s) {  // each step updates a sixth of the keys
+    const std::vector<K> keys(pool.begin() + (s - 1) * 5000, pool.begin() + s * 5000);
+    const std::vector<float> g(keys.size() * dim, 1.f);
+    p.step = s;
+    SOK_OK(cpu.apply_gradients(keys.data(), keys.size(), g.data(), p, s));
+    DevBuf<K> dks = to_device(keys);
+    DevBuf<float> dg = to_device(g);
+    SOK_OK(gpu->apply_gradients(dks.get(), keys.size(), dg.get(), p, s, nullptr));
+  }
+  const int64_t want = cpu.shrink(7);
+  int64_t got = -1;
+  SOK_OK(gpu->shrink(7, nullptr, &got));
+  bool ok = true;
+  if (got != want || want == 0 || want == static_cast<int64_t>(pool.size()))
+    ok = FAIL("shrink removed %lld, want %lld (some, not all)", (long long)got, (long long)want);
+  return ok && expect_same_table(gpu_export(*gpu), cpu.export_rows(), 0, 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -430,5 +480,12 @@ int main(int argc, char** argv) {
     // 216-byte rows (dim 16, Adam's two slots): 1,000 rows a chunk, a snapshot in many chunks.
     run("export/import in chunks of 1,000 rows int64",
         [] { return test_export_import<int64_t>(1000 * 216); });
+    run("shrink by age vs CPU int64", [] { return test_shrink<int64_t>(false, 0); });
+    run("shrink by L2 norm vs CPU int32", [] { return test_shrink<int32_t>(true, 0); });
+    // 52-byte victim fields (dim 8, int32 keys): 1,000 rows a chunk.
+    run("shrink by L2 norm in chunks of 1,000 rows int32",
+        [] { return test_shrink<int32_t>(true, 1000 * 52); });
+    run("shrink by age in chunks of 1,000 rows int64",
+        [] { return test_shrink<int64_t>(false, 1000 * 56); });
   });
 }

@@ -425,30 +425,6 @@ Status GpuEmbeddingTable<K>::erase(const K* keys, int64_t n, cudaStream_t stream
   return Status::OK();
 }
 
-// Victims are chosen on the host from an export (shrinking is rare: checkpoint time) by the one
-// eviction rule, then erased on the device.
-template <typename K>
-Status GpuEmbeddingTable<K>::shrink(int64_t global_step, cudaStream_t stream, int64_t* removed) {
-  *removed = 0;
-  if (!evicts_anything(impl_->cfg)) return Status::OK();
-  TableSnapshot<K> s;
-  SOK_RETURN_IF_ERROR(export_rows(&s, stream));
-  std::vector<K> victims;
-  for (size_t row = 0; row < s.keys.size(); ++row) {
-    if (should_evict(impl_->cfg, global_step, s.versions[row], s.values.data() + row * s.dim)) {
-      victims.push_back(s.keys[row]);
-    }
-  }
-  if (victims.empty()) return Status::OK();
-  DeviceGuard g(impl_->device);
-  Temp d_victims;
-  const size_t bytes = victims.size() * sizeof(K);
-  SOK_RETURN_IF_ERROR(d_victims.alloc(impl_->alloc, bytes, stream));
-  SOK_CUDA_RETURN(cudaMemcpyAsync(d_victims.as<K>(), victims.data(), bytes, cudaMemcpyHostToDevice, stream));
-  // erase() with a count synchronises the stream, so `victims` outlives the copy.
-  return erase(d_victims.as<K>(), static_cast<int64_t>(victims.size()), stream, removed);
-}
-
 // The members defined here; the others are instantiated where they are defined.
 template class GpuEmbeddingTable<int32_t>;
 template class GpuEmbeddingTable<int64_t>;

@@ -139,6 +139,28 @@ __global__ void __launch_bounds__(kBlock) k_import(DevTable t, const K* keys, co
   add_count(counters, inserted);
 }
 
+// k_export's outputs for a chunk of rows of ns slots (device temporaries).
+template <typename K>
+struct ExportChunk {
+  K* keys = nullptr;
+  float *values = nullptr, *slot_vals = nullptr;
+  int64_t *freqs = nullptr, *versions = nullptr;
+  Temp tmp;
+};
+
+template <typename K, typename Impl>
+Status carve_export_chunk(Impl& m, int64_t chunk, int ns, cudaStream_t stream,
+                          ExportChunk<K>* b) {
+  const int64_t d = m.cfg.dim;
+  return carve_temp(m.alloc, stream, &b->tmp, [&](Workspace& ws) {
+    b->keys = ws.take<K>(chunk);
+    b->values = ws.take<float>(chunk * d);
+    b->slot_vals = ws.take<float>(chunk * ns * d + 1);  // + 1: never empty
+    b->freqs = ws.take<int64_t>(chunk);
+    b->versions = ws.take<int64_t>(chunk);
+  });
+}
+
 // The rows at slots[0, count) (device) to *out, through buffers of at most a chunk
 // (synchronises); append: after out's rows (the same slot layout), else replacing them. The
 // caller holds m.mu.
@@ -153,17 +175,8 @@ Status copy_out(Impl& m, const int64_t* slots, int64_t count, TableSnapshot<K>* 
                            " slots cannot follow rows of " + std::to_string(out->num_slots));
   const int64_t chunk =
       std::min(std::max<int64_t>(count, 1), chunk_rows<K>(m.opt.transfer_chunk_bytes, d, ns));
-  K* keys;
-  float *values, *slot_vals;
-  int64_t *freqs, *versions;
-  Temp tmp;
-  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
-    keys = ws.take<K>(chunk);
-    values = ws.take<float>(chunk * d);
-    slot_vals = ws.take<float>(chunk * ns * d + 1);  // + 1: never empty
-    freqs = ws.take<int64_t>(chunk);
-    versions = ws.take<int64_t>(chunk);
-  }));
+  ExportChunk<K> b;
+  SOK_RETURN_IF_ERROR(carve_export_chunk(m, chunk, ns, stream, &b));
   out->dim = d;
   out->num_slots = ns;
   out->slot_kind = m.slot_kind;
@@ -177,20 +190,56 @@ Status copy_out(Impl& m, const int64_t* slots, int64_t count, TableSnapshot<K>* 
     const int64_t c = std::min(chunk, count - at);
     const int64_t to = base + at;
     k_export<K><<<grid_for(c * kTile, kBlock), kBlock, 0, stream>>>(
-        m.t, slots + at, c, ns, keys, values, slot_vals, freqs, versions);
+        m.t, slots + at, c, ns, b.keys, b.values, b.slot_vals, b.freqs, b.versions);
     SOK_LAUNCH_CHECK();
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->keys.data() + to, keys, c * sizeof(K),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->keys.data() + to, b.keys, c * sizeof(K),
                                     cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->values.data() + to * d, values, c * d * sizeof(float),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->values.data() + to * d, b.values, c * d * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream));
     if (ns > 0)
-      SOK_CUDA_RETURN(cudaMemcpyAsync(out->slots.data() + to * ns * d, slot_vals,
+      SOK_CUDA_RETURN(cudaMemcpyAsync(out->slots.data() + to * ns * d, b.slot_vals,
                                       c * ns * d * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->freqs.data() + to, freqs, c * sizeof(int64_t),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->freqs.data() + to, b.freqs, c * sizeof(int64_t),
                                     cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->versions.data() + to, versions, c * sizeof(int64_t),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out->versions.data() + to, b.versions, c * sizeof(int64_t),
                                     cudaMemcpyDeviceToHost, stream));
     SOK_CUDA_RETURN(cudaStreamSynchronize(stream));  // the buffers are reused by the next chunk
+  }
+  return Status::OK();
+}
+
+// The keys of the rows should_evict() selects among `count` live slots, read a chunk at a time
+// (keys and versions; values only under an L2 threshold): choosing victims holds no copy of the
+// table on the host, which for a table larger than the GPU would be most of the host's memory.
+template <typename K, typename Impl>
+Status pick_victims(Impl& m, const int64_t* slots, int64_t count, int64_t global_step,
+                    cudaStream_t stream, std::vector<K>* victims) {
+  const int64_t d = m.cfg.dim;
+  const bool by_norm = m.cfg.l2_weight_threshold >= 0.f;
+  const int64_t chunk =
+      std::min(std::max<int64_t>(count, 1), chunk_rows<K>(m.opt.transfer_chunk_bytes, d, 0));
+  ExportChunk<K> b;
+  SOK_RETURN_IF_ERROR(carve_export_chunk(m, chunk, 0, stream, &b));
+  std::vector<K> h_keys(chunk);
+  std::vector<int64_t> h_versions(chunk);
+  std::vector<float> h_values(by_norm ? chunk * d : 0);
+  for (int64_t at = 0; at < count; at += chunk) {
+    const int64_t c = std::min(chunk, count - at);
+    k_export<K><<<grid_for(c * kTile, kBlock), kBlock, 0, stream>>>(
+        m.t, slots + at, c, 0, b.keys, b.values, b.slot_vals, b.freqs, b.versions);
+    SOK_LAUNCH_CHECK();
+    SOK_CUDA_RETURN(
+        cudaMemcpyAsync(h_keys.data(), b.keys, c * sizeof(K), cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(h_versions.data(), b.versions, c * sizeof(int64_t),
+                                    cudaMemcpyDeviceToHost, stream));
+    if (by_norm)
+      SOK_CUDA_RETURN(cudaMemcpyAsync(h_values.data(), b.values, c * d * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaStreamSynchronize(stream));  // the buffers are reused by the next chunk
+    for (int64_t i = 0; i < c; ++i) {
+      const float* value = by_norm ? h_values.data() + i * d : nullptr;  // unread without
+      if (should_evict(m.cfg, global_step, h_versions[i], value)) victims->push_back(h_keys[i]);
+    }
   }
   return Status::OK();
 }
@@ -381,13 +430,22 @@ Status GpuEmbeddingTable<K>::Impl::rehash(int64_t new_cap, cudaStream_t s) {
   return Status::OK();
 }
 
-template <typename K>
-Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t stream,
-                                         bool append) {
-  Impl& m = *impl_;
-  DeviceGuard g(m.device);
-  std::lock_guard<std::mutex> l(m.mu);
+namespace {
+
+// The table's live slots in slot order (device), checked against the live counter.
+struct LiveSlots {
+  Temp tmp;
+  int64_t* slots = nullptr;
+  int64_t count = 0;
+};
+
+// *out: the live slots of a table whose mutex the caller holds (synchronises).
+template <typename Impl>
+Status live_slots(Impl& m, cudaStream_t stream, LiveSlots* out) {
   m.note_stream(stream);
+  Temp* tmp = &out->tmp;
+  int64_t** slots = &out->slots;
+  int64_t* count = &out->count;
   int64_t live = 0, erased = 0;
   SOK_RETURN_IF_ERROR(m.sync_counts(stream, &live, &erased));
   m.set_upper(live + erased, live);
@@ -396,23 +454,59 @@ Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t str
   IsLiveSlot pred{m.t.digests};
   SOK_CUDA_RETURN(cub::DeviceSelect::If(nullptr, sel_bytes, it, static_cast<int64_t*>(nullptr),
                                         static_cast<int64_t*>(nullptr), m.capacity, pred, stream));
-  int64_t *slots, *num;
+  int64_t* num;
   void* sel_tmp;
-  Temp tmp;
-  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &tmp, [&](Workspace& ws) {
-    slots = ws.take<int64_t>(m.capacity);
+  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, tmp, [&](Workspace& ws) {
+    *slots = ws.take<int64_t>(m.capacity);
     num = ws.take<int64_t>(1);
     sel_tmp = ws.take_bytes(sel_bytes);
   }));
   SOK_CUDA_RETURN(
-      cub::DeviceSelect::If(sel_tmp, sel_bytes, it, slots, num, m.capacity, pred, stream));
-  int64_t h_num = 0;
-  SOK_CUDA_RETURN(cudaMemcpyAsync(&h_num, num, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+      cub::DeviceSelect::If(sel_tmp, sel_bytes, it, *slots, num, m.capacity, pred, stream));
+  SOK_CUDA_RETURN(cudaMemcpyAsync(count, num, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
   SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
-  if (h_num != live)
-    return Status::Invalid("table '" + m.cfg.name + "': export found " + std::to_string(h_num) +
+  if (*count != live)
+    return Status::Invalid("table '" + m.cfg.name + "': export found " + std::to_string(*count) +
                            " live slots but the counter says " + std::to_string(live));
-  return copy_out<K>(m, slots, h_num, out, stream, append);
+  return Status::OK();
+}
+
+}  // namespace
+
+template <typename K>
+Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t stream,
+                                         bool append) {
+  Impl& m = *impl_;
+  DeviceGuard g(m.device);
+  std::lock_guard<std::mutex> l(m.mu);
+  LiveSlots live;
+  SOK_RETURN_IF_ERROR(live_slots(m, stream, &live));
+  return copy_out<K>(m, live.slots, live.count, out, stream, append);
+}
+
+// Victims are chosen on the host by the one eviction rule (shrinking is rare: checkpoint time),
+// then erased on the device.
+template <typename K>
+Status GpuEmbeddingTable<K>::shrink(int64_t global_step, cudaStream_t stream, int64_t* removed) {
+  *removed = 0;
+  Impl& m = *impl_;
+  if (!evicts_anything(m.cfg)) return Status::OK();
+  DeviceGuard g(m.device);
+  std::vector<K> victims;
+  {
+    std::lock_guard<std::mutex> l(m.mu);
+    LiveSlots live;
+    SOK_RETURN_IF_ERROR(live_slots(m, stream, &live));
+    SOK_RETURN_IF_ERROR(pick_victims<K>(m, live.slots, live.count, global_step, stream, &victims));
+  }
+  if (victims.empty()) return Status::OK();
+  Temp d_victims;
+  const size_t bytes = victims.size() * sizeof(K);
+  SOK_RETURN_IF_ERROR(d_victims.alloc(m.alloc, bytes, stream));
+  SOK_CUDA_RETURN(
+      cudaMemcpyAsync(d_victims.as<K>(), victims.data(), bytes, cudaMemcpyHostToDevice, stream));
+  // erase() with a count synchronises the stream, so `victims` outlives the copy.
+  return erase(d_victims.as<K>(), static_cast<int64_t>(victims.size()), stream, removed);
 }
 
 template <typename K>
@@ -534,6 +628,8 @@ template Status GpuEmbeddingTable<int64_t>::export_keys(const int64_t*, int64_t,
                                                         cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::reserve(int64_t, cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::reserve(int64_t, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::shrink(int64_t, cudaStream_t, int64_t*);
+template Status GpuEmbeddingTable<int64_t>::shrink(int64_t, cudaStream_t, int64_t*);
 
 }  // namespace gpu
 }  // namespace sok
