@@ -17,20 +17,17 @@ prints one line per phase:
 """
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
+
+from proc_memory import run_child, status_bytes
 
 GB = 1 << 30
 
 
 def _status_gb(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024 / GB
-    raise RuntimeError(f"no {field} in /proc/self/status")
+    return status_bytes(field) / GB
 
 
 def _reset_peak():
@@ -117,13 +114,9 @@ def main():
             cmd = [sys.executable, __file__, "--keys", str(args.keys), "--dim", str(args.dim),
                    "--chunk", str(args.chunk), "--device", args.device, "--storage",
                    args.storage, "--dump", d, "--phase", phase]
-            out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True)
-            lines = [ln for ln in out.stdout.splitlines() if ln.startswith("CHECKPOINT")]
-            if out.returncode != 0 or not lines:
-                print(out.stdout[-3000:], file=sys.stderr)
-                return out.returncode or 1
-            print(lines[-1], flush=True)
+            rc = run_child(cmd, env, "CHECKPOINT")
+            if rc != 0:
+                return rc
     return 0
 
 

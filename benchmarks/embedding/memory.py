@@ -16,28 +16,21 @@ prints one line per dim:
 """
 import argparse
 import os
-import subprocess
 import sys
+
+from proc_memory import run_child, status_bytes
 
 TARGET_OVERHEAD = 32  # bytes per key beyond values and slots (the multi-tier issue's target)
 
 
-def _status_bytes(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def _rss_bytes():
-    return _status_bytes("VmRSS")
+    return status_bytes("VmRSS")
 
 
 def _anon_bytes():
     """Resident anonymous memory: what a DRAM_SSDHASH table keeps in DRAM, without the SSD
     file's pages (page cache, and the read-only mapping its reads go through)."""
-    return _status_bytes("RssAnon")
+    return status_bytes("RssAnon")
 
 
 def measure_ssd(keys, dim, chunk):
@@ -152,16 +145,11 @@ def main():
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     for dim in (int(d) for d in args.dims.split(",")):
-        out = subprocess.run([sys.executable, __file__, "--keys", str(args.keys), "--chunk",
-                              str(args.chunk), "--device", args.device, "--storage", args.storage,
-                              "--child-dim", str(dim)],
-                             env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("MEMORY")]
-        if out.returncode != 0 or not lines:
-            print(out.stdout[-3000:], file=sys.stderr)
-            return out.returncode or 1
-        print(lines[-1], flush=True)
+        rc = run_child([sys.executable, __file__, "--keys", str(args.keys), "--chunk",
+                        str(args.chunk), "--device", args.device, "--storage", args.storage,
+                        "--child-dim", str(dim)], env, "MEMORY")
+        if rc != 0:
+            return rc
     return 0
 
 
