@@ -443,9 +443,6 @@ struct LiveSlots {
 template <typename Impl>
 Status live_slots(Impl& m, cudaStream_t stream, LiveSlots* out) {
   m.note_stream(stream);
-  Temp* tmp = &out->tmp;
-  int64_t** slots = &out->slots;
-  int64_t* count = &out->count;
   int64_t live = 0, erased = 0;
   SOK_RETURN_IF_ERROR(m.sync_counts(stream, &live, &erased));
   m.set_upper(live + erased, live);
@@ -456,17 +453,18 @@ Status live_slots(Impl& m, cudaStream_t stream, LiveSlots* out) {
                                         static_cast<int64_t*>(nullptr), m.capacity, pred, stream));
   int64_t* num;
   void* sel_tmp;
-  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, tmp, [&](Workspace& ws) {
-    *slots = ws.take<int64_t>(m.capacity);
+  SOK_RETURN_IF_ERROR(carve_temp(m.alloc, stream, &out->tmp, [&](Workspace& ws) {
+    out->slots = ws.take<int64_t>(m.capacity);
     num = ws.take<int64_t>(1);
     sel_tmp = ws.take_bytes(sel_bytes);
   }));
   SOK_CUDA_RETURN(
-      cub::DeviceSelect::If(sel_tmp, sel_bytes, it, *slots, num, m.capacity, pred, stream));
-  SOK_CUDA_RETURN(cudaMemcpyAsync(count, num, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+      cub::DeviceSelect::If(sel_tmp, sel_bytes, it, out->slots, num, m.capacity, pred, stream));
+  SOK_CUDA_RETURN(
+      cudaMemcpyAsync(&out->count, num, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
   SOK_CUDA_RETURN(cudaStreamSynchronize(stream));
-  if (*count != live)
-    return Status::Invalid("table '" + m.cfg.name + "': export found " + std::to_string(*count) +
+  if (out->count != live)
+    return Status::Invalid("table '" + m.cfg.name + "': export found " + std::to_string(out->count) +
                            " live slots but the counter says " + std::to_string(live));
   return Status::OK();
 }
