@@ -134,8 +134,9 @@ def check_files(model, tables, out_dir, rank, world):
         for a, b in zip(rows_by_key(t), rows_by_key(u)):
             assert a.tobytes() == b.tobytes(), f"rank {rank}: {t.name} reloaded differs"
     if world > 1:
-        # Every rank saved before any rank reads another's file.
-        sok.all_reduce([tf.zeros([1])])
+        # Every rank saved before any rank reads another's file: a barrier on the host (on GPUs
+        # the all-reduce's launch returns at once; its value comes when every rank joined).
+        sok.all_reduce([tf.zeros([1])])[0].numpy()
         refused(os.path.join(out_dir, f"rank{(rank + 1) % world}-of-{world}.keras"))
     done("keras files: each rank's shard saves and loads back to the bit")
 
