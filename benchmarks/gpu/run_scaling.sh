@@ -9,6 +9,7 @@
 #   fields100    the seed's synthetic case (100 fields x 10 ids, vocab 8,192, an MLP of six
 #                1,024-wide layers) at a FIXED global batch (strong scaling) on 1, 2 and 4 GPUs,
 #                plus sok and tf in one process on 1 GPU (the "x over TensorFlow" baseline)
+#   trace        the Criteo job's traced steps on 1, 2, 4, ... GPUs, summarised per rank
 #   ab           base against main on the same machine: AB_JOB (criteo, fields100 or embedding)
 #                at AB_GPUS GPUs, AB_ROUNDS alternating runs of each (build/sok_pkg_base, made
 #                by tools/stage_gpu_package.sh --base REV; main: build/sok_pkg)
@@ -41,6 +42,19 @@ criteo() {  # CRITEO_INPUTS (default: dataset resident), CRITEO_XLA=0 leaves --x
         echo "criteo input=$input gpus=$n ${xla:-no-xla} exit=$? $(grep -o 'RESULT.*' "$log" | tail -n 1)"
       done
     done
+  done
+}
+
+trace() {  # the Criteo job's traced steps (resident input) at every GPU count, per rank: where the
+           # step's time goes (GPU work, idle gaps and the host ops beside them; timeline.py)
+  for n in $sizes; do
+    log="$out/criteo_trace_np$n.txt"
+    launch "$n" benchmarks/criteo/run.py --batch_size $((65536 * n)) --steps 200 --warmup_steps 40 \
+      --log_every 0 --eval_every 0 --no_plot --input resident --trace_dir "/tmp/sok_trace_np$n" \
+      > "$log" 2>&1
+    echo "criteo trace gpus=$n exit=$? $(grep -o 'samples_per_sec=[0-9]*' "$log" | tail -n 1)"
+    python3 benchmarks/common/timeline.py "/tmp/sok_trace_np$n" --top 40 >> "$log" 2>&1
+    grep -h "median wall" "$log"
   done
 }
 
