@@ -236,7 +236,6 @@ def test_plan_of_bad_positions_requests_nothing_and_flags_the_table():
     assert matrix[:, 0].sum() == 3 and (request.numpy()[3:] == 0).all()
 
 
-@pytest.mark.cpu_placement
 def test_sizes_name_the_table_and_rank_of_bad_positions():
     ok = _matrix([[1, 0], [1, 0]], [7, 7], [0, 0])
     with pytest.raises(tf.errors.InvalidArgumentError,
@@ -269,9 +268,8 @@ def _matrix(counts, sig, bad):
     return tf.constant([list(c) + [s, b] for c, s, b in zip(counts, sig, bad)], tf.int64)
 
 
-# SokExchangeSizes has a CPU kernel only: it reads the size matrix the keys' exchange left in
-# host memory.
-@pytest.mark.cpu_placement
+# SokExchangeSizes reads the size matrix the keys' exchange left in host memory; its GPU kernel
+# keeps every tensor there too.
 def test_sizes_are_floats_per_rank():
     received = _matrix([[2, 1], [0, 3]], [7, 7], [0, 0])
     sent = _matrix([[1, 0], [4, 2]], [7, 7], [0, 0])
@@ -281,7 +279,6 @@ def test_sizes_are_floats_per_rank():
     np.testing.assert_array_equal(due.numpy(), [1 * 4, 4 * 4 + 2 * 2])
 
 
-@pytest.mark.cpu_placement
 def test_sizes_fail_on_any_rank_s_signature_or_bad_id():
     ok = _matrix([[1], [1]], [7, 7], [0, 0])
     with pytest.raises(tf.errors.InvalidArgumentError,

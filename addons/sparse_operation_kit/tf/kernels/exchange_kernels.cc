@@ -221,10 +221,14 @@ Status RowsInput(OpKernelContext* ctx, const std::vector<int64_t>& dims,
 
 }  // namespace
 
-// CPU only: its inputs are sizes the all-to-all already left in host memory.
-class ExchangeSizesOp : public SokOpKernel<CpuDevice> {
+// Host arithmetic on both devices: its inputs are sizes the all-to-all left in host memory, and
+// its outputs size the rows' all-to-alls. On the GPU every tensor stays in host memory, so the
+// op runs in the exchange's own device partition (no cross-device sends between the keys' and
+// the rows' all-to-alls).
+template <typename Device>
+class ExchangeSizesOp : public SokOpKernel<Device> {
  public:
-  explicit ExchangeSizesOp(OpKernelConstruction* ctx) : SokOpKernel<CpuDevice>(ctx) {
+  explicit ExchangeSizesOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
     std::vector<int64_t> dims;  // ReadDims checks them; GetAttr appends to a list
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dims", &dims));
     OP_REQUIRES_OK(ctx, ReadDims(ctx, static_cast<int>(dims.size()), &dims_));
@@ -546,7 +550,7 @@ class ExchangeScatterRowsOp : public SokOpKernel<Device> {
   std::vector<int64_t> dims_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("SokExchangeSizes").Device(DEVICE_CPU), ExchangeSizesOp);
+REGISTER_KERNEL_BUILDER(Name("SokExchangeSizes").Device(DEVICE_CPU), ExchangeSizesOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokExchangePlan").Device(DEVICE_CPU), ExchangePlanOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokExchangeOwnerKeys").Device(DEVICE_CPU),
                         ExchangeOwnerKeysOp<CpuDevice>);
@@ -559,6 +563,13 @@ REGISTER_KERNEL_BUILDER(Name("SokExchangeGatherRows").Device(DEVICE_CPU),
 REGISTER_KERNEL_BUILDER(Name("SokExchangeScatterRows").Device(DEVICE_CPU),
                         ExchangeScatterRowsOp<CpuDevice>);
 #if GOOGLE_CUDA
+REGISTER_KERNEL_BUILDER(Name("SokExchangeSizes")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("received")
+                            .HostMemory("sent")
+                            .HostMemory("owed_to")
+                            .HostMemory("due_from"),
+                        ExchangeSizesOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokExchangePlan").Device(DEVICE_GPU).HostMemory("sizes"),
                         ExchangePlanOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokExchangeOwnerKeys")

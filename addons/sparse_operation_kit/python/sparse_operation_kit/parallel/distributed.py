@@ -88,11 +88,6 @@ def _not_xla_compiled():
     return tf.xla.experimental.jit_scope(compile_ops=False)
 
 
-def _on_host():
-    """Arithmetic on sizes the exchange left in host memory stays there (no copies, no waits)."""
-    return tf.device("/CPU:0")
-
-
 def _specs(params):
     """The exchange ops' per-table attributes (core/exchange.h's TableSpec)."""
     rows = [-1 if isinstance(p, EmbeddingVariable) else global_rows(p) for p in params]
@@ -133,12 +128,12 @@ def _send_keys(params, keys, counts, names, device, chain, valid):
                               opens_lookup=True)
     # Each rank sent every rank [signature, bad-id flag] with its sizes, so every rank sees what
     # every other rank passed: a mismatch fails on every rank at once, before the second
-    # exchange, instead of hanging in it. The same op sizes the rows' exchange.
-    with _on_host():
-        owed_to, due_from = ops.sok_exchange_sizes(
-            ex.received, ex.sent, dims=[_dim(p) for p in params], signature=sig,
-            mismatch=_mismatch(params, names, sig), bad_ids=_bad_ids(params, names),
-            table_names=names)
+    # exchange, instead of hanging in it. The same op sizes the rows' exchange. On a GPU its
+    # kernel keeps every tensor in host memory, beside the all-to-alls (no cross-device sends).
+    owed_to, due_from = ops.sok_exchange_sizes(
+        ex.received, ex.sent, dims=[_dim(p) for p in params], signature=sig,
+        mismatch=_mismatch(params, names, sig), bad_ids=_bad_ids(params, names),
+        table_names=names)
     return types.SimpleNamespace(ex=ex, sizes=sizes, row_at=row_at, owed_to=owed_to,
                                  due_from=due_from)
 
