@@ -503,15 +503,15 @@ Status split_received(const std::vector<TableSpec>& tables, const BlockLayout& l
 // owner_keys, 2: every table's dedup at once; exact (distinct not null): the distinct counts to
 // the host (the one wait).
 Status dedup(const BlockLayout& l, const OwnerTemps& o, cudaStream_t stream, DeviceAllocator* alloc,
-             std::vector<int64_t>* distinct) {
-  std::vector<UniqueTable> spans(l.n);
+             void* host_staging, std::vector<int64_t>* distinct) {
+  std::vector<UniqueTable> spans(l.n);  // int64 keys without positions: owner_keys_staging_bytes
   for (int t = 0; t < l.n; ++t) {
     spans[t].keys = o.keys + o.start[t];
     spans[t].n = l.table_rows[t];
     spans[t].unique = o.unique + o.start[t];
     spans[t].inverse = o.inverse + o.start[t];
   }
-  SOK_RETURN_IF_ERROR(unique_keys_multi(spans, o.reports, stream, alloc));
+  SOK_RETURN_IF_ERROR(unique_keys_multi(spans, o.reports, stream, alloc, host_staging));
   if (distinct == nullptr) return Status::OK();
   std::vector<UniqueTableReport> reports(l.n);
   SOK_CUDA_RETURN(cudaMemcpyAsync(reports.data(), o.reports, l.n * sizeof(UniqueTableReport),
@@ -564,9 +564,13 @@ Status owner_outputs(const std::vector<TableSpec>& tables, const BlockLayout& l,
 
 }  // namespace
 
+size_t owner_keys_staging_bytes(int num_tables) {
+  return unique_keys_multi_staging_bytes(std::vector<UniqueTable>(num_tables));
+}
+
 Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
                   const int64_t* received, bool padded, const AllocateOwnerKeys& allocate,
-                  cudaStream_t stream, DeviceAllocator* alloc) {
+                  cudaStream_t stream, DeviceAllocator* alloc, void* host_staging) {
   OwnerTemps o;
   o.start = starts_of(l.table_rows.data(), l.n);
   const int64_t m = o.start[l.n];
@@ -580,7 +584,7 @@ Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& l,
   }));
   SOK_RETURN_IF_ERROR(split_received(tables, l, received, o, stream));
   std::vector<int64_t> sizes = l.table_rows;
-  SOK_RETURN_IF_ERROR(dedup(l, o, stream, alloc, padded ? nullptr : &sizes));
+  SOK_RETURN_IF_ERROR(dedup(l, o, stream, alloc, host_staging, padded ? nullptr : &sizes));
   OwnerKeysOut out;
   SOK_RETURN_IF_ERROR(allocate(sizes, &out));
   return owner_outputs(tables, l, o, sizes, out, stream);

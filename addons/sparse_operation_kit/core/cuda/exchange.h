@@ -40,9 +40,14 @@ struct OwnerKeysOut {
 };
 using AllocateOwnerKeys =
     std::function<Status(const std::vector<int64_t>& sizes, OwnerKeysOut* out)>;
+// host_staging: pinned host memory of owner_keys_staging_bytes(n) bytes for the dedup's
+// argument upload, valid until the stream has passed the call, or nullptr (pageable: the driver
+// may wait for the stream, which a padded call otherwise never does).
 Status owner_keys(const std::vector<TableSpec>& tables, const BlockLayout& layout,
                   const int64_t* received, bool padded, const AllocateOwnerKeys& allocate,
-                  cudaStream_t stream, DeviceAllocator* alloc = nullptr);
+                  cudaStream_t stream, DeviceAllocator* alloc = nullptr,
+                  void* host_staging = nullptr);
+size_t owner_keys_staging_bytes(int num_tables);
 
 Status rows_to_blocks(const std::vector<int64_t>& dims, const int64_t* distinct, int world,
                       const int64_t* row_pos, const std::vector<const float*>& rows, float* flat,

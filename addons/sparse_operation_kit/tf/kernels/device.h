@@ -389,6 +389,49 @@ struct OnDevice<GpuDevice> {
     return CoreCalls<typename sok::gpu::GpuTieredTable<K>::Call>(calls, &Tiered<K>);
   }
 };
+inline Status CudaCall(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return OkStatus();
+  return errors::Internal("CUDA error in ", what, ": ", cudaGetErrorName(e), " (",
+                          cudaGetErrorString(e), ")");
+}
+
+// Pinned host memory for a dedup's argument upload when the op does not wait for its stream
+// (padded; a pageable upload may wait for the stream): kept by the kernel, and reused once the
+// event recorded after its last upload passed (a step ago: no real wait).
+class UploadStaging {
+ public:
+  UploadStaging() = default;
+  UploadStaging(const UploadStaging&) = delete;
+  UploadStaging& operator=(const UploadStaging&) = delete;
+  ~UploadStaging() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    if (buf_ != nullptr) cudaFreeHost(buf_);
+  }
+  Status Get(size_t bytes, void** out) {
+    if (event_ != nullptr) {
+      TF_RETURN_IF_ERROR(CudaCall(cudaEventSynchronize(event_), "reusing the upload buffer"));
+    } else {
+      TF_RETURN_IF_ERROR(CudaCall(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming),
+                                  "creating the upload buffer's event"));
+    }
+    if (bytes > bytes_) {
+      if (buf_ != nullptr) cudaFreeHost(buf_);
+      buf_ = nullptr;
+      TF_RETURN_IF_ERROR(CudaCall(cudaMallocHost(&buf_, bytes), "pinning the upload buffer"));
+      bytes_ = bytes;
+    }
+    *out = buf_;
+    return OkStatus();
+  }
+  Status Done(cudaStream_t stream) {
+    return CudaCall(cudaEventRecord(event_, stream), "recording the upload buffer's event");
+  }
+
+ private:
+  void* buf_ = nullptr;
+  size_t bytes_ = 0;
+  cudaEvent_t event_ = nullptr;
+};
 #endif  // GOOGLE_CUDA
 
 }  // namespace sok_kernels

@@ -1,5 +1,8 @@
 // Kernels of the exchange's index ops (ops/exchange_ops.cc) over core/exchange.h (CPU) and
 // core/cuda/exchange.h (GPU): each written once over the device, the device's half in ExchangeOn.
+#include <algorithm>
+#include <mutex>
+
 #include "addons/sparse_operation_kit/core/exchange.h"
 #include "addons/sparse_operation_kit/tf/kernels/device.h"
 
@@ -26,6 +29,7 @@ struct ExchangeOn;
 
 template <>
 struct ExchangeOn<CpuDevice> {
+  struct State {};  // what the owner's keys kernel keeps between calls: nothing on the CPU
   static Status Plan(OpKernelContext*, const std::vector<ex::TableSpec>& tables, int world,
                      const std::vector<const int64_t*>& keys,
                      const std::vector<const int64_t*>& counts, const int64_t* sizes,
@@ -37,7 +41,7 @@ struct ExchangeOn<CpuDevice> {
   }
   static Status OwnerKeys(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables,
                           const ex::BlockLayout& l, const int64_t* received, bool padded,
-                          const AllocateOwnerKeys& allocate) {
+                          const AllocateOwnerKeys& allocate, State*) {
     ex::OwnerKeys keys;
     ex::owner_keys(tables, l, received, padded, &keys);
     std::vector<int64_t> sizes(l.n);
@@ -83,6 +87,10 @@ namespace gex = sok::gpu::exchange;
 
 template <>
 struct ExchangeOn<GpuDevice> {
+  struct State {
+    std::mutex mu;  // one call at a time uses the staging
+    UploadStaging staging;
+  };
   static cudaStream_t S(OpKernelContext* ctx) { return OnDevice<GpuDevice>::Stream(ctx); }
   static Status Plan(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables, int world,
                      const std::vector<const int64_t*>& keys,
@@ -93,13 +101,30 @@ struct ExchangeOn<GpuDevice> {
     return ToTf(gex::plan(tables, world, keys, counts, sizes, valid, signature, request, matrix,
                           row_at, S(ctx), &alloc));
   }
+  // The dedup's arguments go up from pinned memory: a pageable upload may wait for the stream.
+  // Padded (nothing waits): the kernel's staging, reused once its last upload passed; exact: a
+  // pinned temporary, alive until the op's own wait for the distinct counts.
   static Status OwnerKeys(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables,
                           const ex::BlockLayout& l, const int64_t* received, bool padded,
-                          const AllocateOwnerKeys& allocate) {
+                          const AllocateOwnerKeys& allocate, State* state) {
     TfDeviceAllocator alloc(ctx->device()->GetAllocator(AllocatorAttributes()));
+    const int64_t bytes = std::max<int64_t>(gex::owner_keys_staging_bytes(l.n), 1);
+    void* upload;
+    Tensor staging_t;
+    std::unique_lock<std::mutex> hold(state->mu, std::defer_lock);
+    if (padded) {
+      hold.lock();
+      TF_RETURN_IF_ERROR(state->staging.Get(bytes, &upload));
+    } else {
+      AllocatorAttributes pinned;
+      pinned.set_on_host(true);
+      pinned.set_gpu_compatible(true);
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({bytes}), &staging_t, pinned));
+      upload = staging_t.flat<int8>().data();
+    }
     tsl::profiler::TraceMe wait(padded ? "SokExchangeOwnerKeys (padded: no wait)"
                                        : "SokExchangeOwnerKeys waits for the distinct counts");
-    return ToTf(gex::owner_keys(
+    TF_RETURN_IF_ERROR(ToTf(gex::owner_keys(
         tables, l, received, padded,
         [&](const std::vector<int64_t>& sizes, gex::OwnerKeysOut* out) {
           OwnerKeysOut o;
@@ -111,7 +136,8 @@ struct ExchangeOn<GpuDevice> {
           out->valid = o.valid;
           return sok::Status::OK();
         },
-        S(ctx), &alloc));
+        S(ctx), &alloc, upload)));
+    return padded ? state->staging.Done(S(ctx)) : OkStatus();
   }
   static Status ToBlocks(OpKernelContext* ctx, const std::vector<int64_t>& dims,
                          const int64_t* distinct, int world, const int64_t* row_pos,
@@ -387,11 +413,13 @@ class ExchangeOwnerKeysOp : public SokOpKernel<Device> {
       out->valid = valid->flat<int64_t>().data();
       return OkStatus();
     };
-    OP_REQUIRES_OK(ctx, ExchangeOn<Device>::OwnerKeys(
-                            ctx, tables_, l, received.flat<int64_t>().data(), padded_, allocate));
+    OP_REQUIRES_OK(ctx,
+                   ExchangeOn<Device>::OwnerKeys(ctx, tables_, l, received.flat<int64_t>().data(),
+                                                 padded_, allocate, &state_));
   }
 
  private:
+  typename ExchangeOn<Device>::State state_;
   int n_ = 0;
   bool padded_ = false;
   std::vector<ex::TableSpec> tables_;
