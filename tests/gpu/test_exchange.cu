@@ -85,7 +85,8 @@ bool test_plan(int world, int n, bool padded = false) {
   return ok;
 }
 
-bool test_owner(int world, int n, bool quad = false, bool padded = false) {
+// pinned: the dedup's arguments go up from pinned host memory (the TF kernel's way).
+bool test_owner(int world, int n, bool quad = false, bool padded = false, bool pinned = false) {
   const auto tables = random_tables(n, world, quad);
   std::vector<int64_t> counts(world * n), received;
   std::vector<int64_t> dims(n);
@@ -112,6 +113,8 @@ bool test_owner(int world, int n, bool quad = false, bool padded = false) {
   DevBuf<int64_t> row_pos, valid(n);
   valid.poison();
   std::vector<int64_t> distinct;  // entries per table (padded: received keys)
+  void* staging = nullptr;
+  if (pinned) CUDA_OK(cudaMallocHost(&staging, gex::owner_keys_staging_bytes(n)));
   SOK_OK(gex::owner_keys(
       tables, l, drecv.get(), padded,
       [&](const std::vector<int64_t>& d, gex::OwnerKeysOut* out) {
@@ -130,8 +133,9 @@ bool test_owner(int world, int n, bool quad = false, bool padded = false) {
         out->valid = valid.get();
         return sok::Status::OK();
       },
-      nullptr));
+      nullptr, nullptr, staging));
   bool ok = sok_test::expect_eq("valid", valid.download(n), want.distinct);
+  if (staging != nullptr) CUDA_OK(cudaFreeHost(staging));  // the download synchronised
   for (int t = 0; t < n && ok; ++t) {
     ok &= sok_test::expect_eq("keys", keys[t].download(distinct[t]), want.keys[t]);
     ok &= sok_test::expect_eq("counts", cnts[t].download(distinct[t]), want.counts[t]);
@@ -226,6 +230,11 @@ int main(int argc, char** argv) {
     for (int w : {2, 8}) {
       run("owner keys and rows, dims of 4, world " + std::to_string(w) + " tables 20",
           [w] { return test_owner(w, 20, /*quad=*/true); });
+      for (bool padded : {false, true}) {
+        run(std::string("owner keys") + (padded ? " padded" : "") + ", pinned upload, world " +
+                std::to_string(w) + " tables 20",
+            [w, padded] { return test_owner(w, 20, false, padded, /*pinned=*/true); });
+      }
     }
     for (bool quad : {false, true}) {
       for (int n : {1, 7, 33}) {
