@@ -146,10 +146,9 @@ def _owned_keys(params, sent, training, padded):
     n = len(params)
     padded = padded and all(isinstance(p, EmbeddingVariable) for p in params)
     with tf.control_dependencies([sent.owed_to]):  # nothing goes on before every rank's check
-        received = tf.identity(sent.ex.rows)
-    keys, counts, row_pos, distinct, valid = ops.sok_exchange_owner_keys(
-        received, sent.ex.received, N=n, dims=[_dim(p) for p in params], padded=padded,
-        **_specs(params))
+        keys, counts, row_pos, distinct, valid = ops.sok_exchange_owner_keys(
+            sent.ex.rows, sent.ex.received, N=n, dims=[_dim(p) for p in params], padded=padded,
+            **_specs(params))
     keys = [tf.cast(k, p.key_dtype) if isinstance(p, EmbeddingVariable) else k
             for k, p in zip(keys, params)]
     # The update may skip its dedup (of the padded keys: given `valid`); a training Gather of
