@@ -124,7 +124,7 @@ struct ExchangeOn<GpuDevice> {
     }
     tsl::profiler::TraceMe wait(padded ? "SokExchangeOwnerKeys (padded: no wait)"
                                        : "SokExchangeOwnerKeys waits for the distinct counts");
-    TF_RETURN_IF_ERROR(ToTf(gex::owner_keys(
+    Status done = ToTf(gex::owner_keys(
         tables, l, received, padded,
         [&](const std::vector<int64_t>& sizes, gex::OwnerKeysOut* out) {
           OwnerKeysOut o;
@@ -136,8 +136,11 @@ struct ExchangeOn<GpuDevice> {
           out->valid = o.valid;
           return sok::Status::OK();
         },
-        S(ctx), &alloc, upload)));
-    return padded ? state->staging.Done(S(ctx)) : OkStatus();
+        S(ctx), &alloc, upload));
+    if (!padded) return done;
+    // Recorded even after an error: the upload may be queued, so the buffer waits for it.
+    Status recorded = state->staging.Done(S(ctx));
+    return done.ok() ? recorded : done;
   }
   static Status ToBlocks(OpKernelContext* ctx, const std::vector<int64_t>& dims,
                          const int64_t* distinct, int world, const int64_t* row_pos,
