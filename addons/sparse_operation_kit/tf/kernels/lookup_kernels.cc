@@ -227,12 +227,18 @@ struct LookupSteps<GpuDevice> {
       TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({staging}), &staging_t, pinned));
       upload = staging_t.flat<int8>().data();
     }
-    TF_RETURN_IF_ERROR(ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc, upload)));
+    Status done = ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc, upload));
+    if (padded) {
+      // Recorded even after an error: the upload may be queued, so the buffer waits for it.
+      Status recorded = state->staging.Done(stream);
+      if (done.ok()) done = recorded;
+    }
+    TF_RETURN_IF_ERROR(done);
     TF_RETURN_IF_ERROR(
         ToTf(sok::gpu::unique_valid_counts(d_reports, n, valid->flat<int64_t>().data(), stream)));
     if (padded) {
       for (UniqueArgs& a : *tables) a.num_unique = a.keys->NumElements();
-      return state->staging.Done(stream);
+      return OkStatus();
     }
     std::vector<sok::gpu::UniqueTableReport> reports(n);
     tsl::profiler::TraceMe wait("SokUniqueKeys waits for the distinct counts");
