@@ -5,7 +5,8 @@
 #   bash tools/stage_gpu_package.sh        (after tools/setup.sh or bazel build)
 #   SOK_STAGE_FROM=HEAD bash tools/stage_gpu_package.sh   (the committed Python sources)
 #   bash tools/stage_gpu_package.sh --base REV   (build/sok_pkg_base: commit REV built in a git
-#       worktree, build/base_src, for benchmarks/gpu/run_scaling.sh's A/B runs against it)
+#       worktree, build/base_src, with REV's benchmarks/, for benchmarks/gpu/run_scaling.sh's A/B
+#       runs against it)
 #   bash tools/stage_gpu_package.sh --horovod PY312   (also build/horovod: Horovod's wheel for the
 #       device's Python and its dependencies' wheels; PY312 is a python3.12 venv's interpreter
 #       with TensorFlow 2.21 (`tensorflow` for Horovod with NCCL; `tensorflow-cpu` and
@@ -20,6 +21,8 @@ if [ "${1:-}" = "--base" ]; then
   [ -f .configure.bazelrc ] && cp .configure.bazelrc "$src/"
   bash "$src/tools/stage_gpu_package.sh"
   rm -rf build/sok_pkg_base && mv "$src/build/sok_pkg" build/sok_pkg_base
+  # The base's own benchmarks too: an A/B of a benchmark's change runs each side's script.
+  git -C "$src" archive "$rev" benchmarks | tar -x -C build/sok_pkg_base --exclude='benchmarks/gpu/raw'
   echo "build/sok_pkg_base: $(git rev-parse --short "$rev")"
   exit 0
 fi

@@ -12,7 +12,8 @@
 #   trace        the Criteo job's traced steps on 1, 2, 4, ... GPUs, summarised per rank
 #   ab           base against main on the same machine: AB_JOB (criteo, fields100 or embedding)
 #                at AB_GPUS GPUs, AB_ROUNDS alternating runs of each (build/sok_pkg_base, made
-#                by tools/stage_gpu_package.sh --base REV; main: build/sok_pkg)
+#                by tools/stage_gpu_package.sh --base REV, with REV's benchmark scripts; main:
+#                build/sok_pkg and this checkout's scripts)
 # Full logs go to $OUT (or build/gpu_logs); the summary lines go to stdout.
 #   bash benchmarks/gpu/run_scaling.sh [criteo|embedding|collectives|fields100 ...]
 #   (default: criteo embedding collectives)
@@ -76,10 +77,14 @@ ab() {  # AB_JOB, AB_GPUS (default 2), AB_ROUNDS (default 2): base and main alte
   for r in $(seq "${AB_ROUNDS:-2}"); do
     for v in base main; do
       log="$out/ab_${job}_np${n}_${v}_$r.txt"
-      if [ $v = base ]; then PYTHONPATH="$base:$PYTHONPATH" launch "$n" "${args[@]}" > "$log" 2>&1
+      if [ $v = base ]; then  # the base's package and, where staged, its own benchmark script
+        local script="${args[0]}"; [ -f "$base/$script" ] && script="$base/$script"
+        PYTHONPATH="$base:$PYTHONPATH" launch "$n" "$script" "${args[@]:1}" > "$log" 2>&1
       else launch "$n" "${args[@]}" > "$log" 2>&1; fi
       rc=$?
       t=$(grep -oE 'samples_per_sec=[0-9]+|step_ms=[0-9.]+' "$log" | tail -n 1)
+      # One process (no HOROVOD line): the table's median wall time of SOK's step.
+      [ -n "$t" ] || t=$(awk '$3 == "wall" {print "step_ms=" $NF}' "$log" | tail -n 1)
       echo "ab $job gpus=$n $v round=$r exit=$rc $t"
     done
   done
