@@ -95,7 +95,7 @@ class ResidentSplit:
     apart as float64 (the same bits): TensorFlow's int64 Unpack keeps its tensors in host memory,
     while the float64 one on the GPU hands out slices of its input (no copy) when a column's bytes
     are a multiple of 64. A gather per field column cost the step some 1.3 ms of launches and gaps
-    (H200 traces, 2026-11-26)."""
+    (H200 traces)."""
 
     def __init__(self, train):
         columns = [train.dense, train.labels, np.ascontiguousarray(train.ids.T)]

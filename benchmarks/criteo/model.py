@@ -90,7 +90,7 @@ class DLRM:
         """[B, 26] int64, or a list of 26 [B] int64 (the training input's), -> one [B] id tensor
         per field (one id per sample; offset by field for shared tables). A matrix takes one
         transpose, then rows of [26, B]: tf.unstack(axis=1) of int64 on the GPU took ~7 ms at
-        batch 65,536 (H200, 2026-11-23) and 26 column slices launch 26 copies; int64 Unpack itself
+        batch 65,536 (H200) and 26 column slices launch 26 copies; int64 Unpack itself
         runs on the host (fine for fed evaluation batches, which come from the host)."""
         if isinstance(ids, (list, tuple)):
             if len(ids) != NUM_CAT:

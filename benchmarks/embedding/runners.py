@@ -368,7 +368,7 @@ class FunctionRunner(_Timed):
                 whiches = [tf.constant(b, tf.int32) for b in range(self.nb)]
         # A step calls its batch's concrete function, as a loop that keeps them would: calling
         # train_step binds its arguments and looks up the trace in Python first (about 0.45 ms
-        # per call on an H200 machine, 2026-11-26: a quarter of SOK's step).
+        # per call on an H200: a quarter of SOK's step).
         self.calls = [train_step.get_concrete_function(w) for w in whiches]
         self.per_batch, self.whiches = getattr(inputs, "per_batch", False), whiches
         self.step, self.times, self.cpu_times, self.io = 0, [], [], {}

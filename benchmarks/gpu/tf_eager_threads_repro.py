@@ -8,7 +8,7 @@ bounds"). Upstream: tensorflow/tensorflow#123980 (tf.boolean_mask from threads o
     python benchmarks/gpu/tf_eager_threads_repro.py tf 10             # stock ops only
     python benchmarks/gpu/tf_eager_threads_repro.py sok 10 unique 4   # SokUniqueKeys syncs
 
-Measured on 2026-11-25 (H100, TF 2.21, 10 repeats of 4 threads x 20 steps): stock ops 0 of 10
+Measured on an H100 (TF 2.21, 10 repeats of 4 threads x 20 steps): stock ops 0 of 10
 without a sync, 3 of 10 with `.numpy()` each step; with SOK's ops (which synchronise to size their
 outputs) 1-3 of 10; one thread 0 of 10. tests/python/tables/test_concurrency.py reports such an
 error as an expected failure on the GPU.

@@ -216,7 +216,7 @@ class _SparseUpdater:
             return update if clock is None else tf.group(update, clock)
         # The increment follows the step's read, not the update: both live on the CPU, and a CPU
         # op that waits for a GPU op waits for the GPU to finish it (a sync at the end of every
-        # step in a GPU trace of 2026-11-26). The update has the value it read.
+        # step in a GPU trace). The update has the value it read.
         with tf.control_dependencies([step_value]):
             increment = step_var.assign_add(1, read_value=False)
         if tf.executing_eagerly():
