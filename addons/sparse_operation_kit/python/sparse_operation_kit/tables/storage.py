@@ -14,8 +14,8 @@ file-backed hash store under `storage_path`: `storage_size=[hbm_bytes, dram_byte
 PMEM and LevelDB tiers are not built. A type is refused where it is not built (HBM, HBM_DRAM and
 HBM_DRAM_SSDHASH on the CPU, DRAM_SSDHASH on the GPU: the error names the table when its
 initializer runs), never placed elsewhere. HBM_DRAM_SSDHASH's tests (tests/gpu/test_tiered_table,
-and tests/python/tables under SOK_TEST_DEVICE=gpu) pass on the GPU; its speed is not measured
-(benchmarks/embedding/README.md).
+and tests/python/tables under SOK_TEST_DEVICE=gpu) pass on the GPU; its speed, and every tier's:
+benchmarks/embedding/README.md (Tiered tables).
 
 What a row costs in a byte budget (ROW_META_BYTES):
     4 * dim * (1 + slots) bytes of values and optimizer slots (slots: 0 before the first update,
