@@ -8,6 +8,8 @@ For each size S (bytes one rank sends, split evenly over the N ranks as float32 
 values; all_reduce: a float32 tensor of S bytes) and implementation:
   sok     : sparse_operation_kit.runtime.collectives.all_to_all and sok.all_reduce(op="sum")
             (SOK's NCCL ops when every rank has its own GPU, else Horovod's: see backend=);
+  sok_sized: collectives.all_to_all_sized, the exchange's all-to-all of rows and gradients,
+            whose sizes both sides know (no size exchange, no wait on the host); all_reduce as sok;
   horovod : hvd.alltoall(x, splits=int32 counts) and hvd.allreduce(op=hvd.Sum).
 First a correctness check (rank r's rows for rank p hold r*1000 + p; every rank checks what it
 received; all_reduce of rank+1 must give N(N+1)/2), then the timing: a tf.function runs `iters`
@@ -42,7 +44,7 @@ from coll_common import (  # noqa: E402
     slowest_rank_median,
 )
 
-IMPLS = ("sok", "horovod")
+IMPLS = ("sok", "sok_sized", "horovod")
 OPS = ("all_to_all", "all_reduce")
 
 
@@ -76,6 +78,7 @@ class SokImpl:
     """SOK's collectives: NCCL on GPUs, Horovod's otherwise (collectives.kind())."""
 
     name = "sok"
+    counts_on_host = False
 
     def __init__(self, sok, collectives):
         self._sok, self._collectives = sok, collectives
@@ -88,10 +91,22 @@ class SokImpl:
         return self._sok.all_reduce([t], op="sum")[0]
 
 
+class SokSizedImpl(SokImpl):
+    """SOK's all-to-all with the sizes given on the host (every rank sends and receives `rows`
+    rows per rank), as the exchange moves rows and gradients."""
+
+    name = "sok_sized"
+    counts_on_host = True  # the sized op reads its sizes in host memory
+
+    def all_to_all(self, x, counts):
+        return self._collectives.all_to_all_sized(x, counts, counts), counts
+
+
 class HorovodImpl:
     """Horovod's own collectives, as a model would call them without SOK."""
 
     name = "horovod"
+    counts_on_host = False
 
     def __init__(self, hvd, on_gpu):
         self._hvd = hvd
@@ -147,6 +162,7 @@ class Job:
 
 def make_impls(names, sok, collectives, job):
     made = {"sok": lambda: SokImpl(sok, collectives),
+            "sok_sized": lambda: SokSizedImpl(sok, collectives),
             "horovod": lambda: HorovodImpl(job.hvd, job.on_gpu)}
     return [made[n]() for n in names]
 
@@ -154,19 +170,21 @@ def make_impls(names, sok, collectives, job):
 # ------------------------------------------------------------------------------ check and timing
 
 
-def exchange_inputs(job, rows):
+def exchange_inputs(job, impl, rows):
     """Rank r's rows, grouped by destination p, hold r*1000 + p; `rows` to every rank."""
     dest = np.repeat(np.arange(job.size), rows)
     x = np.repeat((job.rank * 1000 + dest).astype(np.float32)[:, None], ROW_FLOATS, axis=1)
     with tf.device(job.device):  # resident where the collective reads it: no copy is timed
-        return tf.identity(x), tf.constant([rows] * job.size, tf.int64)
+        x = tf.identity(x)
+    with tf.device("/CPU:0" if impl.counts_on_host else job.device):
+        return x, tf.constant([rows] * job.size, tf.int64)
 
 
 def check(job, impl, rows, reduce_elems):
     """One call of each collective against what a local computation expects; the same verdict
     on every rank (a rank that failed alone would leave the others waiting in a collective)."""
     problems = []
-    x, counts = exchange_inputs(job, rows)
+    x, counts = exchange_inputs(job, impl, rows)
     out, received = impl.all_to_all(x, counts)
     want = np.repeat(np.arange(job.size) * 1000 + job.rank, rows).astype(np.float32)
     if not np.array_equal(received.numpy(), counts.numpy()):
@@ -221,10 +239,10 @@ def time_chain(job, chain, inputs, args):
     return times
 
 
-def op_inputs(op, job, rows, reduce_elems):
+def op_inputs(op, job, impl, rows, reduce_elems):
     """The chain's inputs (tensor, counts) for `op`, and the bytes one call moves per rank."""
     if op == "all_to_all":
-        return exchange_inputs(job, rows), rows * job.size * ROW_BYTES
+        return exchange_inputs(job, impl, rows), rows * job.size * ROW_BYTES
     # 1/N from every rank sums to 1: the values stay finite over any number of calls
     with tf.device(job.device):
         x = tf.fill([reduce_elems], 1.0 / job.size)
@@ -240,7 +258,7 @@ def bench_size(job, impl, chains, size, args):
     job.say(f"CHECK impl={impl.name} size={size_label(size)} rows_to_each_rank={rows} ok")
     lines = []
     for op in args.ops:
-        inputs, nbytes = op_inputs(op, job, rows, reduce_elems)
+        inputs, nbytes = op_inputs(op, job, impl, rows, reduce_elems)
         times = job.gather_times(time_chain(job, chains[op], inputs, args))
         median_s, fastest_s, slowest_s = slowest_rank_median(times)
         lines.append(coll_line(impl.name, op, impl.backend, "GPU" if job.on_gpu else "CPU",

@@ -137,7 +137,7 @@ collectives() {  # COLL_SIZES: what a rank sends per call (default 1MiB,16MiB,64
     [ "$n" = 1 ] && continue
     log="$out/collectives_np$n.txt"
     horovodrun -np "$n" -H "localhost:$n" --gloo python3 benchmarks/collectives/run.py \
-      --sizes "$bytes" --impls sok,horovod > "$log" 2>&1
+      --sizes "$bytes" --impls sok,sok_sized,horovod > "$log" 2>&1
     echo "collectives gpus=$n exit=$?"; grep -o 'COLL .*' "$log"
     python3 -m torch.distributed.run --nproc_per_node="$n" benchmarks/collectives/torch_nccl.py \
       --sizes "$bytes" > "$out/collectives_nccl_np$n.txt" 2>&1

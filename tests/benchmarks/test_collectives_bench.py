@@ -92,24 +92,24 @@ def horovodrun_job(script, *args):
 
 def test_run_under_horovod_on_cpu():
     proc = horovodrun_job(os.path.join(BENCH, "run.py"), "--sizes", "64KiB,256KiB", "--iters",
-                          "2", "--warmup", "1", "--reps", "2", "--impls", "sok,horovod")
+                          "2", "--warmup", "1", "--reps", "2", "--impls", "sok,sok_sized,horovod")
     out = proc.stdout
     assert proc.returncode == 0, out[-6000:]
     assert "CHECK FAILED" not in out, out[-6000:]
     # run.py's check before timing: rows rank*1000 + destination, all_reduce of rank+1.
     checked = CHECK_LINE.findall(out)
-    assert len(checked) == 2 * 2 and all(ln.endswith(" ok") for ln in checked), out[-6000:]
+    assert len(checked) == 3 * 2 and all(ln.endswith(" ok") for ln in checked), out[-6000:]
     lines = coll_fields(out)
     got = {(f["impl"], f["op"], f["size"]) for f in lines}
-    want = {(impl, op, size) for impl in ("sok", "horovod") for op in ("all_to_all", "all_reduce")
-            for size in ("64KiB", "256KiB")}
+    want = {(impl, op, size) for impl in ("sok", "sok_sized", "horovod")
+            for op in ("all_to_all", "all_reduce") for size in ("64KiB", "256KiB")}
     assert got == want and len(lines) == len(want), out[-6000:]  # printed once, by rank 0
     for f in lines:
         assert f["ranks"] == "2" and f["device"] == "CPU", f
         assert float(f["ms"]) > 0 and float(f["algbw_GBps"]) > 0 and float(f["busbw_GBps"]) > 0, f
         assert int(f["bytes"]) == {"64KiB": 65536, "256KiB": 262144}[f["size"]], f
     # No GPU: SOK's collectives are Horovod's (Gloo), and Horovod's own run on Gloo.
-    assert {f["backend"] for f in lines if f["impl"] == "sok"} == {"horovod"}, out[-6000:]
+    assert {f["backend"] for f in lines if f["impl"].startswith("sok")} == {"horovod"}, out[-6000:]
     assert {f["backend"] for f in lines if f["impl"] == "horovod"} == {"horovod-gloo"}
 
 
