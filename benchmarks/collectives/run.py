@@ -99,7 +99,7 @@ class SokSizedImpl(SokImpl):
     counts_on_host = True  # the sized op reads its sizes in host memory
 
     def all_to_all(self, x, counts):
-        return self._collectives.all_to_all_sized(x, counts, counts), counts
+        return self._collectives.all_to_all_sized(x, counts, counts), None  # sizes: given
 
 
 class HorovodImpl:
@@ -187,7 +187,7 @@ def check(job, impl, rows, reduce_elems):
     x, counts = exchange_inputs(job, impl, rows)
     out, received = impl.all_to_all(x, counts)
     want = np.repeat(np.arange(job.size) * 1000 + job.rank, rows).astype(np.float32)
-    if not np.array_equal(received.numpy(), counts.numpy()):
+    if received is not None and not np.array_equal(received.numpy(), counts.numpy()):
         problems.append(f"all_to_all counts {received.numpy().tolist()}")
     elif not np.array_equal(out.numpy(), np.repeat(want[:, None], ROW_FLOATS, axis=1)):
         problems.append("all_to_all rows differ from rank*1000 + destination")
