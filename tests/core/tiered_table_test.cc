@@ -150,6 +150,51 @@ sok::OptimizerParams adam() {
   return o;
 }
 
+// export_into's fields, each in its own byte buffer, with the shape it was asked for.
+struct Exported {
+  std::vector<std::vector<char>> bytes = std::vector<std::vector<char>>(7);
+  std::vector<std::vector<int64_t>> shapes = std::vector<std::vector<int64_t>>(7);
+};
+
+void expect_export_into_equals_export_rows(sok::Table<int64_t>* t, const sok::ExecContext& e) {
+  TableSnapshot<int64_t> want;
+  ASSERT_TRUE(t->export_rows(e, &want).ok());
+  Exported got;
+  const sok::AllocateField allocate = [&got](sok::SnapshotField f,
+                                             const std::vector<int64_t>& shape, void** data) {
+    const int i = static_cast<int>(f);
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    const size_t elem = f == sok::SnapshotField::kSlotKind ? 4 : 8;  // int32; int64 keys
+    const size_t size = f == sok::SnapshotField::kValues || f == sok::SnapshotField::kSlots ||
+                                f == sok::SnapshotField::kSlotInit
+                            ? 4
+                            : elem;
+    got.shapes[i] = shape;
+    got.bytes[i].assign(count * size + 1, 0);  // +1: never a null pointer
+    *data = got.bytes[i].data();
+    return sok::Status::OK();
+  };
+  ASSERT_TRUE(t->export_into(e, allocate).ok());
+  const int64_t n = static_cast<int64_t>(want.keys.size());
+  const auto same = [&](sok::SnapshotField f, std::vector<int64_t> shape, const void* data,
+                        size_t bytes) {
+    const int i = static_cast<int>(f);
+    EXPECT_EQ(got.shapes[i], shape) << sok::snapshot_field_name(f);
+    EXPECT_EQ(std::memcmp(got.bytes[i].data(), data, bytes), 0) << sok::snapshot_field_name(f);
+  };
+  same(sok::SnapshotField::kKeys, {n}, want.keys.data(), n * 8);
+  same(sok::SnapshotField::kValues, {n, want.dim}, want.values.data(), want.values.size() * 4);
+  same(sok::SnapshotField::kSlots, {n, want.num_slots, want.dim}, want.slots.data(),
+       want.slots.size() * 4);
+  same(sok::SnapshotField::kFreqs, {n}, want.freqs.data(), n * 8);
+  same(sok::SnapshotField::kVersions, {n}, want.versions.data(), n * 8);
+  const int32_t kind = want.slot_kind;
+  same(sok::SnapshotField::kSlotKind, {}, &kind, 4);
+  same(sok::SnapshotField::kSlotInit, {static_cast<int64_t>(want.slot_init.size())},
+       want.slot_init.data(), want.slot_init.size() * 4);
+}
+
 class TieredTableTest : public ::testing::TestWithParam<CacheStrategy> {};
 
 }  // namespace
@@ -197,6 +242,16 @@ TEST_P(TieredTableTest, shrink_and_erase_cover_both_tiers) {
   int64_t n = 0;
   ASSERT_TRUE(p.two->size(p.exec, &n).ok());
   EXPECT_EQ(n, static_cast<int64_t>(snap.keys.size() - gone.size() + 1));
+}
+
+// The one-tier table writes the export op's outputs from its rows directly, the tiered one
+// through its snapshot (table.h's default): both give export_rows' fields, shapes and bytes.
+TEST_P(TieredTableTest, export_into_gives_export_rows_fields) {
+  Pair p = make_pair(base_config(), GetParam(), 2, 4);
+  expect_export_into_equals_export_rows(p.one.get(), p.exec);  // empty, no slots yet
+  train(p, adam(), 40, 15, 13);
+  expect_export_into_equals_export_rows(p.one.get(), p.exec);
+  expect_export_into_equals_export_rows(p.two.get(), p.exec);
 }
 
 TEST_P(TieredTableTest, export_import_round_trip_then_training_continues_equal) {

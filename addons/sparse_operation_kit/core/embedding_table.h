@@ -70,6 +70,8 @@ class EmbeddingTable {
   int64_t shrink(int64_t global_step);
 
   TableSnapshot<K> export_rows() const;
+  // The same rows straight into arrays `allocate` gives (table_config.h), under one lock.
+  Status export_into(const AllocateField& allocate) const;
   // Replaces the whole content. The snapshot's dim must equal the table's.
   Status import_rows(const SnapshotView<K>& snapshot);
 

@@ -45,6 +45,14 @@ class Table {
   // Evicts the rows should_evict() selects; *removed = how many.
   virtual Status shrink(const ExecContext& exec, int64_t global_step, int64_t* removed) = 0;
   virtual Status export_rows(const ExecContext& exec, TableSnapshot<K>* out) = 0;
+  // The same rows into arrays the caller allocates a field at a time (the export op's outputs).
+  // By default through export_rows (the snapshot, then one field at a time); a table that can
+  // fill them from its rows directly overrides it.
+  virtual Status export_into(const ExecContext& exec, const AllocateField& allocate) {
+    TableSnapshot<K> s;
+    Status st = export_rows(exec, &s);
+    return st.ok() ? write_snapshot(&s, allocate) : st;
+  }
   virtual Status import_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) = 0;
 };
 
@@ -83,6 +91,9 @@ class CpuTable final : public Table<K> {
   Status export_rows(const ExecContext&, TableSnapshot<K>* out) override {
     *out = table_.export_rows();
     return Status::OK();
+  }
+  Status export_into(const ExecContext&, const AllocateField& allocate) override {
+    return table_.export_into(allocate);
   }
   Status import_rows(const ExecContext&, const SnapshotView<K>& snapshot) override {
     return table_.import_rows(snapshot);

@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/initializer.h"
@@ -139,6 +142,41 @@ struct TableSnapshot {
     versions.reserve(rows);
   }
 };
+
+// Where an export writes each field when the caller owns the arrays (the export op's outputs):
+// called once per field with its shape ([n], [n, dim], [n, num_slots, dim], [] or [num_slots]),
+// returning the field's array. An export with its rows in hand fills the arrays directly, so a
+// dump holds no second copy of the table.
+using AllocateField =
+    std::function<Status(SnapshotField field, const std::vector<int64_t>& shape, void** data)>;
+
+// Moves a snapshot into the arrays `allocate` gives, a field at a time, freeing each field once
+// copied: the peak is the snapshot and one field.
+template <typename K>
+Status write_snapshot(TableSnapshot<K>* s, const AllocateField& allocate) {
+  const int64_t n = static_cast<int64_t>(s->keys.size());
+  const int32_t slot_kind = s->slot_kind;
+  const auto put = [&](SnapshotField f, std::vector<int64_t> shape, const void* src, size_t bytes) {
+    void* dst = nullptr;
+    Status st = allocate(f, shape, &dst);
+    if (st.ok() && bytes > 0) std::memcpy(dst, src, bytes);
+    return st;
+  };
+  const auto field = [&](SnapshotField f, std::vector<int64_t> shape, auto* v) {
+    Status st = put(f, std::move(shape), v->data(), v->size() * sizeof((*v)[0]));
+    std::remove_reference_t<decltype(*v)>().swap(*v);
+    return st;
+  };
+  Status st = field(SnapshotField::kKeys, {n}, &s->keys);
+  if (st.ok()) st = field(SnapshotField::kValues, {n, s->dim}, &s->values);
+  if (st.ok()) st = field(SnapshotField::kSlots, {n, s->num_slots, s->dim}, &s->slots);
+  if (st.ok()) st = field(SnapshotField::kFreqs, {n}, &s->freqs);
+  if (st.ok()) st = field(SnapshotField::kVersions, {n}, &s->versions);
+  if (st.ok()) st = put(SnapshotField::kSlotKind, {}, &slot_kind, sizeof(slot_kind));
+  const int64_t inits = static_cast<int64_t>(s->slot_init.size());
+  if (st.ok()) st = field(SnapshotField::kSlotInit, {inits}, &s->slot_init);
+  return st;
+}
 
 // A snapshot's arrays, not owned: what an import reads, from a TableSnapshot (it converts) or
 // straight from the import op's input tensors (a table's size less at a load's peak).

@@ -323,45 +323,30 @@ class ShrinkOp : public SokOpKernel<Device> {
 constexpr int Out(sok::SnapshotField f) { return static_cast<int>(f); }
 constexpr int In(sok::SnapshotField f) { return 1 + static_cast<int>(f); }
 
-// Host output `index` holding v's values; v is freed then, so an export holds its snapshot and
-// the outputs together for one field at a time (the snapshot can be most of the host's memory).
-template <typename T>
-Status HostOutput(OpKernelContext* ctx, int index, std::vector<T>* v, const TensorShape& shape) {
-  Tensor* t;
-  TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &t));
-  std::copy(v->begin(), v->end(), t->flat<T>().data());
-  std::vector<T>().swap(*v);
-  return OkStatus();
-}
-
 template <typename Device, typename K>
 class ExportOp : public SokOpKernel<Device> {
  public:
   using SokOpKernel<Device>::SokOpKernel;
 
  protected:
+  // The table writes its fields into the op's outputs (host memory on both devices): a table
+  // with its rows in host memory fills them directly, the others a field at a time from their
+  // snapshot (table.h's export_into), so a dump holds at most one extra copy of the table.
   void ComputeOnDevice(OpKernelContext* ctx) override {
     core::RefCountPtr<Resource<K>> res;
     OP_REQUIRES_OK(ctx, LookupTable(ctx, HandleFromInput(ctx, 0), &res));
-    sok::TableSnapshot<K> s;
-    OP_REQUIRES_OK(ctx, ToTf(res->table()->export_rows(OnDevice<Device>::Exec(ctx), &s),
+    const auto allocate = [ctx](sok::SnapshotField f, const std::vector<int64_t>& dims,
+                                void** data) {
+      TensorShape shape;
+      for (int64_t d : dims) shape.AddDim(d);
+      Tensor* t;
+      Status s = ctx->allocate_output(Out(f), shape, &t);
+      if (!s.ok()) return sok::Status::Invalid(std::string(s.message()));
+      *data = const_cast<char*>(t->tensor_data().data());
+      return sok::Status::OK();
+    };
+    OP_REQUIRES_OK(ctx, ToTf(res->table()->export_into(OnDevice<Device>::Exec(ctx), allocate),
                              res->table()->name()));
-    const int64_t n = static_cast<int64_t>(s.keys.size());
-    std::vector<int32_t> slot_kind{s.slot_kind};
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kKeys), &s.keys, TensorShape({n})));
-    OP_REQUIRES_OK(
-        ctx, HostOutput(ctx, Out(sok::SnapshotField::kValues), &s.values, TensorShape({n, s.dim})));
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlots), &s.slots,
-                                   TensorShape({n, s.num_slots, s.dim})));
-    OP_REQUIRES_OK(ctx,
-                   HostOutput(ctx, Out(sok::SnapshotField::kFreqs), &s.freqs, TensorShape({n})));
-    OP_REQUIRES_OK(
-        ctx, HostOutput(ctx, Out(sok::SnapshotField::kVersions), &s.versions, TensorShape({n})));
-    OP_REQUIRES_OK(
-        ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotKind), &slot_kind, TensorShape({})));
-    const int64_t inits = static_cast<int64_t>(s.slot_init.size());
-    OP_REQUIRES_OK(ctx, HostOutput(ctx, Out(sok::SnapshotField::kSlotInit), &s.slot_init,
-                                   TensorShape({inits})));
   }
 };
 
