@@ -410,27 +410,8 @@ int64_t EmbeddingTable<K>::shrink(int64_t global_step) {
 template <typename K>
 TableSnapshot<K> EmbeddingTable<K>::export_rows() const {
   TableSnapshot<K> s;
-  // Vectors sized as each field's shape asks: the rows are copied once, by export_into.
-  const auto allocate = [&s](SnapshotField f, const std::vector<int64_t>& shape, void** data) {
-    int64_t count = 1;
-    for (int64_t d : shape) count *= d;
-    const auto sized = [&](auto* v) {
-      v->resize(count);
-      *data = v->data();
-    };
-    switch (f) {
-      case SnapshotField::kKeys: sized(&s.keys); break;
-      case SnapshotField::kValues: sized(&s.values), s.dim = shape[1]; break;
-      case SnapshotField::kSlots: sized(&s.slots), s.num_slots = static_cast<int>(shape[1]); break;
-      case SnapshotField::kFreqs: sized(&s.freqs); break;
-      case SnapshotField::kVersions: sized(&s.versions); break;
-      case SnapshotField::kSlotKind: *data = &s.slot_kind; break;
-      case SnapshotField::kSlotInit: sized(&s.slot_init); break;
-    }
-    return Status::OK();
-  };
-  Status st = export_into(allocate);
-  (void)st;  // the allocator above cannot fail
+  Status st = export_into(allocate_into(&s));  // sizing vectors cannot fail
+  (void)st;
   return s;
 }
 
@@ -438,31 +419,17 @@ template <typename K>
 Status EmbeddingTable<K>::export_into(const AllocateField& allocate) const {
   std::shared_lock<std::shared_mutex> l(mu_);
   const int64_t n = static_cast<int64_t>(row_keys_.size()), d = config_.dim;
-  void *keys, *values, *slots, *freqs, *versions, *slot_kind, *slot_init;
-  Status st = allocate(SnapshotField::kKeys, {n}, &keys);
-  if (st.ok()) st = allocate(SnapshotField::kValues, {n, d}, &values);
-  if (st.ok()) st = allocate(SnapshotField::kSlots, {n, num_slots_, d}, &slots);
-  if (st.ok()) st = allocate(SnapshotField::kFreqs, {n}, &freqs);
-  if (st.ok()) st = allocate(SnapshotField::kVersions, {n}, &versions);
-  if (st.ok()) st = allocate(SnapshotField::kSlotKind, {}, &slot_kind);
-  const int64_t inits = static_cast<int64_t>(slot_init_.size());
-  if (st.ok()) st = allocate(SnapshotField::kSlotInit, {inits}, &slot_init);
+  SnapshotArrays<K> a;
+  Status st = allocate_snapshot(allocate, n, d, num_slots_, slot_kind_, slot_init_, &a);
   if (!st.ok()) return st;
-  *static_cast<int32_t*>(slot_kind) = slot_kind_;
-  if (inits > 0) std::memcpy(slot_init, slot_init_.data(), sizeof(float) * inits);
-  K* k = static_cast<K*>(keys);
-  int64_t* f = static_cast<int64_t*>(freqs);
-  int64_t* v = static_cast<int64_t*>(versions);
-  float* vals = static_cast<float*>(values);
-  float* sl = static_cast<float*>(slots);
   const int64_t st_floats = num_slots_ * d;
   for (int64_t row = 0; row < n; ++row) {
     const float* src = arena_.row(row);
-    k[row] = row_keys_[row];
-    f[row] = freqs_.get(row);
-    v[row] = versions_.get(row);
-    std::memcpy(vals + row * d, src, sizeof(float) * d);
-    std::memcpy(sl + row * st_floats, src + d, sizeof(float) * st_floats);
+    a.keys[row] = row_keys_[row];
+    a.freqs[row] = freqs_.get(row);
+    a.versions[row] = versions_.get(row);
+    std::memcpy(a.values + row * d, src, sizeof(float) * d);
+    std::memcpy(a.slots + row * st_floats, src + d, sizeof(float) * st_floats);
   }
   return Status::OK();
 }

@@ -150,6 +150,77 @@ struct TableSnapshot {
 using AllocateField =
     std::function<Status(SnapshotField field, const std::vector<int64_t>& shape, void** data)>;
 
+// A snapshot's arrays written in place (the export op's outputs), rows [0, n).
+template <typename K>
+struct SnapshotArrays {
+  int64_t n = 0, dim = 0;
+  int num_slots = 0;
+  K* keys = nullptr;
+  float* values = nullptr;  // [n, dim]
+  float* slots = nullptr;   // [n, num_slots, dim]
+  int64_t* freqs = nullptr;
+  int64_t* versions = nullptr;
+};
+
+// Allocates every field of an n-row export through `allocate` and writes its slot kind and the
+// slots' initial values; the rows are the caller's to fill.
+template <typename K>
+Status allocate_snapshot(const AllocateField& allocate, int64_t n, int64_t dim, int num_slots,
+                         int32_t slot_kind, const std::vector<float>& slot_init,
+                         SnapshotArrays<K>* out) {
+  void *keys = nullptr, *values = nullptr, *slots = nullptr, *freqs = nullptr, *versions = nullptr,
+       *kind = nullptr, *inits = nullptr;
+  const int64_t m = static_cast<int64_t>(slot_init.size());
+  Status st = allocate(SnapshotField::kKeys, {n}, &keys);
+  if (st.ok()) st = allocate(SnapshotField::kValues, {n, dim}, &values);
+  if (st.ok()) st = allocate(SnapshotField::kSlots, {n, num_slots, dim}, &slots);
+  if (st.ok()) st = allocate(SnapshotField::kFreqs, {n}, &freqs);
+  if (st.ok()) st = allocate(SnapshotField::kVersions, {n}, &versions);
+  if (st.ok()) st = allocate(SnapshotField::kSlotKind, {}, &kind);
+  if (st.ok()) st = allocate(SnapshotField::kSlotInit, {m}, &inits);
+  if (!st.ok()) return st;
+  *static_cast<int32_t*>(kind) = slot_kind;
+  if (m > 0) std::memcpy(inits, slot_init.data(), sizeof(float) * m);
+  *out = SnapshotArrays<K>{n,
+                           dim,
+                           num_slots,
+                           static_cast<K*>(keys),
+                           static_cast<float*>(values),
+                           static_cast<float*>(slots),
+                           static_cast<int64_t*>(freqs),
+                           static_cast<int64_t*>(versions)};
+  return Status::OK();
+}
+
+// An AllocateField that sizes `s`'s vectors to each field's shape: export_into a snapshot.
+template <typename K>
+AllocateField allocate_into(TableSnapshot<K>* s) {
+  return [s](SnapshotField f, const std::vector<int64_t>& shape, void** data) {
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    const auto sized = [&](auto* v) {
+      v->resize(count);
+      *data = v->data();
+    };
+    switch (f) {
+      case SnapshotField::kKeys: sized(&s->keys); break;
+      case SnapshotField::kValues:
+        sized(&s->values);
+        s->dim = shape[1];
+        break;
+      case SnapshotField::kSlots:
+        sized(&s->slots);
+        s->num_slots = static_cast<int>(shape[1]);
+        break;
+      case SnapshotField::kFreqs: sized(&s->freqs); break;
+      case SnapshotField::kVersions: sized(&s->versions); break;
+      case SnapshotField::kSlotKind: *data = &s->slot_kind; break;
+      case SnapshotField::kSlotInit: sized(&s->slot_init); break;
+    }
+    return Status::OK();
+  };
+}
+
 // Moves a snapshot into the arrays `allocate` gives, a field at a time, freeing each field once
 // copied: the peak is the snapshot and one field.
 template <typename K>
