@@ -400,6 +400,7 @@ inline Status CudaCall(cudaError_t e, const char* what) {
 // event recorded after its last upload passed (a step ago: no real wait).
 class UploadStaging {
  public:
+  std::mutex mu;  // one call at a time uses the buffer (UploadBuffer holds it)
   UploadStaging() = default;
   UploadStaging(const UploadStaging&) = delete;
   UploadStaging& operator=(const UploadStaging&) = delete;
@@ -431,6 +432,37 @@ class UploadStaging {
   void* buf_ = nullptr;
   size_t bytes_ = 0;
   cudaEvent_t event_ = nullptr;
+};
+
+// One call's upload buffer: padded (nothing waits for the stream), the kernel's staging, held
+// for the call; exact, a pinned temporary, alive until the op's own wait for its stream.
+class UploadBuffer {
+ public:
+  Status Get(OpKernelContext* ctx, UploadStaging* staging, bool padded, int64_t bytes, void** out) {
+    if (padded) {
+      hold_ = std::unique_lock<std::mutex>(staging->mu);
+      staging_ = staging;
+      return staging->Get(bytes, out);
+    }
+    AllocatorAttributes pinned;
+    pinned.set_on_host(true);
+    pinned.set_gpu_compatible(true);
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({bytes}), &temp_, pinned));
+    *out = temp_.flat<int8>().data();
+    return OkStatus();
+  }
+  // The call's status; the staging's event is recorded even after an error (the upload may be
+  // queued, so the buffer waits for it).
+  Status Done(Status call, cudaStream_t stream) {
+    if (staging_ == nullptr) return call;
+    Status recorded = staging_->Done(stream);
+    return call.ok() ? recorded : call;
+  }
+
+ private:
+  UploadStaging* staging_ = nullptr;
+  std::unique_lock<std::mutex> hold_;
+  Tensor temp_;
 };
 #endif  // GOOGLE_CUDA
 

@@ -1,7 +1,6 @@
 // Kernels of the exchange's index ops (ops/exchange_ops.cc) over core/exchange.h (CPU) and
 // core/cuda/exchange.h (GPU): each written once over the device, the device's half in ExchangeOn.
 #include <algorithm>
-#include <mutex>
 
 #include "addons/sparse_operation_kit/core/exchange.h"
 #include "addons/sparse_operation_kit/tf/kernels/device.h"
@@ -87,10 +86,7 @@ namespace gex = sok::gpu::exchange;
 
 template <>
 struct ExchangeOn<GpuDevice> {
-  struct State {
-    std::mutex mu;  // one call at a time uses the staging
-    UploadStaging staging;
-  };
+  using State = UploadStaging;
   static cudaStream_t S(OpKernelContext* ctx) { return OnDevice<GpuDevice>::Stream(ctx); }
   static Status Plan(OpKernelContext* ctx, const std::vector<ex::TableSpec>& tables, int world,
                      const std::vector<const int64_t*>& keys,
@@ -110,18 +106,8 @@ struct ExchangeOn<GpuDevice> {
     TfDeviceAllocator alloc(ctx->device()->GetAllocator(AllocatorAttributes()));
     const int64_t bytes = std::max<int64_t>(gex::owner_keys_staging_bytes(l.n), 1);
     void* upload;
-    Tensor staging_t;
-    std::unique_lock<std::mutex> hold(state->mu, std::defer_lock);
-    if (padded) {
-      hold.lock();
-      TF_RETURN_IF_ERROR(state->staging.Get(bytes, &upload));
-    } else {
-      AllocatorAttributes pinned;
-      pinned.set_on_host(true);
-      pinned.set_gpu_compatible(true);
-      TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({bytes}), &staging_t, pinned));
-      upload = staging_t.flat<int8>().data();
-    }
+    UploadBuffer buffer;
+    TF_RETURN_IF_ERROR(buffer.Get(ctx, state, padded, bytes, &upload));
     tsl::profiler::TraceMe wait(padded ? "SokExchangeOwnerKeys (padded: no wait)"
                                        : "SokExchangeOwnerKeys waits for the distinct counts");
     Status done = ToTf(gex::owner_keys(
@@ -137,10 +123,7 @@ struct ExchangeOn<GpuDevice> {
           return sok::Status::OK();
         },
         S(ctx), &alloc, upload));
-    if (!padded) return done;
-    // Recorded even after an error: the upload may be queued, so the buffer waits for it.
-    Status recorded = state->staging.Done(S(ctx));
-    return done.ok() ? recorded : done;
+    return buffer.Done(done, S(ctx));
   }
   static Status ToBlocks(OpKernelContext* ctx, const std::vector<int64_t>& dims,
                          const int64_t* distinct, int world, const int64_t* row_pos,

@@ -181,10 +181,7 @@ Status DeviceScratch(OpKernelContext* ctx, int64_t count, Tensor* t, T** out) {
 
 template <>
 struct LookupSteps<GpuDevice> {
-  struct State {
-    std::mutex mu;  // one call at a time uses the staging
-    UploadStaging staging;
-  };
+  using State = UploadStaging;
 
   // The distinct counts (and the checks) are only known on the device: every table is
   // deduplicated and checked by one set of launches per key dtype, the distinct counts copied to
@@ -211,29 +208,15 @@ struct LookupSteps<GpuDevice> {
         t.dense_shape = a.dense_shape->flat<int64_t>().data();
       }
     }
-    Tensor reports_t, staging_t;
+    Tensor reports_t;
     sok::gpu::UniqueTableReport* d_reports;
     TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &reports_t, &d_reports));
     const int64_t staging = std::max<int64_t>(sok::gpu::unique_keys_multi_staging_bytes(spans), 1);
     void* upload;
-    std::unique_lock<std::mutex> hold(state->mu, std::defer_lock);
-    if (padded) {  // the upload must outlive the op
-      hold.lock();
-      TF_RETURN_IF_ERROR(state->staging.Get(staging, &upload));
-    } else {  // pinned host memory alive until the sync below
-      AllocatorAttributes pinned;
-      pinned.set_on_host(true);
-      pinned.set_gpu_compatible(true);
-      TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({staging}), &staging_t, pinned));
-      upload = staging_t.flat<int8>().data();
-    }
-    Status done = ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc, upload));
-    if (padded) {
-      // Recorded even after an error: the upload may be queued, so the buffer waits for it.
-      Status recorded = state->staging.Done(stream);
-      if (done.ok()) done = recorded;
-    }
-    TF_RETURN_IF_ERROR(done);
+    UploadBuffer buffer;  // exact: alive until the sync below
+    TF_RETURN_IF_ERROR(buffer.Get(ctx, state, padded, staging, &upload));
+    TF_RETURN_IF_ERROR(buffer.Done(
+        ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc, upload)), stream));
     TF_RETURN_IF_ERROR(
         ToTf(sok::gpu::unique_valid_counts(d_reports, n, valid->flat<int64_t>().data(), stream)));
     if (padded) {
