@@ -73,46 +73,51 @@ def train_dataset(train, batches, rank, size):
     return ds
 
 
-def train_indices(batches, rank, size):
-    """This rank's row indices of each training batch as a tf.data pipeline prefetched to the GPU
-    (--input resident: the rows themselves are already there, see ResidentSplit)."""
-
-    def indices():
-        for idx in batches:
-            yield idx[rank::size]
-
-    ds = tf.data.Dataset.from_generator(indices, output_signature=_INDEX_SIGNATURE).prefetch(2)
-    gpus = tf.config.list_logical_devices("GPU")
-    if gpus:
-        ds = ds.apply(tf.data.experimental.prefetch_to_device(gpus[0].name, buffer_size=2))
-    return ds
-
-
 class ResidentSplit:
     """The training split in GPU memory, filled once from placeholders: the dense features, the
-    labels and the field ids as one [fields, rows] matrix. A step gathers its rows on the GPU
-    (three gathers), so the only per-step copy is the batch's row indices. The ids' columns come
-    apart as float64 (the same bits): TensorFlow's int64 Unpack keeps its tensors in host memory,
-    while the float64 one on the GPU hands out slices of its input (no copy) when a column's bytes
-    are a multiple of 64. A gather per field column cost the step some 1.3 ms of launches and gaps
-    (H200 traces)."""
+    labels and the field ids as one [fields, rows] matrix, and the epoch's row order (filled once
+    an epoch). A step takes its rows on the GPU: a counter of the epoch's batches picks this
+    rank's positions of the order, and three gathers take those rows, so a step copies nothing
+    from the host and runs no input pipeline (an index generator in tf.data took host time beside
+    every step and set the ranks' steps apart). The ids' columns come apart as float64 (the same
+    bits): TensorFlow's int64 Unpack keeps its tensors in host memory, while the float64 one on
+    the GPU hands out slices of its input (no copy) when a column's bytes are a multiple of 64.
+    A gather per field column cost the step some 1.3 ms of launches and gaps (H200
+    traces)."""
 
-    def __init__(self, train):
+    def __init__(self, train, schedule, rank, size):
         columns = [train.dense, train.labels, np.ascontiguousarray(train.ids.T)]
         self._placeholders = [tf.compat.v1.placeholder(c.dtype, c.shape) for c in columns]
         self._columns = columns
+        self._order_in = tf.compat.v1.placeholder(tf.int64, [schedule.n])
+        # This rank's positions in a global batch (its slice rank::size, as in the feed input).
+        positions = np.arange(rank, min(schedule.batch_size, schedule.n), size, dtype=np.int64)
         gpus = tf.config.list_logical_devices("GPU")
         with tf.device(gpus[0].name if gpus else None):
             self._vars = [tf.compat.v1.Variable(ph, trainable=False, collections=[], use_resource=True,
                                                 name=f"resident_{i}")
                           for i, ph in enumerate(self._placeholders)]
+            self._order = tf.compat.v1.Variable(self._order_in, trainable=False, collections=[],
+                                                use_resource=True, name="resident_order")
+            self._batch = tf.compat.v1.Variable(tf.constant(0, tf.int64), trainable=False,
+                                                collections=[], use_resource=True,
+                                                name="resident_batch")
+            self._positions = tf.constant(positions)
+        self._start = (self._order.initializer, self._batch.initializer)
+        self._batch_size = schedule.batch_size
         self.initializer = tf.group(*[v.initializer for v in self._vars])
 
     def feed(self):
         return dict(zip(self._placeholders, self._columns))
 
-    def gather(self, idx):
-        """-> dense, field ids (a tuple), labels of rows idx."""
+    def start_epoch(self, order):
+        """(fetches, feed) that put an epoch's row order in place and restart the batch count."""
+        return self._start, {self._order_in: order}
+
+    def next_batch(self):
+        """-> dense, field ids (a tuple), labels of the next batch's rows of this rank."""
+        b = self._batch.assign_add(1) - 1
+        idx = tf.gather(self._order, b * self._batch_size + self._positions)
         dense, labels, ids = self._vars
         fields = tf.unstack(tf.bitcast(tf.gather(ids, idx, axis=1), tf.float64), axis=0)
         ids = tuple(tf.bitcast(f, tf.int64) for f in fields)
@@ -139,7 +144,10 @@ class Graph:
             )
             self.input_init = None
             self.resident = None
-            if dataset is None:
+            if resident is not None:
+                self.resident = resident()
+                dense, ids, labels = self.resident.next_batch()
+            elif dataset is None:
                 dense, ids, labels = self.dense, self.ids, self.labels
             else:
                 # The iterator of a dataset prefetched to the GPU must live there too: on the CPU
@@ -150,11 +158,7 @@ class Graph:
                 with tf.device(gpus[0].name if gpus else None):
                     it = tf.compat.v1.data.make_initializable_iterator(ds)
                 self.input_init = it.initializer
-                if resident is None:
-                    dense, ids, labels = it.get_next()  # ids: one tensor per field
-                else:
-                    self.resident = ResidentSplit(resident)
-                    dense, ids, labels = self.resident.gather(it.get_next())
+                dense, ids, labels = it.get_next()  # ids: one tensor per field
             logits = self.model(dense, ids, training=True)
             self.loss = tf.reduce_mean(
                 tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)

@@ -362,17 +362,28 @@ class BatchSchedule:
 
     def __init__(self, n, batch_size, seed, shuffle):
         self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
+        self.batches_per_epoch = max(1, n // batch_size)
 
-    def __iter__(self):
+    def order(self, epoch):
+        """The rows of `epoch` in the order its batches take them."""
+        order = np.arange(self.n)
+        if self.shuffle:
+            np.random.default_rng([self.seed, epoch]).shuffle(order)
+        return order
+
+    def batch(self, step):
+        """The global batch of training step `step` (the feed_dict input)."""
+        epoch, b = divmod(step, self.batches_per_epoch)
+        if getattr(self, "_epoch", None) != epoch:
+            self._epoch, self._order = epoch, self.order(epoch)
+        return self._order[b * self.batch_size : (b + 1) * self.batch_size]
+
+    def __iter__(self):  # the tf.data input's generator (its own thread, its own state)
         epoch = 0
         while True:
-            order = np.arange(self.n)
-            if self.shuffle:
-                np.random.default_rng([self.seed, epoch]).shuffle(order)
-            for start in range(
-                0, self.n - self.batch_size + 1 if self.n >= self.batch_size else 1, self.batch_size
-            ):
-                yield order[start : start + self.batch_size]
+            order = self.order(epoch)
+            for b in range(self.batches_per_epoch):
+                yield order[b * self.batch_size : (b + 1) * self.batch_size]
             epoch += 1
 
 
@@ -483,24 +494,23 @@ def _load(args, job):
 
 
 def _build_graph(args, job, data):
-    """(graph, the batch schedule, the tf.data input's maker or None for feed_dict)."""
-    schedule = iter(
-        BatchSchedule(data.n_train, args.batch_size, args.seed, shuffle=args.data != "synthetic")
-    )
+    """(graph, the batch schedule, the tf.data input's maker or None for feed_dict and resident
+    input)."""
+    schedule = BatchSchedule(data.n_train, args.batch_size, args.seed,
+                             shuffle=args.data != "synthetic")
     dataset = None
     if args.input == "auto":
         args.input = "dataset" if job.tf.config.list_physical_devices("GPU") else "feed"
     if args.input == "dataset":
 
         def dataset():
-            return job.graph.train_dataset(data.train, schedule, job.rank, job.size)
+            return job.graph.train_dataset(data.train, iter(schedule), job.rank, job.size)
 
     resident = None
     if args.input == "resident":
-        resident = data.train
 
-        def dataset():
-            return job.graph.train_indices(schedule, job.rank, job.size)
+        def resident():
+            return job.graph.ResidentSplit(data.train, schedule, job.rank, job.size)
 
     g = job.graph.Graph(args, job.hvd, dataset, resident)
     job.log(
@@ -593,8 +603,12 @@ def _train(args, job, data, g, sess, schedule, dataset, metrics):
 
 def _train_step(job, data, g, sess, schedule, dataset, step):
     """One training step: its loss."""
-    if dataset is None:
-        idx = next(schedule)[job.rank::job.size]  # this rank's slice of the global batch
+    if g.resident is not None:
+        if step % schedule.batches_per_epoch == 0:  # the epoch's order into device memory
+            sess.run(*g.resident.start_epoch(schedule.order(step // schedule.batches_per_epoch)))
+        loss, _ = sess.run([g.report_loss, g.train_op])
+    elif dataset is None:
+        idx = schedule.batch(step)[job.rank :: job.size]  # this rank's slice of the global batch
         loss, _ = sess.run(
             [g.report_loss, g.train_op], feed_dict=g.feed(criteo_data.take(data.train, idx))
         )

@@ -217,12 +217,22 @@ def test_short_training_run_learns(capsys, tmp_path):
     assert result["samples_per_sec"] > 0 and result["table_rows"] > 0
 
 
-@pytest.mark.parametrize("tables,batch", [([], "256"), (["--num_tables", "4"], "250")])
+@pytest.mark.parametrize(
+    "tables,batch",
+    [
+        ([], "256"),
+        (["--num_tables", "4"], "250"),
+        (["--synthetic_train_samples", "700"], "250"),
+        (["--data", SLICE, "--eval_data", SLICE], "64"),
+    ],
+)
 def test_tf_data_and_resident_inputs_train_exactly_like_feed_dict(capsys, tmp_path, tables, batch):
     """The tf.data input (one id tensor per field), the resident one (the split in device memory,
-    rows gathered in the graph) and feed_dict (an [B, 26] matrix) train the same model bit for
-    bit, with a table per field and with tables shared by fields. A batch of 250 ids per field
-    (not a multiple of 8) takes the resident split's copying path, 256 its aliasing one."""
+    its epoch's order there too, rows gathered in the graph) and feed_dict (an [B, 26] matrix)
+    train the same model bit for bit, with a table per field and with tables shared by fields,
+    over one epoch and over several (6 of 2 batches, the last 200 rows unused; 4 shuffled ones of
+    3 batches of real rows). A batch of 250 ids per field (not a multiple of 8) takes the resident
+    split's copying path, 256 its aliasing one."""
     import run as criteo_run
 
     common = tables + [

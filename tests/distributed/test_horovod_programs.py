@@ -67,10 +67,14 @@ def _criteo(np_, tmp_path, *extra, env=None):
 
 def test_criteo_job_on_several_ranks_equals_one_process(tmp_path):
     """The Criteo job under horovodrun -np N (--horovod) trains the same global batches as one
-    process: the same AUC within 0.002; with --xla (XLA auto-clustering, also on the CPU) too."""
+    process: the same AUC within 0.002; with the training split resident in device memory (each
+    rank takes its slice of the batch there) and with --xla (XLA auto-clustering, also on the
+    CPU) too."""
     one, _ = _criteo(1, tmp_path)
     several, _ = _criteo(RANKS, tmp_path)
     assert abs(several - one) < 0.002, (one, several)
+    several_resident, _ = _criteo(RANKS, tmp_path, "--input", "resident")
+    assert abs(several_resident - one) < 0.002, (one, several_resident)
     xla_env = None if TEST_DEVICE == "gpu" else {"TF_XLA_FLAGS": "--tf_xla_cpu_global_jit"}
     several_xla, out = _criteo(RANKS, tmp_path, "--xla", env=xla_env)
     assert abs(several_xla - one) < 0.002, (one, several_xla)
