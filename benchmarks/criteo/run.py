@@ -264,8 +264,8 @@ def _add_runtime_args(a):
         default="auto",
         help="training batches through tf.data with prefetching to the GPU, or feed_dict; auto: dataset "
         "when TensorFlow sees a GPU, else feed (faster on the CPU alone); resident: the training "
-        "split is copied to the GPU once and each step gathers its rows there (only the row "
-        "indices travel per step) (default: %(default)s)",
+        "split is copied to the GPU once, each epoch's batch order too, and each step gathers its "
+        "rows there (nothing travels per step) (default: %(default)s)",
     )
 
 
