@@ -75,15 +75,15 @@ def train_dataset(train, batches, rank, size):
 
 class ResidentSplit:
     """The training split in GPU memory, filled once from placeholders: the dense features, the
-    labels and the field ids as one [fields, rows] matrix, and the epoch's row order (filled once
-    an epoch). A step takes its rows on the GPU: a counter of the epoch's batches picks this
-    rank's positions of the order, and three gathers take those rows, so a step copies nothing
-    from the host and runs no input pipeline (an index generator in tf.data took host time beside
-    every step and set the ranks' steps apart). The ids' columns come apart as float64 (the same
-    bits): TensorFlow's int64 Unpack keeps its tensors in host memory, while the float64 one on
-    the GPU hands out slices of its input (no copy) when a column's bytes are a multiple of 64.
-    A gather per field column cost the step some 1.3 ms of launches and gaps (H200
-    traces)."""
+    labels and the field ids as one [fields, rows] matrix, and the epoch's row order (put there
+    by `load_order`). A step takes its rows on the GPU: a step counter modulo the batches of an
+    epoch picks this rank's positions of the order, and three gathers take those rows, so a step
+    copies nothing from the host and runs no input pipeline (an index generator in tf.data took
+    host time beside every step and set the ranks' steps apart). Steps past the last loaded
+    epoch wrap around in its order. The ids' columns come apart as float64 (the same bits):
+    TensorFlow's int64 Unpack keeps its tensors in host memory, while the float64 one on the GPU
+    hands out slices of its input (no copy) when a column's bytes are a multiple of 64. A gather
+    per field column cost the step some 1.3 ms of launches and gaps (H200 traces)."""
 
     def __init__(self, train, schedule, rank, size):
         columns = [train.dense, train.labels, np.ascontiguousarray(train.ids.T)]
@@ -99,24 +99,24 @@ class ResidentSplit:
                           for i, ph in enumerate(self._placeholders)]
             self._order = tf.compat.v1.Variable(self._order_in, trainable=False, collections=[],
                                                 use_resource=True, name="resident_order")
-            self._batch = tf.compat.v1.Variable(tf.constant(0, tf.int64), trainable=False,
-                                                collections=[], use_resource=True,
-                                                name="resident_batch")
+            self._step = tf.compat.v1.Variable(tf.constant(0, tf.int64), trainable=False,
+                                               collections=[], use_resource=True,
+                                               name="resident_step")
             self._positions = tf.constant(positions)
-        self._start = (self._order.initializer, self._batch.initializer)
-        self._batch_size = schedule.batch_size
-        self.initializer = tf.group(*[v.initializer for v in self._vars])
+        self._batch_size, self._batches = schedule.batch_size, schedule.batches_per_epoch
+        self.initializer = tf.group(self._step.initializer, *[v.initializer for v in self._vars])
 
     def feed(self):
         return dict(zip(self._placeholders, self._columns))
 
-    def start_epoch(self, order):
-        """(fetches, feed) that put an epoch's row order in place and restart the batch count."""
-        return self._start, {self._order_in: order}
+    def load_order(self, sess, order):
+        """Puts an epoch's row order in place (between steps: the next step takes its first
+        batch when the steps so far are a whole number of epochs)."""
+        sess.run(self._order.initializer, {self._order_in: order})
 
     def next_batch(self):
         """-> dense, field ids (a tuple), labels of the next batch's rows of this rank."""
-        b = self._batch.assign_add(1) - 1
+        b = tf.math.floormod(self._step.assign_add(1) - 1, self._batches)
         idx = tf.gather(self._order, b * self._batch_size + self._positions)
         dense, labels, ids = self._vars
         fields = tf.unstack(tf.bitcast(tf.gather(ids, idx, axis=1), tf.float64), axis=0)

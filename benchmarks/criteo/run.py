@@ -17,6 +17,7 @@ rows and gradients are exchanged by SOK. Throughput is printed by rank 0 in glob
 """
 
 import argparse
+import concurrent.futures
 import math
 import os
 import sys
@@ -378,6 +379,23 @@ class BatchSchedule:
             self._epoch, self._order = epoch, self.order(epoch)
         return self._order[b * self.batch_size : (b + 1) * self.batch_size]
 
+    def load_resident_order(self, resident, sess, step):
+        """Before training step `step` with --input resident: at an epoch's first step, its order
+        into device memory (graph.ResidentSplit). Shuffled epochs: the next epoch's order is drawn
+        on another thread while this one trains; unshuffled ones load once."""
+        epoch, b = divmod(step, self.batches_per_epoch)
+        if b or (epoch and not self.shuffle):
+            return
+        pending = getattr(self, "_next_order", None)
+        order = pending.result() if pending is not None and self._next_epoch == epoch else (
+            self.order(epoch))
+        resident.load_order(sess, order)
+        if self.shuffle:
+            if not hasattr(self, "_drawer"):
+                self._drawer = concurrent.futures.ThreadPoolExecutor(1)
+            self._next_epoch = epoch + 1
+            self._next_order = self._drawer.submit(self.order, epoch + 1)
+
     def __iter__(self):  # the tf.data input's generator (its own thread, its own state)
         epoch = 0
         while True:
@@ -604,8 +622,7 @@ def _train(args, job, data, g, sess, schedule, dataset, metrics):
 def _train_step(job, data, g, sess, schedule, dataset, step):
     """One training step: its loss."""
     if g.resident is not None:
-        if step % schedule.batches_per_epoch == 0:  # the epoch's order into device memory
-            sess.run(*g.resident.start_epoch(schedule.order(step // schedule.batches_per_epoch)))
+        schedule.load_resident_order(g.resident, sess, step)
         loss, _ = sess.run([g.report_loss, g.train_op])
     elif dataset is None:
         idx = schedule.batch(step)[job.rank :: job.size]  # this rank's slice of the global batch
@@ -697,7 +714,7 @@ def _result(data, trained, steps_per_sec, samples_per_sec, final):
 
 def _profile(args, job, g, sess, dataset, metrics):
     """--profile: traces 3 more steps and logs (and records) the time per stage and top ops."""
-    if args.profile and dataset is not None:
+    if args.profile and (dataset is not None or g.resident is not None):
         import profile as criteo_profile  # noqa: E402  (benchmarks/criteo/profile.py)
 
         stages, wall_ms, busy_ms, recs = criteo_profile.profile_steps(
@@ -711,15 +728,15 @@ def _profile(args, job, g, sess, dataset, metrics):
                       stages={s: dict(zip(("gpu_ms", "kernels", "host_ms", "ops"), v))
                               for s, v in stages.items()})
     elif args.profile:
-        job.log("profile:    needs --input dataset (feed_dict steps are not traced)")
+        job.log("profile:    needs --input dataset or resident (feed_dict steps are not traced)")
 
 
 def _trace(args, job, g, sess, dataset, steps=5):
     """--trace_dir: a few steps under TensorFlow's profiler, per rank (rank_<r> below the dir)."""
     if not args.trace_dir:
         return
-    if dataset is None:
-        job.log("trace:      needs --input dataset (feed_dict steps are not traced)")
+    if dataset is None and g.resident is None:
+        job.log("trace:      needs --input dataset or resident (feed_dict steps are not traced)")
         return
     tf = job.tf
     logdir = os.path.join(args.trace_dir, f"rank_{job.rank}")

@@ -266,14 +266,16 @@ def test_tf_data_and_resident_inputs_train_exactly_like_feed_dict(capsys, tmp_pa
         assert resident[key] == fed[key], key
 
 
-def test_profile_traces_steps_after_what_it_reports(capsys, tmp_path):
+@pytest.mark.parametrize("source", ["dataset", "resident"])
+def test_profile_traces_steps_after_what_it_reports(capsys, tmp_path, source):
     """--profile prints its stage table, and the run reports the same training and evaluation as
-    without it (the traced steps come after the evaluation)."""
+    without it (the traced steps come after the evaluation; with resident input they run past the
+    one epoch, wrapping around in its order)."""
     import run as criteo_run
 
     common = ["--out_dir", str(tmp_path), "--no_plot", "--steps", "6", "--batch_size", "256",
               "--synthetic_eval_samples", "2048", "--warmup_steps", "2", "--bottom_mlp", "16",
-              "--top_mlp", "16", "--seed", "5", "--log_every", "0", "--input", "dataset"]
+              "--top_mlp", "16", "--seed", "5", "--log_every", "0", "--input", source]
     plain = criteo_run.main(common)
     capsys.readouterr()
     profiled = criteo_run.main(common + ["--profile"])
