@@ -96,10 +96,23 @@ struct Pair {
     SOK_OK(got->size(kExec, &b));
     return a == b || FAIL("size %lld, want %lld", (long long)b, (long long)a);
   }
+  // export_rows against the reference, and each table's export_into (the export op's path:
+  // rows straight into its outputs) against its export_rows.
   bool same_export() {
-    TableSnapshot<K> s;
+    TableSnapshot<K> s, into, ref_into;
     SOK_OK(got->export_rows(kExec, &s));
-    return expect_same_table(s, gpu_export(*ref), 0, 0);
+    const TableSnapshot<K> want = gpu_export(*ref);
+    SOK_OK(got->export_into(kExec, sok::allocate_into(&into)));
+    int64_t n = 0, count = 0;
+    SOK_OK(ref->size(&n, nullptr));
+    sok::SnapshotArrays<K> a;
+    SOK_OK(sok::allocate_snapshot(sok::allocate_into(&ref_into), n, ref->dim(), ref->num_slots(),
+                                  ref->slot_kind(), ref->slot_init(), &a));
+    SOK_OK(ref->export_to(a, 0, &count, nullptr));
+    return expect_same_table(s, want, 0, 0) && expect_same_table(into, s, 0, 0) &&
+           expect_same_table(ref_into, want, 0, 0) &&
+           (count == n ||
+            FAIL("export_to wrote %lld rows of %lld", (long long)count, (long long)n));
   }
   // Rows in both tiers, the cache within its budget.
   bool tiers_ok(bool expect_both) {

@@ -331,6 +331,11 @@ class GpuEmbeddingTable {
   // Everything, in slot order, to host memory (synchronises); append: after out's rows (the
   // same slot layout; room reserved in out spares a copy of them), else replacing them.
   Status export_rows(TableSnapshot<K>* out, cudaStream_t stream, bool append = false);
+  // Everything, in slot order, into out's rows from `at` on (host memory; synchronises);
+  // *count: how many. Rows past out.n (the table grew since it was sized) are an error.
+  Status export_to(const SnapshotArrays<K>& out, int64_t at, int64_t* count, cudaStream_t stream);
+  int slot_kind() const;  // OptimizerKind owning the slots; -1 none
+  const std::vector<float>& slot_init() const;
   // Replaces the whole content (synchronises); same checks as the CPU table. pick: only those
   // rows of the snapshot, in that order (a tiered import's split).
   Status import_rows(const SnapshotView<K>& snapshot, cudaStream_t stream,
@@ -382,6 +387,19 @@ class GpuTable final : public Table<K> {
   }
   Status export_rows(const ExecContext& e, TableSnapshot<K>* out) override {
     return t_->export_rows(out, s(e));
+  }
+  // Straight into the caller's arrays (the export op's outputs): no snapshot beside them.
+  Status export_into(const ExecContext& e, const AllocateField& allocate) override {
+    int64_t n = 0, count = 0;
+    Status st = t_->size(&n, s(e));
+    SnapshotArrays<K> a;
+    if (st.ok())
+      st = allocate_snapshot(allocate, n, t_->dim(), t_->num_slots(), t_->slot_kind(),
+                             t_->slot_init(), &a);
+    if (st.ok()) st = t_->export_to(a, 0, &count, s(e));
+    if (st.ok() && count != n)
+      st = Status::Invalid("table '" + config().name + "' lost rows while it was exported");
+    return st;
   }
   Status import_rows(const ExecContext& e, const SnapshotView<K>& snapshot) override {
     return t_->import_rows(snapshot, s(e));

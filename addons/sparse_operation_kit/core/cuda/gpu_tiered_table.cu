@@ -673,6 +673,45 @@ Status GpuTieredTable<K>::export_rows(const ExecContext& e, TableSnapshot<K>* ou
   return ssd_ ? ssd_->export_rows(out) : Status::OK();
 }
 
+// The same rows straight into the caller's arrays (the export op's outputs): the GPU tiers copy
+// theirs in place; the file's rows pass through a snapshot of that tier alone.
+template <typename K>
+Status GpuTieredTable<K>::export_into(const ExecContext& e, const AllocateField& allocate) {
+  int64_t hbm = 0, host = 0, on_file = 0;
+  SOK_RETURN_IF_ERROR(tier_sizes(stream_of(e), &hbm, &host, &on_file));
+  std::lock_guard<std::mutex> l(mu_);
+  SnapshotArrays<K> a;
+  SOK_RETURN_IF_ERROR(allocate_snapshot(allocate, hbm + host + on_file, cfg_.dim,
+                                        cold_->num_slots(), cold_->slot_kind(), cold_->slot_init(),
+                                        &a));
+  int64_t at = 0, count = 0;
+  if (hot_) {
+    SOK_RETURN_IF_ERROR(hot_->export_to(a, at, &count, stream_of(e)));
+    at += count;
+  }
+  SOK_RETURN_IF_ERROR(cold_->export_to(a, at, &count, stream_of(e)));
+  at += count;
+  if (ssd_) {
+    TableSnapshot<K> file;
+    file.dim = cfg_.dim;
+    file.num_slots = a.num_slots;
+    file.slot_init = cold_->slot_init();  // for rows written before the slots existed
+    SOK_RETURN_IF_ERROR(ssd_->export_rows(&file));
+    const int64_t n = static_cast<int64_t>(file.keys.size()), d = a.dim, st = a.num_slots * d;
+    if (at + n > a.n || static_cast<int64_t>(file.slots.size()) != n * st)
+      return Status::Invalid("table '" + cfg_.name + "': its file's rows do not fit the export");
+    std::copy(file.keys.begin(), file.keys.end(), a.keys + at);
+    std::copy(file.values.begin(), file.values.end(), a.values + at * d);
+    std::copy(file.slots.begin(), file.slots.end(), a.slots + at * st);
+    std::copy(file.freqs.begin(), file.freqs.end(), a.freqs + at);
+    std::copy(file.versions.begin(), file.versions.end(), a.versions + at);
+    at += n;
+  }
+  if (at != a.n)
+    return Status::Invalid("table '" + cfg_.name + "' lost rows while it was exported");
+  return Status::OK();
+}
+
 // The hottest `keep` rows go to HBM (tier_policy.h's hottest_first), the next `keep_host` to host
 // memory, the rest to the file. Both GPU tiers take the snapshot's slot layout, even when one
 // gets no row.

@@ -123,6 +123,7 @@ class GpuTieredTable final : public Table<K> {
                          const OptimizerParams& p, int64_t global_step, bool keys_unique) override;
   Status shrink(const ExecContext& exec, int64_t global_step, int64_t* removed) override;
   Status export_rows(const ExecContext& exec, TableSnapshot<K>* out) override;
+  Status export_into(const ExecContext& exec, const AllocateField& allocate) override;
   Status import_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) override;
 
   // One table's keys in a call over several tiered tables, as GpuEmbeddingTable<K>::Keys.

@@ -300,6 +300,14 @@ int64_t GpuEmbeddingTable<K>::dim() const { return impl_->cfg.dim; }
 template <typename K>
 int GpuEmbeddingTable<K>::num_slots() const { return impl_->num_slots; }
 template <typename K>
+int GpuEmbeddingTable<K>::slot_kind() const {
+  return impl_->slot_kind;
+}
+template <typename K>
+const std::vector<float>& GpuEmbeddingTable<K>::slot_init() const {
+  return impl_->slot_init;
+}
+template <typename K>
 int64_t GpuEmbeddingTable<K>::capacity() const { return impl_->capacity; }
 
 template <typename K>

@@ -165,47 +165,65 @@ Status carve_export_chunk(Impl& m, int64_t chunk, int ns, cudaStream_t stream,
 // (synchronises); append: after out's rows (the same slot layout), else replacing them. The
 // caller holds m.mu.
 template <typename K, typename Impl>
-Status copy_out(Impl& m, const int64_t* slots, int64_t count, TableSnapshot<K>* out,
-                cudaStream_t stream, bool append = false) {
+Status copy_out_to(Impl& m, const int64_t* slots, int64_t count, const SnapshotArrays<K>& out,
+                   int64_t at, cudaStream_t stream) {
   const int64_t d = m.cfg.dim;
   const int ns = m.num_slots;
-  const int64_t base = append ? static_cast<int64_t>(out->keys.size()) : 0;
-  if (base > 0 && (out->num_slots != ns || out->dim != d))
+  if (out.num_slots != ns || out.dim != d)
     return Status::Invalid("table '" + m.cfg.name + "': rows of " + std::to_string(ns) +
-                           " slots cannot follow rows of " + std::to_string(out->num_slots));
+                           " slots cannot follow rows of " + std::to_string(out.num_slots));
+  if (at + count > out.n)
+    return Status::Invalid("table '" + m.cfg.name + "' gained rows while it was exported");
   const int64_t chunk =
       std::min(std::max<int64_t>(count, 1), chunk_rows<K>(m.opt.transfer_chunk_bytes, d, ns));
   ExportChunk<K> b;
   SOK_RETURN_IF_ERROR(carve_export_chunk(m, chunk, ns, stream, &b));
-  out->dim = d;
-  out->num_slots = ns;
-  out->slot_kind = m.slot_kind;
-  out->slot_init = m.slot_init;
-  out->keys.resize(base + count);
-  out->values.resize((base + count) * d);
-  out->slots.resize((base + count) * ns * d);
-  out->freqs.resize(base + count);
-  out->versions.resize(base + count);
-  for (int64_t at = 0; at < count; at += chunk) {
-    const int64_t c = std::min(chunk, count - at);
-    const int64_t to = base + at;
+  for (int64_t from = 0; from < count; from += chunk) {
+    const int64_t c = std::min(chunk, count - from);
+    const int64_t to = at + from;
     k_export<K><<<grid_for(c * kTile, kBlock), kBlock, 0, stream>>>(
-        m.t, slots + at, c, ns, b.keys, b.values, b.slot_vals, b.freqs, b.versions);
+        m.t, slots + from, c, ns, b.keys, b.values, b.slot_vals, b.freqs, b.versions);
     SOK_LAUNCH_CHECK();
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->keys.data() + to, b.keys, c * sizeof(K),
-                                    cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->values.data() + to * d, b.values, c * d * sizeof(float),
+    SOK_CUDA_RETURN(
+        cudaMemcpyAsync(out.keys + to, b.keys, c * sizeof(K), cudaMemcpyDeviceToHost, stream));
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out.values + to * d, b.values, c * d * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream));
     if (ns > 0)
-      SOK_CUDA_RETURN(cudaMemcpyAsync(out->slots.data() + to * ns * d, b.slot_vals,
+      SOK_CUDA_RETURN(cudaMemcpyAsync(out.slots + to * ns * d, b.slot_vals,
                                       c * ns * d * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->freqs.data() + to, b.freqs, c * sizeof(int64_t),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out.freqs + to, b.freqs, c * sizeof(int64_t),
                                     cudaMemcpyDeviceToHost, stream));
-    SOK_CUDA_RETURN(cudaMemcpyAsync(out->versions.data() + to, b.versions, c * sizeof(int64_t),
+    SOK_CUDA_RETURN(cudaMemcpyAsync(out.versions + to, b.versions, c * sizeof(int64_t),
                                     cudaMemcpyDeviceToHost, stream));
     SOK_CUDA_RETURN(cudaStreamSynchronize(stream));  // the buffers are reused by the next chunk
   }
   return Status::OK();
+}
+
+// The same into a snapshot's vectors, after its rows (append) or replacing them.
+template <typename K, typename Impl>
+Status copy_out(Impl& m, const int64_t* slots, int64_t count, TableSnapshot<K>* out,
+                cudaStream_t stream, bool append = false) {
+  const int64_t base = append ? static_cast<int64_t>(out->keys.size()) : 0;
+  if (base == 0) {
+    out->dim = m.cfg.dim;
+    out->num_slots = m.num_slots;
+  }
+  out->slot_kind = m.slot_kind;
+  out->slot_init = m.slot_init;
+  const int64_t d = out->dim, ns = out->num_slots;
+  if (ns == m.num_slots && d == m.cfg.dim) {
+    out->keys.resize(base + count);
+    out->values.resize((base + count) * d);
+    out->slots.resize((base + count) * ns * d);
+    out->freqs.resize(base + count);
+    out->versions.resize(base + count);
+  }
+  const SnapshotArrays<K> arrays{base + count,       d,
+                                 static_cast<int>(ns), out->keys.data(),
+                                 out->values.data(), out->slots.data(),
+                                 out->freqs.data(),  out->versions.data()};
+  return copy_out_to<K>(m, slots, count, arrays, base, stream);
 }
 
 // The keys of the rows should_evict() selects among `count` live slots, read a chunk at a time
@@ -482,6 +500,18 @@ Status GpuEmbeddingTable<K>::export_rows(TableSnapshot<K>* out, cudaStream_t str
   return copy_out<K>(m, live.slots, live.count, out, stream, append);
 }
 
+template <typename K>
+Status GpuEmbeddingTable<K>::export_to(const SnapshotArrays<K>& out, int64_t at, int64_t* count,
+                                       cudaStream_t stream) {
+  Impl& m = *impl_;
+  DeviceGuard g(m.device);
+  std::lock_guard<std::mutex> l(m.mu);
+  LiveSlots live;
+  SOK_RETURN_IF_ERROR(live_slots(m, stream, &live));
+  *count = live.count;
+  return copy_out_to<K>(m, live.slots, live.count, out, at, stream);
+}
+
 // Victims are chosen on the host by the one eviction rule (shrinking is rare: checkpoint time),
 // then erased on the device.
 template <typename K>
@@ -614,6 +644,10 @@ template Status GpuEmbeddingTable<int32_t>::export_rows(TableSnapshot<int32_t>*,
                                                          bool);
 template Status GpuEmbeddingTable<int64_t>::export_rows(TableSnapshot<int64_t>*, cudaStream_t,
                                                          bool);
+template Status GpuEmbeddingTable<int32_t>::export_to(const SnapshotArrays<int32_t>&, int64_t,
+                                                       int64_t*, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::export_to(const SnapshotArrays<int64_t>&, int64_t,
+                                                       int64_t*, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::import_rows(const SnapshotView<int32_t>&, cudaStream_t,
                                                          const std::vector<int64_t>*);
 template Status GpuEmbeddingTable<int64_t>::import_rows(const SnapshotView<int64_t>&, cudaStream_t,
