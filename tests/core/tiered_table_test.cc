@@ -279,6 +279,47 @@ TEST_P(TieredTableTest, export_import_round_trip_then_training_continues_equal) 
   expect_same_content(q);
 }
 
+// sok.load restores a CPU table a chunk at a time: import_rows of the first chunk and
+// append_rows of the others give the rows of one import, in both table kinds, and training goes
+// on equal; a key the table holds, on file or in memory, or one met twice in a chunk, is refused.
+TEST_P(TieredTableTest, chunked_import_equals_one_import) {
+  Pair p = make_pair(base_config(), GetParam(), 2, 4);
+  train(p, adam(), 60, 15, 31);
+  TableSnapshot<int64_t> snap;
+  ASSERT_TRUE(p.one->export_rows(p.exec, &snap).ok());
+  const int64_t n = static_cast<int64_t>(snap.keys.size());
+  ASSERT_GT(n, 14);
+  Pair q = make_pair(base_config(), GetParam(), 2, 4);
+  const std::vector<sok::Table<int64_t>*> both = {q.one.get(), q.two.get()};
+  for (int64_t a = 0; a < n; a += 7) {
+    std::vector<int64_t> pick;
+    for (int64_t i = a; i < std::min(n, a + 7); ++i) pick.push_back(i);
+    const TableSnapshot<int64_t> chunk = sok::snapshot_rows(snap, pick);
+    for (sok::Table<int64_t>* t : both) {
+      sok::Status s = a == 0 ? t->import_rows(q.exec, chunk) : t->append_rows(q.exec, chunk);
+      ASSERT_TRUE(s.ok()) << s.message();
+    }
+  }
+  EXPECT_LE(q.two->memory_rows(), 4);
+  TableSnapshot<int64_t> restored;
+  ASSERT_TRUE(q.one->export_rows(q.exec, &restored).ok());
+  EXPECT_EQ(by_key(restored), by_key(snap));
+  expect_same_content(q);
+  train(q, adam(), 40, 15, 32);
+  expect_same_content(q);
+  for (int64_t i = 0; i < n; ++i) {  // every key, wherever the tiered table keeps it
+    const TableSnapshot<int64_t> again = sok::snapshot_rows(snap, {i});
+    for (sok::Table<int64_t>* t : both) {
+      sok::Status s = t->append_rows(q.exec, again);
+      ASSERT_FALSE(s.ok()) << snap.keys[i];
+      EXPECT_NE(s.message().find("appears twice in the checkpoint"), std::string::npos);
+    }
+  }
+  TableSnapshot<int64_t> twice = sok::snapshot_rows(snap, {0, 1});
+  twice.keys = {1LL << 40, 1LL << 40};  // a new key, twice in one chunk
+  for (sok::Table<int64_t>* t : both) EXPECT_FALSE(t->append_rows(q.exec, twice).ok());
+}
+
 TEST_P(TieredTableTest, assign_reaches_rows_in_the_ssd_tier) {
   Pair p = make_pair(base_config(), GetParam(), 0, 2);
   std::vector<int64_t> keys = {1, 2, 3, 4, 5, 6};

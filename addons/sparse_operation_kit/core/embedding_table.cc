@@ -448,11 +448,7 @@ Status EmbeddingTable<K>::import_rows(const SnapshotView<K>& s) {
   RowArena(stride()).swap(arena_);
   index_.reset(std::max<int64_t>(8, n));
   for (int64_t i = 0; i < n; ++i) {
-    if (probe(s.keys[i]) != kEmpty) {
-      return Status::Invalid("cannot restore table '" + config_.name + "': key " +
-                             std::to_string(static_cast<int64_t>(s.keys[i])) +
-                             " appears twice in the checkpoint");
-    }
+    if (probe(s.keys[i]) != kEmpty) return key_twice_in_checkpoint(config_.name, s.keys[i]);
     index_.insert(hash_key(s.keys[i]), i);
     row_keys_.push_back(s.keys[i]);
     float* dst = arena_.append();
@@ -494,8 +490,8 @@ TableSnapshot<K> EmbeddingTable<K>::rows_of(const K* keys, int64_t n) const {
 }
 
 template <typename K>
-Status EmbeddingTable<K>::put_rows(const TableSnapshot<K>& s) {
-  const int64_t n = static_cast<int64_t>(s.keys.size()), d = config_.dim;
+Status EmbeddingTable<K>::put_rows(const SnapshotView<K>& s, RepeatedKeyError repeated) {
+  const int64_t n = s.n, d = config_.dim;
   Status valid = check_snapshot(config_.name, d, s);
   if (!valid.ok()) return valid;
   std::unique_lock<std::shared_mutex> l(mu_);
@@ -505,16 +501,12 @@ Status EmbeddingTable<K>::put_rows(const TableSnapshot<K>& s) {
                            std::to_string(num_slots_));
   }
   for (int64_t i = 0; i < n; ++i) {
-    if (probe(s.keys[i]) != kEmpty) {
-      return Status::Invalid("table '" + config_.name + "': key " +
-                             std::to_string(static_cast<int64_t>(s.keys[i])) +
-                             " is in two tiers at once");
-    }
+    if (probe(s.keys[i]) != kEmpty) return repeated(config_.name, s.keys[i]);
     // The values come from the snapshot; slots it lacks start at their initial value.
     const int64_t row = insert_new(s.keys[i], /*draw_values=*/false);
     float* dst = arena_.row(row);
-    std::memcpy(dst, s.values.data() + i * d, sizeof(float) * d);
-    std::memcpy(dst + d, s.slots.data() + i * s.num_slots * d, sizeof(float) * s.num_slots * d);
+    std::memcpy(dst, s.values + i * d, sizeof(float) * d);
+    std::memcpy(dst + d, s.slots + i * s.num_slots * d, sizeof(float) * s.num_slots * d);
     freqs_.add(row, s.freqs[i]);
     if (!versions_.can_hold(s.versions[i])) versions_.widen();
     versions_.set(row, s.versions[i]);

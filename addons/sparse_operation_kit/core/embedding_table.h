@@ -80,9 +80,10 @@ class EmbeddingTable {
   void keys_and_freqs(std::vector<K>* keys, std::vector<int64_t>* freqs) const;
   // the whole rows (values, slots, frequency, version) of the present keys among `keys`;
   TableSnapshot<K> rows_of(const K* keys, int64_t n) const;
-  // adds whole rows whose keys are absent; a row with fewer slots than the table (moved out
-  // before the optimizer's first update) gets the slots' initial values, as relayout gives.
-  Status put_rows(const TableSnapshot<K>& rows);
+  // adds whole rows whose keys are absent (a key it holds is the error `repeated` gives); a row
+  // with fewer slots than the table (moved out before the optimizer's first update) gets the
+  // slots' initial values, as relayout gives.
+  Status put_rows(const SnapshotView<K>& rows, RepeatedKeyError repeated = key_in_two_tiers);
 
  private:
   static constexpr int64_t kEmpty = -1;

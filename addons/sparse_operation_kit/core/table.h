@@ -53,8 +53,19 @@ class Table {
     Status st = export_rows(exec, &s);
     return st.ok() ? write_snapshot(&s, allocate) : st;
   }
+  // Replaces the table's rows with the snapshot's.
   virtual Status import_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) = 0;
+  // Adds more rows of the checkpoint that import_rows began: sok.load restores a large table a
+  // chunk at a time, so the whole dump never sits in memory beside the table. A key the table
+  // holds is an error; the rows take the table's slot layout.
+  virtual Status append_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) = 0;
 };
+
+// append_rows of the GPU tables, which restore a checkpoint in one import_rows.
+inline Status append_rows_unsupported(const std::string& table) {
+  return Status::Invalid("table '" + table + "' is restored in one piece: GPU tables do not " +
+                         "take a checkpoint's rows a chunk at a time");
+}
 
 // The CPU table behind the interface.
 template <typename K>
@@ -97,6 +108,9 @@ class CpuTable final : public Table<K> {
   }
   Status import_rows(const ExecContext&, const SnapshotView<K>& snapshot) override {
     return table_.import_rows(snapshot);
+  }
+  Status append_rows(const ExecContext&, const SnapshotView<K>& snapshot) override {
+    return table_.put_rows(snapshot, key_twice_in_checkpoint);
   }
 
  private:

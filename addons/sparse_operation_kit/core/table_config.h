@@ -334,4 +334,15 @@ Status check_snapshot(const std::string& table, int64_t dim, const TableSnapshot
   return check_snapshot(table, dim, SnapshotView<K>(s));
 }
 
+// What a key met twice means to the caller that adds rows: a restore's or a tier move's error.
+using RepeatedKeyError = Status (*)(const std::string& table, int64_t key);
+inline Status key_twice_in_checkpoint(const std::string& table, int64_t key) {
+  return Status::Invalid("cannot restore table '" + table + "': key " + std::to_string(key) +
+                         " appears twice in the checkpoint");
+}
+inline Status key_in_two_tiers(const std::string& table, int64_t key) {
+  return Status::Invalid("table '" + table + "': key " + std::to_string(key) +
+                         " is in two tiers at once");
+}
+
 }  // namespace sok

@@ -233,11 +233,8 @@ Status TieredTable<K>::import_rows(const ExecContext&, const SnapshotView<K>& s)
   std::unordered_set<int64_t> keys;
   for (int64_t i = 0; i < s.n; ++i) {
     const K key = s.keys[i];
-    if (!keys.insert(static_cast<int64_t>(key)).second) {
-      return Status::Invalid("cannot restore table '" + config().name + "': key " +
-                             std::to_string(static_cast<int64_t>(key)) +
-                             " appears twice in the checkpoint");
-    }
+    if (!keys.insert(static_cast<int64_t>(key)).second)
+      return key_twice_in_checkpoint(config().name, key);
   }
   std::unique_lock<std::shared_mutex> l(mu_);
   policy_.reset();
@@ -246,6 +243,22 @@ Status TieredTable<K>::import_rows(const ExecContext&, const SnapshotView<K>& s)
     return st.ok() ? hot_.import_rows(s) : st;
   }
   return import_split(s, cap);
+}
+
+template <typename K>
+Status TieredTable<K>::append_rows(const ExecContext&, const SnapshotView<K>& s) {
+  Status st = check_snapshot(config().name, config().dim, s);
+  if (!st.ok()) return st;
+  {
+    std::unique_lock<std::shared_mutex> l(mu_);
+    for (int64_t i = 0; i < s.n; ++i) {
+      if (cold_->contains(static_cast<int64_t>(s.keys[i])))
+        return key_twice_in_checkpoint(config().name, s.keys[i]);
+    }
+    st = hot_.put_rows(s, key_twice_in_checkpoint);
+    if (!st.ok()) return st;
+  }
+  return demote();
 }
 
 template <typename K>

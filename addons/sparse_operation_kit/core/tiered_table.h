@@ -43,6 +43,8 @@ class TieredTable final : public Table<K> {
   Status shrink(const ExecContext& exec, int64_t global_step, int64_t* removed) override;
   Status export_rows(const ExecContext& exec, TableSnapshot<K>* out) override;
   Status import_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) override;
+  // Into memory, then the memory tier's coldest rows move to the file as after any insert.
+  Status append_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) override;
 
   // Removes the keys from whichever tier holds them; *removed = how many were present.
   Status erase(const K* keys, int64_t n, int64_t* removed);

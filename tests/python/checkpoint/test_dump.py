@@ -6,8 +6,12 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
+from sparse_operation_kit.checkpoint import dump as dump_module
+from sparse_operation_kit.checkpoint.shard_file import ShardFile
+from sparse_operation_kit.tables import storage
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
-from tests.python.support import unique_name
+from tests.python.support import sorted_export, unique_name
+from tests.python.tables import tier_support
 
 ROWS, DIM = 12, 3
 
@@ -150,9 +154,9 @@ def test_eager_snapshots_stay_in_host_memory(tmp_path, monkeypatch):
     devices = []
     real = EmbeddingVariable.import_snapshot
 
-    def recording(self, tensors):
+    def recording(self, tensors, append=False):
         devices.extend(t.device for t in tensors.values())
-        return real(self, tensors)
+        return real(self, tensors, append)
 
     monkeypatch.setattr(EmbeddingVariable, "import_snapshot", recording)
     sok.dump(str(tmp_path), [ev])
@@ -161,3 +165,86 @@ def test_eager_snapshots_stay_in_host_memory(tmp_path, monkeypatch):
     assert devices and all(d.endswith("CPU:0") for d in devices), devices
     np.testing.assert_array_equal(
         ev.sparse_read(tf.constant([1, 5, 9], tf.int64), training=False).numpy(), want)
+
+
+@pytest.mark.parametrize("tiered", [False, True], ids=["one_tier", "dram_ssdhash"])
+def test_load_a_chunk_at_a_time_equals_one_import(tmp_path, monkeypatch, tiered):
+    """sok.load gives a CPU table a dump LOAD_CHUNK_BYTES at a time (5 rows here), so a load
+    holds little more than the table: its rows, slots, counts and versions equal the dumped
+    table's and those of a load in one import, and later steps equal the latter's. A GPU table
+    (SOK_TEST_DEVICE=gpu) takes one import."""
+    dim = tier_support.DIM
+    option = (sok.StorageOption(sok.StorageType.DRAM_SSDHASH, str(tmp_path),
+                                [4 * (4 * dim * 2 + storage.ROW_META_BYTES)])
+              if tiered else None)
+    name = unique_name("chunked_load")
+    adagrad = lambda: sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))  # noqa: E731
+    rng = np.random.default_rng(7)
+    batches = [rng.integers(-40, 40, size=11).astype(np.int64) for _ in range(8)]
+    dumped, opt = tier_support.make(option, name), adagrad()
+    tier_support.train(dumped, None, batches[:5], opt)
+    sok.dump(str(tmp_path / "dump"), [dumped], opt)
+    rows = int(sorted_export(dumped)["keys"].size)
+
+    calls = []
+    real = EmbeddingVariable.import_snapshot
+
+    def recording(self, tensors, append=False):
+        calls.append((int(tensors["keys"].shape[0]), append))
+        return real(self, tensors, append)
+
+    monkeypatch.setattr(EmbeddingVariable, "import_snapshot", recording)
+    loaded = {}
+    for how, chunk_bytes in (("whole", 1 << 30), ("chunked", 5 * 4 * dim * 2)):
+        monkeypatch.setattr(dump_module, "LOAD_CHUNK_BYTES", chunk_bytes)
+        calls.clear()
+        table, opt = tier_support.make(option, name), adagrad()
+        sok.load(str(tmp_path / "dump"), [table], opt)
+        tier_support.assert_same_table(table, dumped)
+        loaded[how] = (table, opt)
+    if loaded["chunked"][0].imports_in_chunks:
+        assert [a for _, a in calls] == [False] + [True] * (len(calls) - 1), calls
+        assert [n for n, _ in calls] == [5] * (rows // 5) + ([rows % 5] if rows % 5 else [])
+    else:
+        assert calls == [(rows, False)]
+    steps = {how: tier_support.train(t, None, batches[5:], o) for how, (t, o) in loaded.items()}
+    for want, got in zip(steps["whole"], steps["chunked"], strict=True):
+        np.testing.assert_array_equal(got, want)
+    tier_support.assert_same_table(loaded["chunked"][0], loaded["whole"][0])
+
+
+def test_load_chunks_pick_the_rows_a_rank_owns_across_shards(tmp_path, monkeypatch):
+    """sok.load's chunks over two shards with some rows owned elsewhere (a dump of N ranks loaded
+    onto M): together they are the owned rows in order; a chunk owning nothing is left out; a
+    shard without slots gives its rows the slots' initial values."""
+    rng = np.random.default_rng(5)
+    shards, want = [], {f: [] for f in ("keys", "values", "slots", "freqs", "versions")}
+    init = np.array([0.5, 0.25], np.float32)
+    for r, n in enumerate((10, 7)):
+        arrays = {
+            "keys": np.arange(n, dtype=np.int64) + 100 * r,
+            "values": rng.standard_normal((n, 3)).astype(np.float32),
+            "slots": (rng.standard_normal((n, 2, 3)).astype(np.float32) if r == 0
+                      else np.zeros([n, 0, 3], np.float32)),
+            "freqs": rng.integers(0, 9, n), "versions": rng.integers(0, 9, n),
+            "dim": np.int64(3), "slot_kind": np.int32(1 if r == 0 else -1),
+            "slot_init": init if r == 0 else np.zeros([0], np.float32),
+        }
+        np.savez(str(tmp_path / f"rank{r}-of-2.npz"), **arrays)
+        shards.append(ShardFile(str(tmp_path / f"rank{r}-of-2.npz"), "t"))
+        if r == 1:
+            arrays["slots"] = np.broadcast_to(init[None, :, None], (n, 2, 3))
+        for f in want:
+            want[f].append(arrays[f])
+    keys = np.concatenate(want["keys"])
+    mine = np.zeros(keys.size, bool)
+    mine[[1, 2, 8, 12, 16]] = True  # rows 3-7 (the second chunk of shard 0) are owned elsewhere
+    layout = dump_module._slot_layout([(s.shape("slots"), s.read("slot_kind"), s.read("slot_init"))
+                                for s in shards], "t")
+    assert layout[0] == 1 and layout[2] == 2
+    monkeypatch.setattr(dump_module, "LOAD_CHUNK_BYTES", 3 * 4 * 3 * 3)  # 3 rows of dim 3, 2 slots
+    chunks = list(dump_module._chunks(shards, keys, mine, 3, layout, True))
+    assert [c["keys"].tolist() for c in chunks] == [[1, 2], [8], [102], [106]]
+    for f, parts in want.items():
+        np.testing.assert_array_equal(np.concatenate([c[f] for c in chunks]),
+                                      np.concatenate(parts)[mine], err_msg=f)

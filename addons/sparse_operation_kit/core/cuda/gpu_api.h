@@ -404,6 +404,9 @@ class GpuTable final : public Table<K> {
   Status import_rows(const ExecContext& e, const SnapshotView<K>& snapshot) override {
     return t_->import_rows(snapshot, s(e));
   }
+  Status append_rows(const ExecContext&, const SnapshotView<K>&) override {
+    return append_rows_unsupported(config().name);
+  }
   GpuEmbeddingTable<K>* gpu_table() const { return t_.get(); }
 
  private:

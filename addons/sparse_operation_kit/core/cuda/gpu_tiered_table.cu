@@ -747,11 +747,7 @@ Status GpuTieredTable<K>::import_rows(const ExecContext& e, const SnapshotView<K
   std::unordered_set<K> seen;  // the tiers' imports only see their own part's repeats
   for (int64_t i = 0; i < s.n; ++i) {
     const K key = s.keys[i];
-    if (!seen.insert(key).second) {
-      return Status::Invalid("cannot restore table '" + cfg_.name + "': key " +
-                             std::to_string(static_cast<int64_t>(key)) +
-                             " appears twice in the checkpoint");
-    }
+    if (!seen.insert(key).second) return key_twice_in_checkpoint(cfg_.name, key);
   }
   // Without an SSD tier every row below HBM stays in host memory.
   int64_t host = s.n;

@@ -353,7 +353,9 @@ class ExportOp : public SokOpKernel<Device> {
 template <typename Device, typename K>
 class ImportOp : public SokOpKernel<Device> {
  public:
-  using SokOpKernel<Device>::SokOpKernel;
+  explicit ImportOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("append", &append_));
+  }
 
  protected:
   void ComputeOnDevice(OpKernelContext* ctx) override {
@@ -393,8 +395,13 @@ class ImportOp : public SokOpKernel<Device> {
     s.slot_kind = ctx->input(In(sok::SnapshotField::kSlotKind)).scalar<int32_t>()();
     s.slot_init.assign(slot_init.flat<float>().data(),
                        slot_init.flat<float>().data() + slot_init.NumElements());
-    OP_REQUIRES_OK(ctx, ToTf(table->import_rows(OnDevice<Device>::Exec(ctx), s), table->name()));
+    const sok::ExecContext exec = OnDevice<Device>::Exec(ctx);
+    OP_REQUIRES_OK(ctx, ToTf(append_ ? table->append_rows(exec, s) : table->import_rows(exec, s),
+                             table->name()));
   }
+
+ private:
+  bool append_ = false;
 };
 
 // How many times each SOK kernel ran so far: op types [n] and their counts [n, (CPU, GPU)].

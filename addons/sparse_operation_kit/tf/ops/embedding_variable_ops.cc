@@ -173,6 +173,9 @@ REGISTER_OP("SokEmbeddingVariableImport")
     .Input(Field(sok::SnapshotField::kSlotKind, "int32"))
     .Input(Field(sok::SnapshotField::kSlotInit, "float"))
     .Attr("key_dtype: {int32, int64}")
+    // false: the rows replace the table's; true: they join those of an import before (a
+    // checkpoint restored a chunk at a time).
+    .Attr("append: bool = false")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 

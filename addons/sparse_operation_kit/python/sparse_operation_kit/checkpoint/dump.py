@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 import tensorflow as tf
 
+from sparse_operation_kit.checkpoint.shard_file import ShardFile
 from sparse_operation_kit.optimizers import generic_optimizer
 from sparse_operation_kit.runtime import compat, schema
 from sparse_operation_kit.runtime.context import context
@@ -71,18 +72,16 @@ def _shard_files(path, name):
 
 _REQUIRED = ("keys", "values", "dim")
 
+# The rows and slots one import takes when sok.load restores a CPU table a chunk at a time: what a
+# load holds in memory beside the table.
+LOAD_CHUNK_BYTES = 64 << 20
 
-def _read_shard(f, name):
-    """One shard's arrays; a truncated or corrupt file is an error naming it."""
-    try:
-        with np.load(f) as data:
-            shard = {k: data[k] for k in data.files}
-    except Exception as e:  # zipfile.BadZipFile, EOFError, ValueError, OSError, ...
-        raise ValueError(
-            f"sok.load: cannot read the shard {f} of '{name}': {type(e).__name__}: {e} "
-            "(the file is truncated or corrupt)"
-        ) from e
-    missing = [k for k in _REQUIRED if k not in shard]
+
+def _open_shard(f, name):
+    """One shard's file, its fields read on demand; a truncated or corrupt file, or one that is
+    not a sok.dump shard, is an error naming it."""
+    shard = ShardFile(f, name)
+    missing = [k for k in _REQUIRED if k not in shard.fields()]
     if missing:
         raise ValueError(
             f"sok.load: the shard {f} of '{name}' lacks {missing} (not a sok.dump shard, or "
@@ -91,10 +90,16 @@ def _read_shard(f, name):
     return shard
 
 
-def _ev_slots(shards, dim, name):
-    """Slots of every shard as one [rows, num_slots, dim] array: shards of ranks that never applied
-    an update have no slots (their rows get the slots' initial values)."""
-    kinds = {int(s["slot_kind"]) for s in shards if s["slots"].ndim == 3 and s["slots"].shape[1]}
+def _read_shard(f, name):
+    """One shard's arrays, whole."""
+    shard = _open_shard(f, name)
+    return {k: shard.read(k) for k in shard.fields()}
+
+
+def _slot_layout(metas, name):
+    """(slot_kind, slot_init, num_slots) of a table's shards from each shard's (slots shape,
+    slot_kind, slot_init): shards of ranks that never applied an update have no slots."""
+    kinds = {int(kind) for shape, kind, _ in metas if len(shape) == 3 and shape[1]}
     if len(kinds) > 1:
         names = sorted(schema.optimizer_of_slot_kind(k) for k in kinds)
         raise ValueError(
@@ -102,24 +107,32 @@ def _ev_slots(shards, dim, name):
         )
     slot_kind = kinds.pop() if kinds else schema.NO_SLOTS
     slot_init = next(
-        (
-            s["slot_init"]
-            for s in shards
-            if s["slot_init"].size and int(s["slot_kind"]) == slot_kind
-        ),
+        (np.asarray(init) for _, kind, init in metas
+         if np.asarray(init).size and int(kind) == slot_kind),
         np.zeros([0], np.float32),
     ).astype(np.float32)
-    num_slots = slot_init.size if slot_kind >= 0 else 0
+    return slot_kind, slot_init, slot_init.size if slot_kind >= 0 else 0
+
+
+def _has_slots(shape, rows, layout):
+    """Whether a shard of `rows` rows holds slots of the table's layout (else its rows get the
+    slots' initial values)."""
+    return len(shape) == 3 and shape[0] == rows and shape[1] == layout[2]
+
+
+def _initial_slots(rows, layout, dim):
+    return np.broadcast_to(layout[1][None, :, None], (rows, layout[2], dim))
+
+
+def _ev_slots(shards, dim, name):
+    """Slots of every shard (dicts of arrays) as one [rows, num_slots, dim] array."""
+    layout = _slot_layout([(s["slots"].shape, s["slot_kind"], s["slot_init"]) for s in shards], name)
     parts = []
     for s in shards:
         rows, raw = s["keys"].shape[0], s["slots"]
-        slots = (
-            raw if raw.ndim == 3 and raw.shape[0] == rows else np.zeros([rows, 0, dim], np.float32)
-        )
-        if slots.shape[1] != num_slots:
-            slots = np.broadcast_to(slot_init[None, :, None], (rows, num_slots, dim))
-        parts.append(slots.astype(np.float32, copy=False))
-    return _joined(parts), slot_kind, slot_init
+        own = _has_slots(raw.shape, rows, layout)
+        parts.append(raw.astype(np.float32, copy=False) if own else _initial_slots(rows, layout, dim))
+    return _joined(parts), layout[0], layout[1]
 
 
 def _require_eager(what, names):
@@ -262,19 +275,18 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
         _check_no_slot_left(path, variables, optimizer, entries)
     for var, target, name in entries:
         files = _shard_files(path, name)
-        shards = [_read_shard(f, name) for f in files]
+        shards = [_open_shard(f, name) for f in files]
         dim = var.embedding_dim if isinstance(var, EmbeddingVariable) else int(var.shape[-1])
         for f, s in zip(files, shards):
-            if int(s["dim"]) != dim:
+            if int(s.read("dim")) != dim:
                 raise ValueError(f"sok.load: '{name}' has dimension {dim} but {f} holds "
-                                 f"dimension {int(s['dim'])}")
-        keys = _joined([s["keys"] for s in shards])
+                                 f"dimension {int(s.read('dim'))}")
+        keys = _joined([s.read("keys") for s in shards])
         mine = _owned(keys, target, name)
         if isinstance(var, EmbeddingVariable):
             _load_ev(var, shards, keys, None if mine.all() else mine, dim, name, path)
-            shards = keys = None
         else:
-            values = _joined([s["values"].reshape(-1, dim) for s in shards])
+            values = _joined([s.read("values").reshape(-1, dim) for s in shards])
             local = tables.local_row(keys[mine], target, context.world_size)
             current = var.numpy()
             if local.size and local.max() >= current.shape[0]:
@@ -287,22 +299,54 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
 
 
 def _load_ev(var, shards, keys, mine, dim, name, path):
-    """Imports the rows `mine` (None: all) of an Embedding Variable's shards. Each array is dropped
-    once its tensor exists, so a load needs little more host memory than the table."""
-    keys = _picked(keys, mine)
+    """Imports the rows `mine` (None: all) of an Embedding Variable's shards. A CPU table takes
+    them a chunk of LOAD_CHUNK_BYTES at a time, so a load holds little more than the table; a GPU
+    table in one import."""
     # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
-    validation.check_key_dtype_fits(keys, var.key_dtype, name, f"sok.load from {path}")
-    slots, slot_kind, slot_init = _ev_slots(shards, dim, name)
-    arrays = {
-        "keys": keys,
-        "values": _picked(_joined([s.pop("values").reshape(-1, dim) for s in shards]), mine),
-        "slots": _picked(slots, mine),
-        "freqs": _picked(_joined([s["freqs"] for s in shards]), mine),
-        "versions": _picked(_joined([s["versions"] for s in shards]), mine),
-        "slot_kind": np.int32(slot_kind),
-        "slot_init": np.asarray(slot_init, np.float32),
-    }
+    validation.check_key_dtype_fits(_picked(keys, mine), var.key_dtype, name,
+                                    f"sok.load from {path}")
+    layout = _slot_layout(
+        [(s.shape("slots"), s.read("slot_kind"), s.read("slot_init")) for s in shards], name
+    )
+    chunks = _chunks(shards, keys, mine, dim, layout, var.imports_in_chunks)
+    if not var.imports_in_chunks:
+        parts = list(chunks)
+        chunks = [{f: _joined([p.pop(f) for p in parts]) for f in list(parts[0])}]
+    for i, chunk in enumerate(chunks):
+        chunk["slot_kind"] = np.int32(layout[0])
+        chunk["slot_init"] = np.asarray(layout[1], np.float32)
+        var.import_snapshot(host_snapshot(chunk), append=i > 0)
+
+
+def _chunks(shards, keys, mine, dim, layout, in_chunks):
+    """The picked rows of every shard as {field: array} chunks (one per shard if not in_chunks);
+    at least one, so that an import of no rows still replaces the table's."""
+    row_bytes = 4 * dim * (1 + layout[2])
+    step = max(1, LOAD_CHUNK_BYTES // max(row_bytes, 1)) if in_chunks else None
+    start, given = 0, False
     for s in shards:
-        s.pop("slots")
-    del slots, keys
-    var.import_snapshot(host_snapshot(arrays))
+        n = s.shape("keys")[0]
+        for a in range(0, n, step or max(n, 1)):
+            b = min(n, a + (step or n))
+            m = None if mine is None else mine[start + a:start + b]
+            if m is not None and not m.any() and given:
+                continue
+            own = _has_slots(s.shape("slots"), n, layout)
+            slots = s.rows("slots", a, b) if own else _initial_slots(b - a, layout, dim)
+            given = True
+            yield {
+                "keys": _picked(keys[start + a:start + b], m),
+                "values": _picked(s.rows("values", a, b).reshape(-1, dim), m),
+                "slots": _picked(slots, m),
+                "freqs": _picked(s.rows("freqs", a, b), m),
+                "versions": _picked(s.rows("versions", a, b), m),
+            }
+        start += n
+    if not given:
+        yield {
+            "keys": keys[:0],
+            "values": np.zeros([0, dim], np.float32),
+            "slots": np.zeros([0, layout[2], dim], np.float32),
+            "freqs": np.zeros([0], np.int64),
+            "versions": np.zeros([0], np.int64),
+        }

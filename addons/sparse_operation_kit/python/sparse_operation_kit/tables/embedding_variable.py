@@ -151,10 +151,11 @@ def host_snapshot(arrays):
 
 
 @tf.function(autograph=False)
-def _import_from_host(handle, *snapshot):
+def _import_from_host(handle, append, *snapshot):
     with tf.device("/device:CPU:0"):
         snapshot = [tf.identity(t) for t in snapshot]
-    ops.sok_embedding_variable_import(handle, *snapshot)
+    ops.sok_embedding_variable_import(handle, *snapshot, append=append)
+
 
 class EmbeddingVariableOption:
     def __init__(self, ht_type=None, ht_partition_num=None, evict_option=None, ckpt=None,
@@ -454,9 +455,11 @@ class EmbeddingVariable(compat.TableResource):
         """{field: tensor} of every row, fields as schema.EXPORT_FIELDS names them."""
         return dict(zip(EXPORT_FIELDS, self.export(), strict=True))
 
-    def import_snapshot(self, tensors):
+    def import_snapshot(self, tensors, append=False):
         """Replaces the table's rows with `tensors` ({field: tensor}, as `snapshot()` gives them);
-        creates the table first if it does not exist yet. Returns the op (graphs)."""
+        creates the table first if it does not exist yet. Returns the op (graphs). append: the
+        rows join those of the import before (sok.load's later chunks; not on GPU tables,
+        `imports_in_chunks`)."""
         t = [tensors[f] for f in EXPORT_FIELDS]
         key_check = validation.check_key_dtype_fits(
             t[0], self._key_dtype, self._name, f"cannot restore Embedding Variable '{self._name}'"
@@ -484,11 +487,19 @@ class EmbeddingVariable(compat.TableResource):
         # first if it does not exist yet; an existing one keeps its content until the import.
         deps.append(self._initialize())
         if tf.executing_eagerly():
-            return _import_from_host(self.resource_handle, tf.cast(t[0], self._key_dtype), *t[1:])
+            return _import_from_host(
+                self.resource_handle, bool(append), tf.cast(t[0], self._key_dtype), *t[1:]
+            )
         with tf.control_dependencies(deps):
             return ops.sok_embedding_variable_import(
-                self.resource_handle, tf.cast(t[0], self._key_dtype), *t[1:]
+                self.resource_handle, tf.cast(t[0], self._key_dtype), *t[1:], append=bool(append)
             )
+
+    @property
+    def imports_in_chunks(self):
+        """Whether import_snapshot takes a checkpoint's rows in several calls (append): the CPU
+        tables do; a GPU table restores in one call."""
+        return tf.DeviceSpec.from_string(self.device).device_type != "GPU"
 
     # compat.TableResource's hooks (checkpoints, SavedModel, Saver).
     def checkpoint_tensors(self):
