@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -300,7 +301,21 @@ TEST_P(TieredTableTest, chunked_import_equals_one_import) {
       ASSERT_TRUE(s.ok()) << s.message();
     }
   }
-  EXPECT_LE(q.two->memory_rows(), 4);
+  // Placed as one import places them: as many rows in memory, none colder than a row on file.
+  Pair whole = make_pair(base_config(), GetParam(), 2, 4);
+  ASSERT_TRUE(whole.two->import_rows(whole.exec, snap).ok());
+  EXPECT_EQ(q.two->memory_rows(), whole.two->memory_rows());
+  std::map<int64_t, int64_t> heat;
+  for (int64_t i = 0; i < n; ++i)
+    heat[snap.keys[i]] = GetParam() == CacheStrategy::kLFU ? snap.freqs[i] : snap.versions[i];
+  int64_t coldest_in_memory = INT64_MAX, hottest_on_file = INT64_MIN;
+  const std::vector<int64_t> in_memory = q.two->memory_keys();
+  for (const int64_t k : in_memory) coldest_in_memory = std::min(coldest_in_memory, heat[k]);
+  for (const auto& kv : heat) {
+    if (std::find(in_memory.begin(), in_memory.end(), kv.first) == in_memory.end())
+      hottest_on_file = std::max(hottest_on_file, kv.second);
+  }
+  EXPECT_GE(coldest_in_memory, hottest_on_file);
   TableSnapshot<int64_t> restored;
   ASSERT_TRUE(q.one->export_rows(q.exec, &restored).ok());
   EXPECT_EQ(by_key(restored), by_key(snap));

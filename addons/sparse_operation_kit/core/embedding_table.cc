@@ -418,19 +418,34 @@ TableSnapshot<K> EmbeddingTable<K>::export_rows() const {
 template <typename K>
 Status EmbeddingTable<K>::export_into(const AllocateField& allocate) const {
   std::shared_lock<std::shared_mutex> l(mu_);
-  const int64_t n = static_cast<int64_t>(row_keys_.size()), d = config_.dim;
   SnapshotArrays<K> a;
-  Status st = allocate_snapshot(allocate, n, d, num_slots_, slot_kind_, slot_init_, &a);
-  if (!st.ok()) return st;
+  Status st = allocate_snapshot(allocate, static_cast<int64_t>(row_keys_.size()), config_.dim,
+                                num_slots_, slot_kind_, slot_init_, &a);
+  int64_t count = 0;
+  return st.ok() ? write_rows(a, 0, &count) : st;
+}
+
+template <typename K>
+Status EmbeddingTable<K>::export_to(const SnapshotArrays<K>& a, int64_t at, int64_t* count) const {
+  std::shared_lock<std::shared_mutex> l(mu_);
+  return write_rows(a, at, count);
+}
+
+template <typename K>
+Status EmbeddingTable<K>::write_rows(const SnapshotArrays<K>& a, int64_t at, int64_t* count) const {
+  const int64_t n = static_cast<int64_t>(row_keys_.size()), d = config_.dim;
+  if (at + n > a.n || a.num_slots != num_slots_ || a.dim != d)
+    return Status::Invalid("table '" + config_.name + "': its rows do not fit the export");
   const int64_t st_floats = num_slots_ * d;
   for (int64_t row = 0; row < n; ++row) {
     const float* src = arena_.row(row);
-    a.keys[row] = row_keys_[row];
-    a.freqs[row] = freqs_.get(row);
-    a.versions[row] = versions_.get(row);
-    std::memcpy(a.values + row * d, src, sizeof(float) * d);
-    std::memcpy(a.slots + row * st_floats, src + d, sizeof(float) * st_floats);
+    a.keys[at + row] = row_keys_[row];
+    a.freqs[at + row] = freqs_.get(row);
+    a.versions[at + row] = versions_.get(row);
+    std::memcpy(a.values + (at + row) * d, src, sizeof(float) * d);
+    std::memcpy(a.slots + (at + row) * st_floats, src + d, sizeof(float) * st_floats);
   }
+  *count = n;
   return Status::OK();
 }
 
@@ -461,10 +476,12 @@ Status EmbeddingTable<K>::import_rows(const SnapshotView<K>& s) {
 }
 
 template <typename K>
-void EmbeddingTable<K>::keys_and_freqs(std::vector<K>* keys, std::vector<int64_t>* freqs) const {
+void EmbeddingTable<K>::keys_and_freqs(std::vector<K>* keys, std::vector<int64_t>* freqs,
+                                       std::vector<int64_t>* versions) const {
   std::shared_lock<std::shared_mutex> l(mu_);
   *keys = row_keys_.to_vector();
   *freqs = freqs_.to_vector();
+  if (versions != nullptr) *versions = versions_.to_vector();
 }
 
 template <typename K>

@@ -72,12 +72,15 @@ class EmbeddingTable {
   TableSnapshot<K> export_rows() const;
   // The same rows straight into arrays `allocate` gives (table_config.h), under one lock.
   Status export_into(const AllocateField& allocate) const;
+  // The same rows into arrays sized before, from row `at` on; *count: how many.
+  Status export_to(const SnapshotArrays<K>& a, int64_t at, int64_t* count) const;
   // Replaces the whole content. The snapshot's dim must equal the table's.
   Status import_rows(const SnapshotView<K>& snapshot);
 
   // For the tiered table (tiered_table.h), which moves whole rows between its tiers:
-  // the key and frequency of every row;
-  void keys_and_freqs(std::vector<K>* keys, std::vector<int64_t>* freqs) const;
+  // the key and frequency of every row (and its version, when `versions` is given);
+  void keys_and_freqs(std::vector<K>* keys, std::vector<int64_t>* freqs,
+                      std::vector<int64_t>* versions = nullptr) const;
   // the whole rows (values, slots, frequency, version) of the present keys among `keys`;
   TableSnapshot<K> rows_of(const K* keys, int64_t n) const;
   // adds whole rows whose keys are absent (a key it holds is the error `repeated` gives); a row
@@ -91,6 +94,8 @@ class EmbeddingTable {
   int64_t stride() const { return config_.dim * (1 + num_slots_); }
   bool admitted(int64_t row) const;
   int64_t probe(K key) const;  // row of key or kEmpty; caller holds mu_
+  // export_to's copy; caller holds mu_.
+  Status write_rows(const SnapshotArrays<K>& a, int64_t at, int64_t* count) const;
   // rows[i] = probe(keys[i]), prefetching a few keys ahead; caller holds mu_.
   void probe_many(const K* keys, int64_t n, int64_t* rows) const;
   // The row of key given the index's candidate (the first row with its tag): a rare tag

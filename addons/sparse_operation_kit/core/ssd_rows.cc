@@ -52,15 +52,25 @@ Status append_snapshot(const TableSnapshot<K>& s, SsdStore* store) {
   return store->append(rows);
 }
 
+namespace {
+// The record's slot count, or an error when it does not fit rows of num_slots slots.
+Status record_slots(const SsdStore::Record& r, const std::string& table, int64_t d,
+                    int64_t num_slots, int64_t* slots) {
+  *slots = static_cast<int64_t>(r.row.size()) / d - 1;
+  if (*slots < 0 || *slots > num_slots) {
+    return Status::Invalid("table '" + table + "': an SSD row of " + std::to_string(r.row.size()) +
+                           " floats does not fit rows of " + std::to_string(num_slots) + " slots");
+  }
+  return Status::OK();
+}
+}  // namespace
+
 template <typename K>
 Status append_record(const SsdStore::Record& r, const std::string& table, TableSnapshot<K>* s) {
   const int64_t d = s->dim;
-  const int64_t slots = static_cast<int64_t>(r.row.size()) / d - 1;
-  if (slots < 0 || slots > s->num_slots) {
-    return Status::Invalid("table '" + table + "': an SSD row of " + std::to_string(r.row.size()) +
-                           " floats does not fit rows of " + std::to_string(s->num_slots) +
-                           " slots");
-  }
+  int64_t slots = 0;
+  Status st = record_slots(r, table, d, s->num_slots, &slots);
+  if (!st.ok()) return st;
   s->keys.push_back(static_cast<K>(r.key));
   s->freqs.push_back(r.freq);
   s->versions.push_back(r.version);
@@ -68,6 +78,23 @@ Status append_record(const SsdStore::Record& r, const std::string& table, TableS
   s->slots.insert(s->slots.end(), r.row.begin() + d, r.row.end());
   for (int64_t k = slots; k < s->num_slots; ++k)
     s->slots.insert(s->slots.end(), d, s->slot_init[k]);
+  return Status::OK();
+}
+
+template <typename K>
+Status write_record(const SsdStore::Record& r, const std::string& table,
+                    const std::vector<float>& slot_init, const SnapshotArrays<K>& a, int64_t at) {
+  const int64_t d = a.dim, num_slots = a.num_slots;
+  int64_t slots = 0;
+  Status st = record_slots(r, table, d, num_slots, &slots);
+  if (!st.ok()) return st;
+  if (at >= a.n) return Status::Invalid("table '" + table + "' gained rows while it was exported");
+  a.keys[at] = static_cast<K>(r.key);
+  a.freqs[at] = r.freq;
+  a.versions[at] = r.version;
+  std::copy(r.row.begin(), r.row.begin() + d, a.values + at * d);
+  float* dst = std::copy(r.row.begin() + d, r.row.end(), a.slots + at * num_slots * d);
+  for (int64_t k = slots; k < num_slots; ++k) dst = std::fill_n(dst, d, slot_init[k]);
   return Status::OK();
 }
 
@@ -175,6 +202,12 @@ Status SsdRows<K>::export_rows(TableSnapshot<K>* out) const {
 
 template Status append_snapshot<int32_t>(const TableSnapshot<int32_t>&, SsdStore*);
 template Status append_snapshot<int64_t>(const TableSnapshot<int64_t>&, SsdStore*);
+template Status write_record<int32_t>(const SsdStore::Record&, const std::string&,
+                                      const std::vector<float>&, const SnapshotArrays<int32_t>&,
+                                      int64_t);
+template Status write_record<int64_t>(const SsdStore::Record&, const std::string&,
+                                      const std::vector<float>&, const SnapshotArrays<int64_t>&,
+                                      int64_t);
 template Status append_record<int32_t>(const SsdStore::Record&, const std::string&,
                                        TableSnapshot<int32_t>*);
 template Status append_record<int64_t>(const SsdStore::Record&, const std::string&,

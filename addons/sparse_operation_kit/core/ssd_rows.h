@@ -30,6 +30,12 @@ Status append_snapshot(const TableSnapshot<K>& s, SsdStore* store);
 template <typename K>
 Status append_record(const SsdStore::Record& r, const std::string& table, TableSnapshot<K>* s);
 
+// Writes a record as row `at` of arrays of `slot_init.size()` slots a row (slots the record
+// lacks at slot_init); the same error as append_record.
+template <typename K>
+Status write_record(const SsdStore::Record& r, const std::string& table,
+                    const std::vector<float>& slot_init, const SnapshotArrays<K>& a, int64_t at);
+
 // Appends to *out (in its layout) the rows on file of keys[0, n), each key once, in the order
 // of the keys' first occurrence; `table` names the table in errors. The file is unchanged.
 template <typename K>

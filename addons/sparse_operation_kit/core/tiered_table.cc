@@ -210,6 +210,28 @@ Status TieredTable<K>::export_rows(const ExecContext&, TableSnapshot<K>* out) {
 }
 
 template <typename K>
+Status TieredTable<K>::export_into(const ExecContext&, const AllocateField& allocate) {
+  std::unique_lock<std::shared_mutex> l(mu_);  // no insert between sizing and filling
+  const TableSnapshot<K> layout = hot_.rows_of(nullptr, 0);
+  const int64_t n = hot_.size() + cold_->size();
+  SnapshotArrays<K> a;
+  Status st = allocate_snapshot(allocate, n, config().dim, layout.num_slots, layout.slot_kind,
+                                layout.slot_init, &a);
+  int64_t at = 0;
+  if (st.ok()) st = hot_.export_to(a, 0, &at);
+  Status inner;
+  if (st.ok()) {
+    st = cold_->for_each([&](const SsdStore::Record& r) {
+      if (inner.ok()) inner = write_record(r, config().name, layout.slot_init, a, at++);
+    });
+  }
+  if (st.ok()) st = inner;
+  if (st.ok() && at != n)
+    st = Status::Invalid("table '" + config().name + "' lost rows while it was exported");
+  return st;
+}
+
+template <typename K>
 Status TieredTable<K>::import_split(const SnapshotView<K>& s, int64_t cap) {
   // The rows that stay in memory: the hottest (tier_policy.h).
   const int64_t n = s.n;
@@ -245,20 +267,40 @@ Status TieredTable<K>::import_rows(const ExecContext&, const SnapshotView<K>& s)
   return import_split(s, cap);
 }
 
+// A checkpoint's later chunk: into memory; then, once memory is over budget or the file holds
+// rows, memory keeps the hottest rows seen so far, as many as import_split keeps of the whole
+// checkpoint (tier_policy.h's hottest_first: a restored table has no lookup stamps), and the rest
+// move to the file. After the last chunk the tiers hold what one import gives (ties aside).
 template <typename K>
 Status TieredTable<K>::append_rows(const ExecContext&, const SnapshotView<K>& s) {
   Status st = check_snapshot(config().name, config().dim, s);
   if (!st.ok()) return st;
-  {
-    std::unique_lock<std::shared_mutex> l(mu_);
-    for (int64_t i = 0; i < s.n; ++i) {
-      if (cold_->contains(static_cast<int64_t>(s.keys[i])))
-        return key_twice_in_checkpoint(config().name, s.keys[i]);
-    }
-    st = hot_.put_rows(s, key_twice_in_checkpoint);
-    if (!st.ok()) return st;
+  std::unique_lock<std::shared_mutex> l(mu_);
+  for (int64_t i = 0; i < s.n; ++i) {
+    if (cold_->contains(static_cast<int64_t>(s.keys[i])))
+      return key_twice_in_checkpoint(config().name, s.keys[i]);
   }
-  return demote();
+  st = hot_.put_rows(s, key_twice_in_checkpoint);
+  int64_t cap = 0;
+  if (st.ok()) st = capacity(hot_.num_slots(), &cap);
+  if (!st.ok()) return st;
+  const int64_t keep = tier_low_watermark(cap);
+  if (hot_.size() <= (cold_->size() == 0 ? cap : keep)) return st;
+  SnapshotView<K> rows;
+  std::vector<K> keys;
+  std::vector<int64_t> freqs, versions;
+  hot_.keys_and_freqs(&keys, &freqs, &versions);
+  rows.n = static_cast<int64_t>(keys.size());
+  rows.freqs = freqs.data();
+  rows.versions = versions.data();
+  const std::vector<int64_t> order = hottest_first(rows, config().cache_strategy);
+  std::vector<K> down;
+  for (int64_t i = keep; i < rows.n; ++i) down.push_back(keys[order[i]]);
+  const int64_t m = static_cast<int64_t>(down.size());
+  st = append_snapshot(hot_.rows_of(down.data(), m), cold_.get());  // on file first: none lost
+  if (!st.ok()) return st;
+  hot_.erase(down.data(), m);
+  return cold_->maybe_compact(config().ssd_compact_min_bytes);
 }
 
 template <typename K>

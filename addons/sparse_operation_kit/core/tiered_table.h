@@ -42,6 +42,8 @@ class TieredTable final : public Table<K> {
                          const OptimizerParams& p, int64_t global_step, bool keys_unique) override;
   Status shrink(const ExecContext& exec, int64_t global_step, int64_t* removed) override;
   Status export_rows(const ExecContext& exec, TableSnapshot<K>* out) override;
+  // The memory tier's rows, then the file's, straight into the outputs (no snapshot).
+  Status export_into(const ExecContext& exec, const AllocateField& allocate) override;
   Status import_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) override;
   // Into memory, then the memory tier's coldest rows move to the file as after any insert.
   Status append_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) override;
@@ -50,6 +52,12 @@ class TieredTable final : public Table<K> {
   Status erase(const K* keys, int64_t n, int64_t* removed);
   // Rows per tier (tests, debugging).
   int64_t memory_rows() const { return hot_.size(); }
+  std::vector<K> memory_keys() const {
+    std::vector<K> keys;
+    std::vector<int64_t> freqs;
+    hot_.keys_and_freqs(&keys, &freqs);
+    return keys;
+  }
   int64_t ssd_rows() const;
   const std::string& ssd_dir() const { return cold_->dir(); }
 

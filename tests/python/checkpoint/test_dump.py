@@ -1,6 +1,8 @@
 """sok.dump / sok.load with SOK 2.x's optimizer contract: static tables (sok.Variable) trained by
 the program's own optimizer, dynamic tables through sok.OptimizerWrapper, and the wrapper's slots
 read as SOK 2.x programs read them (`_slots.get(var._unique_id)`)."""
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -248,3 +250,30 @@ def test_load_chunks_pick_the_rows_a_rank_owns_across_shards(tmp_path, monkeypat
     for f, parts in want.items():
         np.testing.assert_array_equal(np.concatenate([c[f] for c in chunks]),
                                       np.concatenate(parts)[mine], err_msg=f)
+
+
+@pytest.mark.parametrize("damage", ["short_values", "repeated_key"])
+def test_a_bad_dump_fails_before_the_table_changes(tmp_path, monkeypatch, damage):
+    """A shard with fewer rows of a field than keys, or a key twice, is an error naming the table,
+    raised before the first chunk replaces the table's rows."""
+    ev = sok.EmbeddingVariable(unique_name("bad_dump"), DIM,
+                               initializer=tf.random_uniform_initializer(-1, 1, seed=4))
+    ev.sparse_read(tf.constant(np.arange(9), tf.int64))
+    sok.dump(str(tmp_path), [ev])
+    (shard,) = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs]
+    with np.load(shard) as data:
+        arrays = {k: data[k] for k in data.files}
+    if damage == "short_values":
+        arrays["values"] = arrays["values"][:7]
+    else:
+        arrays["keys"][3] = arrays["keys"][5]
+    np.savez(shard, **arrays)
+    before = sorted_export(ev)
+    monkeypatch.setattr(dump_module, "LOAD_CHUNK_BYTES", 2 * 4 * DIM)
+    with pytest.raises(ValueError) as e:
+        sok.load(str(tmp_path), [ev])
+    want = "has 9 keys but values" if damage == "short_values" else "appears twice in the dump"
+    assert ev.name in str(e.value) and want in str(e.value), str(e.value)
+    after = sorted_export(ev)
+    for field in before:
+        np.testing.assert_array_equal(after[field], before[field], err_msg=field)

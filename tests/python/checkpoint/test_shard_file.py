@@ -60,3 +60,34 @@ def test_a_file_cut_after_opening_is_an_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match="truncated or corrupt"):
         shard.rows("values", 0, 23)
 
+
+
+def test_a_changed_byte_is_an_error_naming_the_file(tmp_path):
+    """zipfile's CRC-32 check runs when the shard opens: a load fails before it changes a table."""
+    path = str(tmp_path / "rank0-of-1.npz")
+    arrays = _arrays()
+    np.savez(path, **arrays)
+    data = bytearray(open(path, "rb").read())
+    at = bytes(data).find(arrays["values"].tobytes()[:16])
+    assert at > 0
+    data[at + 5] ^= 0x40
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(ValueError, match=r"cannot read the shard .* of 't'.*CRC"):
+        ShardFile(path, "t")
+
+
+def test_rows_beyond_a_field_are_an_error(tmp_path):
+    path = str(tmp_path / "rank0-of-1.npz")
+    np.savez(path, **_arrays())
+    shard = ShardFile(path, "t")
+    with pytest.raises(ValueError, match=r"rows \[20, 24\) of 'values' .* shape \(23, 5\)"):
+        shard.rows("values", 20, 24)
+
+
+def test_big_endian_fields_read_as_native(tmp_path):
+    path = str(tmp_path / "rank0-of-1.npz")
+    values = np.arange(12, dtype=">f4").reshape(4, 3)
+    np.savez(path, values=values)
+    got = ShardFile(path, "t").rows("values", 1, 3)
+    assert got.dtype.isnative
+    np.testing.assert_array_equal(got, values[1:3])

@@ -77,22 +77,22 @@ _REQUIRED = ("keys", "values", "dim")
 LOAD_CHUNK_BYTES = 64 << 20
 
 
-def _open_shard(f, name):
+def _open_shard(f, name, what="sok.load"):
     """One shard's file, its fields read on demand; a truncated or corrupt file, or one that is
     not a sok.dump shard, is an error naming it."""
-    shard = ShardFile(f, name)
+    shard = ShardFile(f, name, what)
     missing = [k for k in _REQUIRED if k not in shard.fields()]
     if missing:
         raise ValueError(
-            f"sok.load: the shard {f} of '{name}' lacks {missing} (not a sok.dump shard, or "
+            f"{what}: the shard {f} of '{name}' lacks {missing} (not a sok.dump shard, or "
             "corrupt)"
         )
     return shard
 
 
-def _read_shard(f, name):
+def _read_shard(f, name, what="sok.load"):
     """One shard's arrays, whole."""
-    shard = _open_shard(f, name)
+    shard = _open_shard(f, name, what)
     return {k: shard.read(k) for k in shard.fields()}
 
 
@@ -298,13 +298,30 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
             var.assign(current)
 
 
+def _check_rows(shards, keys, name):
+    """Every row field of each shard has a row per key, and no key repeats: checked before the
+    first chunk replaces the table, so a bad dump leaves the table as it was."""
+    for s in shards:
+        n = s.shape("keys")[0]
+        for field in ("values", "freqs", "versions"):
+            if not s.shape(field) or s.shape(field)[0] != n:
+                raise ValueError(f"sok.load: the shard {s.path} of '{name}' has {n} keys but "
+                                 f"{field} of shape {s.shape(field)}")
+    ordered = np.sort(keys)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if repeated.size:
+        raise ValueError(f"sok.load: key {int(repeated[0])} appears twice in the dump of '{name}'")
+
+
 def _load_ev(var, shards, keys, mine, dim, name, path):
     """Imports the rows `mine` (None: all) of an Embedding Variable's shards. A CPU table takes
     them a chunk of LOAD_CHUNK_BYTES at a time, so a load holds little more than the table; a GPU
     table in one import."""
     # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
-    validation.check_key_dtype_fits(_picked(keys, mine), var.key_dtype, name,
-                                    f"sok.load from {path}")
+    picked = _picked(keys, mine)
+    validation.check_key_dtype_fits(picked, var.key_dtype, name, f"sok.load from {path}")
+    _check_rows(shards, picked, name)
+    del picked
     layout = _slot_layout(
         [(s.shape("slots"), s.read("slot_kind"), s.read("slot_init")) for s in shards], name
     )

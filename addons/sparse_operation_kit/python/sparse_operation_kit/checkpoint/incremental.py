@@ -182,7 +182,7 @@ def incremental_model_load(path, variables):
     _require_eager("incremental_model_load", names)
     for var, name in zip(variables, names):
         files = _shard_files(path, name)
-        shards = [_read_shard(f, name) for f in files]
+        shards = [_read_shard(f, name, "sok.incremental_model_load") for f in files]
         for f, s in zip(files, shards):
             if int(s["dim"]) != var.embedding_dim:
                 raise ValueError(

@@ -4,7 +4,8 @@ np.load reads a member whole; a table's values and slots can be most of the host
 sok.load reads them in chunks straight from the file instead. np.savez stores members
 uncompressed: a member's array data lies at a fixed offset in the file, after the zip entry's
 local header and the .npy header. A compressed member (another writer's np.savez_compressed)
-is read whole.
+is read whole. Opening a shard reads every member once through zipfile, which checks its CRC-32,
+so a damaged file fails before a load changes any table.
 """
 import struct
 import zipfile
@@ -16,6 +17,13 @@ _HEADER_READERS = {
     (1, 0): np.lib.format.read_array_header_1_0,
     (2, 0): np.lib.format.read_array_header_2_0,
 }
+
+
+def _check_crc(z, info):
+    """Reads a member through zipfile, which raises BadZipFile at its end on a CRC mismatch."""
+    with z.open(info) as member:
+        while member.read(1 << 24):
+            pass
 
 
 class ShardFile:
@@ -37,6 +45,8 @@ class ShardFile:
                         layout = self._layout(f, info) if stored else None
                         if layout is None:
                             self._whole[field] = np.load(z.open(info), allow_pickle=False)
+                        else:
+                            _check_crc(z, info)
                         self._fields[field] = layout
         except Exception as e:  # zipfile.BadZipFile, EOFError, ValueError, OSError, ...
             raise self._corrupt(e) from e
@@ -83,6 +93,9 @@ class ShardFile:
             whole = self._whole[field]
             return whole if b is None else whole[a:b]
         offset, dtype, shape = layout
+        if b is not None and not (shape and 0 <= a <= b <= shape[0]):
+            raise ValueError(f"{self._what}: rows [{a}, {b}) of '{field}' in the shard "
+                             f"{self.path} of '{self._name}', which has shape {shape}")
         out = np.empty((0 if b is None else b - a,) + tuple(shape[1:]) if shape else (), dtype)
         row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64)) if shape else 0
         try:
@@ -93,4 +106,4 @@ class ShardFile:
             raise self._corrupt(e) from e
         if got != out.nbytes:
             raise self._corrupt(EOFError(f"{field} ends after {got} of {out.nbytes} bytes"))
-        return out
+        return out if dtype.isnative else out.astype(dtype.newbyteorder("="))
