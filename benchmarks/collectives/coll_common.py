@@ -36,6 +36,12 @@ def rows_per_rank(total_bytes, ranks):
     return max(1, total_bytes // (ranks * ROW_BYTES))
 
 
+def workload(size, ranks):
+    """(rows a rank sends to each rank in the all_to_all, float32 values of the all_reduce) for
+    `size` bytes a rank sends."""
+    return rows_per_rank(size, ranks), max(1, size // 4)
+
+
 def bus_factor(op, ranks):
     """nccl-tests' busbw / algbw: the share of the data that crosses links, so busbw can be held
     against the hardware's bandwidth whatever the number of ranks."""
@@ -63,3 +69,47 @@ def coll_line(impl, op, backend, device, ranks, nbytes, seconds, fastest_s, slow
             f"size={size_label(nbytes)} bytes={nbytes} ms={seconds * 1e3:.4f} "
             f"ms_min={fastest_s * 1e3:.4f} ms_max={slowest_s * 1e3:.4f} "
             f"algbw_GBps={algbw:.3f} busbw_GBps={busbw:.3f} iters={iters} reps={reps}")
+
+
+def result_line(impl, op, backend, device, ranks, nbytes, times_by_rank, iters, reps):
+    """The `COLL ` line of the times gathered from every rank (see slowest_rank_median)."""
+    median_s, fastest_s, slowest_s = slowest_rank_median(times_by_rank)
+    return coll_line(impl, op, backend, device, ranks, nbytes, median_s, fastest_s, slowest_s,
+                     iters, reps)
+
+
+def settings(args):
+    """The header line's fields of the flags both scripts take."""
+    return (f"sizes={','.join(size_label(s) for s in args.sizes)} iters={args.iters} "
+            f"warmup={args.warmup} reps={args.reps}")
+
+
+# ------------------------------------------------------------------------------ flags
+
+
+def add_args(p, ops, warmup_help):
+    """The flags both scripts take; finish_args checks and converts them."""
+    p.add_argument("--sizes", default=DEFAULT_SIZES,
+                   help="comma list of bytes each rank sends (e.g. 64KiB,1MiB,16MiB,64MiB)")
+    p.add_argument("--iters", type=int, default=20, help="collectives per timed repetition")
+    p.add_argument("--warmup", type=int, default=5, help=warmup_help)
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions (median reported)")
+    p.add_argument("--ops", default=",".join(ops), help="comma list of " + ", ".join(ops))
+
+
+def name_list(p, flag, text, known):
+    """The names in the comma list `text`; p.error() when it is empty or names one not in `known`."""
+    given = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(given) - set(known))
+    if unknown or not given:
+        p.error(f"--{flag}: unknown or empty {unknown}; choose from {', '.join(known)}")
+    return given
+
+
+def finish_args(p, args, ops):
+    """args of add_args's flags as the scripts use them: sizes in bytes, ops a list."""
+    args.sizes = parse_sizes(args.sizes)
+    args.ops = name_list(p, "ops", args.ops, ops)
+    if min(args.iters, args.reps) < 1 or args.warmup < 0 or not args.sizes:
+        p.error("--iters and --reps must be >= 1, --warmup >= 0, --sizes not empty")
+    return args

@@ -34,14 +34,15 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.append(_HERE)
 from coll_common import (  # noqa: E402
-    DEFAULT_SIZES,
     ROW_BYTES,
     ROW_FLOATS,
-    coll_line,
-    parse_sizes,
-    rows_per_rank,
+    add_args,
+    finish_args,
+    name_list,
+    result_line,
+    settings,
     size_label,
-    slowest_rank_median,
+    workload,
 )
 
 IMPLS = ("sok", "sok_sized", "horovod")
@@ -51,23 +52,10 @@ OPS = ("all_to_all", "all_reduce")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default=DEFAULT_SIZES,
-                   help="comma list of bytes each rank sends (e.g. 64KiB,1MiB,16MiB,64MiB)")
-    p.add_argument("--iters", type=int, default=20, help="collectives per timed repetition")
-    p.add_argument("--warmup", type=int, default=5, help="untimed collectives first (at least)")
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions (median reported)")
+    add_args(p, OPS, warmup_help="untimed collectives first (at least)")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma list of " + ", ".join(IMPLS))
-    p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
-    args = p.parse_args(argv)
-    args.sizes = parse_sizes(args.sizes)
-    args.impls = [s.strip() for s in args.impls.split(",") if s.strip()]
-    args.ops = [s.strip() for s in args.ops.split(",") if s.strip()]
-    for name, given, known in (("impls", args.impls, IMPLS), ("ops", args.ops, OPS)):
-        unknown = sorted(set(given) - set(known))
-        if unknown or not given:
-            p.error(f"--{name}: unknown or empty {unknown}; choose from {', '.join(known)}")
-    if min(args.iters, args.reps) < 1 or args.warmup < 0 or not args.sizes:
-        p.error("--iters and --reps must be >= 1, --warmup >= 0, --sizes not empty")
+    args = finish_args(p, p.parse_args(argv), OPS)
+    args.impls = name_list(p, "impls", args.impls, IMPLS)
     return args
 
 
@@ -252,18 +240,15 @@ def op_inputs(op, job, impl, rows, reduce_elems):
 
 def bench_size(job, impl, chains, size, args):
     """The COLL lines of one implementation and size."""
-    rows = rows_per_rank(size, job.size)
-    reduce_elems = max(1, size // 4)
+    rows, reduce_elems = workload(size, job.size)
     check(job, impl, rows, reduce_elems)
     job.say(f"CHECK impl={impl.name} size={size_label(size)} rows_to_each_rank={rows} ok")
     lines = []
     for op in args.ops:
         inputs, nbytes = op_inputs(op, job, impl, rows, reduce_elems)
         times = job.gather_times(time_chain(job, chains[op], inputs, args))
-        median_s, fastest_s, slowest_s = slowest_rank_median(times)
-        lines.append(coll_line(impl.name, op, impl.backend, "GPU" if job.on_gpu else "CPU",
-                               job.size, nbytes, median_s, fastest_s, slowest_s, args.iters,
-                               args.reps))
+        lines.append(result_line(impl.name, op, impl.backend, "GPU" if job.on_gpu else "CPU",
+                                 job.size, nbytes, times, args.iters, args.reps))
     return lines
 
 
@@ -285,8 +270,7 @@ def main(argv=None):
     impls = make_impls(args.impls, sok, collectives, job)
     gpus = [d.name for d in tf.config.get_visible_devices("GPU")]
     job.say(f"# ranks={job.size} rank0_gpus={gpus or 'none'} sok_collectives={collectives.kind()} "
-            f"tensorflow={tf.__version__} sizes={','.join(size_label(s) for s in args.sizes)} "
-            f"iters={args.iters} warmup={args.warmup} reps={args.reps}")
+            f"tensorflow={tf.__version__} {settings(args)}")
     for impl in impls:
         chains = make_chains(impl, args.iters)
         for size in args.sizes:

@@ -24,14 +24,13 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.append(_HERE)
 from coll_common import (  # noqa: E402
-    DEFAULT_SIZES,
     ROW_BYTES,
     ROW_FLOATS,
-    coll_line,
-    parse_sizes,
-    rows_per_rank,
-    size_label,
-    slowest_rank_median,
+    add_args,
+    finish_args,
+    result_line,
+    settings,
+    workload,
 )
 
 OPS = ("all_to_all", "all_reduce")
@@ -40,19 +39,8 @@ OPS = ("all_to_all", "all_reduce")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", default=DEFAULT_SIZES, help="comma list of bytes each rank sends")
-    p.add_argument("--iters", type=int, default=20, help="collectives per timed repetition")
-    p.add_argument("--warmup", type=int, default=5, help="untimed collectives first")
-    p.add_argument("--reps", type=int, default=5, help="timed repetitions (median reported)")
-    p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
-    args = p.parse_args(argv)
-    args.sizes = parse_sizes(args.sizes)
-    args.ops = [s.strip() for s in args.ops.split(",") if s.strip()]
-    if not args.ops or set(args.ops) - set(OPS):
-        p.error(f"--ops: choose from {', '.join(OPS)}")
-    if min(args.iters, args.reps) < 1 or args.warmup < 0 or not args.sizes:
-        p.error("--iters and --reps must be >= 1, --warmup >= 0, --sizes not empty")
-    return args
+    add_args(p, OPS, warmup_help="untimed collectives first")
+    return finish_args(p, p.parse_args(argv), OPS)
 
 
 def check(rank, ranks, rows, reduce_elems, device):
@@ -112,16 +100,14 @@ def op_call(op, rows, ranks, reduce_elems, device):
 
 
 def bench_size(size, args, rank, ranks, local_rank, device):
-    rows = rows_per_rank(size, ranks)
-    reduce_elems = max(1, size // 4)
+    rows, reduce_elems = workload(size, ranks)
     check(rank, ranks, rows, reduce_elems, device)
     lines = []
     for op in args.ops:
         call, nbytes = op_call(op, rows, ranks, reduce_elems, device)
         times = gather_times(time_calls(call, args, local_rank), ranks, device)
-        median_s, fastest_s, slowest_s = slowest_rank_median(times)
-        lines.append(coll_line("nccl", op, "nccl", "GPU", ranks, nbytes, median_s, fastest_s,
-                               slowest_s, args.iters, args.reps))
+        lines.append(result_line("nccl", op, "nccl", "GPU", ranks, nbytes, times, args.iters,
+                                 args.reps))
     return lines
 
 
@@ -135,9 +121,8 @@ def main(argv=None):
     if rank == 0:
         nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
         print(f"# ranks={ranks} gpu={torch.cuda.get_device_name(device)} torch={torch.__version__} "
-              f"nccl={nccl} NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']} "
-              f"sizes={','.join(size_label(s) for s in args.sizes)} iters={args.iters} "
-              f"warmup={args.warmup} reps={args.reps}", flush=True)
+              f"nccl={nccl} NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']} {settings(args)}",
+              flush=True)
     try:
         for size in args.sizes:
             for line in bench_size(size, args, rank, ranks, local_rank, device):

@@ -26,6 +26,7 @@ if mode == "nojoin" and rank == last:
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod.tensorflow as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from mp_common import lookups_fail, report_failure  # noqa: E402
 
 import sparse_operation_kit as sok  # noqa: E402
 from sparse_operation_kit.runtime import context  # noqa: E402
@@ -44,8 +45,7 @@ if mode == "diverge":
             sok.lookup_sparse([ev], [ids], name=f"features_call{call}")
         hvd.allreduce(tf.constant(1.0), name="after_the_lookups")
     except Exception as e:  # noqa: BLE001
-        print(f"[rank {rank}] failed after {time.time() - start:.1f} s: {type(e).__name__}: "
-              f"{' '.join(str(e).split())[:600]}", flush=True)
+        report_failure(f"[rank {rank}]", start, e, chars=600)
         sys.exit(2)
     print(f"[rank {rank}] did not fail", flush=True)
     sys.exit(0)
@@ -54,19 +54,7 @@ sok.init()
 if mode == "exit" and rank == last:
     print(f"[rank {rank}] leaves early", flush=True)
     sys.exit(0)
-ev = sok.get_embedding_variable("dies", 4)
-ids = tf.ragged.constant([[1, 2, 3]], dtype=tf.int64)
-try:
-    for _ in range(3):
-        sok.lookup_sparse([ev], [ids])
-        time.sleep(0.5)
-except Exception as e:  # any failure is reported with its rank
-    print(
-        f"[rank {rank}] lookup_sparse failed after {time.time() - start:.1f} s: "
-        f"{type(e).__name__}: "
-        f"{' '.join(str(e).split())[:500]}",
-        flush=True,
-    )
+if lookups_fail(rank, "dies", 3, start):
     sys.exit(2)
 print(f"[rank {rank}] lookup_sparse did not fail", flush=True)
 sys.exit(0)

@@ -88,6 +88,18 @@ class Case:
         b = global_batch(SEED[self.kind], step, self.specs)
         return b, labels(SEED[self.kind], step)
 
+    def ref_slots(self):
+        """{table index: the reference's slot Variables} of the EV tables, as the optimizer
+        starts them (its first slot at slot_initial, any other at 0)."""
+        return {
+            i: [
+                tf.Variable(tf.fill([s.rows, s.dim], slot_initial(self.kind) if k == 0 else 0.0))
+                for k in range(num_slots(self.kind))
+            ]
+            for i, s in enumerate(self.specs)
+            if s.kind == "ev"
+        }
+
     def sok_forward(self, tables, local_ids):
         embs = [None] * len(tables)
         for g in self.groups:
@@ -158,14 +170,7 @@ def run_tf2(kind, hvd, rank, world):
     c = Case(kind, "tf2", rank, world)
     tables = [make_sok_table(s) for s in c.specs]
     ref_tables = [tf.Variable(initial_rows(s, t)) for s, t in zip(c.specs, tables)]
-    ref_slots = {
-        i: [
-            tf.Variable(tf.fill([s.rows, s.dim], slot_initial(kind) if k == 0 else 0.0))
-            for k in range(num_slots(kind))
-        ]
-        for i, s in enumerate(c.specs)
-        if s.kind == "ev"
-    }
+    ref_slots = c.ref_slots()
     w = tf.Variable(dense_init(c.total_dim), name="tf2_dense")
     rw = tf.Variable(dense_init(c.total_dim))
     emb_vars, dense_vars = sok.filter_variables(tables + [w])
@@ -242,14 +247,7 @@ def run_tf1(kind, hvd, rank, world):
         ref_tables = [tf.Variable(tf.zeros([s.rows, s.dim])) for s in c.specs]
         ref_init_ph = [tf.compat.v1.placeholder(tf.float32, [s.rows, s.dim]) for s in c.specs]
         ref_init = [r.assign(p) for r, p in zip(ref_tables, ref_init_ph)]
-        ref_slots = {
-            i: [
-                tf.Variable(tf.fill([s.rows, s.dim], slot_initial(kind) if k == 0 else 0.0))
-                for k in range(num_slots(kind))
-            ]
-            for i, s in enumerate(c.specs)
-            if s.kind == "ev"
-        }
+        ref_slots = c.ref_slots()
         w = tf.Variable(dense_init(c.total_dim), name="tf1_dense")
         rw = tf.Variable(dense_init(c.total_dim))
         local_ph = [tf.compat.v1.sparse_placeholder(s.key_dtype) for s in c.specs]

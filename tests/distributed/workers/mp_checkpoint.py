@@ -27,6 +27,7 @@ from mp_common import (
     global_batch,
     ids_value,
     initial_rows,
+    lookups_fail,
     main_guard,
     make_keras_optimizer,
     make_sok_table,
@@ -223,20 +224,7 @@ def leave_early(rank, world):
     if rank == world - 1:
         print(f"[rank {rank}] leaves early", flush=True)
         os._exit(0)
-    ev = sok.get_embedding_variable("after_leave", 4)
-    ids = tf.ragged.constant([[1, 2, 3]], dtype=tf.int64)
-    start = time.time()
-    try:
-        for _ in range(20):
-            sok.lookup_sparse([ev], [ids])
-            time.sleep(0.5)
-    except Exception as e:  # any failure is reported with its rank
-        print(
-            f"[rank {rank}] lookup_sparse failed after {time.time() - start:.1f} s: "
-            f"{type(e).__name__}: "
-            f"{' '.join(str(e).split())[:500]}",
-            flush=True,
-        )
+    if lookups_fail(rank, "after_leave", 20, time.time()):
         os._exit(2)
     raise AssertionError(f"rank {rank}: lookup_sparse kept working after rank {world - 1} left")
 

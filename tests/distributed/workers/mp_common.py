@@ -7,6 +7,7 @@ whole tables in tf.Variables. An Embedding Variable's initial rows are determini
 """
 import os
 import sys
+import time
 import zlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -408,3 +409,25 @@ def main_guard(fn):
         os._exit(1)
     log("WORKER-DONE")
     sys.stdout.flush()
+
+
+def report_failure(who, start, error, chars=500):
+    """Prints `<who> failed after <s> s: <type>: <message>`, the message on one line and cut at
+    `chars`: the line the failure tests look for."""
+    print(f"{who} failed after {time.time() - start:.1f} s: {type(error).__name__}: "
+          f"{' '.join(str(error).split())[:chars]}", flush=True)
+
+
+def lookups_fail(rank, table_name, calls, start):
+    """`calls` lookup_sparse calls on a new table, 0.5 s apart, after a rank has left: True once
+    one failed (its error reported), False when all of them ran."""
+    ev = sok.get_embedding_variable(table_name, 4)
+    ids = tf.ragged.constant([[1, 2, 3]], dtype=tf.int64)
+    try:
+        for _ in range(calls):
+            sok.lookup_sparse([ev], [ids])
+            time.sleep(0.5)
+    except Exception as e:  # any failure is reported with its rank
+        report_failure(f"[rank {rank}] lookup_sparse", start, e)
+        return True
+    return False

@@ -218,6 +218,23 @@ def _adagrad_steps(rng, steps, batch, vocab):
     return [rng.choice(vocab, batch, replace=False) for _ in range(steps)]
 
 
+def _train(var, optimizer, ids):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(var, tf.constant(ids)) ** 2)
+    optimizer.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
+
+
+def _step_increment(v, ref, optimizer, reference, ids):
+    """One step of `ids` on `v` and on its reference `ref`; v's increment since that step (keys,
+    rows), in key order."""
+    since = sok.update_step(optimizer)
+    _train(v, optimizer, ids)
+    _train(ref, reference, ids)
+    keys, values = sok.incremental_model_dump([v], since)
+    order = np.argsort(keys[0])
+    return keys[0][order], values[0][order]
+
+
 def test_incremental_model_dump_tf2_matches_reference():
     """Adagrad (fused) on a DynamicVariable vs Keras Adagrad on a tf.Variable: after each step the
     increment since that step holds exactly its ids, with the reference's rows."""
@@ -228,15 +245,9 @@ def test_incremental_model_dump_tf2_matches_reference():
     optimizer = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=0.1))
     reference = tf.keras.optimizers.Adagrad(learning_rate=0.1)
     for ids in _adagrad_steps(rng, 4, 6, vocab):
-        since = sok.update_step(optimizer)
-        for var, opt in ((v, optimizer), (ref, reference)):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(tf.nn.embedding_lookup(var, tf.constant(ids)) ** 2)
-            opt.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
-        keys, values = sok.incremental_model_dump([v], since)
-        order = np.argsort(keys[0])
-        np.testing.assert_array_equal(keys[0][order], np.unique(ids))
-        np.testing.assert_allclose(values[0][order], ref.numpy()[np.unique(ids)], rtol=1e-6)
+        keys, values = _step_increment(v, ref, optimizer, reference, ids)
+        np.testing.assert_array_equal(keys, np.unique(ids))
+        np.testing.assert_allclose(values, ref.numpy()[np.unique(ids)], rtol=1e-6)
     everything = sok.incremental_model_dump([v], 0)[0][0]
     assert everything.size == int(v.size[0])
     with pytest.raises(TypeError, match="is an optimizer step .* or a datetime"):
@@ -270,12 +281,6 @@ def test_incremental_model_dump_in_a_session():
             np.testing.assert_allclose(values[0][order], sess.run(ref)[np.unique(batch)], rtol=1e-6)
         with pytest.raises(ValueError, match="pass the session"):
             sok.incremental_model_dump([v], 0)
-
-
-def _train(var, optimizer, ids):
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(tf.nn.embedding_lookup(var, tf.constant(ids)) ** 2)
-    optimizer.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
 
 
 def _sorted_snapshot(var):
@@ -323,13 +328,7 @@ def test_incremental_model_dump_sees_generic_optimizer_updates(make):
         ref = tf.Variable(tf.ones([30, 2]))
     optimizer, reference = sok.OptimizerWrapper(make()), make()
     for ids in _adagrad_steps(rng, 3, 5, 30):
-        since = sok.update_step(optimizer)
-        for var, opt in ((v, optimizer), (ref, reference)):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(tf.nn.embedding_lookup(var, tf.constant(ids)) ** 2)
-            opt.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
-        keys, values = sok.incremental_model_dump([v], since)
-        order = np.argsort(keys[0])
-        np.testing.assert_array_equal(keys[0][order], np.sort(ids))
+        keys, values = _step_increment(v, ref, optimizer, reference, ids)
+        np.testing.assert_array_equal(keys, np.sort(ids))
         if isinstance(reference, tf.compat.v1.train.Optimizer):  # both lazy: rows are equal
-            np.testing.assert_allclose(values[0][order], ref.numpy()[np.sort(ids)], rtol=1e-6)
+            np.testing.assert_allclose(values, ref.numpy()[np.sort(ids)], rtol=1e-6)

@@ -47,28 +47,20 @@ def test_kernel_run_counts_see_the_ops_of_a_training_step():
     assert int(ev.size()) == 3
 
 
-@pytest.mark.cpu_placement
-def test_a_table_created_under_tf_device_cpu_lives_and_trains_there():
-    with tf.device("/CPU:0"):
+@pytest.mark.parametrize("device, other", [
+    pytest.param("CPU", "GPU", marks=pytest.mark.cpu_placement),
+    pytest.param("GPU", "CPU", marks=pytest.mark.skipif(
+        not HAS_GPU, reason="needs a GPU (runs on the H200 through the device tool)")),
+])
+def test_a_table_created_under_tf_device_lives_and_trains_there(device, other):
+    with tf.device(f"/{device}:0"):
         ev = sok.get_embedding_variable(unique_name(), 4, initializer=tf.ones_initializer())
         opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.5))
         ran = _ran_on(lambda: _train_step(ev, opt, to_ragged([[1, 1], [2]])))
-    assert "CPU" in ev.device
-    assert ran["GPU"] == 0 and ran["CPU"] >= 5, ran
+    assert device in ev.device
+    assert ran[other] == 0 and ran[device] >= 5, ran
     rows = ev.sparse_read(tf.constant([1, 2], tf.int64), training=False).numpy()
     np.testing.assert_allclose(rows, [[0.0] * 4, [0.5] * 4])  # 1 - 0.5 * 2 and 1 - 0.5 * 1
-
-
-@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (runs on the H200 through the device tool)")
-def test_a_table_created_under_tf_device_gpu_lives_and_trains_there():
-    with tf.device("/GPU:0"):
-        ev = sok.get_embedding_variable(unique_name(), 4, initializer=tf.ones_initializer())
-        opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.5))
-        ran = _ran_on(lambda: _train_step(ev, opt, to_ragged([[1, 1], [2]])))
-    assert "GPU" in ev.device
-    assert ran["CPU"] == 0 and ran["GPU"] >= 5, ran
-    rows = ev.sparse_read(tf.constant([1, 2], tf.int64), training=False).numpy()
-    np.testing.assert_allclose(rows, [[0.0] * 4, [0.5] * 4])
 
 
 def test_a_process_that_hides_every_gpu_runs_on_the_cpu():

@@ -6,11 +6,16 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from sparse_operation_kit.tables import storage
 from tests.python.support import TEST_DEVICE, unique_name
-from tests.python.tables.tier_support import DIM, assert_same_table, make, train
+from tests.python.tables.tier_support import (
+    ADAM_ROW,
+    assert_same_steps,
+    assert_same_table,
+    id_batches,
+    make,
+    train,
+)
 
-ADAM_ROW = 4 * DIM * 3 + storage.ROW_META_BYTES
 ADAM = lambda: tf.compat.v1.train.AdamOptimizer(0.05)  # noqa: E731
 
 
@@ -29,19 +34,9 @@ TIERS = [
 ]
 
 
-def batches(steps, seed):
-    rng = np.random.RandomState(seed)
-    return [rng.randint(-25, 25, size=9).astype(np.int64) for _ in range(steps)]
-
-
 def both(tier, tmp_path, name, **ev_options):
     """The tiered table and its one-tier twin (same name: the same initial rows)."""
     return make(tier(tmp_path), name, **ev_options), make(None, name, **ev_options)
-
-
-def assert_same_steps(a, b):
-    for x, y in zip(a, b, strict=True):
-        np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.parametrize("tier, device", TIERS)
@@ -50,7 +45,7 @@ def test_counter_filter(tier, device, tmp_path):
     with tf.device(device):
         two, one = both(tier, tmp_path, name, filter_option=sok.CounterFilter(filter_freq=3),
                         init_option=sok.InitializerOption(default_value_no_permission=-0.5))
-        ids = batches(10, seed=1)
+        ids = id_batches(10, seed=1)
         assert_same_steps(train(two, ADAM, ids), train(one, ADAM, ids))
         assert_same_table(two, one)
         every = tf.constant(np.arange(-30, 30, dtype=np.int64))
@@ -66,13 +61,13 @@ def test_global_step_and_l2_eviction(tier, device, tmp_path):
         name = unique_name("evicted")
         with tf.device(device):
             two, one = both(tier, tmp_path, name, evict_option=evict)
-            ids = batches(10, seed=2)
+            ids = id_batches(10, seed=2)
             assert_same_steps(train(two, ADAM, ids), train(one, ADAM, ids))
             removed = int(two.shrink(step))
             assert removed == int(one.shrink(step)) > 0
             assert int(two.size()) == int(one.size()) > 0
             assert_same_table(two, one)
-            more = batches(4, seed=3)
+            more = id_batches(4, seed=3)
             assert_same_steps(train(two, ADAM, more), train(one, ADAM, more))
             assert_same_table(two, one)
 
@@ -80,7 +75,7 @@ def test_global_step_and_l2_eviction(tier, device, tmp_path):
 @pytest.mark.parametrize("tier, device", TIERS)
 def test_tf_train_checkpoint(tier, device, tmp_path):
     name = unique_name("ckpt")
-    ids = batches(12, seed=4)
+    ids = id_batches(12, seed=4)
     with tf.device(device):
         saved, one = both(tier, tmp_path, name)
         opt = sok.OptimizerWrapper(ADAM())

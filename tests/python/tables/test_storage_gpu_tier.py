@@ -5,22 +5,26 @@ CPU these types are refused, naming the table."""
 import gc
 import os
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
 from sparse_operation_kit.tables import storage
-from tests.python.support import TEST_DEVICE, sorted_export, unique_name
+from tests.python.support import TEST_DEVICE, unique_name
 from tests.python.tables.tier_support import (
+    ADAM_ROW,
     DIM,
+    assert_continues_like_one_tier,
     assert_generic_optimizer_matches,
+    assert_same_steps,
     assert_same_table,
+    assert_trains_like_one_tier,
+    id_batches,
     make,
+    ssd_dirs,
     train,
 )
 
-ADAM_ROW = 4 * DIM * 3 + storage.ROW_META_BYTES  # a row with Adam's two slots
 OPTIMIZERS = {
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1),
     "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
@@ -40,12 +44,18 @@ def hbm_dram_ssd(path, strategy=sok.CacheStrategy.LFU, hbm_rows=3, dram_rows=4):
                              [hbm_rows * ADAM_ROW, dram_rows * ADAM_ROW], strategy)
 
 
-def ssd_dirs(path):
-    return [d for d in os.listdir(path) if d.startswith("sok_ev_")]
-
-
 def eager_run(ev, opt_name, ids_batches):
     return train(ev, OPTIMIZERS[opt_name], ids_batches)
+
+
+def trained_on_ssd(tmp_path, name, strategy, opt_name, ids_batches):
+    """An HBM_DRAM_SSDHASH table with its files in tmp_path/ssd, trained; and that directory, for
+    the table it is restored into."""
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    table = make(hbm_dram_ssd(ssd, strategy), name)
+    eager_run(table, opt_name, ids_batches)
+    return table, ssd
 
 
 def test_python_accepts_hbm_dram():
@@ -110,15 +120,11 @@ def test_hbm_dram_ssdhash_cpu_placement_is_refused_naming_the_table(tmp_path):
 @on_gpu
 def test_hbm_alone_is_the_one_tier_gpu_table():
     name = unique_name("hbm_alone")
-    rng = np.random.RandomState(5)
-    ids = [rng.randint(-40, 40, size=9).astype(np.int64) for _ in range(6)]
+    ids = id_batches(6, seed=5, span=40)
     hbm, one = make(sok.StorageOption(sok.StorageType.HBM), name), make(None, name)
     assert "GPU" in hbm.device
-    for g, w in zip(eager_run(hbm, "adam", ids), eager_run(one, "adam", ids), strict=True):
-        np.testing.assert_array_equal(g, w)
-    ea, eb = sorted_export(hbm), sorted_export(one)
-    for field in ea:
-        np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
+    assert_same_steps(eager_run(hbm, "adam", ids), eager_run(one, "adam", ids))
+    assert_same_table(hbm, one)
 
 
 @on_gpu
@@ -126,47 +132,28 @@ def test_hbm_alone_is_the_one_tier_gpu_table():
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_training_equals_the_one_tier_table(opt_name, strategy):
     name = unique_name("hbm")  # one name: both tables start from the same initial values
-    rng = np.random.RandomState(7)
-    ids = [rng.randint(-40, 40, size=9).astype(np.int64) for _ in range(15)]
     two, one = make(hbm_dram(strategy), name), make(None, name)
-    for g, w in zip(eager_run(two, opt_name, ids), eager_run(one, opt_name, ids), strict=True):
-        np.testing.assert_array_equal(g, w)
-    assert int(two.size()) == int(one.size()) > 3 * 8
-    every = tf.constant(np.arange(-50, 50, dtype=np.int64))
-    np.testing.assert_array_equal(two.sparse_read(every, training=False).numpy(),
-                                  one.sparse_read(every, training=False).numpy())
-    assert int(two.size()) == int(one.size())  # the evaluation read inserted nothing
-    assert_same_table(two, one)
+    assert_trains_like_one_tier(two, one, OPTIMIZERS[opt_name], id_batches(15, seed=7, span=40),
+                                more_rows_than=3 * 8)
 
 
 @on_gpu
 @pytest.mark.parametrize("strategy", [sok.CacheStrategy.LFU, sok.CacheStrategy.LRU])
 def test_generic_optimizers_equal_the_one_tier_table(strategy):
-    rng = np.random.RandomState(5)
-    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(12)]
     assert_generic_optimizer_matches(hbm_dram(strategy), lambda: tf.keras.optimizers.RMSprop(0.01),
-                                     ids)
+                                     id_batches(12, seed=5, span=30, size=8))
 
 
 @on_gpu
 def test_dump_load_round_trip(tmp_path):
     name = unique_name("hbm_dump")
-    rng = np.random.RandomState(3)
-    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(12)]
+    ids = id_batches(12, seed=3, span=30, size=8)
     a = make(hbm_dram(), name)
     eager_run(a, "adam", ids[:6])
     sok.dump(str(tmp_path), [a])
     b = make(hbm_dram(), name)
     sok.load(str(tmp_path), [b])
-    got = eager_run(b, "adam", ids[6:])
-    one = make(None, name)
-    eager_run(one, "adam", ids[:6])
-    want = eager_run(one, "adam", ids[6:])
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(g, w)
-    ea, eb = sorted_export(b), sorted_export(one)
-    for field in ea:
-        np.testing.assert_array_equal(ea[field], eb[field], err_msg=field)
+    assert_continues_like_one_tier(b, name, OPTIMIZERS["adam"], ids[:6], ids[6:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,18 +164,10 @@ def test_dump_load_round_trip(tmp_path):
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_ssd_training_equals_the_one_tier_table(tmp_path, opt_name, strategy):
     name = unique_name("hbm_ssd")
-    rng = np.random.RandomState(7)
-    ids = [rng.randint(-40, 40, size=9).astype(np.int64) for _ in range(15)]
     three, one = make(hbm_dram_ssd(tmp_path, strategy), name), make(None, name)
     assert "GPU" in three.device
-    for g, w in zip(eager_run(three, opt_name, ids), eager_run(one, opt_name, ids), strict=True):
-        np.testing.assert_array_equal(g, w)
-    assert int(three.size()) == int(one.size()) > 7 * 4
-    every = tf.constant(np.arange(-50, 50, dtype=np.int64))
-    np.testing.assert_array_equal(three.sparse_read(every, training=False).numpy(),
-                                  one.sparse_read(every, training=False).numpy())
-    assert int(three.size()) == int(one.size())  # the evaluation read inserted nothing
-    assert_same_table(three, one)
+    assert_trains_like_one_tier(three, one, OPTIMIZERS[opt_name],
+                                id_batches(15, seed=7, span=40), more_rows_than=7 * 4)
     (d,) = ssd_dirs(tmp_path)  # most rows are in the table's file
     assert os.path.getsize(os.path.join(str(tmp_path), d, "rows.log")) > 10 * (4 * DIM)
     del three
@@ -198,45 +177,29 @@ def test_ssd_training_equals_the_one_tier_table(tmp_path, opt_name, strategy):
 
 @on_gpu
 def test_ssd_generic_optimizer_equals_the_one_tier_table(tmp_path):
-    rng = np.random.RandomState(5)
-    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(12)]
     _, stores = assert_generic_optimizer_matches(
         hbm_dram_ssd(tmp_path, sok.CacheStrategy.LRU), lambda: tf.keras.optimizers.RMSprop(0.01),
-        ids)
+        id_batches(12, seed=5, span=30, size=8))
     assert len(ssd_dirs(tmp_path)) == 1 + len(stores)  # a directory per slot store
 
 
 @on_gpu
 def test_ssd_dump_load_round_trip(tmp_path):
     name = unique_name("hbm_ssd_dump")
-    rng = np.random.RandomState(3)
-    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(12)]
-    ssd = tmp_path / "ssd"
-    ssd.mkdir()
-    a = make(hbm_dram_ssd(ssd), name)
-    eager_run(a, "adam", ids[:6])
+    ids = id_batches(12, seed=3, span=30, size=8)
+    a, ssd = trained_on_ssd(tmp_path, name, sok.CacheStrategy.LFU, "adam", ids[:6])
     sok.dump(str(tmp_path / "dump"), [a])
     b = make(hbm_dram_ssd(ssd), name)
     sok.load(str(tmp_path / "dump"), [b])
     assert_same_table(a, b)
-    got = eager_run(b, "adam", ids[6:])
-    one = make(None, name)
-    eager_run(one, "adam", ids[:6])
-    want = eager_run(one, "adam", ids[6:])
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(g, w)
-    assert_same_table(b, one)
+    assert_continues_like_one_tier(b, name, OPTIMIZERS["adam"], ids[:6], ids[6:])
 
 
 @on_gpu
 def test_ssd_checkpoint_round_trip(tmp_path):
     name = unique_name("hbm_ssd_ckpt")
-    rng = np.random.RandomState(4)
-    ids = [rng.randint(-30, 30, size=8).astype(np.int64) for _ in range(10)]
-    ssd = tmp_path / "ssd"
-    ssd.mkdir()
-    a = make(hbm_dram_ssd(ssd, sok.CacheStrategy.LRU), name)
-    eager_run(a, "adagrad", ids)
+    a, ssd = trained_on_ssd(tmp_path, name, sok.CacheStrategy.LRU, "adagrad",
+                            id_batches(10, seed=4, span=30, size=8))
     path = tf.train.Checkpoint(table=a).save(str(tmp_path / "ckpt"))
     b = make(hbm_dram_ssd(ssd, sok.CacheStrategy.LRU), name)
     tf.train.Checkpoint(table=b).restore(path).assert_existing_objects_matched()

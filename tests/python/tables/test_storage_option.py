@@ -10,10 +10,16 @@ import sparse_operation_kit as sok
 from sparse_operation_kit.tables import storage
 from tests.python.support import unique_name
 from tests.python.tables.tier_support import (
+    ADAM_ROW,
     DIM,
+    assert_continues_like_one_tier,
     assert_generic_optimizer_matches,
+    assert_same_steps,
     assert_same_table,
+    assert_trains_like_one_tier,
+    id_batches,
     make,
+    ssd_dirs,
     train,
 )
 
@@ -142,7 +148,6 @@ def test_numpy_sizes_are_accepted(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # DRAM_SSDHASH: the same results as the table without StorageOption, to the bit
 # ---------------------------------------------------------------------------------------------
-ADAM_ROW = 4 * DIM * 3 + storage.ROW_META_BYTES  # a row with Adam's two slots
 OPTIMIZERS = {
     "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
@@ -159,8 +164,7 @@ def tiered(path, strategy=sok.CacheStrategy.LFU, rows=3):
 
 
 def batches(steps=12, seed=0):
-    rng = np.random.RandomState(seed)
-    return [rng.randint(-25, 25, size=7).astype(np.int64) for _ in range(steps)]
+    return id_batches(steps, seed, size=7)
 
 
 def eager_run(name, option, opt_name, ids_batches, ev=None):
@@ -168,24 +172,12 @@ def eager_run(name, option, opt_name, ids_batches, ev=None):
     return ev, train(ev, OPTIMIZERS[opt_name], ids_batches)
 
 
-def ssd_dirs(path):
-    return [d for d in os.listdir(path) if d.startswith("sok_ev_")]
-
-
 @pytest.mark.parametrize("strategy", [sok.CacheStrategy.LFU, sok.CacheStrategy.LRU])
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_eager_training_equals_the_dram_table(tmp_path, opt_name, strategy):
     name = unique_name("eager")  # one name: both tables start from the same initial values
-    ids = batches()
-    two, got = eager_run(name, tiered(tmp_path, strategy), opt_name, ids)
-    one, want = eager_run(name, None, opt_name, ids)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(g, w)
-    assert int(two.size()) == int(one.size()) > 3
-    every = tf.constant(np.arange(-30, 30, dtype=np.int64))
-    np.testing.assert_array_equal(two.sparse_read(every, training=False).numpy(),
-                                  one.sparse_read(every, training=False).numpy())
-    assert_same_table(two, one)
+    two, one = make(tiered(tmp_path, strategy), name), make(None, name)
+    assert_trains_like_one_tier(two, one, OPTIMIZERS[opt_name], batches(), more_rows_than=3)
     # Most rows are in the SSD tier's file.
     (d,) = ssd_dirs(tmp_path)
     assert os.path.getsize(os.path.join(str(tmp_path), d, "rows.log")) > 10 * ADAM_ROW
@@ -211,12 +203,7 @@ def test_dump_load_round_trip(tmp_path):
     b = make(tiered(ssd), name)
     sok.load(str(tmp_path / "dump"), [b])
     assert_same_table(a, b)
-    _, got = eager_run(name, None, "adam", ids[8:], ev=b)
-    one, _ = eager_run(name, None, "adam", ids[:8])
-    _, want = eager_run(name, None, "adam", ids[8:], ev=one)
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(g, w)
-    assert_same_table(b, one)
+    assert_continues_like_one_tier(b, name, OPTIMIZERS["adam"], ids[:8], ids[8:])
 
 
 def graph_train(name, option, opt_name, ids_batches, save=None, restore=None):
@@ -258,8 +245,7 @@ def test_tf1_session_and_saver_equal_the_dram_table(tmp_path, opt_name):
                               save=str(tmp_path / "model"))
     second, k2, v2 = graph_train(name, tiered(ssd, sok.CacheStrategy.LRU), opt_name, ids[7:],
                                  restore=str(tmp_path / "model"))
-    for g, w in zip(first + second, want, strict=True):
-        np.testing.assert_array_equal(g, w)
+    assert_same_steps(first + second, want)
     np.testing.assert_array_equal(k2, keys)
     np.testing.assert_array_equal(v2, values)
     assert ssd_dirs(ssd) == []  # each session's table went with its session
@@ -325,8 +311,7 @@ def test_meta_graph_import_trains_on_like_the_dram_table(tmp_path):
         rows = graph.get_collection("rows")[0]
         fed = graph.get_collection("ids")[0]
         second = [sess.run([rows, train], {fed: b})[0] for b in ids[6:]]
-    for g, w in zip(first + second, want, strict=True):
-        np.testing.assert_array_equal(g, w)
+    assert_same_steps(first + second, want)
 
 
 def test_keras_config_keeps_the_storage(tmp_path):
