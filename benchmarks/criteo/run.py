@@ -364,6 +364,9 @@ class BatchSchedule:
     def __init__(self, n, batch_size, seed, shuffle):
         self.n, self.batch_size, self.seed, self.shuffle = n, batch_size, seed, shuffle
         self.batches_per_epoch = max(1, n // batch_size)
+        self._epoch = self._order = None  # batch(): the order of the epoch it is in
+        self._next = None  # load_resident_order(): (epoch, the future drawing its order)
+        self._drawer = None  # the thread that draws shuffled orders ahead
 
     def order(self, epoch):
         """The rows of `epoch` in the order its batches take them."""
@@ -375,7 +378,7 @@ class BatchSchedule:
     def batch(self, step):
         """The global batch of training step `step` (the feed_dict input)."""
         epoch, b = divmod(step, self.batches_per_epoch)
-        if getattr(self, "_epoch", None) != epoch:
+        if self._epoch != epoch:
             self._epoch, self._order = epoch, self.order(epoch)
         return self._order[b * self.batch_size : (b + 1) * self.batch_size]
 
@@ -386,15 +389,11 @@ class BatchSchedule:
         epoch, b = divmod(step, self.batches_per_epoch)
         if b or (epoch and not self.shuffle):
             return
-        pending = getattr(self, "_next_order", None)
-        order = pending.result() if pending is not None and self._next_epoch == epoch else (
-            self.order(epoch))
-        resident.load_order(sess, order)
+        ahead = self._next is not None and self._next[0] == epoch
+        resident.load_order(sess, self._next[1].result() if ahead else self.order(epoch))
         if self.shuffle:
-            if not hasattr(self, "_drawer"):
-                self._drawer = concurrent.futures.ThreadPoolExecutor(1)
-            self._next_epoch = epoch + 1
-            self._next_order = self._drawer.submit(self.order, epoch + 1)
+            self._drawer = self._drawer or concurrent.futures.ThreadPoolExecutor(1)
+            self._next = (epoch + 1, self._drawer.submit(self.order, epoch + 1))
 
     def __iter__(self):  # the tf.data input's generator (its own thread, its own state)
         epoch = 0

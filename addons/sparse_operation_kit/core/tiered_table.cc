@@ -114,12 +114,16 @@ Status TieredTable<K>::demote() {
   std::vector<K> keys;
   std::vector<int64_t> freqs;
   hot_.keys_and_freqs(&keys, &freqs);
-  const std::vector<K> victims = policy_.victims(keys, freqs, n - tier_low_watermark(cap));
-  const int64_t m = static_cast<int64_t>(victims.size());
+  return move_to_file(policy_.victims(keys, freqs, n - tier_low_watermark(cap)));
+}
+
+template <typename K>
+Status TieredTable<K>::move_to_file(const std::vector<K>& keys) {
+  const int64_t m = static_cast<int64_t>(keys.size());
   // Written to the file first, removed from memory after: a failed write loses no row.
-  s = append_snapshot(hot_.rows_of(victims.data(), m), cold_.get());
+  Status s = append_snapshot(hot_.rows_of(keys.data(), m), cold_.get());
   if (!s.ok()) return s;
-  hot_.erase(victims.data(), m);
+  hot_.erase(keys.data(), m);
   return cold_->maybe_compact(config().ssd_compact_min_bytes);
 }
 
@@ -296,11 +300,7 @@ Status TieredTable<K>::append_rows(const ExecContext&, const SnapshotView<K>& s)
   const std::vector<int64_t> order = hottest_first(rows, config().cache_strategy);
   std::vector<K> down;
   for (int64_t i = keep; i < rows.n; ++i) down.push_back(keys[order[i]]);
-  const int64_t m = static_cast<int64_t>(down.size());
-  st = append_snapshot(hot_.rows_of(down.data(), m), cold_.get());  // on file first: none lost
-  if (!st.ok()) return st;
-  hot_.erase(down.data(), m);
-  return cold_->maybe_compact(config().ssd_compact_min_bytes);
+  return move_to_file(down);
 }
 
 template <typename K>

@@ -68,6 +68,7 @@ class TieredTable final : public Table<K> {
   bool any_cold(const K* keys, int64_t n) const;  // caller holds mu_
   Status promote(const K* keys, int64_t n);       // caller holds mu_ exclusively
   Status demote();
+  Status move_to_file(const std::vector<K>& keys);  // those memory rows; caller holds mu_
   // Runs op (which returns a Status) with every key in memory, then demotes.
   template <typename Op>
   Status with_keys_in_memory(const K* keys, int64_t n, const Op& op);

@@ -40,10 +40,14 @@ def test_rows_and_whole_fields_equal_np_load(tmp_path, save):
         np.testing.assert_array_equal(shard.rows("keys", a, b), arrays["keys"][a:b])
 
 
-def test_a_truncated_file_is_an_error_naming_it(tmp_path):
+def _saved(tmp_path):
     path = str(tmp_path / "rank0-of-1.npz")
     np.savez(path, **_arrays())
-    data = open(path, "rb").read()
+    return path
+
+
+def test_a_truncated_file_is_an_error_naming_it(tmp_path):
+    data = open(_saved(tmp_path), "rb").read()
     for size in (0, 100, len(data) // 2, len(data) - 10):
         cut = str(tmp_path / f"cut{size}.npz")
         with open(cut, "wb") as f:
@@ -53,13 +57,11 @@ def test_a_truncated_file_is_an_error_naming_it(tmp_path):
 
 
 def test_a_file_cut_after_opening_is_an_error_naming_it(tmp_path):
-    path = str(tmp_path / "rank0-of-1.npz")
-    np.savez(path, **_arrays())
+    path = _saved(tmp_path)
     shard = ShardFile(path, "t")
     os.truncate(path, 200)  # replaced under a running load
     with pytest.raises(ValueError, match="truncated or corrupt"):
         shard.rows("values", 0, 23)
-
 
 
 def test_a_changed_byte_is_an_error_naming_the_file(tmp_path):
@@ -77,9 +79,7 @@ def test_a_changed_byte_is_an_error_naming_the_file(tmp_path):
 
 
 def test_rows_beyond_a_field_are_an_error(tmp_path):
-    path = str(tmp_path / "rank0-of-1.npz")
-    np.savez(path, **_arrays())
-    shard = ShardFile(path, "t")
+    shard = ShardFile(_saved(tmp_path), "t")
     with pytest.raises(ValueError, match=r"rows \[20, 24\) of 'values' .* shape \(23, 5\)"):
         shard.rows("values", 20, 24)
 

@@ -343,12 +343,12 @@ def _chunks(shards, keys, mine, dim, layout, in_chunks):
     start, given = 0, False
     for s in shards:
         n = s.shape("keys")[0]
+        own = _has_slots(s.shape("slots"), n, layout)
         for a in range(0, n, step or max(n, 1)):
             b = min(n, a + (step or n))
             m = None if mine is None else mine[start + a:start + b]
             if m is not None and not m.any() and given:
                 continue
-            own = _has_slots(s.shape("slots"), n, layout)
             slots = s.rows("slots", a, b) if own else _initial_slots(b - a, layout, dim)
             given = True
             yield {

@@ -84,7 +84,8 @@ class ShardFile:
         return self._whole[field].shape if layout is None else layout[2]
 
     def read(self, field):
-        return self.rows(field, 0, self.shape(field)[0] if self.shape(field) else None)
+        shape = self.shape(field)
+        return self.rows(field, 0, shape[0] if shape else None)
 
     def rows(self, field, a, b):
         """Rows [a, b) of `field` (b None: a 0-d array whole)."""
@@ -96,8 +97,8 @@ class ShardFile:
         if b is not None and not (shape and 0 <= a <= b <= shape[0]):
             raise ValueError(f"{self._what}: rows [{a}, {b}) of '{field}' in the shard "
                              f"{self.path} of '{self._name}', which has shape {shape}")
-        out = np.empty((0 if b is None else b - a,) + tuple(shape[1:]) if shape else (), dtype)
-        row_bytes = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64)) if shape else 0
+        out = np.empty((b - a,) + tuple(shape[1:]) if shape else (), dtype)
+        row_bytes = out.itemsize * int(np.prod(shape[1:], dtype=np.int64)) if shape else 0
         try:
             with open(self.path, "rb") as f:
                 f.seek(offset + a * row_bytes)
