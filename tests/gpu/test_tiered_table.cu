@@ -269,6 +269,61 @@ bool test_export_import(CacheStrategy strategy) {
   return ok;
 }
 
+// sok.load's chunked restore: import_rows of the first chunk, append_rows of the others, into a
+// one-tier GPU table, a tiered one and a host-only one; each equals the source, trains on like
+// it, and refuses a key it holds (in the HBM tier or the host tier) or one twice in a chunk.
+template <typename K>
+bool test_chunked_import(CacheStrategy strategy) {
+  const TableConfig cfg = tiered_cfg(8, strategy, 2);
+  Pair<K> t = make_pair<K>(cfg);
+  const std::vector<K> pool = key_pool<K>(3000);
+  OptimizerParams p = test_params(OptimizerKind::kAdam);
+  for (int s = 1; s <= 8; ++s) {
+    const std::vector<K> keys = draw(pool, 1024);
+    p.step = s;
+    t.lookup(keys, true);
+    t.apply(keys, p, s, false);
+  }
+  TableSnapshot<K> snap;
+  SOK_OK(t.got->export_rows(kExec, &snap));
+  const int64_t n = static_cast<int64_t>(snap.keys.size());
+  bool ok = true;
+  for (bool host_only : {false, true}) {
+    Pair<K> u{make_gpu<K>(cfg), make_tiered<K>(cfg, host_only), cfg.dim};
+    GpuTable<K> one(make_gpu<K>(cfg));
+    for (int64_t at = 0; at < n; at += 700) {
+      std::vector<int64_t> pick;
+      for (int64_t i = at; i < std::min(n, at + 700); ++i) pick.push_back(i);
+      const TableSnapshot<K> chunk = sok::snapshot_rows(snap, pick);
+      for (Table<K>* table : {static_cast<Table<K>*>(u.got.get()), static_cast<Table<K>*>(&one)})
+        SOK_OK(at == 0 ? table->import_rows(kExec, chunk) : table->append_rows(kExec, chunk));
+    }
+    SOK_OK(u.ref->import_rows(snap, nullptr));
+    ok &= u.same_export() &&
+          expect_same_table(gpu_export(*one.gpu_table()), gpu_export(*u.ref), 0, 0);
+    if (!host_only) ok &= u.tiers_ok(true);
+    for (int s = 9; s <= 14; ++s) {
+      const std::vector<K> keys = draw(pool, 1024);
+      p.step = s;
+      ok &= u.lookup(keys, true);
+      u.apply(keys, p, s, false);
+    }
+    ok &= u.same_export();
+    std::vector<int64_t> twice = {0, 0};
+    for (const std::vector<int64_t>& pick :
+         {std::vector<int64_t>{0}, std::vector<int64_t>{n - 1}, twice}) {
+      TableSnapshot<K> again = sok::snapshot_rows(snap, pick);
+      if (pick.size() == 2) again.keys = {K(1) << 29, K(1) << 29};  // new, twice in one chunk
+      for (Table<K>* table : {static_cast<Table<K>*>(u.got.get()), static_cast<Table<K>*>(&one)}) {
+        const Status st = table->append_rows(kExec, again);
+        if (st.ok() || st.message().find("appears twice") == std::string::npos)
+          ok = FAIL("append_rows took a repeated key: '%s'", st.message().c_str());
+      }
+    }
+  }
+  return ok;
+}
+
 // Device (or pinned, mapped host) memory by pointer: what a table still holds from it, and the
 // most it held at once.
 class CountingAllocator final : public DeviceAllocator {
@@ -834,6 +889,10 @@ int main(int argc, char** argv) {
         [] { return test_filter_and_assign<int64_t>(); });
     run("export/import lfu int64", [] { return test_export_import<int64_t>(CacheStrategy::kLFU); });
     run("export/import lru int32", [] { return test_export_import<int32_t>(CacheStrategy::kLRU); });
+    run("chunked import lfu int64",
+        [] { return test_chunked_import<int64_t>(CacheStrategy::kLFU); });
+    run("chunked import lru int32",
+        [] { return test_chunked_import<int32_t>(CacheStrategy::kLRU); });
     run("thrashing lfu int64", [] { return test_thrashing<int64_t>(CacheStrategy::kLFU); });
     run("thrashing lru int32", [] { return test_thrashing<int32_t>(CacheStrategy::kLRU); });
     run("many calls lfu int32", [] { return test_many_calls<int32_t>(CacheStrategy::kLFU); });

@@ -61,12 +61,6 @@ class Table {
   virtual Status append_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) = 0;
 };
 
-// append_rows of the GPU tables, which restore a checkpoint in one import_rows.
-inline Status append_rows_unsupported(const std::string& table) {
-  return Status::Invalid("table '" + table + "' is restored in one piece: GPU tables do not " +
-                         "take a checkpoint's rows a chunk at a time");
-}
-
 // The CPU table behind the interface.
 template <typename K>
 class CpuTable final : public Table<K> {

@@ -1,6 +1,7 @@
 """sok.dump / sok.load with SOK 2.x's optimizer contract: static tables (sok.Variable) trained by
 the program's own optimizer, dynamic tables through sok.OptimizerWrapper, and the wrapper's slots
 read as SOK 2.x programs read them (`_slots.get(var._unique_id)`)."""
+import contextlib
 import os
 
 import numpy as np
@@ -12,7 +13,7 @@ from sparse_operation_kit.checkpoint import dump as dump_module
 from sparse_operation_kit.checkpoint.shard_file import ShardFile
 from sparse_operation_kit.tables import storage
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
-from tests.python.support import sorted_export, unique_name
+from tests.python.support import TEST_DEVICE, sorted_export, unique_name
 from tests.python.tables import tier_support
 
 ROWS, DIM = 12, 3
@@ -169,16 +170,38 @@ def test_eager_snapshots_stay_in_host_memory(tmp_path, monkeypatch):
         ev.sparse_read(tf.constant([1, 5, 9], tf.int64), training=False).numpy(), want)
 
 
-@pytest.mark.parametrize("tiered", [False, True], ids=["one_tier", "dram_ssdhash"])
-def test_load_a_chunk_at_a_time_equals_one_import(tmp_path, monkeypatch, tiered):
-    """sok.load gives a CPU table a dump LOAD_CHUNK_BYTES at a time (5 rows here), so a load
-    holds little more than the table: its rows, slots, counts and versions equal the dumped
-    table's and those of a load in one import, and later steps equal the latter's. A GPU table
-    (SOK_TEST_DEVICE=gpu) takes one import."""
+def _storage(kind, path, dim):
+    """A StorageOption whose upper tier holds 4 rows of Adagrad (None: one tier)."""
+    row = 4 * dim * 2 + storage.ROW_META_BYTES
+    return {
+        "one_tier": None,
+        "dram_ssdhash": sok.StorageOption(sok.StorageType.DRAM_SSDHASH, str(path), [4 * row]),
+        "hbm_dram": sok.StorageOption(sok.StorageType.HBM_DRAM, storage_size=[4 * row]),
+        "hbm_dram_ssdhash": sok.StorageOption(sok.StorageType.HBM_DRAM_SSDHASH, str(path),
+                                              [4 * row, 12 * row]),
+    }[kind]
+
+
+_GPU_ONLY = pytest.mark.skipif(TEST_DEVICE != "gpu", reason="an HBM tier needs SOK_TEST_DEVICE=gpu")
+
+
+@pytest.mark.parametrize("kind", [
+    "one_tier", pytest.param("dram_ssdhash", marks=pytest.mark.cpu_placement),
+    pytest.param("hbm_dram", marks=_GPU_ONLY), pytest.param("hbm_dram_ssdhash", marks=_GPU_ONLY),
+])
+def test_load_a_chunk_at_a_time_equals_one_import(tmp_path, monkeypatch, kind):
+    """sok.load gives a table a dump LOAD_CHUNK_BYTES at a time (5 rows here), so a load holds
+    little more than the table: its rows, slots, counts and versions equal the dumped table's and
+    those of a load in one import, and later steps equal the latter's (under SOK_TEST_DEVICE=gpu
+    the one-tier table is a GPU table)."""
+    device = {"dram_ssdhash": "/CPU:0", "hbm_dram": "/GPU:0", "hbm_dram_ssdhash": "/GPU:0"}
+    with tf.device(device[kind]) if kind in device else contextlib.nullcontext():
+        _load_in_chunks_and_compare(tmp_path, monkeypatch, kind)
+
+
+def _load_in_chunks_and_compare(tmp_path, monkeypatch, kind):
     dim = tier_support.DIM
-    option = (sok.StorageOption(sok.StorageType.DRAM_SSDHASH, str(tmp_path),
-                                [4 * (4 * dim * 2 + storage.ROW_META_BYTES)])
-              if tiered else None)
+    option = _storage(kind, tmp_path, dim)
     name = unique_name("chunked_load")
     adagrad = lambda: sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))  # noqa: E731
     rng = np.random.default_rng(7)
@@ -204,11 +227,8 @@ def test_load_a_chunk_at_a_time_equals_one_import(tmp_path, monkeypatch, tiered)
         sok.load(str(tmp_path / "dump"), [table], opt)
         tier_support.assert_same_table(table, dumped)
         loaded[how] = (table, opt)
-    if loaded["chunked"][0].imports_in_chunks:
-        assert [a for _, a in calls] == [False] + [True] * (len(calls) - 1), calls
-        assert [n for n, _ in calls] == [5] * (rows // 5) + ([rows % 5] if rows % 5 else [])
-    else:
-        assert calls == [(rows, False)]
+    assert [a for _, a in calls] == [False] + [True] * (len(calls) - 1), calls
+    assert [n for n, _ in calls] == [5] * (rows // 5) + ([rows % 5] if rows % 5 else [])
     steps = {how: tier_support.train(t, None, batches[5:], o) for how, (t, o) in loaded.items()}
     for want, got in zip(steps["whole"], steps["chunked"], strict=True):
         np.testing.assert_array_equal(got, want)
@@ -245,7 +265,7 @@ def test_load_chunks_pick_the_rows_a_rank_owns_across_shards(tmp_path, monkeypat
                                 for s in shards], "t")
     assert layout[0] == 1 and layout[2] == 2
     monkeypatch.setattr(dump_module, "LOAD_CHUNK_BYTES", 3 * 4 * 3 * 3)  # 3 rows of dim 3, 2 slots
-    chunks = list(dump_module._chunks(shards, keys, mine, 3, layout, True))
+    chunks = list(dump_module._chunks(shards, keys, mine, 3, layout))
     assert [c["keys"].tolist() for c in chunks] == [[1, 2], [8], [102], [106]]
     for f, parts in want.items():
         np.testing.assert_array_equal(np.concatenate([c[f] for c in chunks]),

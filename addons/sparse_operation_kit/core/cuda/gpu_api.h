@@ -345,7 +345,7 @@ class GpuEmbeddingTable {
   // lacks, whole (slots, frequencies, versions; the table's slot layout), growing as needed
   // (synchronises); a key it holds already is an error.
   Status export_keys(const K* keys, int64_t n, TableSnapshot<K>* out, cudaStream_t stream);
-  Status put_rows(const TableSnapshot<K>& rows, cudaStream_t stream);
+  Status put_rows(const SnapshotView<K>& rows, cudaStream_t stream);
 
   // Makes room for `num_keys` keys without growing later (synchronises the device if it grows).
   Status reserve(int64_t num_keys, cudaStream_t stream);
@@ -404,8 +404,9 @@ class GpuTable final : public Table<K> {
   Status import_rows(const ExecContext& e, const SnapshotView<K>& snapshot) override {
     return t_->import_rows(snapshot, s(e));
   }
-  Status append_rows(const ExecContext&, const SnapshotView<K>&) override {
-    return append_rows_unsupported(config().name);
+  Status append_rows(const ExecContext& e, const SnapshotView<K>& snapshot) override {
+    Status st = check_snapshot(config().name, config().dim, snapshot);
+    return st.ok() ? t_->put_rows(snapshot, s(e)) : st;
   }
   GpuEmbeddingTable<K>* gpu_table() const { return t_.get(); }
 

@@ -763,6 +763,55 @@ Status GpuTieredTable<K>::import_rows(const ExecContext& e, const SnapshotView<K
 }
 
 template <typename K>
+Status GpuTieredTable<K>::append_rows(const ExecContext& e, const SnapshotView<K>& s) {
+  std::lock_guard<std::mutex> l(mu_);
+  const cudaStream_t stream = stream_of(e);
+  SOK_RETURN_IF_ERROR(check_snapshot(cfg_.name, cfg_.dim, s));
+  if (s.n == 0) return Status::OK();
+  if (s.num_slots != cold_->num_slots())
+    return Status::Invalid("table '" + cfg_.name + "': rows of " + std::to_string(s.num_slots) +
+                           " slots cannot join rows of " + std::to_string(cold_->num_slots()));
+  std::unordered_set<K> seen;  // a chunk split between two tiers: each tier sees its part only
+  for (int64_t i = 0; i < s.n; ++i) {
+    if (!seen.insert(s.keys[i]).second) return key_twice_in_checkpoint(cfg_.name, s.keys[i]);
+  }
+  // The host tier's put_rows refuses keys it holds; the other tiers are asked here.
+  TableSnapshot<K> found;
+  found.dim = cfg_.dim;
+  found.num_slots = cold_->num_slots();
+  found.slot_init = cold_->slot_init();
+  if (hot_) {
+    detail::Temp keys;
+    SOK_RETURN_IF_ERROR(keys.alloc(hot_->impl_->alloc, s.n * sizeof(K), stream));
+    SOK_CUDA_RETURN(
+        cudaMemcpyAsync(keys.as<K>(), s.keys, s.n * sizeof(K), cudaMemcpyHostToDevice, stream));
+    SOK_RETURN_IF_ERROR(hot_->export_keys(keys.as<K>(), s.n, &found, stream));
+  }
+  if (ssd_ && found.keys.empty()) SOK_RETURN_IF_ERROR(ssd_->read(s.keys, s.n, &found));
+  if (!found.keys.empty()) return key_twice_in_checkpoint(cfg_.name, found.keys[0]);
+  int64_t hbm = 0, host = 0;
+  if (hot_) SOK_RETURN_IF_ERROR(hot_->size(&hbm, stream));
+  SOK_RETURN_IF_ERROR(cold_->size(&host, stream));
+  int64_t room = s.n;
+  if (ssd_) {
+    int64_t cap = 0;
+    SOK_RETURN_IF_ERROR(dram_rows(s.num_slots, &cap));
+    room = std::min(s.n, std::max<int64_t>(0, tier_low_watermark(cap) - host));
+  }
+  if (room == s.n) {
+    SOK_RETURN_IF_ERROR(cold_->put_rows(s, stream));
+  } else {  // the file first: a failed write leaves the host tier as it was
+    std::vector<int64_t> up(room), down(s.n - room);
+    std::iota(up.begin(), up.end(), 0);
+    std::iota(down.begin(), down.end(), room);
+    SOK_RETURN_IF_ERROR(ssd_->put(snapshot_rows(s, down)));
+    if (room > 0) SOK_RETURN_IF_ERROR(cold_->put_rows(snapshot_rows(s, up), stream));
+  }
+  note_exact(hbm, host + room);
+  return Status::OK();
+}
+
+template <typename K>
 Status new_gpu_table(const TableConfig& config, const GpuTableOptions& options,
                      std::unique_ptr<Table<K>>* out) {
   if (config.storage == StorageKind::kHbmDram || config.storage == StorageKind::kHbmDramSsdHash) {

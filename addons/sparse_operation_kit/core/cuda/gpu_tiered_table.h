@@ -125,9 +125,9 @@ class GpuTieredTable final : public Table<K> {
   Status export_rows(const ExecContext& exec, TableSnapshot<K>* out) override;
   Status export_into(const ExecContext& exec, const AllocateField& allocate) override;
   Status import_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) override;
-  Status append_rows(const ExecContext&, const SnapshotView<K>&) override {
-    return append_rows_unsupported(cfg_.name);
-  }
+  // Into the host tier (the HBM tier keeps the first chunk's hottest rows; placement passes
+  // promote later), past its budget to the file.
+  Status append_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) override;
 
   // One table's keys in a call over several tiered tables, as GpuEmbeddingTable<K>::Keys.
   struct Call {

@@ -604,9 +604,9 @@ Status GpuEmbeddingTable<K>::import_rows(const SnapshotView<K>& s, cudaStream_t 
 }
 
 template <typename K>
-Status GpuEmbeddingTable<K>::put_rows(const TableSnapshot<K>& s, cudaStream_t stream) {
+Status GpuEmbeddingTable<K>::put_rows(const SnapshotView<K>& s, cudaStream_t stream) {
   Impl& m = *impl_;
-  const int64_t n = static_cast<int64_t>(s.keys.size());
+  const int64_t n = s.n;
   SOK_RETURN_IF_ERROR(check_import<K>(m.cfg, s));
   if (n == 0) return Status::OK();
   DeviceGuard g(m.device);
@@ -652,8 +652,8 @@ template Status GpuEmbeddingTable<int32_t>::import_rows(const SnapshotView<int32
                                                          const std::vector<int64_t>*);
 template Status GpuEmbeddingTable<int64_t>::import_rows(const SnapshotView<int64_t>&, cudaStream_t,
                                                          const std::vector<int64_t>*);
-template Status GpuEmbeddingTable<int32_t>::put_rows(const TableSnapshot<int32_t>&, cudaStream_t);
-template Status GpuEmbeddingTable<int64_t>::put_rows(const TableSnapshot<int64_t>&, cudaStream_t);
+template Status GpuEmbeddingTable<int32_t>::put_rows(const SnapshotView<int32_t>&, cudaStream_t);
+template Status GpuEmbeddingTable<int64_t>::put_rows(const SnapshotView<int64_t>&, cudaStream_t);
 template Status GpuEmbeddingTable<int32_t>::export_keys(const int32_t*, int64_t, TableSnapshot<int32_t>*,
                                                         cudaStream_t);
 template Status GpuEmbeddingTable<int64_t>::export_keys(const int64_t*, int64_t, TableSnapshot<int64_t>*,

@@ -72,7 +72,7 @@ def _shard_files(path, name):
 
 _REQUIRED = ("keys", "values", "dim")
 
-# The rows and slots one import takes when sok.load restores a CPU table a chunk at a time: what a
+# The rows and slots one import takes when sok.load restores a table a chunk at a time: what a
 # load holds in memory beside the table.
 LOAD_CHUNK_BYTES = 64 << 20
 
@@ -314,9 +314,8 @@ def _check_rows(shards, keys, name):
 
 
 def _load_ev(var, shards, keys, mine, dim, name, path):
-    """Imports the rows `mine` (None: all) of an Embedding Variable's shards. A CPU table takes
-    them a chunk of LOAD_CHUNK_BYTES at a time, so a load holds little more than the table; a GPU
-    table in one import."""
+    """Imports the rows `mine` (None: all) of an Embedding Variable's shards a chunk of
+    LOAD_CHUNK_BYTES at a time, so a load holds little more than the table."""
     # int64 keys of the dump must fit an int32 table (a cast would fold keys onto others).
     picked = _picked(keys, mine)
     validation.check_key_dtype_fits(picked, var.key_dtype, name, f"sok.load from {path}")
@@ -325,27 +324,22 @@ def _load_ev(var, shards, keys, mine, dim, name, path):
     layout = _slot_layout(
         [(s.shape("slots"), s.read("slot_kind"), s.read("slot_init")) for s in shards], name
     )
-    chunks = _chunks(shards, keys, mine, dim, layout, var.imports_in_chunks)
-    if not var.imports_in_chunks:
-        parts = list(chunks)
-        chunks = [{f: _joined([p.pop(f) for p in parts]) for f in list(parts[0])}]
-    for i, chunk in enumerate(chunks):
+    for i, chunk in enumerate(_chunks(shards, keys, mine, dim, layout)):
         chunk["slot_kind"] = np.int32(layout[0])
         chunk["slot_init"] = np.asarray(layout[1], np.float32)
         var.import_snapshot(host_snapshot(chunk), append=i > 0)
 
 
-def _chunks(shards, keys, mine, dim, layout, in_chunks):
-    """The picked rows of every shard as {field: array} chunks (one per shard if not in_chunks);
-    at least one, so that an import of no rows still replaces the table's."""
-    row_bytes = 4 * dim * (1 + layout[2])
-    step = max(1, LOAD_CHUNK_BYTES // max(row_bytes, 1)) if in_chunks else None
+def _chunks(shards, keys, mine, dim, layout):
+    """The picked rows of every shard as {field: array} chunks of LOAD_CHUNK_BYTES; at least
+    one, so that an import of no rows still replaces the table's."""
+    step = max(1, LOAD_CHUNK_BYTES // (4 * dim * (1 + layout[2])))
     start, given = 0, False
     for s in shards:
         n = s.shape("keys")[0]
         own = _has_slots(s.shape("slots"), n, layout)
-        for a in range(0, n, step or max(n, 1)):
-            b = min(n, a + (step or n))
+        for a in range(0, n, step):
+            b = min(n, a + step)
             m = None if mine is None else mine[start + a:start + b]
             if m is not None and not m.any() and given:
                 continue

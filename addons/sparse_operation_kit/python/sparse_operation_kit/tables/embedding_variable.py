@@ -458,8 +458,7 @@ class EmbeddingVariable(compat.TableResource):
     def import_snapshot(self, tensors, append=False):
         """Replaces the table's rows with `tensors` ({field: tensor}, as `snapshot()` gives them);
         creates the table first if it does not exist yet. Returns the op (graphs). append: the
-        rows join those of the import before (sok.load's later chunks; not on GPU tables,
-        `imports_in_chunks`)."""
+        rows join those of the import before (sok.load's later chunks)."""
         t = [tensors[f] for f in EXPORT_FIELDS]
         key_check = validation.check_key_dtype_fits(
             t[0], self._key_dtype, self._name, f"cannot restore Embedding Variable '{self._name}'"
@@ -494,12 +493,6 @@ class EmbeddingVariable(compat.TableResource):
             return ops.sok_embedding_variable_import(
                 self.resource_handle, tf.cast(t[0], self._key_dtype), *t[1:], append=bool(append)
             )
-
-    @property
-    def imports_in_chunks(self):
-        """Whether import_snapshot takes a checkpoint's rows in several calls (append): the CPU
-        tables do; a GPU table restores in one call."""
-        return tf.DeviceSpec.from_string(self.device).device_type != "GPU"
 
     # compat.TableResource's hooks (checkpoints, SavedModel, Saver).
     def checkpoint_tensors(self):
