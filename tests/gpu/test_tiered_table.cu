@@ -269,9 +269,11 @@ bool test_export_import(CacheStrategy strategy) {
   return ok;
 }
 
-// sok.load's chunked restore: import_rows of the first chunk, append_rows of the others, into a
-// one-tier GPU table, a tiered one and a host-only one; each equals the source, trains on like
-// it, and refuses a key it holds (in the HBM tier or the host tier) or one twice in a chunk.
+// sok.load's chunked restore: import_rows of the first chunk (room reserved for all), append_rows
+// of the others, into a one-tier GPU table, a tiered one and a host-only one; each equals the
+// source, trains on like it, and refuses a key it holds (the first chunk's in the HBM tier, the
+// last one's in the host tier) or one twice in a chunk. The first chunk fits the HBM budget, so
+// the host tier is empty until the appends (its bounds must follow them).
 template <typename K>
 bool test_chunked_import(CacheStrategy strategy) {
   const TableConfig cfg = tiered_cfg(8, strategy, 2);
@@ -291,12 +293,14 @@ bool test_chunked_import(CacheStrategy strategy) {
   for (bool host_only : {false, true}) {
     Pair<K> u{make_gpu<K>(cfg), make_tiered<K>(cfg, host_only), cfg.dim};
     GpuTable<K> one(make_gpu<K>(cfg));
-    for (int64_t at = 0; at < n; at += 700) {
+    for (int64_t at = 0; at < n; at += 200) {
       std::vector<int64_t> pick;
-      for (int64_t i = at; i < std::min(n, at + 700); ++i) pick.push_back(i);
+      for (int64_t i = at; i < std::min(n, at + 200); ++i) pick.push_back(i);
       const TableSnapshot<K> chunk = sok::snapshot_rows(snap, pick);
-      for (Table<K>* table : {static_cast<Table<K>*>(u.got.get()), static_cast<Table<K>*>(&one)})
+      for (Table<K>* table : {static_cast<Table<K>*>(u.got.get()), static_cast<Table<K>*>(&one)}) {
         SOK_OK(at == 0 ? table->import_rows(kExec, chunk) : table->append_rows(kExec, chunk));
+        if (at == 0) SOK_OK(table->reserve(kExec, n));
+      }
     }
     SOK_OK(u.ref->import_rows(snap, nullptr));
     ok &= u.same_export() &&

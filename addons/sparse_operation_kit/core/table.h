@@ -59,6 +59,9 @@ class Table {
   // chunk at a time, so the whole dump never sits in memory beside the table. A key the table
   // holds is an error; the rows take the table's slot layout.
   virtual Status append_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) = 0;
+  // Room for `rows` rows without growing (the GPU tables, whose growth holds the old and the new
+  // arrays at once); the CPU tables grow in place.
+  virtual Status reserve(const ExecContext&, int64_t) { return Status::OK(); }
 };
 
 // The CPU table behind the interface.

@@ -157,9 +157,9 @@ def test_eager_snapshots_stay_in_host_memory(tmp_path, monkeypatch):
     devices = []
     real = EmbeddingVariable.import_snapshot
 
-    def recording(self, tensors, append=False):
+    def recording(self, tensors, append=False, reserve_rows=0):
         devices.extend(t.device for t in tensors.values())
-        return real(self, tensors, append)
+        return real(self, tensors, append, reserve_rows)
 
     monkeypatch.setattr(EmbeddingVariable, "import_snapshot", recording)
     sok.dump(str(tmp_path), [ev])
@@ -214,9 +214,9 @@ def _load_in_chunks_and_compare(tmp_path, monkeypatch, kind):
     calls = []
     real = EmbeddingVariable.import_snapshot
 
-    def recording(self, tensors, append=False):
+    def recording(self, tensors, append=False, reserve_rows=0):
         calls.append((int(tensors["keys"].shape[0]), append))
-        return real(self, tensors, append)
+        return real(self, tensors, append, reserve_rows)
 
     monkeypatch.setattr(EmbeddingVariable, "import_snapshot", recording)
     loaded = {}

@@ -405,9 +405,9 @@ class GpuTable final : public Table<K> {
     return t_->import_rows(snapshot, s(e));
   }
   Status append_rows(const ExecContext& e, const SnapshotView<K>& snapshot) override {
-    Status st = check_snapshot(config().name, config().dim, snapshot);
-    return st.ok() ? t_->put_rows(snapshot, s(e)) : st;
+    return t_->put_rows(snapshot, s(e));
   }
+  Status reserve(const ExecContext& e, int64_t rows) override { return t_->reserve(rows, s(e)); }
   GpuEmbeddingTable<K>* gpu_table() const { return t_.get(); }
 
  private:

@@ -775,19 +775,23 @@ Status GpuTieredTable<K>::append_rows(const ExecContext& e, const SnapshotView<K
   for (int64_t i = 0; i < s.n; ++i) {
     if (!seen.insert(s.keys[i]).second) return key_twice_in_checkpoint(cfg_.name, s.keys[i]);
   }
-  // The host tier's put_rows refuses keys it holds; the other tiers are asked here.
+  // No tier may hold a key yet: each is asked (the file would replace a row silently, and the
+  // host tier's put_rows sees only its own keys).
+  detail::Temp keys;
+  SOK_RETURN_IF_ERROR(keys.alloc(cold_->impl_->alloc, s.n * sizeof(K), stream));
+  SOK_CUDA_RETURN(
+      cudaMemcpyAsync(keys.as<K>(), s.keys, s.n * sizeof(K), cudaMemcpyHostToDevice, stream));
   TableSnapshot<K> found;
-  found.dim = cfg_.dim;
-  found.num_slots = cold_->num_slots();
-  found.slot_init = cold_->slot_init();
-  if (hot_) {
-    detail::Temp keys;
-    SOK_RETURN_IF_ERROR(keys.alloc(hot_->impl_->alloc, s.n * sizeof(K), stream));
-    SOK_CUDA_RETURN(
-        cudaMemcpyAsync(keys.as<K>(), s.keys, s.n * sizeof(K), cudaMemcpyHostToDevice, stream));
-    SOK_RETURN_IF_ERROR(hot_->export_keys(keys.as<K>(), s.n, &found, stream));
+  for (GpuEmbeddingTable<K>* tier : {hot_.get(), cold_.get()}) {
+    if (tier != nullptr && found.keys.empty())
+      SOK_RETURN_IF_ERROR(tier->export_keys(keys.as<K>(), s.n, &found, stream));
   }
-  if (ssd_ && found.keys.empty()) SOK_RETURN_IF_ERROR(ssd_->read(s.keys, s.n, &found));
+  if (ssd_ && found.keys.empty()) {
+    found.dim = cfg_.dim;
+    found.num_slots = cold_->num_slots();
+    found.slot_init = cold_->slot_init();
+    SOK_RETURN_IF_ERROR(ssd_->read(s.keys, s.n, &found));
+  }
   if (!found.keys.empty()) return key_twice_in_checkpoint(cfg_.name, found.keys[0]);
   int64_t hbm = 0, host = 0;
   if (hot_) SOK_RETURN_IF_ERROR(hot_->size(&hbm, stream));
@@ -798,17 +802,26 @@ Status GpuTieredTable<K>::append_rows(const ExecContext& e, const SnapshotView<K
     SOK_RETURN_IF_ERROR(dram_rows(s.num_slots, &cap));
     room = std::min(s.n, std::max<int64_t>(0, tier_low_watermark(cap) - host));
   }
+  Status st;
   if (room == s.n) {
-    SOK_RETURN_IF_ERROR(cold_->put_rows(s, stream));
-  } else {  // the file first: a failed write leaves the host tier as it was
+    st = cold_->put_rows(s, stream);
+  } else {
     std::vector<int64_t> up(room), down(s.n - room);
     std::iota(up.begin(), up.end(), 0);
     std::iota(down.begin(), down.end(), room);
-    SOK_RETURN_IF_ERROR(ssd_->put(snapshot_rows(s, down)));
-    if (room > 0) SOK_RETURN_IF_ERROR(cold_->put_rows(snapshot_rows(s, up), stream));
+    st = ssd_->put(snapshot_rows(s, down));
+    if (st.ok() && room > 0) st = cold_->put_rows(snapshot_rows(s, up), stream);
   }
-  note_exact(hbm, host + room);
-  return Status::OK();
+  // The tiers' bounds from the host tier's size, also after a failed put (rows may have gone in).
+  Status sized = cold_->size(&host, stream);
+  if (sized.ok()) note_exact(hbm, host);
+  return st.ok() ? sized : st;
+}
+
+template <typename K>
+Status GpuTieredTable<K>::reserve(const ExecContext& e, int64_t rows) {
+  std::lock_guard<std::mutex> l(mu_);
+  return ssd_ ? Status::OK() : cold_->reserve(rows, stream_of(e));
 }
 
 template <typename K>

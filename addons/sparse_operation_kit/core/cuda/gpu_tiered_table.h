@@ -128,6 +128,8 @@ class GpuTieredTable final : public Table<K> {
   // Into the host tier (the HBM tier keeps the first chunk's hottest rows; placement passes
   // promote later), past its budget to the file.
   Status append_rows(const ExecContext& exec, const SnapshotView<K>& snapshot) override;
+  // The host tier's index, for every row (without an SSD tier, which bounds the host tier).
+  Status reserve(const ExecContext& exec, int64_t rows) override;
 
   // One table's keys in a call over several tiered tables, as GpuEmbeddingTable<K>::Keys.
   struct Call {

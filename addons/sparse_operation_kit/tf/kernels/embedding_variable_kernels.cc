@@ -355,6 +355,7 @@ class ImportOp : public SokOpKernel<Device> {
  public:
   explicit ImportOp(OpKernelConstruction* ctx) : SokOpKernel<Device>(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("append", &append_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("reserve_rows", &reserve_rows_));
   }
 
  protected:
@@ -398,10 +399,13 @@ class ImportOp : public SokOpKernel<Device> {
     const sok::ExecContext exec = OnDevice<Device>::Exec(ctx);
     OP_REQUIRES_OK(ctx, ToTf(append_ ? table->append_rows(exec, s) : table->import_rows(exec, s),
                              table->name()));
+    if (reserve_rows_ > s.n)
+      OP_REQUIRES_OK(ctx, ToTf(table->reserve(exec, reserve_rows_), table->name()));
   }
 
  private:
   bool append_ = false;
+  int64_t reserve_rows_ = 0;
 };
 
 // How many times each SOK kernel ran so far: op types [n] and their counts [n, (CPU, GPU)].

@@ -176,6 +176,9 @@ REGISTER_OP("SokEmbeddingVariableImport")
     // false: the rows replace the table's; true: they join those of an import before (a
     // checkpoint restored a chunk at a time).
     .Attr("append: bool = false")
+    // > 0: the table makes room for this many rows after the import (the whole checkpoint, so
+    // that its later chunks do not grow it step by step).
+    .Attr("reserve_rows: int = 0")
     .SetIsStateful()
     .SetShapeFn(shape_inference::NoOutputs);
 

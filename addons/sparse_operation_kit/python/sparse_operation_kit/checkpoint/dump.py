@@ -320,6 +320,7 @@ def _load_ev(var, shards, keys, mine, dim, name, path):
     picked = _picked(keys, mine)
     validation.check_key_dtype_fits(picked, var.key_dtype, name, f"sok.load from {path}")
     _check_rows(shards, picked, name)
+    total = int(picked.size)
     del picked
     layout = _slot_layout(
         [(s.shape("slots"), s.read("slot_kind"), s.read("slot_init")) for s in shards], name
@@ -327,7 +328,7 @@ def _load_ev(var, shards, keys, mine, dim, name, path):
     for i, chunk in enumerate(_chunks(shards, keys, mine, dim, layout)):
         chunk["slot_kind"] = np.int32(layout[0])
         chunk["slot_init"] = np.asarray(layout[1], np.float32)
-        var.import_snapshot(host_snapshot(chunk), append=i > 0)
+        var.import_snapshot(host_snapshot(chunk), append=i > 0, reserve_rows=0 if i else total)
 
 
 def _chunks(shards, keys, mine, dim, layout):

@@ -151,10 +151,10 @@ def host_snapshot(arrays):
 
 
 @tf.function(autograph=False)
-def _import_from_host(handle, append, *snapshot):
+def _import_from_host(handle, append, reserve_rows, *snapshot):
     with tf.device("/device:CPU:0"):
         snapshot = [tf.identity(t) for t in snapshot]
-    ops.sok_embedding_variable_import(handle, *snapshot, append=append)
+    ops.sok_embedding_variable_import(handle, *snapshot, append=append, reserve_rows=reserve_rows)
 
 
 class EmbeddingVariableOption:
@@ -455,10 +455,11 @@ class EmbeddingVariable(compat.TableResource):
         """{field: tensor} of every row, fields as schema.EXPORT_FIELDS names them."""
         return dict(zip(EXPORT_FIELDS, self.export(), strict=True))
 
-    def import_snapshot(self, tensors, append=False):
+    def import_snapshot(self, tensors, append=False, reserve_rows=0):
         """Replaces the table's rows with `tensors` ({field: tensor}, as `snapshot()` gives them);
         creates the table first if it does not exist yet. Returns the op (graphs). append: the
-        rows join those of the import before (sok.load's later chunks)."""
+        rows join those of the import before (sok.load's later chunks); reserve_rows: room the
+        table makes for that many rows (the whole checkpoint, with its first chunk)."""
         t = [tensors[f] for f in EXPORT_FIELDS]
         key_check = validation.check_key_dtype_fits(
             t[0], self._key_dtype, self._name, f"cannot restore Embedding Variable '{self._name}'"
@@ -487,11 +488,13 @@ class EmbeddingVariable(compat.TableResource):
         deps.append(self._initialize())
         if tf.executing_eagerly():
             return _import_from_host(
-                self.resource_handle, bool(append), tf.cast(t[0], self._key_dtype), *t[1:]
+                self.resource_handle, bool(append), int(reserve_rows),
+                tf.cast(t[0], self._key_dtype), *t[1:]
             )
         with tf.control_dependencies(deps):
             return ops.sok_embedding_variable_import(
-                self.resource_handle, tf.cast(t[0], self._key_dtype), *t[1:], append=bool(append)
+                self.resource_handle, tf.cast(t[0], self._key_dtype), *t[1:], append=bool(append),
+                reserve_rows=int(reserve_rows)
             )
 
     # compat.TableResource's hooks (checkpoints, SavedModel, Saver).
