@@ -407,14 +407,14 @@ bool test_shrink(bool by_norm, int64_t chunk_bytes) {
   const std::vector<K> pool = key_pool<K>(30000);
   const std::vector<float> vals = randn(pool.size() * dim, 1.f);
   if (by_norm) {
-    std::vector<double> norms(pool.size());
+    std::vector<double> weights(pool.size());  // DeepRec's L2 weight: half the squared norm
     for (size_t i = 0; i < pool.size(); ++i) {
       double sq = 0;
       for (int64_t c = 0; c < dim; ++c) sq += double(vals[i * dim + c]) * vals[i * dim + c];
-      norms[i] = std::sqrt(sq);
+      weights[i] = 0.5 * sq;
     }
-    std::nth_element(norms.begin(), norms.begin() + norms.size() / 3, norms.end());
-    cfg.l2_weight_threshold = static_cast<float>(norms[norms.size() / 3]);  // about a third go
+    std::nth_element(weights.begin(), weights.begin() + weights.size() / 3, weights.end());
+    cfg.l2_weight_threshold = static_cast<float>(weights[weights.size() / 3]);  // a third go
   } else {
     cfg.steps_to_live = 3;
   }

@@ -227,6 +227,27 @@ bool test_filter_and_assign() {
   return ok && t.same_export();
 }
 
+// Steps first..last of training on 1,024 draws of `pool` (lookup, then p's update) on both
+// tables; true if every lookup gave both the same rows and `check` held after every step.
+template <typename K, typename Check>
+bool train_steps(Pair<K>& t, const std::vector<K>& pool, OptimizerParams& p, int first, int last,
+                 Check check) {
+  bool ok = true;
+  for (int s = first; s <= last; ++s) {
+    const std::vector<K> keys = draw(pool, 1024);
+    p.step = s;
+    ok &= t.lookup(keys, true);
+    t.apply(keys, p, s, false);
+    ok &= check();
+  }
+  return ok;
+}
+
+template <typename K>
+bool train_steps(Pair<K>& t, const std::vector<K>& pool, OptimizerParams& p, int first, int last) {
+  return train_steps(t, pool, p, first, last, [] { return true; });
+}
+
 // export -> import into a fresh tiered table (split over the tiers) and into a host-only one;
 // both then train on like the reference.
 template <typename K>
@@ -235,27 +256,17 @@ bool test_export_import(CacheStrategy strategy) {
   Pair<K> t = make_pair<K>(cfg);
   const std::vector<K> pool = key_pool<K>(3000);
   OptimizerParams p = test_params(OptimizerKind::kAdam);
-  for (int s = 1; s <= 8; ++s) {
-    const std::vector<K> keys = draw(pool, 1024);
-    p.step = s;
-    t.lookup(keys, true);
-    t.apply(keys, p, s, false);
-  }
+  bool ok = train_steps(t, pool, p, 1, 8);
   TableSnapshot<K> snap;
   SOK_OK(t.got->export_rows(kExec, &snap));
-  bool ok = expect_same_table(snap, gpu_export(*t.ref), 0, 0);
+  ok &= expect_same_table(snap, gpu_export(*t.ref), 0, 0);
   for (bool host_only : {false, true}) {
     Pair<K> u{make_gpu<K>(cfg), make_tiered<K>(cfg, host_only), cfg.dim};
     SOK_OK(u.ref->import_rows(snap, nullptr));
     SOK_OK(u.got->import_rows(kExec, snap));
     ok &= u.same_export();
     if (!host_only) ok &= u.tiers_ok(true);
-    for (int s = 9; s <= 14; ++s) {
-      const std::vector<K> keys = draw(pool, 1024);
-      p.step = s;
-      ok &= u.lookup(keys, true);
-      u.apply(keys, p, s, false);
-    }
+    ok &= train_steps(u, pool, p, 9, 14);
     ok &= u.same_export();
   }
   snap.keys.push_back(snap.keys[0]);  // a repeated key, one copy per tier
@@ -280,16 +291,10 @@ bool test_chunked_import(CacheStrategy strategy) {
   Pair<K> t = make_pair<K>(cfg);
   const std::vector<K> pool = key_pool<K>(3000);
   OptimizerParams p = test_params(OptimizerKind::kAdam);
-  for (int s = 1; s <= 8; ++s) {
-    const std::vector<K> keys = draw(pool, 1024);
-    p.step = s;
-    t.lookup(keys, true);
-    t.apply(keys, p, s, false);
-  }
+  bool ok = train_steps(t, pool, p, 1, 8);
   TableSnapshot<K> snap;
   SOK_OK(t.got->export_rows(kExec, &snap));
   const int64_t n = static_cast<int64_t>(snap.keys.size());
-  bool ok = true;
   for (bool host_only : {false, true}) {
     Pair<K> u{make_gpu<K>(cfg), make_tiered<K>(cfg, host_only), cfg.dim};
     GpuTable<K> one(make_gpu<K>(cfg));
@@ -306,12 +311,7 @@ bool test_chunked_import(CacheStrategy strategy) {
     ok &= u.same_export() &&
           expect_same_table(gpu_export(*one.gpu_table()), gpu_export(*u.ref), 0, 0);
     if (!host_only) ok &= u.tiers_ok(true);
-    for (int s = 9; s <= 14; ++s) {
-      const std::vector<K> keys = draw(pool, 1024);
-      p.step = s;
-      ok &= u.lookup(keys, true);
-      u.apply(keys, p, s, false);
-    }
+    ok &= train_steps(u, pool, p, 9, 14);
     ok &= u.same_export();
     std::vector<int64_t> twice = {0, 0};
     for (const std::vector<int64_t>& pick :
@@ -818,26 +818,15 @@ bool test_ssd_export_import(CacheStrategy strategy) {
   Pair<K> t = make_pair<K>(cfg);
   const std::vector<K> pool = key_pool<K>(3000);
   OptimizerParams p = test_params(OptimizerKind::kAdam);
-  for (int s = 1; s <= 8; ++s) {
-    const std::vector<K> keys = draw(pool, 1024);
-    p.step = s;
-    t.lookup(keys, true);
-    t.apply(keys, p, s, false);
-  }
+  bool ok = train_steps(t, pool, p, 1, 8);
   TableSnapshot<K> snap;
   SOK_OK(t.got->export_rows(kExec, &snap));
-  bool ok = expect_same_table(snap, gpu_export(*t.ref), 0, 0);
+  ok &= expect_same_table(snap, gpu_export(*t.ref), 0, 0);
   Pair<K> u{make_gpu<K>(cfg), make_tiered<K>(cfg), cfg.dim};
   SOK_OK(u.ref->import_rows(snap, nullptr));
   SOK_OK(u.got->import_rows(kExec, snap));
   ok &= u.same_export() && ssd_tiers_ok(u, true);
-  for (int s = 9; s <= 14; ++s) {
-    const std::vector<K> keys = draw(pool, 1024);
-    p.step = s;
-    ok &= u.lookup(keys, true);
-    u.apply(keys, p, s, false);
-    ok &= ssd_tiers_ok(u, true);
-  }
+  ok &= train_steps(u, pool, p, 9, 14, [&] { return ssd_tiers_ok(u, true); });
   return ok && u.same_export() && u.same_size();
 }
 

@@ -89,14 +89,15 @@ struct TableConfig {
 };
 
 // The eviction rule of shrink() (CPU and GPU tables alike): a row goes when it was last updated
-// more than steps_to_live steps ago, or when its value's L2 norm is under the threshold.
+// more than steps_to_live steps ago, or when its value's L2 weight, half its squared L2 norm
+// (DeepRec's L2WeightEvict), is under the threshold.
 inline bool should_evict(const TableConfig& c, int64_t global_step, int64_t version,
                          const float* value) {
   if (c.steps_to_live > 0 && global_step - version > c.steps_to_live) return true;
   if (c.l2_weight_threshold < 0.f) return false;
   double sq = 0;
   for (int64_t i = 0; i < c.dim; ++i) sq += static_cast<double>(value[i]) * value[i];
-  return std::sqrt(sq) < c.l2_weight_threshold;
+  return 0.5 * sq < c.l2_weight_threshold;
 }
 
 inline bool evicts_anything(const TableConfig& c) {

@@ -437,3 +437,22 @@ def test_fit_of_a_subclassed_model(run_eagerly):
     assert int(table.size()) == len({k for r in rows for k in r})
     assert table_state(table)[2].shape[1] == 1  # Adagrad's accumulator beside each row
     assert history.history["accuracy"][-1] > 0.9
+
+
+@pytest.mark.parametrize("make_init", [
+    lambda: tf.compat.v1.truncated_normal_initializer(stddev=0.3, seed=3),
+    lambda: tf.compat.v1.random_uniform_initializer(-0.2, 0.2, seed=4),
+    lambda: tf.compat.v1.glorot_uniform_initializer(seed=2),
+], ids=["truncated_normal", "random_uniform", "glorot_uniform"])
+def test_tf1_initializers_round_trip_through_keras_files(tmp_path, make_init):
+    """DeepRec and SOK 2.x programs pass tf.compat.v1 initializers: a `.keras` file rebuilds the
+    same one, so unseen ids start from the same rows after load_model."""
+    inp = keras.Input(shape=(None,), dtype="int64", ragged=True)
+    emb = sok.Embedding(4, combiner="sum", initializer=make_init(), name=unique_name("tf1_init"))
+    model = keras.Model(inp, emb(inp))
+    unseen = tf.ragged.constant([[3, 7], [11]], dtype=tf.int64)
+    expected = model.predict(unseen, verbose=0)
+    path = str(tmp_path / "tf1_init.keras")
+    model.save(path)
+    got = keras.models.load_model(path).predict(unseen, verbose=0)
+    assert got.tobytes() == expected.tobytes()

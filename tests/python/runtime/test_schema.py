@@ -73,5 +73,6 @@ def test_an_unknown_optimizer_is_refused_by_name():
             0.1,
             tf.constant(0, tf.int64),
             tf.zeros([0], tf.int64),
+            [],
             optimizer="rmsprop",
         )

@@ -409,9 +409,43 @@ def test_global_step_evict_tf1():
 def test_l2_weight_evict():
     opt = sok.EmbeddingVariableOption(evict_option=sok.L2WeightEvict(l2_weight_threshold=1.0))
     ev = make_ev(ev_option=opt)
+    # DeepRec's L2 weight: half the squared norm (key 4: norm 1.2 over the threshold, weight 0.72
+    # under it, so it goes).
     ev.assign(
-        tf.constant([1, 2, 3], tf.int64),
-        tf.constant([[0.1, 0.1, 0.1], [1.0, 1.0, 1.0], [0.5, 0.5, 0.6]]),
+        tf.constant([1, 2, 3, 4], tf.int64),
+        tf.constant([[0.1, 0.1, 0.1], [1.0, 1.0, 1.0], [0.5, 0.5, 0.6], [1.2, 0.0, 0.0]]),
     )
-    assert int(ev.shrink(0)) == 2
+    assert int(ev.shrink(0)) == 3
     assert sorted(exported(ev)) == [2]
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam", "momentum"])
+def test_rows_record_the_given_global_step_tf1(optimizer):
+    """DeepRec's rows record the global step given to minimize: a warm start (global_step at 1000)
+    keeps them at shrink(global_step); the optimizer's own step (Adam's bias correction) does not
+    follow it, so the values equal a run from global_step 0 (fused and generic paths)."""
+    make = {
+        "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+        "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.1),
+        "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
+    }[optimizer]
+    opt = sok.EmbeddingVariableOption(evict_option=sok.GlobalStepEvict(steps_to_live=10))
+    runs = {}
+    for start in (0, 1000):
+        with graph_session() as sess:
+            ev = make_ev(name=f"stamped_{optimizer}_{start}", ev_option=opt)
+            ids = tf.compat.v1.placeholder(tf.int64, [None])
+            loss = tf.reduce_sum(ev.sparse_read(ids))
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            train = sok.OptimizerWrapper(make()).minimize(loss, global_step=global_step)
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(global_step.assign(start))
+            for batch in ([1, 2], [2, 3], [3]):
+                sess.run(train, {ids: batch})
+            keys, values, _, _, versions = sess.run(ev.export()[:5])
+            assert dict(zip(keys.tolist(), versions.tolist())) == {
+                1: start, 2: start + 1, 3: start + 2}
+            runs[start] = dict(zip(keys.tolist(), values.tolist()))
+            assert sess.run(ev.shrink(global_step)) == 0
+    assert runs[0] == runs[1000]
+

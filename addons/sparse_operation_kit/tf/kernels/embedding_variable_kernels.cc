@@ -257,6 +257,22 @@ Status ApplyTables(OpKernelContext* ctx, const OpTables<K>& tables, const sok::O
   return OnDevice<Device>::Apply(ctx, tables.calls, p, step, keys_unique, keys_present);
 }
 
+// The rows' version: the optional version_step input, else the optimizer's step.
+inline Status VersionStep(OpKernelContext* ctx, int64_t step, int64_t* version) {
+  OpInputList given;
+  TF_RETURN_IF_ERROR(ctx->input_list("version_step", &given));
+  if (given.size() == 0) {
+    *version = step;
+    return OkStatus();
+  }
+  if (given.size() != 1 || !TensorShapeUtils::IsScalar(given[0].shape())) {
+    return errors::InvalidArgument("version_step must be one scalar, got ", given.size(),
+                                   " tensors");
+  }
+  *version = given[0].scalar<int64_t>()();
+  return OkStatus();
+}
+
 template <typename Device>
 class SparseApplyOp : public SokOpKernel<Device> {
  public:
@@ -275,6 +291,8 @@ class SparseApplyOp : public SokOpKernel<Device> {
     p.lr = ctx->input(3 * n).scalar<float>()();                      // HostMemory
     const int64_t step = ctx->input(3 * n + 1).scalar<int64_t>()();  // HostMemory
     p.step = step + 1;
+    int64_t version;
+    OP_REQUIRES_OK(ctx, VersionStep(ctx, step, &version));
     const int64_t* valid;
     OP_REQUIRES_OK(ctx, ValidInput(ctx->input(3 * n + 2), n, &valid));
     OpTables<int64_t> tables64;
@@ -289,8 +307,10 @@ class SparseApplyOp : public SokOpKernel<Device> {
     }
     OP_REQUIRES_OK(ctx, LimitCounts<Device>(ctx, valid, index64, &tables64));
     OP_REQUIRES_OK(ctx, LimitCounts<Device>(ctx, valid, index32, &tables32));
-    OP_REQUIRES_OK(ctx, ApplyTables<Device>(ctx, tables64, p, step, keys_unique_, keys_present_));
-    OP_REQUIRES_OK(ctx, ApplyTables<Device>(ctx, tables32, p, step, keys_unique_, keys_present_));
+    OP_REQUIRES_OK(ctx,
+                   ApplyTables<Device>(ctx, tables64, p, version, keys_unique_, keys_present_));
+    OP_REQUIRES_OK(ctx,
+                   ApplyTables<Device>(ctx, tables32, p, version, keys_unique_, keys_present_));
   }
 
  private:
@@ -535,7 +555,8 @@ static_assert(sok::kNumSnapshotFields == 7,
                               .Device(DEV)                                                      \
                               .HostMemory("handles")                                            \
                               .HostMemory("learning_rate")                                      \
-                              .HostMemory("global_step"),                                       \
+                              .HostMemory("global_step")                                        \
+                              .HostMemory("version_step"),                                      \
                           SparseApplyOp<DEV_T>);                                                \
   REGISTER_KERNEL_BUILDER(                                                                      \
       Name("SokKernelRunCounts").Device(DEV).HostMemory("op_types").HostMemory("counts"),       \

@@ -113,7 +113,11 @@ REGISTER_OP("SokEmbeddingVariableSparseApply")
     .Input("learning_rate: float")
     .Input("global_step: int64")  // 0-based count of steps taken before this one
     .Input("valid: int64")        // as SokEmbeddingVariableGather's: the first valid[i] keys only
+    // The step the updated rows record as their version (eviction, incremental dumps): the
+    // caller's global step (DeepRec's); none: global_step. A list, so older graphs load.
+    .Input("version_step: N_version * int64")
     .Attr("N: int >= 1")
+    .Attr("N_version: int >= 0 = 0")
     .Attr("Tkeys: list({int32, int64})")
     .Attr("optimizer: string")  // a name of sok::kOptimizerNames (core/optimizer.h)
     .Attr("beta1: float = 0.9")

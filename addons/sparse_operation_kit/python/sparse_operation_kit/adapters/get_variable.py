@@ -31,10 +31,15 @@ def get_embedding_variable(
     "name/part_i" acting as one table; key k lives in part (k mod 1000) mod n, DeepRec's rule
     (see sparse_operation_kit.parallel.partitioned). Placement over Horovod workers is
     `var.target_gpu` (-1 spreads rows over all ranks, k puts the table on rank k). The variable is
-    reused when a variable scope with reuse asks for the same name again.
+    reused when a variable scope with reuse asks for the same name again. Without an initializer
+    (here or in ev_option's InitializerOption) rows start truncated normal with stddev 1, as in
+    DeepRec.
     """
     scope = tf.compat.v1.get_variable_scope()
     full_name = f"{scope.name}/{name}" if scope.name else name
+    option_init = ev_option.init_option.initializer if ev_option and ev_option.init_option else None
+    if initializer is None and option_init is None:
+        initializer = tf.compat.v1.truncated_normal_initializer()  # DeepRec's: stddev 1
     partitioner = partitioner if partitioner is not None else scope.partitioner
 
     def make_table(table_name, table_collections):

@@ -29,6 +29,8 @@ for tf.train.Checkpoint and tf.saved_model.save. tf_keras's legacy HDF5 format (
 Dense ids padded to a fixed length: give `padding_id` (e.g. -1) so that the padding is neither
 looked up nor pooled; without it every entry of a dense [batch, n] tensor is an id.
 """
+import re
+
 import numpy as np
 import tensorflow as tf
 
@@ -121,6 +123,9 @@ def _new_table(name, dim, initializer, key_dtype, ev_option):
 # ---------------------------------------------------------------------------------------------
 # Serialization: a table as a config, and its rows in a Keras weights store
 # ---------------------------------------------------------------------------------------------
+_TF1_INITIALIZERS = "tensorflow.python.ops.init_ops"  # tf.compat.v1.*_initializer's classes
+
+
 def _initializer_config(init, table):
     if init is None or isinstance(init, (str, bool, int, float)):
         return init
@@ -128,7 +133,11 @@ def _initializer_config(init, table):
         return init.item()
     get_config = getattr(init, "get_config", None)
     if get_config is not None:
-        return {"class_name": type(init).__name__, "config": get_config()}
+        config = {"class_name": type(init).__name__, "config": get_config()}
+        if type(init).__module__ == _TF1_INITIALIZERS:  # Keras's own classes take other arguments
+            config["module"] = "tf.compat.v1.initializers"
+            config["config"].pop("dtype", None)  # float32; deprecated as an argument
+        return config
     raise ValueError(
         f"table '{table}': its initializer {init!r} cannot be saved in a Keras config; use a "
         "Keras/TensorFlow initializer, a number or 'random'/'zeros'/'ones'"
@@ -136,6 +145,9 @@ def _initializer_config(init, table):
 
 
 def _initializer_from_config(config):
+    if isinstance(config, dict) and config.get("module") == "tf.compat.v1.initializers":
+        name = re.sub(r"(?<!^)(?=[A-Z])", "_", config["class_name"]).lower()  # TruncatedNormal ->
+        return getattr(tf.compat.v1.initializers, name).from_config(config["config"])
     if isinstance(config, dict):
         return keras_version.keras_module().initializers.get(
             {"class_name": config["class_name"], "config": config["config"]})

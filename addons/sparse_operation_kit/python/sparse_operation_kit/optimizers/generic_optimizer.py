@@ -328,12 +328,13 @@ class GenericSparseUpdater:
                 self._tracker.track_step(self._step)
         return self._step
 
-    def apply(self, sparse, dense, apply_fn, step=None):
+    def apply(self, sparse, dense, apply_fn, step=None, version=None):
         """One step. `apply_fn(pairs)` is the wrapped optimizer's apply_gradients: on the dense
         pairs, and for tf.compat.v1 optimizers (step None) on the scratch pairs in the same call.
         step: for Keras optimizers the wrapper's step counter (the optimizer's `iterations`
         during the call, see wrapper_step), which this call advances once. The touched rows and
-        slots then go back to the tables."""
+        slots then go back to the tables, recording `version` (the caller's global step) or the
+        step as their rows' version."""
         sparse = [(g, v) for g, v in sparse if g is not None]
         self.ensure([v for _, v in sparse])
         self.fit_capacity(sparse)
@@ -342,6 +343,7 @@ class GenericSparseUpdater:
         own = self.step_variable() if step is None and sparse else None  # SOK's own step (v1)
         counter = step if step is not None else own
         step_now = None if counter is None else tf.cast(read(counter), tf.int64)
+        stamp = step_now if version is None or not sparse else wrapper_step.read_step(version)
         staged, deps, finish = [], [], []
         for g, table in sparse:
             pair, dep, back = self._stage(g, self._tables[id(table)])
@@ -351,7 +353,9 @@ class GenericSparseUpdater:
         dense, static_deps = self._stage_static(dense, finish)
         graph = not tf.executing_eagerly()
         if step is None:
-            with tf.control_dependencies(deps + static_deps if graph else []):
+            # After the stamp's read: a tf.compat.v1 optimizer advances global_step itself.
+            first = deps + static_deps + ([stamp] if stamp is not step_now else [])
+            with tf.control_dependencies(first if graph else []):
                 results = [apply_fn(list(dense) + staged)]
         else:
             results = self._apply_keras(staged, deps, dense, static_deps, apply_fn, step, step_now)
@@ -359,9 +363,9 @@ class GenericSparseUpdater:
         writes = []
         with tf.control_dependencies(after):
             for back in finish:
-                writes.extend(back(step_now))
+                writes.extend(back(stamp))
         if sparse:
-            writes.append(self.clock.record(step_now, [v for _, v in sparse]))
+            writes.append(self.clock.record(stamp, [v for _, v in sparse]))
         if own is not None:
             with tf.control_dependencies([step_now]):  # after its read, as on the fused path
                 writes.append(own.assign_add(1, read_value=False))
@@ -449,6 +453,7 @@ class GenericSparseUpdater:
                 tf.constant(0.0),
                 step,
                 tf.zeros([0], tf.int64),
+                [],  # the rows record `step`
                 optimizer=Optimizer.SGD,
                 beta1=0.9,
                 beta2=0.999,

@@ -145,8 +145,10 @@ class _SparseUpdater:
     def step_variable(self):
         return self._step_var()
 
-    def apply(self, grads_and_vars, step=None):
-        """One update of every (IndexedSlices gradient, EmbeddingVariable) pair in one op."""
+    def apply(self, grads_and_vars, step=None, version=None):
+        """One update of every (IndexedSlices gradient, EmbeddingVariable) pair in one op.
+        step: the optimizer's step (None: SOK's own counter, advanced here); version: the step the
+        rows record (the caller's global step; None: the optimizer's)."""
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         if not pairs:
             return tf.no_op()
@@ -192,6 +194,7 @@ class _SparseUpdater:
         else:
             step_value = tf.cast(step, tf.int64)
         valid = _valid_counts([g.indices for g, _ in pairs])
+        stamp = step_value if version is None else wrapper_step.read_step(version)
         update = ops.sok_embedding_variable_sparse_apply(
             [v.handle for _, v in pairs],
             keys,
@@ -199,6 +202,7 @@ class _SparseUpdater:
             lr,
             step_value,
             tf.zeros([0], tf.int64) if valid is None else valid,
+            [] if version is None else [stamp],
             optimizer=self.kind,
             beta1=float(h.get("beta1", 0.9)),
             beta2=float(h.get("beta2", 0.999)),
@@ -211,7 +215,7 @@ class _SparseUpdater:
             or all(uniqueness.is_distinct(g.indices) for g, _ in pairs),
             keys_present=all(uniqueness.is_inserted(g.indices) for g, _ in pairs),
         )
-        clock = self.clock.record(step_value, [v for _, v in pairs])
+        clock = self.clock.record(stamp, [v for _, v in pairs])
         if not own_step:
             return update if clock is None else tf.group(update, clock)
         # The increment follows the step's read, not the update: both live on the CPU, and a CPU
@@ -361,20 +365,20 @@ class OptimizerWrapper(
         with wrapper_step.counting_with(self._opt, counter):
             if isinstance(self._updater, generic_optimizer.GenericSparseUpdater):
                 train_op = self._updater.apply(
-                    sparse, dense, self._opt.apply_gradients, step=counter
+                    sparse, dense, self._opt.apply_gradients, step=counter, version=global_step
                 )
             else:
-                train_op = self._apply_fused(sparse, dense, counter, name)
+                train_op = self._apply_fused(sparse, dense, counter, name, global_step)
         if global_step is None:
             return train_op
         with tf.control_dependencies([train_op] if train_op is not None else []):
             increment = global_step.assign_add(1, read_value=False)
         return None if tf.executing_eagerly() else tf.group(train_op, increment, name=name)
 
-    def _apply_fused(self, sparse, dense, counter, name):
+    def _apply_fused(self, sparse, dense, counter, name, global_step):
         """A Keras optimizer with a fused kernel: the tables at the wrapper's step, then the dense
         variables (whose update advances the counter), or the counter alone."""
-        update = self._updater.apply(sparse, step=counter)
+        update = self._updater.apply(sparse, step=counter, version=global_step)
         with tf.control_dependencies([update] if not tf.executing_eagerly() else []):
             if dense:
                 last = self._opt.apply_gradients(dense)
@@ -387,8 +391,8 @@ class OptimizerWrapper(
         return tf.group(*parts, name=name)
 
     def _apply_v1(self, sparse, dense, global_step, name):
-        """A tf.compat.v1 optimizer: SOK's own counter numbers the tables' updates; the dense
-        pairs go to the optimizer itself."""
+        """A tf.compat.v1 optimizer: SOK's own counter numbers the tables' updates (their rows
+        record global_step when given); the dense pairs go to the optimizer itself."""
         if isinstance(self._updater, generic_optimizer.GenericSparseUpdater):
             applied = []  # the wrapped optimizer's own update op
 
@@ -396,11 +400,11 @@ class OptimizerWrapper(
                 applied.append(self._opt.apply_gradients(pairs, global_step=global_step, name=name))
                 return applied[-1]
 
-            train_op = self._updater.apply(sparse, dense, apply_fn)
+            train_op = self._updater.apply(sparse, dense, apply_fn, version=global_step)
             if train_op is not None:
                 _register_train_op(applied, train_op)
             return train_op
-        ops_ = [self._updater.apply(sparse)]
+        ops_ = [self._updater.apply(sparse, version=global_step)]
         if dense:
             ops_.append(self._opt.apply_gradients(dense, global_step=global_step, name=name))
             global_step = None

@@ -10,6 +10,10 @@ learning-rate schedule, and the dense variables given in the same call.
 SOK 2.x swaps the counter the same way, so a program that interleaves wrapper calls for tables
 with direct calls for tf.Variables sees the same step number on both sides.
 tf.compat.v1 optimizers keep no step: SOK's own counter numbers the tables' updates.
+
+The rows' versions (GlobalStepEvict's `var.shrink(global_step)`, incremental dumps) record the
+`global_step` given to `apply_gradients` / `minimize`, as DeepRec's do, and the wrapper's step
+when none is given.
 """
 import contextlib
 
@@ -36,6 +40,16 @@ def counting_with(optimizer, counter):
         yield counter
     finally:
         object.__setattr__(optimizer, "_iterations", saved)
+
+
+def read_step(step):
+    """A step (a variable of any kind, or a tensor) as an int64 tensor on the host."""
+    with on_host():
+        if isinstance(step, tf.Variable):
+            step = step.read_value()
+        elif hasattr(step, "value") and not tf.is_tensor(step):  # a Keras 3 variable
+            step = tf.convert_to_tensor(step.value)
+        return tf.cast(step, tf.int64)
 
 
 def advance(counter):

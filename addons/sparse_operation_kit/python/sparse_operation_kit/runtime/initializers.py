@@ -55,7 +55,8 @@ def _default_value_matrix(initializer, cfg, seed, rows, dim):
 def resolve(initializer, name, dim, default_value_dim):
     """Returns an InitSpec for `initializer` on a table `name` of dimension `dim`.
 
-    Accepted: None (truncated normal, stddev 1/sqrt(dim), DeepRec's default), a number, the SOK
+    Accepted: None (truncated normal, stddev 1/sqrt(dim), as TensorFlow's embedding columns;
+    sok.get_embedding_variable passes DeepRec's stddev 1 instead), a number, the SOK
     2.x strings "random", "zeros", "ones" or a number as a string, TensorFlow/Keras initializers
     (constant, uniform, normal, truncated normal are computed on the fly; any other initializer
     or callable is evaluated once into a [default_value_dim, dim] matrix).
@@ -81,7 +82,9 @@ def resolve(initializer, name, dim, default_value_dim):
     cls = type(initializer).__name__.lower().replace("_", "")
     cfg = _config(initializer)
     seed = cfg.get("seed")
-    seed = seed_default if seed is None else int(seed) ^ seed_default
+    # A given seed alone, as Keras's and DeepRec's initializers: tables built under other names
+    # (a model rebuilt from code) start from the same rows.
+    seed = seed_default if seed is None else int(seed)
     if cls in ("zeros", "zerosinitializer"):
         return InitSpec(CONSTANT, 0.0)
     if cls in ("ones", "onesinitializer"):

@@ -98,16 +98,19 @@ class EvictOption:
 
 class GlobalStepEvict(EvictOption):
     """Evicts keys not updated for more than `steps_to_live` steps, at `var.shrink(global_step)`
-    (DeepRec evicts when it saves; here saving never changes the table: shrink, then save)."""
+    (DeepRec evicts when it saves; here saving never changes the table: shrink, then save). A row
+    records the `global_step` given to the optimizer's `minimize` / `apply_gradients`, else the
+    optimizer wrapper's own step."""
 
     def __init__(self, steps_to_live=None):
         self.steps_to_live = _integral(steps_to_live or 0, "GlobalStepEvict: steps_to_live", 0)
 
 
 class L2WeightEvict(EvictOption):
-    """Evicts keys whose embedding's L2 norm is below `l2_weight_threshold`, at `var.shrink(...)`
-    (saving never evicts: shrink, then save). The threshold is a norm: it must be >= 0 (DeepRec's
-    default -1 means "no eviction" and is accepted as exactly that)."""
+    """Evicts keys whose embedding's L2 weight, half its squared L2 norm as in DeepRec, is below
+    `l2_weight_threshold`, at `var.shrink(...)` (saving never evicts: shrink, then save). The
+    threshold must be >= 0 (DeepRec's default -1 means "no eviction" and is accepted as exactly
+    that)."""
 
     def __init__(self, l2_weight_threshold=-1.0):
         if isinstance(l2_weight_threshold, (bool, np.bool_)) or not isinstance(
@@ -237,21 +240,19 @@ class EmbeddingVariable(compat.TableResource):
         ev_option = ev_option or EmbeddingVariableOption()
         init_option = ev_option.init_option or InitializerOption(
             initializer, 4096 if default_value_dim is None else default_value_dim)
-        if init_option.initializer is None and initializer is not None:
-            init_option.initializer = initializer
+        # The option's initializer first, as DeepRec; the option may be shared: never written.
+        init_arg = init_option.initializer if init_option.initializer is not None else initializer
         self._name = name
         self._dim = embedding_dim
         self._key_dtype = key_dtype
         self._trainable = trainable
         self.target_gpu = -1
         self._default_value_dim = init_option.default_value_dim
-        spec = initializers.resolve(
-            init_option.initializer, name, embedding_dim, self._default_value_dim
-        )
+        spec = initializers.resolve(init_arg, name, embedding_dim, self._default_value_dim)
         if spec.kind == InitKind.MATRIX and self._default_value_dim == 0:
             self._default_value_dim = int(spec.matrix.shape[0])
         self._init_spec = spec
-        self._initializer_arg = init_option.initializer  # for Keras configs (sok.layers)
+        self._initializer_arg = init_arg  # for Keras configs (sok.layers)
         self._no_permission = init_option.default_value_no_permission
         self._filter_freq = ev_option.filter_option.filter_freq if ev_option.filter_option else 0
         self._storage = storage.resolve(ev_option.storage_option, name, embedding_dim)
