@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit as sok
-from sparse_operation_kit.optimizers import keras_support
+from sparse_operation_kit.optimizers import keras_support, slot_weights
 from tests.python.support import TEST_DEVICE, subprocess_env, unique_name
 
 keras = pytest.importorskip("keras")
@@ -64,6 +64,23 @@ def table_state(table):
 def assert_tables_bit_equal(a, b):
     for x, y in zip(table_state(a), table_state(b)):
         assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def assert_rows_bit_equal(a, b):
+    """Every row's fields (keys, values, slots, freqs, versions): a table whose rows carry no
+    slots exports slot_kind -1 after an import (whatever update it had), until it trains again."""
+    for x, y in zip(table_state(a)[:5], table_state(b)[:5]):
+        assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
+
+
+def assert_trained_alike(a, b):
+    """Tables trained on from equal states are equal: to the bit on the CPU; on the GPU the
+    backward sums rows with atomics (unless op determinism is on), so to float precision."""
+    if TEST_DEVICE == "gpu":
+        for x, y in zip(table_state(a), table_state(b)):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+    else:
+        assert_tables_bit_equal(a, b)
 
 
 @pytest.mark.parametrize("layer", ["sparse", "embedding"])
@@ -201,16 +218,10 @@ def test_keras_file_round_trip_is_bit_exact(tmp_path, layer):
     assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations)
     for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
-    # Both go on training identically (slots and step restored): to the bit on the CPU; on the
-    # GPU the backward sums rows with atomics (unless op determinism is on), so to float precision.
+    # Both go on training identically (slots and step restored).
     model.fit(train, epochs=1, verbose=0, shuffle=False)
     loaded.fit(train, epochs=1, verbose=0, shuffle=False)
-    if TEST_DEVICE == "gpu":
-        for x, y in zip(table_state(emb.embedding_variables[0]),
-                        table_state(layer.embedding_variables[0])):
-            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
-    else:
-        assert_tables_bit_equal(emb.embedding_variables[0], layer.embedding_variables[0])
+    assert_trained_alike(emb.embedding_variables[0], layer.embedding_variables[0])
 
 
 def test_average_over_ranks_is_kept_by_keras_files_and_is_exact_in_one_process(tmp_path):
@@ -250,6 +261,117 @@ def test_save_weights_round_trip_is_bit_exact(tmp_path):
     fresh.load_weights(path)
     assert_tables_bit_equal(emb.embedding_variables[0], fresh_emb.embedding_variables[0])
     assert fresh.predict(probe, verbose=0).tobytes() == expected.tobytes()
+
+
+# Optimizers without a fused kernel train SOK tables on the wrapper's generic path: their slots
+# live in slot stores (Embedding Variables keyed like the table) that weights files keep too.
+GENERIC = {
+    "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+    "momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+}
+
+
+def generic_model(make_opt, name, train_head=True):
+    """A functional model over a table named `<name>/table_0`; train_head=False freezes the head,
+    so that the wrapped optimizer keeps no variables (only the table's slot stores)."""
+    inp = keras.Input(shape=(None,), dtype="int64", ragged=True)
+    emb = sok.SparseEmbedding(8, combiners="mean", initializers=UNIFORM, name=name)
+    head = keras.layers.Dense(1, activation="sigmoid", kernel_initializer="ones",
+                              trainable=train_head)
+    model = keras.Model(inp, head(emb(inp)))
+    model.compile(optimizer=sok.OptimizerWrapper(make_opt()), loss="binary_crossentropy")
+    return model, emb.embedding_variables[0]
+
+
+def slot_stores(model, table):
+    optimizer = model.optimizer
+    return {n: optimizer.get_slot(table, n) for n in optimizer.get_slot_names()}
+
+
+def assert_same_training_state(a, table_a, b, table_b, compare=assert_rows_bit_equal):
+    compare(table_a, table_b)
+    slots_a, slots_b = slot_stores(a, table_a), slot_stores(b, table_b)
+    assert slots_a and sorted(slots_a) == sorted(slots_b)
+    for name, store in slots_a.items():
+        assert int(store.size()) == int(table_a.size())  # every row has its slot
+        compare(store, slots_b[name])
+
+
+def generic_training_data():
+    rows, labels = parity_data(256, seed=14)
+    return ragged_dataset(rows, labels)
+
+
+@pytest.mark.parametrize("via", ["keras_file", "save_weights"])
+@pytest.mark.parametrize("make_opt", GENERIC.values(), ids=GENERIC.keys())
+def test_weights_files_keep_generic_path_slots(tmp_path, make_opt, via):
+    train = generic_training_data()
+    name = unique_name("generic")
+    model, table = generic_model(make_opt, name)
+    model.fit(train, epochs=1, verbose=0, shuffle=False)
+    if via == "keras_file":
+        model.save(str(tmp_path / "m.keras"))
+        loaded = keras.models.load_model(str(tmp_path / "m.keras"))
+        loaded_table = loaded.get_layer(name).embedding_variables[0]
+    else:
+        model.save_weights(str(tmp_path / "m.weights.h5"))
+        loaded, loaded_table = generic_model(make_opt, name)
+        loaded.optimizer.build(loaded.trainable_variables)  # Keras restores a built optimizer
+        loaded.load_weights(str(tmp_path / "m.weights.h5"))
+    assert_same_training_state(model, table, loaded, loaded_table)
+    model.fit(train, epochs=1, verbose=0, shuffle=False)
+    loaded.fit(train, epochs=1, verbose=0, shuffle=False)
+    assert_same_training_state(model, table, loaded, loaded_table, assert_trained_alike)
+
+
+@pytest.mark.parametrize("make_opt", GENERIC.values(), ids=GENERIC.keys())
+def test_generic_path_slots_loaded_before_they_exist_are_restored_at_creation(tmp_path, make_opt):
+    train = generic_training_data()
+    name = unique_name("deferred")
+    model, table = generic_model(make_opt, name, train_head=False)
+    model.fit(train, epochs=1, verbose=0, shuffle=False)
+    model.save_weights(str(tmp_path / "m.weights.h5"))
+    loaded, loaded_table = generic_model(make_opt, name, train_head=False)
+    loaded.load_weights(str(tmp_path / "m.weights.h5"))
+    assert slot_stores(loaded, loaded_table) == {}  # the optimizer is not built yet
+    loaded.optimizer.build(loaded.trainable_variables)  # as fit does first
+    assert_same_training_state(model, table, loaded, loaded_table)
+    model.fit(train, epochs=1, verbose=0, shuffle=False)
+    loaded.fit(train, epochs=1, verbose=0, shuffle=False)
+    assert_same_training_state(model, table, loaded, loaded_table, assert_trained_alike)
+
+
+def test_keras_file_without_slot_entries_loads_with_fresh_slots(tmp_path, monkeypatch):
+    """Files of versions that did not save the slot stores still load."""
+    name = unique_name("old_file")
+    model, table = generic_model(GENERIC["rmsprop"], name)
+    model.fit(generic_training_data(), epochs=1, verbose=0)
+    with monkeypatch.context() as m:
+        m.setattr(slot_weights.SlotWeights, "save", lambda self, store: None)
+        model.save(str(tmp_path / "old.keras"))
+    loaded = keras.models.load_model(str(tmp_path / "old.keras"))
+    loaded_table = loaded.get_layer(name).embedding_variables[0]
+    assert_rows_bit_equal(table, loaded_table)
+    slots = slot_stores(loaded, loaded_table)
+    assert list(slots) == ["velocity"] and int(slots["velocity"].size()) == 0
+
+
+def test_slot_entries_of_other_tables_are_an_error_naming_the_table(tmp_path):
+    model, _ = generic_model(GENERIC["rmsprop"], unique_name("saved_slots"))
+    model.fit(generic_training_data(), epochs=1, verbose=0)
+    path = str(tmp_path / "m.weights.h5")
+    model.save_weights(path)
+    built, _ = generic_model(GENERIC["rmsprop"], unique_name("other"))
+    built.optimizer.build(built.trainable_variables)
+    with pytest.raises(ValueError, match=f"holds no slot 'velocity' of table '{built.layers[1].name}"
+                                         "/table_0'"):
+        built.load_weights(path)
+    # The slot stores created after the load: the error comes when they are.
+    later, _ = generic_model(GENERIC["rmsprop"], unique_name("later"))
+    later.load_weights(path)
+    with pytest.raises(ValueError, match=f"holds no slot 'velocity' of table '{later.layers[1].name}"
+                                         "/table_0'"):
+        later.optimizer.build(later.trainable_variables)
 
 
 def test_custom_loop_with_model_trainable_variables_updates_each_table_once():

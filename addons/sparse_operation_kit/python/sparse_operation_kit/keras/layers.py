@@ -37,9 +37,7 @@ import tensorflow as tf
 from sparse_operation_kit.lookup.lookup import COMBINERS, lookup_rows, lookup_sparse
 from sparse_operation_kit.optimizers import keras_support
 from sparse_operation_kit.runtime import keras_version
-from sparse_operation_kit.runtime.context import context
-from sparse_operation_kit.runtime.schema import EXPORT_FIELDS, ROW_FIELDS
-from sparse_operation_kit.tables import storage, validation
+from sparse_operation_kit.tables import keras_weights, storage, validation
 from sparse_operation_kit.tables.embedding_variable import (
     CounterFilter,
     EmbeddingVariable,
@@ -47,10 +45,9 @@ from sparse_operation_kit.tables.embedding_variable import (
     GlobalStepEvict,
     InitializerOption,
     L2WeightEvict,
-    host_snapshot,
     is_embedding_variable,
 )
-from sparse_operation_kit.tables.tables import StaticTable, owner, table_name, target_of
+from sparse_operation_kit.tables.tables import StaticTable, table_name
 
 _register = keras_version.keras_module().saving.register_keras_serializable
 
@@ -196,9 +193,6 @@ def table_from_config(c):
     )
 
 
-_FIELDS = EXPORT_FIELDS
-
-
 class _TablesLayer(tf.keras.layers.Layer):
     """Owns the tables: new Embedding Variables, or existing SOK variables handed in."""
 
@@ -237,42 +231,17 @@ class _TablesLayer(tf.keras.layers.Layer):
         return list(self._trainable_variables) + list(self._non_trainable_variables) \
             if hasattr(self, "_trainable_variables") else list(self.weights)
 
-    # Under Horovod a rank holds its shard of each table, so a file records [rank, world]: it
-    # loads onto that rank of that world only; a one-process file loads anywhere, each rank
-    # keeping the rows it owns.
+    # Each table's entries are "sok_table_<i>_<field>" (tables.keras_weights).
     def save_own_variables(self, store):
         for i, v in enumerate(self._keras_variables()):
             store[f"{i}"] = np.asarray(v.numpy() if hasattr(v, "numpy") else v)
         for i, t in enumerate(self._tables):
+            prefix = f"sok_table_{i}"
             if is_embedding_variable(t):
-                for field, value in t.snapshot().items():
-                    store[f"sok_table_{i}_{field}"] = np.asarray(value)  # a view, no copy
+                keras_weights.save_rows(store, prefix, t)
             elif not any(t is v for v in self._keras_variables()):
-                store[f"sok_table_{i}_values"] = np.asarray(t.numpy())
-            else:
-                continue
-            store[f"sok_table_{i}_shard"] = np.array([context.rank, context.world_size], np.int64)
-
-    def _owned_part(self, store, keys, i, table, fields):
-        """This rank's part of table i's arrays in the file (`fields`, row-aligned; `keys`: the
-        store's)."""
-        rank, world = context.rank, context.world_size
-        marker = f"sok_table_{i}_shard"  # absent from one-process files of older versions
-        saved = np.asarray(store[marker]) if marker in keys else (0, 1)
-        saved_rank, saved_world = (int(x) for x in saved)
-        if saved_world > 1 and (saved_rank, saved_world) != (rank, world):
-            raise ValueError(
-                f"layer '{self.name}': the weights file holds rank {saved_rank}'s shard of table "
-                f"'{table.name}' (of {saved_world} ranks) and loads onto that rank of "
-                f"{saved_world} only, not rank {rank} of {world}; to move a table between "
-                "world sizes save it with sok.dump on every rank and sok.load it"
-            )
-        arrays = [np.asarray(store[f"sok_table_{i}_{f}"]) for f in fields]
-        if saved_world > 1 or world == 1:
-            return arrays
-        ids = arrays[0] if is_embedding_variable(table) else np.arange(len(arrays[0]))
-        mine = owner(ids, target_of(table), world) == rank
-        return [a[mine] for a in arrays]
+                store[f"{prefix}_values"] = np.asarray(t.numpy())
+                keras_weights.mark_shard(store, prefix)
 
     def load_own_variables(self, store):
         own = self._keras_variables()
@@ -288,20 +257,13 @@ class _TablesLayer(tf.keras.layers.Layer):
             if keras_support.is_carrier(v):
                 continue  # always zero
             v.assign(np.asarray(store[f"{i}"]))
+        where = f"layer '{self.name}'"
         for i, t in enumerate(self._tables):
+            prefix = f"sok_table_{i}"
             if is_embedding_variable(t):
-                missing = [f for f in _FIELDS if f"sok_table_{i}_{f}" not in keys]
-                if missing:
-                    raise ValueError(
-                        f"layer '{self.name}': the weights file has no rows of table '{t.name}' "
-                        f"(missing {missing})"
-                    )
-                rows = dict(zip(ROW_FIELDS, self._owned_part(store, keys, i, t, ROW_FIELDS)))
-                t.import_snapshot(host_snapshot({
-                    f: rows[f] if f in rows else np.asarray(store[f"sok_table_{i}_{f}"])
-                    for f in _FIELDS}))
-            elif f"sok_table_{i}_values" in keys:
-                t.assign(self._owned_part(store, keys, i, t, ["values"])[0])
+                keras_weights.load_rows(store, keys, prefix, t, where)
+            elif f"{prefix}_values" in keys:
+                t.assign(keras_weights.owned_part(store, keys, prefix, t, ["values"], where)[0])
 
     @property
     def embedding_variables(self):

@@ -32,6 +32,7 @@ import tensorflow as tf
 from sparse_operation_kit.optimizers import (
     scratch_optimizer,
     scratch_rows,
+    slot_weights,
     static_staging,
     step_clock,
     wrapper_step,
@@ -280,7 +281,7 @@ class GenericSparseUpdater:
                 store = _slot_table(state.table, slot_name, rows[slot_name])
                 state.slots[slot_name] = (slot, store)
                 if self._tracker is not None:
-                    self._tracker.track_slot(store)
+                    self._tracker.track_slot(store, state.table)
             _forget_in_graph([state.scratch] + list(found.values()))
         _forget_in_graph(self.runner.own_variables())
 
@@ -494,10 +495,17 @@ def optimizer_slots(optimizer, flavor, var):
 
 class SlotStores(compat.AutoTrackable):
     """The slot stores of a wrapper's tables as checkpoint dependencies (tf.train.Checkpoint saves
-    and restores them by name, also when they are created after `restore`)."""
+    and restores them by name, also when they are created after `restore`), and in Keras weights
+    files (`weights_file`, see slot_weights)."""
 
-    def track_slot(self, store):
+    def __init__(self):
+        super().__init__()
+        # A plain object: no checkpoint dependency (the stores are dependencies themselves).
+        self.weights_file = slot_weights.SlotWeights()
+
+    def track_slot(self, store, table):
         setattr(self, "slot:" + store.name, store)  # table names are unique in checkpoints
+        self.weights_file.add(store, table)
 
     def track_step(self, step):
         self.step = step

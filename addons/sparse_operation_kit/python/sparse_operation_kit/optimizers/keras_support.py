@@ -217,16 +217,18 @@ def _is_generic(updater):
     return isinstance(updater, generic_optimizer.GenericSparseUpdater)
 
 
-def _build_inner(updater, opt, variables):
+def _build_inner(updater, opt, slot_stores, variables):
     """Builds the wrapped optimizer for the dense variables among `variables` (none: it stays
     unbuilt for the program's own variables) and, on the generic path, the scratch update of
-    the SOK tables among them (scratch_optimizer: never the wrapped optimizer itself)."""
+    the SOK tables among them (scratch_optimizer: never the wrapped optimizer itself) with their
+    slot stores, which a Keras weights file loaded before may fill now (slot_weights)."""
     sparse, dense = split_gradients([(None, v) for v in variables], keep_empty=True)
     dense_vars = [v for _, v in dense]
     if dense_vars:
         opt.build(dense_vars)
     if _is_generic(updater):
         updater.ensure([v for _, v in sparse])
+    slot_stores.weights_file.all_added()
 
 
 def _sok_apply(updater, opt, counter, sparse, dense, apply_dense, average=False):
@@ -323,13 +325,16 @@ class _OptimizerWrapperBase(_SlotAccess):
         self._opt.finalize_variable_values([v for _, v in dense])
 
     # The wrapped optimizer is a child of this one in .keras files and checkpoints: it saves its
-    # own variables; this one saves its step only.
+    # own variables; this one saves its step and the generic path's slot stores (the fused
+    # kernels' slots live in the table rows, which the layers save).
     def save_own_variables(self, store):
         store["sok_iterations"] = np.asarray(self._iterations.numpy())
+        self.sok_slots.weights_file.save(store)
 
     def load_own_variables(self, store):
         if "sok_iterations" in store:  # a file without the wrapper's step leaves it as is
             self._iterations.assign(store["sok_iterations"])
+        self.sok_slots.weights_file.load(store, f"optimizer '{self.name}'")
 
     def get_config(self):
         return {
@@ -359,7 +364,7 @@ class _Keras3Parts:
         return keras.optimizers
 
     def build(self, variables):
-        _build_inner(self._sok_updater, self._opt, variables)
+        _build_inner(self._sok_updater, self._opt, self.sok_slots, variables)
         self.built = True
 
     def apply_gradients(self, grads_and_vars):
@@ -401,7 +406,7 @@ class _TfKerasParts:
         pass  # the wrapper made its step counter with itself (_create_iteration_variable)
 
     def build(self, var_list):
-        _build_inner(self._sok_updater, self._opt, var_list)
+        _build_inner(self._sok_updater, self._opt, self.sok_slots, var_list)
 
     def apply_gradients(
         self, grads_and_vars, name=None, skip_gradients_aggregation=False, **kwargs
