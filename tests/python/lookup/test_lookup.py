@@ -614,3 +614,32 @@ def test_unique_keys_batch_sizes_of_dense_tables():
         ops.sok_pooled_combine([tf.ones([2, 4]), tf.ones([1, 4])], list(out.inverse),
                                [tf.zeros([0], tf.int64)] * 2, [tf.zeros([0])] * 2, [],
                                out.batch_sizes, combiners=["sum"] * 2, table_names=["a", "b"])
+
+
+@pytest.mark.parametrize("mode", ["eager", "tf1"])
+def test_all2all_dense_embedding_gradient_is_one_row_per_key(mode):
+    """Its rows are expanded from the distinct keys' with tf.gather: the table's gradient sums the
+    occurrences of each key into one [keys, dim] row (not an IndexedSlices nested in another)."""
+    ids = np.array([[5, 5], [7, 5]], np.int64)
+    weights = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+
+    def grad_of(ev, tape=None):
+        rows = sok.all2all_dense_embedding(ev, tf.constant(ids))
+        loss = tf.reduce_sum(rows * weights[..., None])
+        return tape.gradient(loss, ev) if tape else tf.gradients(loss, ev)[0]
+
+    if mode == "eager":
+        ev = make_ev()
+        with tf.GradientTape() as tape:
+            g = grad_of(ev, tape)
+        indices, values = g.indices.numpy(), g.values.numpy()
+    else:
+        with graph_session() as sess:
+            ev = make_ev()
+            g = grad_of(ev)
+            sess.run(tf.compat.v1.global_variables_initializer())
+            indices, values = sess.run([g.indices, g.values])
+    assert sorted(indices.tolist()) == [5, 7]
+    by_key = dict(zip(indices.tolist(), values))
+    np.testing.assert_array_equal(by_key[5], [7.0] * DIM)
+    np.testing.assert_array_equal(by_key[7], [3.0] * DIM)

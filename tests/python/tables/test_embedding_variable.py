@@ -384,6 +384,109 @@ def test_counter_filter():
     )
 
 
+# A training read of a filtered table counts a key repeated in it once, with its count, as
+# DeepRec's: every occurrence reads the same row and a key is admitted when its frequency reaches
+# filter_freq. FILTER_BATCHES: three steps of [2, 2] ids, each position weighted by FILTER_WEIGHTS.
+FILTER_BATCHES = [[[5, 5], [5, 9]], [[9, 7], [5, 5]], [[9, 9], [7, 7]]]
+FILTER_WEIGHTS = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+FILTER_INIT, NO_PERMISSION, FILTER_LR = 0.5, -7.0, 0.1
+
+
+def filtered_ev(filter_option, partitioned):
+    opt = sok.EmbeddingVariableOption(
+        filter_option=filter_option,
+        init_option=sok.InitializerOption(tf.constant_initializer(FILTER_INIT),
+                                          default_value_no_permission=NO_PERMISSION),
+    )
+    part = tf.compat.v1.fixed_size_partitioner(2) if partitioned else None
+    return sok.get_embedding_variable(unique_name("filtered"), 2, ev_option=opt, partitioner=part)
+
+
+def filtered_sgd_reference(filter_freq=3):
+    """Per step the rows read ([2, 2, dim]) and at the end {key: row}, by hand: a key's count in
+    the batch adds to its frequency at once; an admitted key reads its row and takes the summed
+    gradient of its occurrences; a key below filter_freq reads NO_PERMISSION and takes none."""
+    freq, rows, reads = {}, {}, []
+    for batch in FILTER_BATCHES:
+        ids = np.array(batch)
+        for k in np.unique(ids):
+            freq[k] = freq.get(k, 0) + int((ids == k).sum())
+            if freq[k] >= filter_freq:
+                rows.setdefault(k, np.full(2, FILTER_INIT, np.float32))
+        reads.append(np.stack([[rows.get(k, np.full(2, NO_PERMISSION)) for k in r] for r in ids]))
+        for k in rows:
+            if k in ids:
+                rows[k] = rows[k] - FILTER_LR * FILTER_WEIGHTS[ids == k].sum()
+    return reads, rows
+
+
+def filtered_loss(rows):
+    return tf.reduce_sum(rows * FILTER_WEIGHTS[..., None])
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_filter_counts_repeated_ids_of_one_dense_read_tf1(partitioned):
+    want_reads, want_rows = filtered_sgd_reference()
+    with graph_session() as sess:
+        ev = filtered_ev(sok.CounterFilter(filter_freq=3), partitioned)
+        ids = tf.compat.v1.placeholder(tf.int64, [2, 2])
+        rows = tf.nn.embedding_lookup(ev, ids)
+        opt = sok.OptimizerWrapper(tf.compat.v1.train.GradientDescentOptimizer(FILTER_LR))
+        train = opt.minimize(filtered_loss(rows))
+        sess.run(tf.compat.v1.global_variables_initializer())
+        for batch, want in zip(FILTER_BATCHES, want_reads):
+            got, _ = sess.run([rows, train], {ids: batch})
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+        got_rows = exported(ev, sess)
+    assert got_rows.keys() == want_rows.keys()
+    for k, row in want_rows.items():
+        np.testing.assert_allclose(got_rows[k], row, rtol=1e-6)
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+@pytest.mark.parametrize("filter_option", [sok.CounterFilter(3), sok.CBFFilter(3)],
+                         ids=["counter", "cbf"])
+def test_filter_counts_repeated_ids_of_one_dense_read_eager(filter_option, partitioned):
+    want_reads, want_rows = filtered_sgd_reference()
+    ev = filtered_ev(filter_option, partitioned)
+    tables = ev.parts if partitioned else [ev]
+    sgd = sok.SGD(lr=FILTER_LR)
+    for batch, want in zip(FILTER_BATCHES, want_reads):
+        with tf.GradientTape() as tape:
+            rows = tf.nn.embedding_lookup(ev, tf.constant(batch, tf.int64))
+            loss = filtered_loss(rows)
+        np.testing.assert_allclose(rows.numpy(), want, rtol=1e-6)
+        sgd.apply_gradients(zip(tape.gradient(loss, tables), tables))
+    got_rows = exported(ev)
+    assert got_rows.keys() == want_rows.keys()
+    for k, row in want_rows.items():
+        np.testing.assert_allclose(got_rows[k], row, rtol=1e-6)
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_filter_repeated_new_id_reads_one_row_and_gradient_is_per_key(partitioned):
+    ev = filtered_ev(sok.CounterFilter(filter_freq=3), partitioned)
+    # Two occurrences: frequency 2 < 3, both read the no-permission value.
+    np.testing.assert_array_equal(ev.sparse_read(tf.constant([4, 4], tf.int64)).numpy(),
+                                  [[NO_PERMISSION] * 2] * 2)
+    # Three more in one read: admitted together, every one reads the initial row.
+    with tf.GradientTape() as tape:
+        rows = ev.sparse_read(tf.constant([[8, 4], [8, 8]], tf.int64))
+        loss = tf.reduce_sum(rows * tf.constant([[1.0, 2.0], [3.0, 4.0]])[..., None])
+    np.testing.assert_array_equal(rows.numpy(), np.full([2, 2, 2], FILTER_INIT))
+    tables = ev.parts if partitioned else [ev]
+    by_key = {}
+    for g in tape.gradient(loss, tables):
+        for k, v in zip(g.indices.numpy(), g.values.numpy()):
+            assert k not in by_key  # one gradient row per distinct key
+            by_key[int(k)] = v
+    assert by_key.keys() == {4, 8}
+    np.testing.assert_array_equal(by_key[8], [8.0, 8.0])
+    np.testing.assert_array_equal(by_key[4], [2.0, 2.0])
+    freqs = dict(zip(*[t.numpy() for t in (sok.export(ev)[0], ev.export()[3])]))
+    assert freqs == {4: 3, 8: 3}
+
+
 def test_global_step_evict_tf1():
     opt = sok.EmbeddingVariableOption(evict_option=sok.GlobalStepEvict(steps_to_live=2))
     with graph_session() as sess:

@@ -51,6 +51,62 @@ def test_sparse_embedding_int32_tables_refuse_int64_ids_beyond_int32():
     assert [int(t.size()) for t in layer.embedding_variables] == [0, 0]
 
 
+# Ids of any dtype but int32 / int64 would be changed by a cast: floats truncated (1.7 -> 1),
+# bools read as keys 0 / 1, uint64 beyond int64 wrapped. Every lookup refuses them.
+NON_INTEGER_IDS = {
+    "float32": tf.constant([[1.7]]),
+    "bool": tf.constant([[True]]),
+    "uint64": tf.constant([[2**63 + 5]], tf.uint64),
+    "string": tf.constant([["a"]]),
+}
+
+
+@pytest.mark.parametrize("dtype", NON_INTEGER_IDS)
+@pytest.mark.parametrize("combiner", [None, "sum"])
+def test_embedding_layer_refuses_non_integer_ids(dtype, combiner):
+    layer = sok.Embedding(2, combiner=combiner, name=unique_name("ids"))
+    table = layer.embedding_variable.name
+    ids = NON_INTEGER_IDS[dtype]
+    match = f"table '{table}': ids must be int32 or int64, got {dtype} ids"
+    with pytest.raises(TypeError, match=match):
+        layer(ids, training=True)
+    with pytest.raises(TypeError, match=match):
+        tf.function(lambda x: layer(x, training=True))(ids)
+    with pytest.raises(TypeError, match=match):
+        layer(tf.RaggedTensor.from_tensor(ids), training=True)
+    assert int(layer.embedding_variable.size()) == 0  # nothing inserted under a truncated key
+    out = layer(tf.constant([[1]], tf.int32), training=True)  # int32 ids are fine
+    assert out.shape[-1] == 2 and int(layer.embedding_variable.size()) == 1
+
+
+@pytest.mark.parametrize("dtype", NON_INTEGER_IDS)
+def test_sparse_embedding_refuses_non_integer_ids(dtype):
+    layer = sok.SparseEmbedding([2, 2], combiners="sum", name=unique_name("multi"))
+    ok, bad = tf.constant([[1]], tf.int64), NON_INTEGER_IDS[dtype]
+    match = f"table '{layer.name}/table_1': ids must be int32 or int64, got {dtype} ids"
+    for ids in (bad, tf.RaggedTensor.from_tensor(bad), tf.sparse.from_dense(bad)):
+        with pytest.raises(TypeError, match=match):
+            layer([ok, ids], training=True)
+    # A static table (dtype None: no key dtype to cast to) refuses them too.
+    static = sok.SparseEmbedding(embedding_variables=[tf.Variable(tf.ones([4, 2]))],
+                                 combiners="sum", name=unique_name("static"))
+    with pytest.raises(TypeError, match=f"got {dtype} ids"):
+        static(bad)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bool"])
+def test_embedding_variable_reads_refuse_non_integer_ids(dtype):
+    ev = sok.get_embedding_variable(unique_name("reads"), 2)
+    ids = NON_INTEGER_IDS[dtype]
+    with pytest.raises(TypeError, match=f"'{ev.name}' has key dtype int64, but ids of dtype {dtype}"):
+        ev.sparse_read(ids)
+    with pytest.raises(TypeError, match=f"'{ev.name}' has key dtype int64, but ids of dtype {dtype}"):
+        tf.nn.embedding_lookup(ev, ids)
+    with pytest.raises(TypeError, match=f"ids of table '{ev.name}' must be int32 or int64, got {dtype}"):
+        sok.lookup_sparse(ev, tf.RaggedTensor.from_tensor(ids))
+    assert int(ev.size()) == 0
+
+
 def test_load_of_an_int64_dump_into_an_int32_table(tmp_path):
     name = unique_name("dump64")
     big = sok.EmbeddingVariable(name, 2)

@@ -75,12 +75,12 @@ def _cast_ids(ids, dtype, table="table"):
 
 def _id_lists(ids, dtype, table="table", padding_id=None):
     """Ids per sample: a SparseTensor / RaggedTensor as given, a dense [batch, n] tensor as n ids
-    per sample, less those equal to `padding_id` (Keras also traces models with dense float inputs,
-    e.g. for tf.saved_model.save)."""
+    per sample, less those equal to `padding_id`; int32 or int64 ids, as `dtype` (None: their
+    own)."""
     if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
         ids = tf.convert_to_tensor(ids)
-        if ids.dtype.is_floating:
-            ids = tf.cast(ids, tf.int64)
+    ids = _cast_ids(ids, dtype, table)  # refuses other dtypes before any op reads them
+    if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
         if padding_id is None:
             ids = tf.RaggedTensor.from_tensor(ids)
         else:
@@ -90,15 +90,7 @@ def _id_lists(ids, dtype, table="table", padding_id=None):
                     f"{ids.shape}"
                 )
             ids = tf.ragged.boolean_mask(ids, tf.not_equal(ids, tf.cast(padding_id, ids.dtype)))
-    if dtype is None and not ids.dtype.is_integer:
-        dtype = tf.int64
-        if ids.dtype.is_floating:  # Keras traces models with float placeholders
-            ids = (
-                ids.with_values(tf.cast(ids.values, tf.int64))
-                if isinstance(ids, tf.SparseTensor)
-                else ids.with_flat_values(tf.cast(ids.flat_values, tf.int64))
-            )
-    return _cast_ids(ids, dtype, table)
+    return ids
 
 
 def _padding_id(value, layer_name):
@@ -328,8 +320,6 @@ class Embedding(_TablesLayer):
         table = self._tables[0]
         if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
             ids = tf.convert_to_tensor(ids)
-            if not ids.dtype.is_integer:  # Keras traces models with float placeholders
-                ids = tf.cast(ids, tf.int64)
         ids = _cast_ids(ids, table.key_dtype, table.name)
         if self.combiner is not None:
             ids = _id_lists(ids, table.key_dtype, table.name, self.padding_id)

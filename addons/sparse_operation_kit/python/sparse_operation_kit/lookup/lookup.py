@@ -75,11 +75,20 @@ def _pooled_combine_grad(op, *grads):
     return list(row_grads) + [None] * (3 * n + m) + [None]
 
 
+def _per_row(grad, rows):
+    """`grad` of the Gather's output `rows` as one dense row per key. Rows expanded with
+    tf.gather(rows, inverse) (a filtered sparse_read, all2all_dense_embedding) get an
+    IndexedSlices by occurrence: summed per key, as the table's gradient must be [keys, dim]."""
+    if not isinstance(grad, tf.IndexedSlices):
+        return grad
+    return tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(rows)[0])
+
+
 @compat.register_gradient("SokEmbeddingVariableGather")
 def _gather_grad(op, *grads):
     n = op.get_attr("N")
     keys = op.inputs[n:2 * n]
-    slices = [tf.IndexedSlices(g, k) for g, k in zip(grads, keys)]
+    slices = [tf.IndexedSlices(_per_row(g, r), k) for g, k, r in zip(grads, keys, op.outputs)]
     return slices + [None] * (2 * n + 1)
 
 

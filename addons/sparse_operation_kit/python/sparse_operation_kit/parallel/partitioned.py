@@ -20,7 +20,7 @@ from sparse_operation_kit.parallel import exchange
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.runtime.schema import EXPORT_FIELDS
-from sparse_operation_kit.tables.embedding_variable import SOK_VARIABLES
+from sparse_operation_kit.tables.embedding_variable import SOK_VARIABLES, distinct_with_counts
 
 PARTITIONED_VARIABLES = "sok_partitioned_embedding_variables"
 DEEPREC_KEY_BUCKETS = 1000
@@ -130,30 +130,44 @@ class PartitionedEmbeddingVariable(compat.TensorsTrackable):
             "or sok.export(var)"
         )
 
-    def _split(self, keys):
-        """(keys of each part, their positions in `keys`) for flat `keys`."""
+    def _split(self, keys, counts=None):
+        """(keys of each part, their positions in `keys`, their counts or [0] each) for flat
+        `keys` and their per-key `counts` (None: one each)."""
         part = self.partition_index(keys)
         n = len(self._parts)
         positions = tf.dynamic_partition(tf.range(tf.size(keys)), part, n)
-        return tf.dynamic_partition(keys, part, n), positions
+        if counts is None:
+            part_counts = [tf.zeros([0], tf.int64)] * n
+        else:
+            part_counts = tf.dynamic_partition(counts, part, n)
+        return tf.dynamic_partition(keys, part, n), positions, part_counts
 
     def sparse_read(self, indices, name=None, training=True):
-        """Rows of `indices` (any shape) -> [*indices.shape, dim]; training reads insert new keys."""
+        """Rows of `indices` (any shape) -> [*indices.shape, dim]; training reads insert new keys.
+        With a filter a training read gathers the distinct keys with their counts (as
+        EmbeddingVariable.sparse_read): every occurrence of a key reads the same row."""
         indices = self._parts[0]._check_keys(indices)
         with tf.name_scope(name or "sparse_read"):
-            keys, positions = self._split(tf.reshape(indices, [-1]))
+            flat = tf.reshape(indices, [-1])
             for p in self._parts:
                 compat.variable_accessed(p)
-            rows = ops.sok_embedding_variable_gather(
-                [p.handle for p in self._parts],
-                keys,
-                [tf.zeros([0], tf.int64)] * len(self._parts),
-                tf.zeros([0], tf.int64),
-                dims=[self.embedding_dim] * len(self._parts),
-                training=training,
-            )
-            flat = tf.dynamic_stitch(positions, list(rows))
-            return tf.reshape(flat, tf.concat([tf.shape(indices), [self.embedding_dim]], 0))
+            if training and self._parts[0].admits_by_count:
+                keys, inverse, counts = distinct_with_counts(flat)
+                rows = tf.gather(self._gather(keys, counts, training), inverse)
+            else:
+                rows = self._gather(flat, None, training)
+            return tf.reshape(rows, tf.concat([tf.shape(indices), [self.embedding_dim]], 0))
+
+    def _gather(self, keys, counts, training):
+        """Rows of flat `keys` from their parts, in the keys' order; counts: per key or None (one
+        each)."""
+        n = len(self._parts)
+        parts, positions, part_counts = self._split(keys, counts)
+        rows = ops.sok_embedding_variable_gather(
+            [p.handle for p in self._parts], parts, part_counts, tf.zeros([0], tf.int64),
+            dims=[self.embedding_dim] * n, training=training,
+        )
+        return tf.dynamic_stitch(positions, list(rows))
 
     def assign(self, keys, values):
         keys = self._parts[0]._check_keys(keys)

@@ -15,7 +15,7 @@ from sparse_operation_kit.runtime import compat, initializers
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.runtime.schema import EXPORT_FIELDS, InitKind
 from sparse_operation_kit.serving import serving
-from sparse_operation_kit.tables import storage, validation
+from sparse_operation_kit.tables import storage, uniqueness, validation
 from sparse_operation_kit.tables.storage import CacheStrategy, StorageOption, StorageType  # noqa: F401
 
 SOK_VARIABLES = "sok_embedding_variables"
@@ -398,16 +398,36 @@ class EmbeddingVariable(compat.TableResource):
             return serving.active().table(self).lookup(indices)
         flat = tf.reshape(indices, [-1])
         compat.variable_accessed(self)
-        rows = ops.sok_embedding_variable_gather(
-            [self.resource_handle],
-            [flat],
-            [tf.zeros([0], tf.int64)],
-            tf.zeros([0], tf.int64),
-            dims=[self._dim],
-            training=training,
-            name=name,
-        )[0]
+        if training and self.admits_by_count:
+            rows = self._gather_distinct(flat, name)
+        else:
+            rows = self._gather(flat, tf.zeros([0], tf.int64), training, name)
         return tf.reshape(rows, tf.concat([tf.shape(indices), [self._dim]], 0))
+
+    @property
+    def admits_by_count(self):
+        """Whether a training read admits new keys by their frequency (a filter of filter_freq
+        > 1): then a key repeated in one read must be counted once with its count, or its
+        occurrences would read different rows. Other tables read every occurrence as it comes:
+        the same rows and gradient sums, without a dedup op per read (filter_freq 1 admits a key
+        at its first occurrence)."""
+        return self._filter_freq > 1
+
+    def _gather(self, keys, counts, training, name=None):
+        """The Gather op's rows of flat `keys`; counts: per key, or [0] for one each."""
+        return ops.sok_embedding_variable_gather(
+            [self.resource_handle], [keys], [counts], tf.zeros([0], tf.int64), dims=[self._dim],
+            training=training, name=name,
+        )[0]
+
+    def _gather_distinct(self, flat, name):
+        """A training read as DeepRec's: the distinct keys are gathered once with their counts
+        (the filter admits a key when frequency + count reaches filter_freq), so every occurrence
+        reads the same row; the gradient is keyed by the distinct keys."""
+        keys, inverse, counts = distinct_with_counts(flat)
+        # The gradient's keys are these distinct keys, which the read has inserted.
+        uniqueness.declare_distinct([keys], inserted=True)
+        return tf.gather(self._gather(keys, counts, True, name), inverse)
 
     def read_value(self):
         raise TypeError(
@@ -552,6 +572,12 @@ class EmbeddingVariable(compat.TableResource):
             f"key_dtype={self._key_dtype.name} "
             f"target_gpu={self.target_gpu}>"
         )
+
+
+def distinct_with_counts(flat_keys):
+    """(distinct keys, inverse int32 [n], counts int64) of flat keys, in one SokUniqueKeys."""
+    unique, inverse, counts, _, _, _ = ops.sok_unique_keys([flat_keys], [], [], N=1)
+    return unique[0], inverse[0], counts[0]
 
 
 def fetch_rows(table):

@@ -38,20 +38,34 @@ def check_training_flag(training, where):
                     f"({type(training).__name__})")
 
 
+ID_DTYPES = (tf.int32, tf.int64)
+
+
+def check_id_dtype(dtype, table):
+    """Ids must be int32 or int64, as the tables' keys. A cast of any other dtype would change
+    ids silently: floats truncate (1.7 -> key 1), bools become keys 0 and 1, uint64 ids beyond
+    int64 wrap. String ids are hashed to int64 keys by their caller (the feature columns)."""
+    dtype = tf.as_dtype(dtype)
+    if dtype not in ID_DTYPES:
+        raise TypeError(
+            f"table '{table}': ids must be int32 or int64, got {dtype.name} ids (a cast would "
+            "change them silently); give integer ids, e.g. keras.Input(..., dtype=\"int64\")"
+        )
+
+
 def cast_keys(ids, key_dtype, table):
-    """Ids (a Tensor, SparseTensor or RaggedTensor) as `key_dtype`; int64 ids given to an int32
-    table must fit in int32, or the cast would fold distinct ids onto one key (2**32+5 -> 5)."""
+    """Ids (a Tensor, SparseTensor or RaggedTensor; int32 or int64) as `key_dtype`; int64 ids given
+    to an int32 table must fit in int32, or the cast would fold distinct ids onto one key
+    (2**32+5 -> 5). `key_dtype` None (a static table) keeps their dtype."""
     values = ids.values if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)) else ids
     if isinstance(ids, tf.RaggedTensor):
         values = ids.flat_values
     values = tf.convert_to_tensor(values) if not isinstance(values, tf.Tensor) else values
+    check_id_dtype(values.dtype, table)
     if key_dtype is None or values.dtype == key_dtype:
         return ids
-    if not (values.dtype.is_integer or values.dtype.is_floating):
-        raise TypeError(f"table '{table}': ids must be integers, got {values.dtype.name}")
-    # (floats: Keras traces models with float placeholders, e.g. for tf.saved_model.save)
     key_dtype = tf.as_dtype(key_dtype)
-    if key_dtype == tf.int32 and values.dtype in (tf.int64, tf.uint32, tf.uint64):
+    if key_dtype == tf.int32 and values.dtype == tf.int64:
         message = (
             f"table '{table}' has key dtype int32, but an id given as {values.dtype.name} does not "
             "fit in int32 (it would be truncated onto another id); create the table with "
