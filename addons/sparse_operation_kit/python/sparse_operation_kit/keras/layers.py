@@ -14,9 +14,16 @@ Custom loops can keep giving `layer.embedding_variables` (or
 model's variables.
 
 Keras's `training` flag reaches the lookup: training=True inserts unseen ids into Embedding
-Variables and counts their frequencies; training=False or None (evaluate, predict, inference, as
-for Keras's own layers) reads unseen ids as their initial value and inserts nothing. Anything else
-(e.g. "no") is an error.
+Variables, counts their frequencies and routes the tables' gradients to `fit`; training=False
+(evaluate, predict, serving) reads unseen ids as their initial value and inserts nothing. Anything
+else (e.g. "no") is an error.
+
+training=None is what Keras 3 gives the layers of a model whose `call(self, x)` takes no
+`training` argument: its `fit`, `evaluate` and `predict` then all call `model(x)` and the phase
+never reaches the layers. A None lookup therefore trains when a tf.GradientTape records it (fit's
+step, or a custom loop's tape) and is an inference lookup otherwise (evaluate, predict, a plain
+`model(x)`), so that such a model trains its tables under `fit` like one that forwards
+`training`. Pass training=False explicitly for a lookup under a tape that must insert nothing.
 
 Saving: the layers are registered Keras serializables ("sok>Embedding", "sok>SparseEmbedding"):
 `keras.models.load_model` needs no custom_objects, and `.keras` files and `save_weights` /
@@ -36,7 +43,7 @@ import tensorflow as tf
 
 from sparse_operation_kit.lookup.lookup import COMBINERS, lookup_rows, lookup_sparse
 from sparse_operation_kit.optimizers import keras_support
-from sparse_operation_kit.runtime import keras_version
+from sparse_operation_kit.runtime import compat, keras_version
 from sparse_operation_kit.tables import keras_weights, storage, validation
 from sparse_operation_kit.tables.embedding_variable import (
     CounterFilter,
@@ -59,8 +66,14 @@ def embedding_variables(obj):
 
 
 def _training_flag(training, layer_name):
-    """Keras's `training` (None, a bool or a constant tensor) as the bool the lookup needs."""
-    return bool(validation.check_training_flag(training, f"layer '{layer_name}'"))
+    """Keras's `training` (None, a bool or a constant tensor) as the bool the lookup needs. None
+    means "unknown" (Keras 3's fit calls a model whose call() has no `training` argument without
+    one, and its layers get None): a recording GradientTape tells fit's step from evaluate and
+    predict, which record none; treating None as inference there would drop the tables' gradients."""
+    flag = validation.check_training_flag(training, f"layer '{layer_name}'")
+    if flag is None:
+        return compat.gradient_tape_recording()
+    return flag
 
 
 def _as_list(x):
@@ -277,6 +290,8 @@ class Embedding(_TablesLayer):
       - ids a RaggedTensor -> its rows as a RaggedTensor [..., (n), dim];
       - with `combiner` ("sum", "mean", "sqrtn"): ids a SparseTensor / RaggedTensor [batch, None]
         or a dense [batch, n] tensor -> pooled per sample, [batch, dim] (`sok.lookup_sparse`).
+      - training: True trains (inserts unseen ids), False never inserts; None (a model whose
+        call() takes no `training`) trains only under a recording tf.GradientTape, as in fit.
 
     embedding_dim, initializer, key_dtype, ev_option: those of the new Embedding Variable (see
     sok.get_embedding_variable). embedding_variable: use this existing sok.EmbeddingVariable /
@@ -373,7 +388,8 @@ class SparseEmbedding(_TablesLayer):
     call(ids, weights=None, training=None): ids (and weights, if given) a tf.SparseTensor /
     tf.RaggedTensor [batch, None] per table (dense [batch, n] ids: n ids per sample, less those
     equal to `padding_id` if given) -> a [batch, dim] tensor per table (a list when ids is a list,
-    else one tensor).
+    else one tensor). training: as for sok.Embedding (None trains only under a recording
+    tf.GradientTape, as in fit of a model whose call() takes no `training`).
     """
 
     def __init__(self, embedding_dims=None, combiners="sum", initializers=None, key_dtype=tf.int64,

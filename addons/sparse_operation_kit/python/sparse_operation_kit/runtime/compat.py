@@ -3,6 +3,7 @@
 If a TensorFlow release moves one of these, this is the only file to change.
 """
 import tensorflow as tf
+from tensorflow.python.eager import record as _record  # no public "a tape is recording" query
 from tensorflow.python.eager import tape as _tape  # no public "variable was read" hook
 from tensorflow.python.framework import kernels as _kernels  # no public list of registered kernels
 from tensorflow.python.framework import ops as _framework_ops
@@ -107,6 +108,12 @@ def variable_accessed(variable):
     """Tells active GradientTapes that `variable` was read, as tf.Variable reads do."""
     if variable.trainable:
         _tape.variable_accessed(variable)
+
+
+def gradient_tape_recording():
+    """True while a GradientTape (or forward accumulator) records the ops run here, eagerly or
+    while a tf.function traces them (stop_recording() pauses it)."""
+    return bool(_record.could_possibly_record())
 
 
 def in_saved_model_export():
