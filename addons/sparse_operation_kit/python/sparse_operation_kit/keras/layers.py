@@ -86,7 +86,18 @@ def _cast_ids(ids, dtype, table="table"):
     return validation.cast_keys(ids, dtype, table)
 
 
-def _id_lists(ids, dtype, table="table", padding_id=None):
+def _check_pooled_dense_ids(ids, table, layer):
+    """Pooling needs the ids of each sample: a dense tensor must be [batch, n] (from_tensor would
+    fail on [batch] with a RaggedTensor error naming no table, and pool [batch, a, b] by a)."""
+    if ids.shape.rank is not None and ids.shape.rank != 2:
+        raise ValueError(
+            f"layer '{layer}': table '{table}': dense ids to pool must be [batch, n] (n ids per "
+            f"sample; [batch, 1] for one), or a RaggedTensor / SparseTensor [batch, None]; got "
+            f"shape {tuple(ids.shape.as_list())}"
+        )
+
+
+def _id_lists(ids, dtype, table="table", padding_id=None, layer="?"):
     """Ids per sample: a SparseTensor / RaggedTensor as given, a dense [batch, n] tensor as n ids
     per sample, less those equal to `padding_id`; int32 or int64 ids, as `dtype` (None: their
     own)."""
@@ -94,14 +105,10 @@ def _id_lists(ids, dtype, table="table", padding_id=None):
         ids = tf.convert_to_tensor(ids)
     ids = _cast_ids(ids, dtype, table)  # refuses other dtypes before any op reads them
     if not isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
+        _check_pooled_dense_ids(ids, table, layer)
         if padding_id is None:
             ids = tf.RaggedTensor.from_tensor(ids)
         else:
-            if ids.shape.rank is not None and ids.shape.rank != 2:
-                raise ValueError(
-                    f"table '{table}': dense ids with padding_id must be [batch, n], got shape "
-                    f"{ids.shape}"
-                )
             ids = tf.ragged.boolean_mask(ids, tf.not_equal(ids, tf.cast(padding_id, ids.dtype)))
     return ids
 
@@ -319,6 +326,12 @@ class Embedding(_TablesLayer):
                 f"layer '{self.name}': embedding_variable must be a sok.EmbeddingVariable, got "
                 f"{type(embedding_variable).__name__}"
             )
+        elif embedding_dim is not None and embedding_dim != embedding_variable.embedding_dim:
+            # The table decides the output's dimension: a different embedding_dim is a mistake.
+            raise ValueError(
+                f"layer '{self.name}': embedding_dim={embedding_dim} but its table "
+                f"'{embedding_variable.name}' has dimension {embedding_variable.embedding_dim}"
+            )
         self.combiner = combiner
         self._set_tables([embedding_variable])
 
@@ -337,7 +350,7 @@ class Embedding(_TablesLayer):
             ids = tf.convert_to_tensor(ids)
         ids = _cast_ids(ids, table.key_dtype, table.name)
         if self.combiner is not None:
-            ids = _id_lists(ids, table.key_dtype, table.name, self.padding_id)
+            ids = _id_lists(ids, table.key_dtype, table.name, self.padding_id, self.name)
             ids = validation.check_lookup_inputs([table], [ids], None, [table.name])[0][0]
             return self._lookup(
                 lambda: [lookup_sparse(table, ids, combiners=self.combiner, training=training)],
@@ -431,7 +444,8 @@ class SparseEmbedding(_TablesLayer):
             raise ValueError(f"layer '{self.name}': {n} tables but {len(ids)} id tensors")
         names = [getattr(t, "name", f"table_{i}") for i, t in enumerate(self._tables)]
         ids = [
-            _id_lists(x, self._key_dtype(i), names[i], self.padding_id) for i, x in enumerate(ids)
+            _id_lists(x, self._key_dtype(i), names[i], self.padding_id, self.name)
+            for i, x in enumerate(ids)
         ]
         weights = None if weights is None else _as_list(weights)
         if weights is not None and len(weights) != n:
