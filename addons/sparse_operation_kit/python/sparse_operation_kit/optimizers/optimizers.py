@@ -404,9 +404,14 @@ class OptimizerWrapper(
             if train_op is not None:
                 _register_train_op(applied, train_op)
             return train_op
-        ops_ = [self._updater.apply(sparse, version=global_step)]
+        # The rows' stamp is read before the optimizer's own increment, which follows only the
+        # dense updates.
+        stamp = None if global_step is None or not sparse else wrapper_step.read_step(global_step)
+        ops_ = [self._updater.apply(sparse, version=stamp)]
         if dense:
-            ops_.append(self._opt.apply_gradients(dense, global_step=global_step, name=name))
+            graph = not tf.executing_eagerly()
+            with tf.control_dependencies([stamp] if stamp is not None and graph else []):
+                ops_.append(self._opt.apply_gradients(dense, global_step=global_step, name=name))
             global_step = None
         if global_step is not None:
             with tf.control_dependencies([o for o in ops_ if o is not None]):
