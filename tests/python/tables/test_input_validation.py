@@ -61,7 +61,12 @@ NON_INTEGER_IDS = {
 }
 
 
-@pytest.mark.parametrize("dtype", NON_INTEGER_IDS)
+# The Keras layers take float ids that are whole numbers (keras.Input's default dtype; see
+# test_layers_take_whole_float_ids_and_refuse_fractional_ones).
+LAYER_REFUSED = [d for d in NON_INTEGER_IDS if d != "float32"]
+
+
+@pytest.mark.parametrize("dtype", LAYER_REFUSED)
 @pytest.mark.parametrize("combiner", [None, "sum"])
 def test_embedding_layer_refuses_non_integer_ids(dtype, combiner):
     layer = sok.Embedding(2, combiner=combiner, name=unique_name("ids"))
@@ -79,7 +84,7 @@ def test_embedding_layer_refuses_non_integer_ids(dtype, combiner):
     assert out.shape[-1] == 2 and int(layer.embedding_variable.size()) == 1
 
 
-@pytest.mark.parametrize("dtype", NON_INTEGER_IDS)
+@pytest.mark.parametrize("dtype", LAYER_REFUSED)
 def test_sparse_embedding_refuses_non_integer_ids(dtype):
     layer = sok.SparseEmbedding([2, 2], combiners="sum", name=unique_name("multi"))
     ok, bad = tf.constant([[1]], tf.int64), NON_INTEGER_IDS[dtype]
@@ -92,6 +97,22 @@ def test_sparse_embedding_refuses_non_integer_ids(dtype):
                                  combiners="sum", name=unique_name("static"))
     with pytest.raises(TypeError, match=f"got {dtype} ids"):
         static(bad)
+
+
+@pytest.mark.parametrize("combiner", [None, "sum"])
+def test_layers_take_whole_float_ids_and_refuse_fractional_ones(combiner):
+    layer = sok.Embedding(2, combiner=combiner, name=unique_name("float_ids"))
+    table = layer.embedding_variable.name
+    want = layer(tf.constant([[3, 5]], tf.int64), training=False).numpy()
+    for call in (layer, tf.function(lambda x: layer(x, training=False))):
+        np.testing.assert_array_equal(call(tf.constant([[3.0, 5.0]]), training=False)
+                                      if call is layer else call(tf.constant([[3.0, 5.0]])), want)
+    match = f"{table}.{{0,4}}: float ids must be whole numbers"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        layer(tf.constant([[1.7]]), training=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        tf.function(lambda x: layer(x, training=True))(tf.constant([[1.7]]))
+    assert int(layer.embedding_variable.size()) == 0  # nothing inserted under a truncated key
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bool"])

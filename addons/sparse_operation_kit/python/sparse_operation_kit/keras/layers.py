@@ -83,7 +83,35 @@ def _as_list(x):
 def _cast_ids(ids, dtype, table="table"):
     """Keras inputs are often int32: ids take the key dtype of their Embedding Variable (int64 ids
     for an int32 table must fit in int32: an error names the table otherwise)."""
-    return validation.cast_keys(ids, dtype, table)
+    return validation.cast_keys(_whole_float_ids(ids, table), dtype, table)
+
+
+def _whole_float_ids(ids, table):
+    """Float ids as int64, as Keras's Embedding takes them (keras.Input defaults to float32, and
+    Keras traces a model's serving signature with float inputs), but only whole numbers: a
+    fractional id is an error naming the table, not a truncated key."""
+    values = _values_of(ids)
+    if not values.dtype.is_floating:
+        return ids
+    whole = tf.debugging.assert_equal(
+        tf.math.floor(values), values,
+        message=f"table '{table}': float ids must be whole numbers (give int64 ids, e.g. "
+                "keras.Input(..., dtype=\"int64\"))")
+    with tf.control_dependencies([whole] if not tf.executing_eagerly() else []):
+        keys = tf.cast(values, tf.int64)
+    if isinstance(ids, tf.SparseTensor):
+        return tf.SparseTensor(ids.indices, keys, ids.dense_shape)
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.with_flat_values(keys)
+    return keys
+
+
+def _values_of(ids):
+    if isinstance(ids, tf.SparseTensor):
+        return ids.values
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.flat_values
+    return tf.convert_to_tensor(ids)
 
 
 def _check_pooled_dense_ids(ids, table, layer):
@@ -132,9 +160,6 @@ def _new_table(name, dim, initializer, key_dtype, ev_option):
 # ---------------------------------------------------------------------------------------------
 # Serialization: a table as a config, and its rows in a Keras weights store
 # ---------------------------------------------------------------------------------------------
-_TF1_INITIALIZERS = "tensorflow.python.ops.init_ops"  # tf.compat.v1.*_initializer's classes
-
-
 def _initializer_config(init, table):
     if init is None or isinstance(init, (str, bool, int, float)):
         return init
@@ -143,7 +168,7 @@ def _initializer_config(init, table):
     get_config = getattr(init, "get_config", None)
     if get_config is not None:
         config = {"class_name": type(init).__name__, "config": get_config()}
-        if type(init).__module__ == _TF1_INITIALIZERS:  # Keras's own classes take other arguments
+        if compat.is_tf1_initializer(init):  # Keras's own classes take other arguments
             config["module"] = "tf.compat.v1.initializers"
             config["config"].pop("dtype", None)  # float32; deprecated as an argument
         return config

@@ -116,6 +116,11 @@ def gradient_tape_recording():
     return bool(_record.could_possibly_record())
 
 
+def is_tf1_initializer(init):
+    """True for the classes of tf.compat.v1's *_initializer functions (no public base class)."""
+    return type(init).__module__ == "tensorflow.python.ops.init_ops"
+
+
 def in_saved_model_export():
     """True while tf.saved_model.save builds the SavedModel (tracing and writing objects)."""
     return _save_context.in_save_context()
