@@ -339,3 +339,37 @@ def test_tf_keras_wrapper_dumps_the_static_tables_slots(tmp_path):
     wrapper still finds the static table's accumulator, dumps it and loads it back."""
     folders = _wrapper_resume_of_static_table(tmp_path, _tf_keras_adagrad)
     assert folders == sorted([folders[0], f"{folders[0]}_accumulator"])
+
+
+def _tf_keras_momentum():
+    tf_keras = pytest.importorskip("tf_keras")
+    return tf_keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+
+
+WRAPPED_MOMENTUM = {
+    "keras": (lambda: tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9), "momentum"),
+    "tf_keras": (_tf_keras_momentum, "m"),
+}
+
+
+@pytest.mark.parametrize("flavor", sorted(WRAPPED_MOMENTUM))
+def test_wrapper_with_only_static_tables_dumps_their_momentum(tmp_path, flavor):
+    """The generic path (momentum has no fused kernel) learns slot names from the dynamic tables it
+    updates; with static tables only the wrapper still dumps and loads their momentum."""
+    make, slot = WRAPPED_MOMENTUM[flavor]
+    folders = _wrapper_resume_of_static_table(tmp_path, make)
+    assert folders == sorted([folders[0], f"{folders[0]}_{slot}"])
+
+
+def test_wrapper_load_refuses_a_dumped_slot_its_optimizer_lacks(tmp_path):
+    """A wrapped Keras optimizer built without the static table has no momentum to load into: an
+    error naming the table and the slot, not the momentum it has now kept."""
+    name = unique_name("static_wrapped")
+    var = sok.Variable(np.ones([ROWS, DIM], np.float32), name=name)
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+    _step(var, wrapper, _batches(4, 1)[0])
+    sok.dump(str(tmp_path), [var], wrapper)
+    fresh = tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+    fresh.build([tf.Variable(np.ones([ROWS, DIM], np.float32))])
+    with pytest.raises(ValueError, match=f"'momentum' slot of '{name}' but the SGD has none"):
+        sok.load(str(tmp_path), [var], sok.OptimizerWrapper(fresh))
