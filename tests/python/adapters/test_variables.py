@@ -52,6 +52,24 @@ def test_dynamic_variable_attributes_and_initializers():
     )
 
 
+def test_dense_reads_and_writes_of_a_dynamic_variable_name_the_table():
+    """SOK 2.x's DynamicVariable is a tf.Variable: its dense methods are TypeErrors naming the
+    table and what to call instead (as tf.convert_to_tensor(v)), and leave the table as it is."""
+    from sparse_operation_kit import experiment as sok
+    name = unique_name("dense_ops")
+    v = sok.DynamicVariable(dimension=2, initializer="0.5", name=name)
+    sok.assign(v, tf.constant([4], tf.int64), tf.constant([[1.0, 2.0]]))
+    reads = [v.value, v.numpy, v.read_value, lambda: tf.convert_to_tensor(v)]
+    for read in reads:
+        with pytest.raises(TypeError, match=f"'{name}' is a hash table.*sparse_read"):
+            read()
+    for write, scatter in (("assign_add", "scatter_add"), ("assign_sub", "scatter_sub")):
+        with pytest.raises(TypeError, match=f"'{name}' is a hash table.*{scatter}"):
+            getattr(v, write)(tf.ones([1, 2]))
+    np.testing.assert_array_equal(v.size.numpy(), [1, 2])
+    np.testing.assert_array_equal(v.sparse_read(tf.constant([4], tf.int64)).numpy(), [[1.0, 2.0]])
+
+
 def test_sok2_assign_and_export():
     """In the style of SOK 2.x's assign/export example."""
     from sparse_operation_kit import experiment as sok

@@ -210,6 +210,24 @@ class DynamicVariable(EmbeddingVariable):
 
     to_dynamic = to_static
 
+    # tf.Variable's dense reads and writes: SOK 2.x's DynamicVariable is a tf.Variable, so a
+    # program may call them; each is the error that names the table, as tf.convert_to_tensor(var)
+    # gives (an AttributeError would name neither the table nor what to call).
+    def value(self):
+        raise TypeError(_no_dense_value(self))
+
+    def numpy(self):
+        raise TypeError(_no_dense_value(self))
+
+    def read_value(self):
+        raise TypeError(_no_dense_value(self))
+
+    def assign_add(self, delta, use_locking=False, name=None, read_value=True):
+        raise TypeError(_no_dense_write(self, "assign_add", "scatter_add"))
+
+    def assign_sub(self, delta, use_locking=False, name=None, read_value=True):
+        raise TypeError(_no_dense_write(self, "assign_sub", "scatter_sub"))
+
     def __repr__(self):
         return (
             f"<sok.DynamicVariable '{self.name}' shape={self.shape} dtype={self.dtype.name} "
@@ -222,6 +240,13 @@ def _no_dense_value(var) -> str:
         f"sok.DynamicVariable '{var.name}' is a hash table without a dense value: read rows "
         f"with var.sparse_read(ids) or tf.nn.embedding_lookup(var, ids), every row with "
         f"sok.export(var) (keys, values), the row count with var.size"
+    )
+
+
+def _no_dense_write(var, method, scatter) -> str:
+    return (
+        f"sok.DynamicVariable '{var.name}' is a hash table without a dense value: {method} "
+        f"cannot apply a dense delta; update rows with var.{scatter}(tf.IndexedSlices(rows, ids))"
     )
 
 
