@@ -70,6 +70,25 @@ def test_dense_reads_and_writes_of_a_dynamic_variable_name_the_table():
     np.testing.assert_array_equal(v.sparse_read(tf.constant([4], tf.int64)).numpy(), [[1.0, 2.0]])
 
 
+def test_assign_to_a_fused_slot_names_it_read_only():
+    """Adagrad's accumulator lives in the table's rows (fused kernel): sok.export reads it,
+    sok.assign is a TypeError naming the table and the slot, and the slot keeps its values."""
+    from sparse_operation_kit import experiment as sok
+    name = unique_name("fused_slot")
+    v = sok.DynamicVariable(dimension=2, initializer="1", name=name)
+    opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.5, 0.1))
+    ids = tf.constant([3, 7], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v.sparse_read(ids) ** 2)
+    opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+    slot = opt.get_slot(v, "accumulator")
+    keys, before = [t.numpy() for t in sok.export(slot)]
+    np.testing.assert_allclose(before, np.full([2, 2], 0.1 + 2.0**2))  # gradient 2 * row
+    with pytest.raises(TypeError, match=f"'accumulator' slot of table '{name}'.*read-only"):
+        sok.assign(slot, keys, np.zeros_like(before))
+    np.testing.assert_array_equal(sok.export(slot)[1].numpy(), before)
+
+
 def test_sok2_assign_and_export():
     """In the style of SOK 2.x's assign/export example."""
     from sparse_operation_kit import experiment as sok

@@ -278,6 +278,15 @@ def _capacity(value, name):
     return value
 
 
+def _read_only_slot(slot) -> str:
+    return (
+        f"sok.assign: the '{slot.name}' slot of table '{slot.table.name}' is a fused optimizer's "
+        "slot stored in the table's rows, read-only (sok.export reads it); it is saved and "
+        "restored with its table: sok.dump / sok.load(path, tables, optimizer) or "
+        "tf.train.Checkpoint"
+    )
+
+
 def export(var) -> tuple[tf.Tensor, tf.Tensor]:
     """(keys, values) of every row of a SOK variable (a dense table: its ids and rows)."""
     if isinstance(var, (EmbeddingVariable, PartitionedEmbeddingVariable)):
@@ -293,5 +302,7 @@ def assign(var, indices, values) -> tf.Operation | tf.Tensor | tf.Variable | Non
     """Writes rows: var[indices[i]] = values[i] (inserting keys of dynamic tables)."""
     if isinstance(var, (EmbeddingVariable, PartitionedEmbeddingVariable)):
         return var.assign(indices, values)
+    if isinstance(var, RowSlot):
+        raise TypeError(_read_only_slot(var))
     return var.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(values, var.dtype),
                                                tf.convert_to_tensor(indices)))
