@@ -52,6 +52,65 @@ def test_dynamic_variable_attributes_and_initializers():
     )
 
 
+def test_dense_reads_and_writes_of_a_dynamic_variable_name_the_table():
+    """SOK 2.x's DynamicVariable is a tf.Variable: its dense methods are TypeErrors naming the
+    table and what to call instead (as tf.convert_to_tensor(v)), and leave the table as it is."""
+    from sparse_operation_kit import experiment as sok
+    name = unique_name("dense_ops")
+    v = sok.DynamicVariable(dimension=2, initializer="0.5", name=name)
+    sok.assign(v, tf.constant([4], tf.int64), tf.constant([[1.0, 2.0]]))
+    reads = [v.value, v.numpy, v.read_value, lambda: tf.convert_to_tensor(v)]
+    for read in reads:
+        with pytest.raises(TypeError, match=f"'{name}' is a hash table.*sparse_read"):
+            read()
+    for write, scatter in (("assign_add", "scatter_add"), ("assign_sub", "scatter_sub")):
+        with pytest.raises(TypeError, match=f"'{name}' is a hash table.*{scatter}"):
+            getattr(v, write)(tf.ones([1, 2]))
+    np.testing.assert_array_equal(v.size.numpy(), [1, 2])
+    np.testing.assert_array_equal(v.sparse_read(tf.constant([4], tf.int64)).numpy(), [[1.0, 2.0]])
+
+
+def test_assign_to_a_fused_slot_names_it_read_only():
+    """Adagrad's accumulator lives in the table's rows (fused kernel): sok.export reads it,
+    sok.assign is a TypeError naming the table and the slot, and the slot keeps its values."""
+    from sparse_operation_kit import experiment as sok
+    name = unique_name("fused_slot")
+    v = sok.DynamicVariable(dimension=2, initializer="1", name=name)
+    opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.5, 0.1))
+    ids = tf.constant([3, 7], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(v.sparse_read(ids) ** 2)
+    opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+    slot = opt.get_slot(v, "accumulator")
+    keys, before = [t.numpy() for t in sok.export(slot)]
+    np.testing.assert_allclose(before, np.full([2, 2], 0.1 + 2.0**2))  # gradient 2 * row
+    with pytest.raises(TypeError, match=f"'accumulator' slot of table '{name}'.*read-only"):
+        sok.assign(slot, keys, np.zeros_like(before))
+    np.testing.assert_array_equal(sok.export(slot)[1].numpy(), before)
+
+
+def test_static_variable_ids_beyond_its_rows_name_the_table():
+    """sok.assign and sparse_read of a sok.Variable check ids against its rows (TensorFlow's GPU
+    scatter would skip them silently): an error naming the table, its rows and the bad id, eager
+    and in a tf.function, and the table keeps its values."""
+    from sparse_operation_kit import experiment as sok
+    name = unique_name("static_rows")
+    init = np.arange(15 * 2, dtype=np.float32).reshape(15, 2)
+    v = sok.Variable(init, name=name)
+    message = f"{name} has 15 rows \\(ids 0..14\\), got id"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"sok.assign: .*{message} 15"):
+        sok.assign(v, tf.range(24, dtype=tf.int64), tf.ones([24, 2]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"sparse_read: .*{message} -1"):
+        v.sparse_read(tf.constant([2, -1], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{message}.*\\[20\\]"):
+        tf.function(lambda: v.sparse_read(tf.constant([3, 20], tf.int64)))()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{message}.*\\[16\\]"):
+        tf.function(lambda: sok.assign(v, tf.constant([16]), tf.ones([1, 2])))()
+    np.testing.assert_array_equal(v.numpy(), init)
+    sok.assign(v, tf.constant([14]), tf.ones([1, 2]))  # the last row is still writable
+    np.testing.assert_array_equal(v.sparse_read(tf.constant([14, 0])).numpy(), [[1, 1], [0, 1]])
+
+
 def test_sok2_assign_and_export():
     """In the style of SOK 2.x's assign/export example."""
     from sparse_operation_kit import experiment as sok

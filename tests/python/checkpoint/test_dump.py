@@ -297,3 +297,79 @@ def test_a_bad_dump_fails_before_the_table_changes(tmp_path, monkeypatch, damage
     after = sorted_export(ev)
     for field in before:
         np.testing.assert_array_equal(after[field], before[field], err_msg=field)
+
+
+def _tf_keras_adagrad():
+    tf_keras = pytest.importorskip("tf_keras")
+    return tf_keras.optimizers.Adagrad(learning_rate=0.5)
+
+
+def _wrapper_resume_of_static_table(tmp_path, make):
+    """Trains a sok.Variable through sok.OptimizerWrapper(make()), dumps it with the wrapper and
+    checks that a sok.load into the same objects (after more steps) and into fresh ones (a
+    restarted program) both resume the step that followed the dump. -> the dump's folders."""
+    name = unique_name("static_wrapped")
+    init = np.random.default_rng(0).uniform(-1, 1, [ROWS, DIM]).astype(np.float32)
+    var, opt = sok.Variable(init, name=name), make()
+    wrapper = sok.OptimizerWrapper(opt)
+    batches = _batches(3, 5)
+    for ids in batches[:2]:
+        _step(var, wrapper, ids)
+    sok.dump(str(tmp_path), [var], wrapper)
+    _step(var, wrapper, batches[2])
+    expected = var.numpy()
+
+    for ids in batches[3:]:  # moves the rows and the slots past the dump
+        _step(var, wrapper, ids)
+    sok.load(str(tmp_path), [var], wrapper)
+    _step(var, wrapper, batches[2])
+    np.testing.assert_allclose(var.numpy(), expected, rtol=1e-6, atol=1e-7)
+
+    var2, opt2 = sok.Variable(np.zeros_like(init), name=name), make()
+    opt2.build([var2])  # a Keras optimizer creates its slots when it is built
+    wrapper2 = sok.OptimizerWrapper(opt2)
+    sok.load(str(tmp_path), [var2], wrapper2)
+    _step(var2, wrapper2, batches[2])
+    np.testing.assert_allclose(var2.numpy(), expected, rtol=1e-6, atol=1e-7)
+    return sorted(os.listdir(tmp_path))
+
+
+def test_tf_keras_wrapper_dumps_the_static_tables_slots(tmp_path):
+    """tf_keras names a slot that apply_gradients creates "<optimizer>/<slot>/<variable>": the
+    wrapper still finds the static table's accumulator, dumps it and loads it back."""
+    folders = _wrapper_resume_of_static_table(tmp_path, _tf_keras_adagrad)
+    assert folders == sorted([folders[0], f"{folders[0]}_accumulator"])
+
+
+def _tf_keras_momentum():
+    tf_keras = pytest.importorskip("tf_keras")
+    return tf_keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+
+
+WRAPPED_MOMENTUM = {
+    "keras": (lambda: tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9), "momentum"),
+    "tf_keras": (_tf_keras_momentum, "m"),
+}
+
+
+@pytest.mark.parametrize("flavor", sorted(WRAPPED_MOMENTUM))
+def test_wrapper_with_only_static_tables_dumps_their_momentum(tmp_path, flavor):
+    """The generic path (momentum has no fused kernel) learns slot names from the dynamic tables it
+    updates; with static tables only the wrapper still dumps and loads their momentum."""
+    make, slot = WRAPPED_MOMENTUM[flavor]
+    folders = _wrapper_resume_of_static_table(tmp_path, make)
+    assert folders == sorted([folders[0], f"{folders[0]}_{slot}"])
+
+
+def test_wrapper_load_refuses_a_dumped_slot_its_optimizer_lacks(tmp_path):
+    """A wrapped Keras optimizer built without the static table has no momentum to load into: an
+    error naming the table and the slot, not the momentum it has now kept."""
+    name = unique_name("static_wrapped")
+    var = sok.Variable(np.ones([ROWS, DIM], np.float32), name=name)
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+    _step(var, wrapper, _batches(4, 1)[0])
+    sok.dump(str(tmp_path), [var], wrapper)
+    fresh = tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+    fresh.build([tf.Variable(np.ones([ROWS, DIM], np.float32))])
+    with pytest.raises(ValueError, match=f"'momentum' slot of '{name}' but the SGD has none"):
+        sok.load(str(tmp_path), [var], sok.OptimizerWrapper(fresh))

@@ -11,7 +11,13 @@ from sparse_operation_kit.tables.embedding_variable import (
     EmbeddingVariableOption,
     InitializerOption,
 )
-from sparse_operation_kit.tables.tables import StaticTable, default_name, parse_mode, static_table
+from sparse_operation_kit.tables.tables import (
+    StaticTable,
+    check_rows,
+    default_name,
+    parse_mode,
+    static_table,
+)
 
 
 def Variable(*args, mode: str | None = None, **kwargs) -> StaticTable:  # SOK 2.x's API name
@@ -210,6 +216,24 @@ class DynamicVariable(EmbeddingVariable):
 
     to_dynamic = to_static
 
+    # tf.Variable's dense reads and writes: SOK 2.x's DynamicVariable is a tf.Variable, so a
+    # program may call them; each is the error that names the table, as tf.convert_to_tensor(var)
+    # gives (an AttributeError would name neither the table nor what to call).
+    def value(self):
+        raise TypeError(_no_dense_value(self))
+
+    def numpy(self):
+        raise TypeError(_no_dense_value(self))
+
+    def read_value(self):
+        raise TypeError(_no_dense_value(self))
+
+    def assign_add(self, delta, use_locking=False, name=None, read_value=True):
+        raise TypeError(_no_dense_write(self, "assign_add", "scatter_add"))
+
+    def assign_sub(self, delta, use_locking=False, name=None, read_value=True):
+        raise TypeError(_no_dense_write(self, "assign_sub", "scatter_sub"))
+
     def __repr__(self):
         return (
             f"<sok.DynamicVariable '{self.name}' shape={self.shape} dtype={self.dtype.name} "
@@ -222,6 +246,13 @@ def _no_dense_value(var) -> str:
         f"sok.DynamicVariable '{var.name}' is a hash table without a dense value: read rows "
         f"with var.sparse_read(ids) or tf.nn.embedding_lookup(var, ids), every row with "
         f"sok.export(var) (keys, values), the row count with var.size"
+    )
+
+
+def _no_dense_write(var, method, scatter) -> str:
+    return (
+        f"sok.DynamicVariable '{var.name}' is a hash table without a dense value: {method} "
+        f"cannot apply a dense delta; update rows with var.{scatter}(tf.IndexedSlices(rows, ids))"
     )
 
 
@@ -253,6 +284,15 @@ def _capacity(value, name):
     return value
 
 
+def _read_only_slot(slot) -> str:
+    return (
+        f"sok.assign: the '{slot.name}' slot of table '{slot.table.name}' is a fused optimizer's "
+        "slot stored in the table's rows, read-only (sok.export reads it); it is saved and "
+        "restored with its table: sok.dump / sok.load(path, tables, optimizer) or "
+        "tf.train.Checkpoint"
+    )
+
+
 def export(var) -> tuple[tf.Tensor, tf.Tensor]:
     """(keys, values) of every row of a SOK variable (a dense table: its ids and rows)."""
     if isinstance(var, (EmbeddingVariable, PartitionedEmbeddingVariable)):
@@ -268,5 +308,11 @@ def assign(var, indices, values) -> tf.Operation | tf.Tensor | tf.Variable | Non
     """Writes rows: var[indices[i]] = values[i] (inserting keys of dynamic tables)."""
     if isinstance(var, (EmbeddingVariable, PartitionedEmbeddingVariable)):
         return var.assign(indices, values)
-    return var.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(values, var.dtype),
-                                               tf.convert_to_tensor(indices)))
+    if isinstance(var, RowSlot):
+        raise TypeError(_read_only_slot(var))
+    indices = tf.convert_to_tensor(indices)
+    checks = check_rows(var, indices, "sok.assign") if isinstance(var, StaticTable) else []
+    with tf.control_dependencies(checks):
+        return var.scatter_update(
+            tf.IndexedSlices(tf.convert_to_tensor(values, var.dtype), indices)
+        )

@@ -204,11 +204,25 @@ def _with_slots(variables, optimizer, create):
     return entries
 
 
+def _slot_names(variables, optimizer):
+    """The slot names a dump of `variables` by `optimizer` can hold."""
+    if hasattr(optimizer, "sok_slot_names"):
+        return set(optimizer.sok_slot_names())
+    return {n.rsplit("/", 1)[-1] for _, _, n in _plain_slots(variables, optimizer, False)}
+
+
+def _optimizer_name(optimizer):
+    if hasattr(optimizer, "sok_slot_variables"):  # a wrapper: the optimizer that owns the slots
+        return type(optimizer.optimizer).__name__
+    return type(optimizer).__name__
+
+
 def _check_no_slot_left(path, variables, optimizer, entries):
-    """A plain optimizer loads the slots it has; a dumped slot it lacks for a variable (a Keras
-    optimizer built without that variable) is an error, not skipped."""
+    """An optimizer (or wrapper) loads the slots it has; a dumped slot it lacks for a variable (a
+    Keras optimizer built without that variable) is an error, not skipped: the variable would
+    resume with the slots it has now."""
     loaded = {n for _, _, n in entries}
-    names = {n.rsplit("/", 1)[-1] for _, _, n in _plain_slots(variables, optimizer, False)}
+    names = _slot_names(variables, optimizer)
     for var in variables:
         table = tables.table_name(var)
         for slot in sorted(names):
@@ -216,7 +230,7 @@ def _check_no_slot_left(path, variables, optimizer, entries):
             if d not in loaded and os.path.isdir(os.path.join(path, d)):
                 raise ValueError(
                     f"sok.load: {path} holds the '{slot}' slot of '{table}' but the "
-                    f"{type(optimizer).__name__} has none for it: build the optimizer with that "
+                    f"{_optimizer_name(optimizer)} has none for it: build the optimizer with that "
                     "variable before loading"
                 )
 
@@ -271,7 +285,7 @@ def load(path: str, variables: Iterable, optimizer=None) -> None:
     variables = list(variables)
     entries = _with_slots(variables, optimizer, create=True)
     _require_eager("load", [n for _, _, n in entries])
-    if optimizer is not None and not hasattr(optimizer, "sok_slot_variables"):
+    if optimizer is not None:
         _check_no_slot_left(path, variables, optimizer, entries)
     for var, target, name in entries:
         files = _shard_files(path, name)

@@ -473,7 +473,9 @@ def optimizer_slots(optimizer, flavor, var):
         slots = {name: optimizer.get_slot(var, name) for name in optimizer.get_slot_names()}
         return {name: s for name, s in slots.items() if s is not None}
     # Keras 3 names a slot "<variable name with / and : as _>_<slot>", tf_keras
-    # "<slot>/<variable's shared name>".
+    # "<slot>/<variable's shared name>" from build() but "<optimizer>/<slot>/<shared name>" when
+    # apply_gradients creates it (its name scope): the slot's name is the part before the
+    # variable's, without that scope.
     base = (
         var.name.split(":")[0] if isinstance(var, tf.Variable) else getattr(var, "path", var.name)
     )
@@ -489,7 +491,7 @@ def optimizer_slots(optimizer, flavor, var):
             if name.startswith(prefix):
                 found[name[len(prefix) :]] = v
         elif name.endswith("/" + base):
-            found[name[: -len(base) - 1]] = v
+            found[name[: -len(base) - 1].rsplit("/", 1)[-1]] = v
     return found
 
 

@@ -267,6 +267,11 @@ class _SlotAccess(slots.HiddenFromCheckpointSlots):
         slots.SlotsByUniqueId)."""
         return slots.SlotsByUniqueId(self)
 
+    def sok_slot_names(self):
+        """Every slot name a dump can hold for a table (see slots.dumped_slot_names)."""
+        kind = keras_optimizer_kind(self._opt)
+        return slots.dumped_slot_names(self._opt, kind, self._sok_updater)
+
     def sok_slot_variables(self, variables, create=False):
         """[(slot, primary, slot name)] that sok.dump / sok.load store for `variables` (create:
         check that they exist; a Keras optimizer creates its slots when it is built)."""

@@ -329,6 +329,10 @@ class OptimizerWrapper(
         slots.SlotsByUniqueId)."""
         return slots.SlotsByUniqueId(self)
 
+    def sok_slot_names(self):
+        """Every slot name a dump can hold for a table (see slots.dumped_slot_names)."""
+        return slots.dumped_slot_names(self._opt, self._flavor, self._updater)
+
     def sok_slot_variables(self, variables, create=False):
         """[(slot, primary, slot name)] that sok.dump / sok.load store for `variables` (create:
         make missing slots first)."""

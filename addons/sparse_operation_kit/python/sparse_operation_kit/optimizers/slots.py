@@ -90,6 +90,20 @@ def get_slot_names(optimizer, flavor, updater):
     return sorted(names)
 
 
+def dumped_slot_names(optimizer, flavor, updater):
+    """Every slot name a dump by this wrapper can hold for a table: a Keras optimizer creates the
+    slots of a variable only when it is built with it, so its names come from a fresh copy built
+    on a probe variable (sok.load then refuses a dumped slot that the optimizer lacks)."""
+    names = set(get_slot_names(optimizer, flavor, updater))
+    if flavor in ("keras3", "tf_keras"):
+        fresh = type(optimizer).from_config(optimizer.get_config())
+        with tf.init_scope():
+            probe = tf.Variable(tf.zeros([1, 1]), trainable=False, name="sok_slot_probe")
+        fresh.build([probe])
+        names.update(generic_optimizer.optimizer_slots(fresh, flavor, probe))
+    return sorted(names)
+
+
 def optimizer_variables(optimizer, flavor, updater):
     if flavor == "v1" or flavor == "keras_legacy":
         own = optimizer.variables()
@@ -128,11 +142,25 @@ def slot_variables(optimizer, flavor, updater, variables):
     out = []
     names = get_slot_names(optimizer, flavor, updater)
     for var in variables:
+        if not isinstance(var, EmbeddingVariable):
+            out.extend((slot, var, name) for name, slot in _own_slots(optimizer, flavor, var))
+            continue
         for name in names:
             slot = get_slot(optimizer, flavor, updater, var, name)
             if slot is not None and not isinstance(slot, RowSlot):
                 out.append((slot, var, name))
     return out
+
+
+def _own_slots(optimizer, flavor, var):
+    """[(name, slot)] the wrapped optimizer keeps for a static table or dense variable: read from
+    the optimizer itself, since get_slot_names of a Keras wrapper knows only the tables' slots
+    (the generic path's names exist once it updated a dynamic table)."""
+    try:
+        found = generic_optimizer.optimizer_slots(optimizer, flavor, var)
+    except KeyError:  # a legacy optimizer's get_slot of a variable it never updated
+        found = {}
+    return sorted(found.items())
 
 
 class SlotsByUniqueId:
