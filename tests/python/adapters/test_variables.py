@@ -89,28 +89,6 @@ def test_assign_to_a_fused_slot_names_it_read_only():
     np.testing.assert_array_equal(sok.export(slot)[1].numpy(), before)
 
 
-def test_static_variable_ids_beyond_its_rows_name_the_table():
-    """sok.assign and sparse_read of a sok.Variable check ids against its rows (TensorFlow's GPU
-    scatter would skip them silently): an error naming the table, its rows and the bad id, eager
-    and in a tf.function, and the table keeps its values."""
-    from sparse_operation_kit import experiment as sok
-    name = unique_name("static_rows")
-    init = np.arange(15 * 2, dtype=np.float32).reshape(15, 2)
-    v = sok.Variable(init, name=name)
-    message = f"{name} has 15 rows \\(ids 0..14\\), got id"
-    with pytest.raises(tf.errors.InvalidArgumentError, match=f"sok.assign: .*{message} 15"):
-        sok.assign(v, tf.range(24, dtype=tf.int64), tf.ones([24, 2]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=f"sparse_read: .*{message} -1"):
-        v.sparse_read(tf.constant([2, -1], tf.int64))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{message}.*\\[20\\]"):
-        tf.function(lambda: v.sparse_read(tf.constant([3, 20], tf.int64)))()
-    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{message}.*\\[16\\]"):
-        tf.function(lambda: sok.assign(v, tf.constant([16]), tf.ones([1, 2])))()
-    np.testing.assert_array_equal(v.numpy(), init)
-    sok.assign(v, tf.constant([14]), tf.ones([1, 2]))  # the last row is still writable
-    np.testing.assert_array_equal(v.sparse_read(tf.constant([14, 0])).numpy(), [[1, 1], [0, 1]])
-
-
 def test_sok2_assign_and_export():
     """In the style of SOK 2.x's assign/export example."""
     from sparse_operation_kit import experiment as sok

@@ -11,13 +11,7 @@ from sparse_operation_kit.tables.embedding_variable import (
     EmbeddingVariableOption,
     InitializerOption,
 )
-from sparse_operation_kit.tables.tables import (
-    StaticTable,
-    check_rows,
-    default_name,
-    parse_mode,
-    static_table,
-)
+from sparse_operation_kit.tables.tables import StaticTable, default_name, parse_mode, static_table
 
 
 def Variable(*args, mode: str | None = None, **kwargs) -> StaticTable:  # SOK 2.x's API name
@@ -310,9 +304,5 @@ def assign(var, indices, values) -> tf.Operation | tf.Tensor | tf.Variable | Non
         return var.assign(indices, values)
     if isinstance(var, RowSlot):
         raise TypeError(_read_only_slot(var))
-    indices = tf.convert_to_tensor(indices)
-    checks = check_rows(var, indices, "sok.assign") if isinstance(var, StaticTable) else []
-    with tf.control_dependencies(checks):
-        return var.scatter_update(
-            tf.IndexedSlices(tf.convert_to_tensor(values, var.dtype), indices)
-        )
+    return var.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(values, var.dtype),
+                                               tf.convert_to_tensor(indices)))

@@ -118,12 +118,6 @@ class StaticTable(compat.ResourceVariable):
     def global_rows(self) -> int:
         return self._global_rows
 
-    def sparse_read(self, indices, name=None):
-        # tf.gather's own error names no table (and a GPU gather reads zeros for a bad id).
-        indices = tf.convert_to_tensor(indices)
-        with tf.control_dependencies(check_rows(self, indices, "sparse_read")):
-            return super().sparse_read(indices, name=name)
-
     def owner(self, keys):
         return owner(keys, self._target, self._world_size)
 
@@ -132,24 +126,6 @@ class StaticTable(compat.ResourceVariable):
 
     def global_key(self, rows, rank: int):
         return global_key(rows, self._target, self._world_size, rank)
-
-
-def check_rows(var, ids, what: str) -> list:
-    """Every id of `ids` is a row of the static table `var` (this rank's shard): in eager mode an
-    InvalidArgumentError naming the table, its rows and the first bad id, in a graph the assert
-    op that raises it (TensorFlow's GPU scatter skips such ids without a word)."""
-    name, rows = table_name(var), int(var.shape[0])
-    flat = tf.reshape(ids, [-1])
-    bad = tf.logical_or(flat < 0, flat >= tf.cast(rows, flat.dtype))
-    # No quotes around the name: graph-mode Assert prints its message escaped (\\').
-    message = f"{what}: sok.Variable {name} has {rows} rows (ids 0..{rows - 1}), got id"
-    if tf.executing_eagerly():
-        found = flat.numpy()[bad.numpy()]
-        if found.size:
-            raise tf.errors.InvalidArgumentError(None, None, f"{message} {int(found[0])}")
-        return []
-    first = tf.boolean_mask(flat, bad)[:1]
-    return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [message, first])]
 
 
 def target_of(param) -> int:
