@@ -12,8 +12,9 @@ serving SavedModel.
     horovodrun -np 2 ... run.py --horovod
 
 Under --horovod, --batch_size is the global batch: every rank trains on rows rank::size of each
-global batch; dense gradients are averaged over ranks (hvd.allreduce), the Embedding Variables'
-rows and gradients are exchanged by SOK. Throughput is printed by rank 0 in global samples/s.
+global batch; each rank differentiates its mean loss divided by the number of ranks, the dense
+gradients are summed over ranks (sok.all_reduce), the Embedding Variables' rows and gradients are
+exchanged (and summed on their owners) by SOK. Throughput is printed by rank 0 in global samples/s.
 """
 
 import argparse

@@ -6,11 +6,15 @@ one process and loaded into a fresh table in another. Each phase reports the pro
 memory before it and its peak during it (VmHWM, reset before the phase through
 /proc/self/clear_refs), so the figure is what the phase itself adds. With --device gpu the table
 lives on the GPU (--storage hbm_dram: every row but a 10% cache in pinned host memory) and the
-figures are still host memory: what a checkpoint of a table larger than the GPU needs.
+figures are still host memory: what a checkpoint of a table larger than the GPU needs. With
+--storage dram_ssdhash (CPU) 10% of the rows stay in memory and the rest in files under the
+dump's temporary directory: the added memory is then against the memory tier, not the table.
 
     .venv/bin/python benchmarks/embedding/checkpoint_memory.py --keys 2000000 --dim 128
     python3 benchmarks/embedding/checkpoint_memory.py --keys 2000000 --dim 128 --device gpu \
         --storage hbm_dram
+    .venv/bin/python benchmarks/embedding/checkpoint_memory.py --keys 2000000 --dim 128 \
+        --storage dram_ssdhash
 prints one line per phase:
     CHECKPOINT phase=dump device=cpu storage=dram keys=... table_gb=... before_gb=... peak_gb=...
         added_gb=... added_per_table=...
@@ -41,10 +45,15 @@ def _table(args, name):
     import sparse_operation_kit as sok
 
     option = None
+    row = 4 * args.dim * 2 + 32  # values, Adagrad's slot, metadata (a tier's row cost)
     if args.storage == "hbm_dram":
-        row = 4 * args.dim * 2 + 32  # values, Adagrad's slot, metadata (the tier's row cost)
         option = sok.EmbeddingVariableOption(storage_option=sok.StorageOption(
             storage_type=sok.StorageType.HBM_DRAM, storage_size=[args.keys * row // 10]))
+    elif args.storage == "dram_ssdhash":  # each phase's table has its own files
+        path = os.path.join(os.path.dirname(args.dump), f"ssd_{args.phase}")
+        option = sok.EmbeddingVariableOption(storage_option=sok.StorageOption(
+            storage_type=sok.StorageType.DRAM_SSDHASH, storage_path=path,
+            storage_size=[args.keys * row // 10]))
     with tf.device("/GPU:0" if args.device == "gpu" else "/CPU:0"):
         return sok.get_embedding_variable(name, args.dim, key_dtype=tf.int64,
                                           initializer=tf.zeros_initializer(), ev_option=option)
@@ -95,14 +104,18 @@ def main():
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--chunk", type=int, default=200_000, help="keys per training step")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    p.add_argument("--storage", choices=("dram", "hbm_dram"), default="dram",
-                   help="hbm_dram: an HBM_DRAM table (GPU) caching 10%% of its rows in GPU memory")
+    p.add_argument("--storage", choices=("dram", "hbm_dram", "dram_ssdhash"), default="dram",
+                   help="hbm_dram: an HBM_DRAM table (GPU) caching 10%% of its rows in GPU "
+                        "memory; dram_ssdhash: a DRAM_SSDHASH table (CPU) keeping 10%% of its "
+                        "rows in memory, the rest in files")
     p.add_argument("--dir", default=None, help="where the dump's temporary directory goes")
     p.add_argument("--phase", choices=("dump", "load"), help=argparse.SUPPRESS)
     p.add_argument("--dump", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.storage == "hbm_dram" and args.device != "gpu":
         p.error("--storage hbm_dram is a GPU tier")
+    if args.storage == "dram_ssdhash" and args.device != "cpu":
+        p.error("--storage dram_ssdhash is a CPU tier")
     if args.phase:
         _phase(args)
         return 0
@@ -113,7 +126,7 @@ def main():
         for phase in ("dump", "load"):
             cmd = [sys.executable, __file__, "--keys", str(args.keys), "--dim", str(args.dim),
                    "--chunk", str(args.chunk), "--device", args.device, "--storage",
-                   args.storage, "--dump", d, "--phase", phase]
+                   args.storage, "--dump", os.path.join(d, "dump"), "--phase", phase]
             rc = run_child(cmd, env, "CHECKPOINT")
             if rc != 0:
                 return rc

@@ -164,6 +164,92 @@ bool test_pooled_multi(int num_tables, bool bad, DenseTables dense_tables = Dens
   return ok;
 }
 
+// Rows read in place from one flat buffer through row_at (the exchange's returned rows): every
+// table's rows at shuffled places, row 0 of each table absent (row_at -1: reads zeros, takes no
+// gradient). The reference is the CPU core on rows with row 0 zeroed, its row grads put at the
+// same places. Dims all multiples of 4 (float4 access) or not.
+bool test_pooled_multi_row_at(bool x4) {
+  const std::vector<int64_t> dims =
+      x4 ? std::vector<int64_t>{4, 16, 8, 12, 128} : std::vector<int64_t>{4, 3, 16, 1, 33};
+  const int n_tables = static_cast<int>(dims.size());
+  std::vector<LookupCase> cases;
+  std::vector<std::pair<int, int64_t>> places;  // (table, row) of each row present, flat order
+  for (int k = 0; k < n_tables; ++k) {
+    cases.push_back(make_case(61 + 7 * k, 23, dims[k], 6));
+    for (int64_t r = 1; r < cases[k].num_rows; ++r) places.push_back({k, r});
+  }
+  std::shuffle(places.begin(), places.end(), g_rng);
+  std::vector<std::vector<int64_t>> row_at(n_tables);
+  for (int k = 0; k < n_tables; ++k) row_at[k].assign(cases[k].num_rows, -1);
+  int64_t floats = 0;
+  for (const auto& [k, r] : places) {
+    row_at[k][r] = floats;
+    floats += dims[k];
+  }
+  std::vector<float> flat(floats), want_flat_grad(floats);
+  std::vector<std::vector<float>> want_out(n_tables), gout(n_tables);
+  std::vector<DevBuf<float>> out(n_tables), gout_d(n_tables), w(n_tables);
+  std::vector<DevBuf<int32_t>> inv(n_tables);
+  std::vector<DevBuf<int64_t>> seg(n_tables), at(n_tables);
+  std::vector<PooledTable> fwd(n_tables), bwd(n_tables);
+  for (int k = 0; k < n_tables; ++k) {
+    LookupCase& c = cases[k];
+    const int64_t dim = dims[k];
+    std::fill(c.rows.begin(), c.rows.begin() + dim, 0.f);  // row 0 reads zeros
+    for (int64_t r = 1; r < c.num_rows; ++r)
+      std::copy(c.rows.begin() + r * dim, c.rows.begin() + (r + 1) * dim,
+                flat.begin() + row_at[k][r]);
+    const Combiner comb = static_cast<Combiner>(k % 3);
+    want_out[k].resize(c.batch * dim);
+    gout[k] = randn(c.batch * dim, 1.f);
+    std::vector<float> grad(c.num_rows * dim);
+    pooled_forward(c.rows.data(), dim, c.inverse.data(), c.seg.data(), c.weights.data(), c.n,
+                   c.batch, comb, want_out[k].data());
+    pooled_backward(gout[k].data(), dim, c.inverse.data(), c.seg.data(), c.weights.data(), c.n,
+                    c.batch, comb, c.num_rows, grad.data());
+    for (int64_t r = 1; r < c.num_rows; ++r)
+      std::copy(grad.begin() + r * dim, grad.begin() + (r + 1) * dim,
+                want_flat_grad.begin() + row_at[k][r]);
+    out[k].resize(c.batch * dim);
+    out[k].poison();
+    gout_d[k].upload(gout[k]);
+    w[k].upload(c.weights);
+    inv[k].upload(c.inverse);
+    seg[k].upload(c.seg);
+    at[k].upload(row_at[k]);
+    PooledTable& d = fwd[k];
+    d.inverse = inv[k].get();
+    d.segment_ids = seg[k].get();
+    d.weights = w[k].get();
+    d.n = c.n;
+    d.batch = c.batch;
+    d.num_rows = c.num_rows;
+    d.dim = dim;
+    d.combiner = comb;
+    d.row_at = at[k].get();
+    d.row_at_x4 = x4;
+    bwd[k] = d;
+  }
+  DevBuf<float> flat_d, flat_grad(floats);
+  flat_d.upload(flat);
+  CUDA_OK(cudaMemset(flat_grad.get(), 0, floats * sizeof(float)));  // the caller zeroes
+  for (int k = 0; k < n_tables; ++k) {
+    fwd[k].src = flat_d.get();
+    fwd[k].out = out[k].get();
+    bwd[k].src = gout_d[k].get();
+    bwd[k].out = flat_grad.get();
+  }
+  SOK_OK(pooled_forward_multi(fwd.data(), n_tables, nullptr));
+  SOK_OK(pooled_backward_multi_unordered(bwd.data(), n_tables, nullptr, default_allocator()));
+  bool ok = true;
+  for (int k = 0; k < n_tables; ++k) {
+    const std::string f = "forward of table " + std::to_string(k);
+    ok &= sok_test::expect_near(f.c_str(), out[k].download(), want_out[k], 1e-5, 1e-5);
+  }
+  return ok &&
+         sok_test::expect_near("flat row grads", flat_grad.download(), want_flat_grad, 1e-5, 1e-5);
+}
+
 // check_table's error for a dense table whose ids do not fill every sample equally.
 bool test_pooled_multi_bad_dense() {
   DevBuf<float> rows(4 * 8), out(4 * 8);
@@ -209,7 +295,7 @@ bool test_dense_row_splits(Combiner comb) {
 
 int main(int argc, char** argv) {
   return sok_gpu_test::gpu_test_main(argc, argv, "test_pooled_multi", [] {
-    for (int tables : {4, 9, 37})  // 37: two launches of 32 + 5 tables
+    for (int tables : {4, 9, 37})  // 37: two launches of 29 + 8 tables
       run("pooled multi-table fused fwd+bwd " + std::to_string(tables) + " tables",
           [=] { return test_pooled_multi(tables, false); });
     run("pooled multi-table fused: bad rows / order entries / segment ids skipped",
@@ -219,6 +305,10 @@ int main(int argc, char** argv) {
           [=] { return test_pooled_multi(tables, false, DenseTables::kSome); });
     run("pooled multi-table fused fwd+bwd 8 tables, all dense",
         [] { return test_pooled_multi(8, false, DenseTables::kAll); });
+    for (bool x4 : {true, false})
+      run(std::string("pooled multi-table fused: rows read in place through row_at") +
+              (x4 ? " (float4)" : " (mixed dims)"),
+          [=] { return test_pooled_multi_row_at(x4); });
     run("pooled multi-table fused: a dense table of 10 ids for batch 4 is refused",
         [] { return test_pooled_multi_bad_dense(); });
     for (Combiner c : {Combiner::kSum, Combiner::kMean, Combiner::kSqrtn})

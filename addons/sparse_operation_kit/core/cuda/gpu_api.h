@@ -193,6 +193,12 @@ struct PooledTable {
   const float* weights = nullptr;  // [n] or null (all 1)
   int64_t n = 0, batch = 0, num_rows = 0, dim = 0;
   Combiner combiner = Combiner::kSum;
+  // null: row r at src (forward) or out (backward) + r * dim. Else [num_rows]: the float where
+  // row r starts in src / out, -1 for none (reads zeros, takes no gradient): the rows as the
+  // exchange returned them, every table in one buffer (core/exchange.h's row_at), read in place.
+  // The backward leaves zeroing such an out to the caller (the tables share it).
+  const int64_t* row_at = nullptr;
+  bool row_at_x4 = false;  // every row_at entry is a multiple of 4 (float4 access)
 };
 
 // pooled_forward for every table: one launch (per 31 tables) after one that finds where each

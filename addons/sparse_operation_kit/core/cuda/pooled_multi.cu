@@ -9,6 +9,8 @@
 // with shuffles. Every block belongs to one table (found by a binary search over the blocks'
 // table starts). The table descriptors travel as one __grid_constant__ kernel parameter (no copy,
 // no lifetime to manage); calls with more than kTablesPerLaunch tables take one launch per chunk.
+// A table's rows may also be read (their gradient written) in place, wherever row_at says each
+// one starts: the exchange's returned rows, every table in one buffer, need no copy per table.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -24,18 +26,19 @@ using namespace detail;  // NOLINT
 
 namespace {
 
-// 31 descriptors of 128 bytes: the parameters stay under the classic 4 KB limit.
-constexpr int kTablesPerLaunch = 31;
+// 29 descriptors of 136 bytes: the parameters stay under the classic 4 KB limit.
+constexpr int kTablesPerLaunch = 29;
 constexpr int kWarpsPerBlock = kBlock / 32;
 
 struct LaunchTable {
   const float* src;  // forward: rows [num_rows, dim]; backward: grad_out [batch, dim]
   float* out;        // forward: [batch, dim]; backward: grad_rows [num_rows, dim]
   const int32_t* inverse;
-  const int64_t* seg;    // null: dense (or no ids)
-  const int32_t* order;  // null: seg is non-decreasing
-  const float* weights;  // null: all 1
-  int64_t* offsets;      // [batch + 1] sample starts in the ordered view; null: per_sample ids each
+  const int64_t* seg;     // null: dense (or no ids)
+  const int32_t* order;   // null: seg is non-decreasing
+  const float* weights;   // null: all 1
+  const int64_t* row_at;  // null: row r at r * dim; else where it starts, -1: none
+  int64_t* offsets;  // [batch + 1] sample starts in the ordered view; null: per_sample ids each
   int64_t n, batch, num_rows, dim, per_sample;
   int32_t first_block;                         // blocks of the sample kernel before this table's
   int32_t first_offset_block;                  // blocks of the offsets kernel before this table's
@@ -74,6 +77,11 @@ __device__ __forceinline__ int64_t id_at(const LaunchTable& t, int64_t k) {
 __device__ __forceinline__ int64_t row_of(const LaunchTable& t, int64_t i) {
   const int64_t r = t.inverse[i];
   return (r >= 0 && r < t.num_rows) ? r : -1;
+}
+
+// The first float of row r in src (forward) or out (backward); -1: the row is not there.
+__device__ __forceinline__ int64_t row_start(const LaunchTable& t, int64_t r) {
+  return t.row_at == nullptr ? r * t.dim : t.row_at[r];
 }
 
 // Sample of position k of the ordered view, clamped to [-1, batch]: k == n and bad order entries
@@ -177,24 +185,25 @@ __device__ void forward_sample(const LaunchTable& t) {
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc[k] = 0.f;
     for (int64_t j0 = a + sub; j0 < e; j0 += static_cast<int64_t>(S) * U) {
-      int64_t rr[U];
+      int64_t at[U];  // first float of each row, -1: none
       float wv[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t j = j0 + static_cast<int64_t>(u) * S;
-        rr[u] = -1;
+        at[u] = -1;
         wv[u] = 0.f;
         const int64_t i = j < e ? id_at(t, j) : -1;
-        if (i >= 0) {
-          rr[u] = row_of(t, i);
+        const int64_t r = i >= 0 ? row_of(t, i) : -1;
+        if (r >= 0) {
+          at[u] = row_start(t, r);
           wv[u] = t.weights ? t.weights[i] : 1.f;
         }
       }
       Vec<VEC> x[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (rr[u] >= 0 && cv) {
-          x[u] = load_vec<VEC>(t.src + rr[u] * t.dim + c0);
+        if (at[u] >= 0 && cv) {
+          x[u] = load_vec<VEC>(t.src + at[u] + c0);
         } else {
 #pragma unroll
           for (int k = 0; k < VEC; ++k) x[u].v[k] = 0.f;
@@ -290,10 +299,11 @@ __device__ void backward_sample(const LaunchTable& t, const HotRows* hot, int re
     for (int64_t j = a + sub; j < e; j += S) {
       const int64_t i = id_at(t, j);
       const int64_t r = i < 0 ? -1 : row_of(t, i);
-      if (r < 0) continue;
+      const int64_t at = r < 0 ? -1 : row_start(t, r);
+      if (at < 0) continue;
       const float w = (t.weights ? t.weights[i] : 1.f) * scale;
       if (hot == nullptr || !add_hot<VEC>(*hot, t.dim, r, c0, w, g))
-        add_scaled<VEC>(t.out + r * t.dim + c0, w, g);
+        add_scaled<VEC>(t.out + at + c0, w, g);
     }
   }
 }
@@ -328,7 +338,7 @@ __global__ void __launch_bounds__(kBlock)
   for (int64_t k = threadIdx.x * step; k < floats; k += blockDim.x * step) {
     const int32_t r = hot_row[k / t.dim];
     if (r < 0) continue;
-    float* dst = t.out + r * t.dim + k % t.dim;
+    float* dst = t.out + row_start(t, r) + k % t.dim;  // a claimed row has a start
     if (t.vec4) {
       const float4 v = *reinterpret_cast<const float4*>(hot_acc + k);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -342,11 +352,13 @@ __global__ void __launch_bounds__(kBlock)
   }
 }
 
-// Zeroes out[num_rows, dim] of every table (grid-stride; float4 stores where aligned).
+// Zeroes out[num_rows, dim] of every table without row_at (grid-stride; float4 stores where
+// aligned).
 __global__ void k_zero_multi(const __grid_constant__ LaunchTables ts) {
   const int64_t start = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int k = 0; k < ts.count; ++k) {
+    if (ts.t[k].row_at != nullptr) continue;
     float* p = ts.t[k].out;
     const int64_t m = ts.t[k].num_rows * ts.t[k].dim;
     int64_t head = 0;
@@ -425,13 +437,15 @@ int64_t pack(const PooledTable* tables, int begin, int end, Active&& active, int
     t.unused = 0;
     t.order = p.order;
     t.weights = p.weights;
+    t.row_at = p.row_at;
     t.n = p.n;
     t.batch = p.batch;
     t.num_rows = p.num_rows;
     t.dim = p.dim;
     t.per_sample = p.batch > 0 ? p.n / p.batch : 0;  // dense tables (sparse ones use offsets)
     t.combiner = static_cast<int32_t>(p.combiner);
-    t.vec4 = p.dim % 4 == 0 && aligned16(p.src) && aligned16(p.out);
+    t.vec4 = p.dim % 4 == 0 && aligned16(p.src) && aligned16(p.out) &&
+             (p.row_at == nullptr || p.row_at_x4);
     t.lanes = lanes_for(t.vec4 ? p.dim / 4 : p.dim);
     t.group_shift = group_shift_for(t.lanes, p.n, p.batch);
     t.offsets = nullptr;
@@ -506,13 +520,17 @@ Status pooled_backward_multi_unordered(const PooledTable* tables, int count, cud
       tables, count, alloc, stream, kBackwardReps, active,
       [&](const LaunchTables& ts, int64_t blocks) {
         int64_t elements = 0;
-        for (int k = 0; k < ts.count; ++k) elements += ts.t[k].num_rows * ts.t[k].dim;
-        if (elements == 0) return Status::OK();
+        for (int k = 0; k < ts.count; ++k) {
+          if (ts.t[k].row_at == nullptr) elements += ts.t[k].num_rows * ts.t[k].dim;
+        }
+        if (elements == 0 && blocks == 0) return Status::OK();
         // Enough blocks to fill the GPU; the grid-stride loop does the rest.
         const int zero_grid = grid_for(
             ceil_div(elements, 4) < 4096 * kBlock ? ceil_div(elements, 4) : 4096 * kBlock, kBlock);
-        k_zero_multi<<<zero_grid, kBlock, 0, stream>>>(ts);
-        SOK_LAUNCH_CHECK();
+        if (elements > 0) {
+          k_zero_multi<<<zero_grid, kBlock, 0, stream>>>(ts);
+          SOK_LAUNCH_CHECK();
+        }
         if (blocks == 0) return Status::OK();
         k_backward_multi<<<static_cast<int>(blocks), kBlock, 0, stream>>>(ts);
         SOK_LAUNCH_CHECK();

@@ -8,12 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "addons/sparse_operation_kit/core/exchange.h"
 #include "addons/sparse_operation_kit/core/lookup.h"
 #include "addons/sparse_operation_kit/tf/kernels/device.h"
 #include "addons/sparse_operation_kit/tf/kernels/embedding_variable_resource.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/util/determinism.h"
+
+#if GOOGLE_CUDA
+#include "addons/sparse_operation_kit/core/cuda/exchange.h"
+#endif
 
 namespace tensorflow {
 namespace sok_kernels {
@@ -31,6 +36,10 @@ struct PooledArgs {
   const float* weights;        // null: all 1
   sok::Combiner combiner;
   float* out;  // forward: [batch, dim]; backward: [num_rows, dim]
+  // null: rows (forward src, backward out) are [num_rows, dim]; else where each row starts in
+  // them, -1: none (the exchange's flat rows, read in place: see SokPooledCombineFlat).
+  const int64_t* row_at = nullptr;
+  bool row_at_x4 = false;  // every row_at entry a multiple of 4
 };
 
 // A table without segment ids holds the same number of ids in every sample (checked by the op).
@@ -165,6 +174,27 @@ struct LookupSteps<CpuDevice> {
                            a.num_rows, a.out, exec.parallel_for, a.segment_stride);
     });
     for (const Status& s : status) TF_RETURN_IF_ERROR(s);
+    return OkStatus();
+  }
+
+  // Whether the pooled kernels read (write) rows in place through row_at: never on the CPU.
+  static bool ReadsFlatInPlace(bool, bool) { return false; }
+
+  // The flat rows per table and back (core/exchange.h); and zeroing a float buffer.
+  static Status GatherFlat(OpKernelContext*, const std::vector<int64_t>& dims, const int64_t* sizes,
+                           const int64_t* row_at, const float* flat,
+                           const std::vector<float*>& rows) {
+    sok::exchange::gather_rows(dims, sizes, row_at, flat, rows.data());
+    return OkStatus();
+  }
+  static Status ScatterFlat(OpKernelContext*, const std::vector<int64_t>& dims,
+                            const int64_t* sizes, const int64_t* row_at,
+                            const std::vector<const float*>& rows, float* flat) {
+    sok::exchange::scatter_rows(dims, sizes, row_at, rows.data(), flat);
+    return OkStatus();
+  }
+  static Status Zero(OpKernelContext*, float* p, int64_t n) {
+    std::fill(p, p + n, 0.f);
     return OkStatus();
   }
 };
@@ -398,8 +428,34 @@ struct LookupSteps<GpuDevice> {
       t.num_rows = a.num_rows;
       t.dim = a.dim;
       t.combiner = a.combiner;
+      t.row_at = a.row_at;
+      t.row_at_x4 = a.row_at_x4;
     }
     return out;
+  }
+
+ public:
+  // Checked segments take every table down the fused launches, which read (and the atomic
+  // backward writes) rows in place through row_at.
+  static bool ReadsFlatInPlace(bool checked, bool forward) {
+    return checked && (forward || !OpDeterminismRequired());
+  }
+
+  static Status GatherFlat(OpKernelContext* ctx, const std::vector<int64_t>& dims,
+                           const int64_t* sizes, const int64_t* row_at, const float* flat,
+                           const std::vector<float*>& rows) {
+    return ToTf(sok::gpu::exchange::gather_rows(dims, sizes, row_at, flat, rows,
+                                                OnDevice<GpuDevice>::Stream(ctx)));
+  }
+  static Status ScatterFlat(OpKernelContext* ctx, const std::vector<int64_t>& dims,
+                            const int64_t* sizes, const int64_t* row_at,
+                            const std::vector<const float*>& rows, float* flat) {
+    return ToTf(sok::gpu::exchange::scatter_rows(dims, sizes, row_at, rows, flat,
+                                                 OnDevice<GpuDevice>::Stream(ctx)));
+  }
+  static Status Zero(OpKernelContext* ctx, float* p, int64_t n) {
+    return CudaCall(cudaMemsetAsync(p, 0, n * sizeof(float), OnDevice<GpuDevice>::Stream(ctx)),
+                    "zeroing the flat rows' gradient");
   }
 };
 #endif  // GOOGLE_CUDA
@@ -649,9 +705,9 @@ class PooledCombineOp : public SokOpKernel<Device> {
     for (int i = 0; i < n; ++i) {
       const Tensor& src = in->src[i];
       const int64_t count = shapes[i].dim_size(0);
-      in->tables[i] =
-          Args(i, src, forward ? src.dim_size(0) : count, forward ? count : src.dim_size(0),
-               inverse[i], segments[i], weights[i], orders, outs[i]);
+      in->tables[i] = Args(i, src.flat<float>().data(), src.dim_size(1),
+                           forward ? src.dim_size(0) : count, forward ? count : src.dim_size(0),
+                           inverse[i], segments[i], weights[i], orders, outs[i]);
     }
     return OkStatus();
   }
@@ -699,13 +755,14 @@ class PooledCombineOp : public SokOpKernel<Device> {
   }
 
  protected:
-  PooledArgs Args(int i, const Tensor& src, int64_t num_rows, int64_t batch, const Tensor& inverse,
-                  const Tensor& segments, const Tensor& weights, const OpInputList& orders,
-                  Tensor* out) const {
+  // src: the forward's rows or the gradient's grads, `dim` floats a row.
+  PooledArgs Args(int i, const float* src, int64_t dim, int64_t num_rows, int64_t batch,
+                  const Tensor& inverse, const Tensor& segments, const Tensor& weights,
+                  const OpInputList& orders, Tensor* out) const {
     PooledArgs a;
     a.name = &names_[i];
-    a.src = src.flat<float>().data();
-    a.dim = src.dim_size(1);
+    a.src = src;
+    a.dim = dim;
     a.num_rows = num_rows;
     a.batch = batch;
     a.n = inverse.NumElements();
@@ -739,10 +796,166 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
   }
 };
 
+// SokPooledCombineFlat (kForward) and its gradient: the pooled combine of rows read in place from
+// the exchange's flat rows (row_at), or its gradient written in place into d_returned. Where the
+// fused GPU launches do not run (the CPU, unchecked segments, a deterministic backward), the
+// rows are first gathered into one tensor per table (the gradient: scattered back after): the
+// same results, one copy more.
+template <typename Device, bool kForward>
+class PooledCombineFlatOp : public PooledCombineOp<Device> {
+ public:
+  explicit PooledCombineFlatOp(OpKernelConstruction* c) : PooledCombineOp<Device>(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("dims", &dims_));
+    OP_REQUIRES(
+        c, dims_.size() == this->names_.size(),
+        errors::InvalidArgument(dims_.size(), " dims for ", this->names_.size(), " tables"));
+    for (int64_t d : dims_) {
+      OP_REQUIRES(c, d >= 0, errors::InvalidArgument("negative dim ", d));
+      x4_ = x4_ && d % 4 == 0;
+    }
+  }
+
+ protected:
+  void ComputeOnDevice(OpKernelContext* ctx) override {
+    const int n = dims_.size();
+    OpInputList src, inverse, segments, weights, orders;
+    OP_REQUIRES_OK(ctx, ctx->input_list(kForward ? "returned" : "grads", &src));
+    OP_REQUIRES_OK(ctx, ctx->input_list("inverse", &inverse));
+    OP_REQUIRES_OK(ctx, ctx->input_list("segment_ids", &segments));
+    OP_REQUIRES_OK(ctx, ctx->input_list("weights", &weights));
+    OP_REQUIRES_OK(ctx, ctx->input_list("segment_order", &orders));
+    const Tensor *row_at_t, *sizes_t, *count_t;
+    OP_REQUIRES_OK(ctx, ctx->input("row_at", &row_at_t));
+    OP_REQUIRES_OK(ctx, ctx->input("sizes", &sizes_t));  // HostMemory
+    OP_REQUIRES_OK(ctx, ctx->input(kForward ? "batch_sizes" : "returned_floats", &count_t));
+    const Tensor &row_at = *row_at_t, &sizes = *sizes_t, &count = *count_t;  // count: HostMemory
+    std::vector<int64_t> starts;
+    OP_REQUIRES_OK(ctx, CheckRowAt(row_at, sizes, &starts));
+    OP_REQUIRES(ctx, count.NumElements() == (kForward ? n : 1),
+                errors::InvalidArgument(count.NumElements(),
+                                        kForward ? " batch sizes for " : " float counts for ", n,
+                                        " tables"));
+    const int64_t floats = kForward ? src[0].NumElements() : count.flat<int64_t>()(0);
+    OP_REQUIRES(ctx, floats >= 0 && floats <= FlatFloats(sizes),
+                errors::InvalidArgument("pooled lookup: ", floats, " returned floats for ",
+                                        FlatFloats(sizes), " in the tables' rows"));
+    std::vector<TensorShape> shapes;
+    for (int i = 0; i < n; ++i) {
+      const int64_t batch = kForward ? count.flat<int64_t>()(i) : src[i].dim_size(0);
+      OP_REQUIRES(ctx, batch >= 0,
+                  errors::InvalidArgument("table '", this->names_[i], "': negative batch size"));
+      if (!kForward) {
+        OP_REQUIRES(
+            ctx, src[i].dims() == 2 && src[i].dim_size(1) == dims_[i],
+            errors::InvalidArgument("gradient of table '", this->names_[i], "' must be [batch, ",
+                                    dims_[i], "], got ", src[i].shape().DebugString()));
+      }
+      const int64_t m = inverse[i].NumElements();
+      OP_REQUIRES_OK(ctx, PooledCombineOp<Device>::CheckIdArrays(this->names_[i], m, batch,
+                                                                 segments[i], weights[i]));
+      OP_REQUIRES_OK(ctx, this->CheckOrder(this->names_[i], m, segments[i], orders, i));
+      shapes.push_back(TensorShape({batch, dims_[i]}));
+    }
+    std::vector<Tensor*> outs;
+    Tensor* flat_out = nullptr;
+    if (kForward) {
+      OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, 0, DT_FLOAT, shapes, &outs));
+      Tensor* floats_t;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(n, TensorShape({1}), &floats_t));
+      floats_t->flat<int64_t>()(0) = floats;
+    } else {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({floats}), &flat_out));
+      OP_REQUIRES_OK(ctx, LookupSteps<Device>::Zero(ctx, flat_out->flat<float>().data(), floats));
+    }
+    const float* flat = kForward ? src[0].flat<float>().data() : nullptr;
+    std::vector<PooledArgs> tables(n);
+    for (int i = 0; i < n; ++i) {
+      const int64_t rows = sizes.flat<int64_t>()(i);
+      PooledArgs& a = tables[i];
+      a = this->Args(i, kForward ? flat : src[i].flat<float>().data(), dims_[i], rows,
+                     shapes[i].dim_size(0), inverse[i], segments[i], weights[i], orders,
+                     kForward ? outs[i] : flat_out);
+      a.row_at = row_at.flat<int64_t>().data() + starts[i];
+      a.row_at_x4 = x4_;
+    }
+    const int64_t* row_at_p = row_at.flat<int64_t>().data();
+    const int64_t* sizes_p = sizes.flat<int64_t>().data();
+    if (LookupSteps<Device>::ReadsFlatInPlace(this->checked_, kForward)) {
+      OP_REQUIRES_OK(ctx, Run(ctx, tables));
+      return;
+    }
+    // One tensor per table's rows (forward: gathered; backward: scattered after).
+    std::vector<Tensor> per_table(n);
+    std::vector<float*> ptrs(n);
+    for (int i = 0; i < n; ++i) {
+      OP_REQUIRES_OK(
+          ctx, ctx->allocate_temp(DT_FLOAT, TensorShape({sizes_p[i], dims_[i]}), &per_table[i]));
+      ptrs[i] = per_table[i].flat<float>().data();
+      if (kForward) tables[i].src = ptrs[i];
+      else tables[i].out = ptrs[i];
+      tables[i].row_at = nullptr;
+    }
+    if (kForward) {
+      OP_REQUIRES_OK(ctx,
+                     LookupSteps<Device>::GatherFlat(ctx, dims_, sizes_p, row_at_p, flat, ptrs));
+      OP_REQUIRES_OK(ctx, Run(ctx, tables));
+      return;
+    }
+    OP_REQUIRES_OK(ctx, Run(ctx, tables));
+    OP_REQUIRES_OK(
+        ctx, LookupSteps<Device>::ScatterFlat(ctx, dims_, sizes_p, row_at_p,
+                                              std::vector<const float*>(ptrs.begin(), ptrs.end()),
+                                              flat_out->flat<float>().data()));
+  }
+
+ private:
+  Status Run(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) const {
+    return kForward ? LookupSteps<Device>::Forward(ctx, tables, this->checked_)
+                    : LookupSteps<Device>::Backward(ctx, tables, this->checked_);
+  }
+
+  // sizes [N] (host) add up to row_at's entries; starts[i]: table i's first.
+  Status CheckRowAt(const Tensor& row_at, const Tensor& sizes, std::vector<int64_t>* starts) const {
+    const int n = dims_.size();
+    if (row_at.dims() != 1 || sizes.NumElements() != n) {
+      return errors::InvalidArgument("pooled lookup: row_at must be a vector and sizes hold ", n,
+                                     " entries, got ", row_at.shape().DebugString(), " and ",
+                                     sizes.shape().DebugString());
+    }
+    int64_t total = 0;
+    for (int i = 0; i < n; ++i) {
+      const int64_t k = sizes.flat<int64_t>()(i);
+      if (k < 0) {
+        return errors::InvalidArgument("table '", this->names_[i], "': negative row count ", k);
+      }
+      starts->push_back(total);
+      total += k;
+    }
+    if (total != row_at.NumElements()) {
+      return errors::InvalidArgument("pooled lookup: sizes add up to ", total,
+                                     " rows but row_at has ", row_at.NumElements(), " entries");
+    }
+    return OkStatus();
+  }
+
+  int64_t FlatFloats(const Tensor& sizes) const {
+    int64_t total = 0;
+    for (size_t i = 0; i < dims_.size(); ++i) total += sizes.flat<int64_t>()(i) * dims_[i];
+    return total;
+  }
+
+  std::vector<int64_t> dims_;
+  bool x4_ = true;
+};
+
 REGISTER_KERNEL_BUILDER(Name("SokUniqueKeys").Device(DEVICE_CPU), UniqueKeysOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_CPU), PooledCombineOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_CPU),
                         PooledCombineGradOp<CpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokPooledCombineFlat").Device(DEVICE_CPU),
+                        PooledCombineFlatOp<CpuDevice, true>);
+REGISTER_KERNEL_BUILDER(Name("SokPooledCombineFlatGrad").Device(DEVICE_CPU),
+                        PooledCombineFlatOp<CpuDevice, false>);
 #if GOOGLE_CUDA
 REGISTER_KERNEL_BUILDER(
     Name("SokUniqueKeys").Device(DEVICE_GPU).HostMemory("dense_shapes").HostMemory("batch_sizes"),
@@ -752,6 +965,17 @@ REGISTER_KERNEL_BUILDER(
     PooledCombineOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_GPU).HostMemory("num_rows"),
                         PooledCombineGradOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SokPooledCombineFlat")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("sizes")
+                            .HostMemory("batch_sizes")
+                            .HostMemory("returned_floats"),
+                        PooledCombineFlatOp<GpuDevice, true>);
+REGISTER_KERNEL_BUILDER(Name("SokPooledCombineFlatGrad")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("sizes")
+                            .HostMemory("returned_floats"),
+                        PooledCombineFlatOp<GpuDevice, false>);
 #endif
 
 }  // namespace

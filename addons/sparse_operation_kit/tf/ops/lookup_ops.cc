@@ -126,5 +126,68 @@ REGISTER_OP("SokPooledCombineGrad")
       return OkStatus();
     });
 
+// SokPooledCombine of rows read in place from the flat rows the exchange returned (every table
+// in one buffer): row r of table i starts at float row_at[s_i + r] of `returned` (s_i: sizes
+// summed over the tables before i; -1: no row, it reads zeros and takes no gradient), sizes[i]
+// rows per table (host memory), dims[i] floats each. The other inputs and attributes are
+// SokPooledCombine's. returned_floats [1] (host memory): the gradient's size.
+REGISTER_OP("SokPooledCombineFlat")
+    .Input("returned: float")
+    .Input("row_at: int64")
+    .Input("sizes: int64")  // [N]
+    .Input("inverse: N * int32")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * float")
+    .Input("segment_order: M * int32")
+    .Input("batch_sizes: int64")  // [N]
+    .Output("embeddings: N * float")
+    .Output("returned_floats: int64")
+    .Attr("N: int >= 1")
+    .Attr("M: int >= 0 = 0")
+    .Attr("dims: list(int)")
+    .Attr("segments_checked: bool = false")
+    .Attr("combiners: list(string)")
+    .Attr("table_names: list(string)")
+    .SetShapeFn([](InferenceContext* c) {
+      int n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      std::vector<int64_t> dims;
+      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+      if (static_cast<int>(dims.size()) != n) {
+        return errors::InvalidArgument("SokPooledCombineFlat: ", dims.size(), " dims for ", n,
+                                       " tables");
+      }
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+      for (int i = 0; i < n; ++i) {
+        c->set_output(i, c->Matrix(InferenceContext::kUnknownDim, dims[i]));
+      }
+      c->set_output(n, c->Vector(1));
+      return OkStatus();
+    });
+
+// The gradient: d(returned) [returned_floats], every float written (those of no row zeros).
+REGISTER_OP("SokPooledCombineFlatGrad")
+    .Input("grads: N * float")
+    .Input("row_at: int64")
+    .Input("sizes: int64")  // [N]
+    .Input("inverse: N * int32")
+    .Input("segment_ids: N * int64")
+    .Input("weights: N * float")
+    .Input("segment_order: M * int32")
+    .Input("returned_floats: int64")  // [1]
+    .Output("d_returned: float")
+    .Attr("N: int >= 1")
+    .Attr("M: int >= 0 = 0")
+    .Attr("dims: list(int)")
+    .Attr("segments_checked: bool = false")
+    .Attr("combiners: list(string)")
+    .Attr("table_names: list(string) = []")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return OkStatus();
+    });
+
 }  // namespace sok_ops
 }  // namespace tensorflow

@@ -2,8 +2,10 @@
 
     ids of every table -> dedup (one row per distinct key; inverse maps ids back)
                        -> exchange.fetch_rows: rows of the distinct keys (owners look them up;
-                          training inserts new keys, evaluation never does)
-                       -> pooled combine per sample (sum / mean / sqrtn, optional weights)
+                          training inserts new keys, evaluation never does); under Horovod the
+                          flat rows as they came back (distributed.fetch_returned_rows)
+                       -> pooled combine per sample (sum / mean / sqrtn, optional weights), of
+                          the flat rows in place (SokPooledCombineFlat)
 
 Gradients flow back the same way: per-sample gradient -> per-distinct-key gradient ->
 (exchange) -> tf.IndexedSlices keyed by id on the owning table.
@@ -15,7 +17,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from sparse_operation_kit.parallel import exchange, partitioned
+from sparse_operation_kit.parallel import distributed, exchange, partitioned
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.runtime.context import context
@@ -55,12 +57,7 @@ def _pooled_combine_grad(op, *grads):
     orders = op.inputs[4 * n:4 * n + m]
     grads = grads[:n]  # the last output, num_rows (the rows' dim 0, in host memory), has none
     num_rows = op.outputs[n]
-    # The gradient runs where the forward ran (see _on_device_of).
-    if isinstance(op, tf.Operation):  # graphs (TF1, tf.function)
-        where = tf.compat.v1.colocate_with(op)
-    else:  # eager tape: next to the incoming gradient
-        where = tf.device(next((g.device for g in grads if g is not None), None))
-    with where:
+    with _gradient_device(op, grads):
         row_grads = ops.sok_pooled_combine_grad(
             list(grads),
             list(inverse),
@@ -92,8 +89,32 @@ def _gather_grad(op, *grads):
     return slices + [None] * (2 * n + 1)
 
 
+@compat.register_gradient("SokPooledCombineFlat")
+def _pooled_combine_flat_grad(op, *grads):
+    """The gradient of the returned flat rows (distributed.fetch_returned_rows), in place."""
+    n, m = op.get_attr("N"), op.get_attr("M")
+    row_at, sizes = op.inputs[1], op.inputs[2]
+    inverse, segments, weights = (op.inputs[3 + i * n:3 + (i + 1) * n] for i in range(3))
+    orders = op.inputs[3 + 3 * n:3 + 3 * n + m]
+    with _gradient_device(op, grads[:n]):
+        d_returned = ops.sok_pooled_combine_flat_grad(
+            list(grads[:n]), row_at, sizes, list(inverse), list(segments), list(weights),
+            list(orders), op.outputs[n], dims=op.get_attr("dims"),
+            combiners=op.get_attr("combiners"), table_names=op.get_attr("table_names"),
+            segments_checked=op.get_attr("segments_checked"))
+    return [d_returned] + [None] * (3 + 3 * n + m)
+
+
+def _gradient_device(op, grads):
+    """Where a pooled combine's gradient runs: beside the forward (see _on_device_of)."""
+    if isinstance(op, tf.Operation):  # graphs (TF1, tf.function)
+        return tf.compat.v1.colocate_with(op)
+    return tf.device(next((g.device for g in grads if g is not None), None))  # eager tape
+
+
 tf.no_gradient("SokUniqueKeys")
 tf.no_gradient("SokPooledCombineGrad")
+tf.no_gradient("SokPooledCombineFlatGrad")
 tf.no_gradient("SokEmbeddingVariableSparseApply")
 
 
@@ -344,10 +365,15 @@ def _dedup(tables, flat, names, training, exchanged, padded):
 
 
 def _fetch(params, dedup, training, call_name, names):
-    """The rows of the distinct keys of every table (through the exchange over ranks)."""
+    """The rows of the distinct keys of every table: one tensor per table, or (through the
+    exchange's plan: dedup.valid) the flat rows as the exchange returned them, which the pooling
+    reads in place (distributed.fetch_returned_rows)."""
     try:
+        if dedup.valid is not None:
+            return distributed.fetch_returned_rows(params, dedup.unique, dedup.counts, training,
+                                                   names, valid=dedup.valid, padded=dedup.padded)
         return partitioned.fetch_rows(params, dedup.unique, dedup.counts, training=training,
-                                      names=names, valid=dedup.valid, padded=dedup.padded)
+                                      names=names)
     except tf.errors.OpError as e:  # eager: name the call whose exchange never completed
         diverged = _diverged(e, call_name, names)
         if diverged is e:
@@ -356,12 +382,18 @@ def _fetch(params, dedup, training, call_name, names):
 
 
 def _pool(tables, rows, dedup, flat, combiners, names):
-    """SokPooledCombine: each table's rows combined per sample ([batch, dim] per table)."""
+    """SokPooledCombine: each table's rows combined per sample ([batch, dim] per table); of the
+    exchange's flat rows, SokPooledCombineFlat."""
     with _on_device_of(tables):
         # SokUniqueKeys checked every position and gives each table's sample order.
-        outs, _ = ops.sok_pooled_combine(rows, dedup.inverse, flat.segments, flat.weights,
-                                         dedup.orders, dedup.batch_sizes, segments_checked=True,
-                                         combiners=combiners, table_names=names)
+        common = dict(segments_checked=True, combiners=combiners, table_names=names)
+        if isinstance(rows, list):
+            outs, _ = ops.sok_pooled_combine(rows, dedup.inverse, flat.segments, flat.weights,
+                                             dedup.orders, dedup.batch_sizes, **common)
+        else:
+            outs, _ = ops.sok_pooled_combine_flat(
+                rows.flat, rows.row_at, rows.sizes, dedup.inverse, flat.segments, flat.weights,
+                dedup.orders, dedup.batch_sizes, dims=rows.dims, **common)
     return outs
 
 

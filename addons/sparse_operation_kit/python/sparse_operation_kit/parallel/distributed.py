@@ -10,7 +10,9 @@ One lookup_sparse call makes one exchange per direction, whatever the number of 
      once and checks that all ranks passed the same tables and valid ids before going on;
   2. owners dedup what every rank sent, all tables at once, read (training: insert) each row
      once and send it to every rank that asked, flattened (dims may differ), sized from that
-     matrix.
+     matrix. lookup_sparse pools those flat rows where they arrived (fetch_returned_rows and
+     SokPooledCombineFlat, whose gradient comes back in the same layout); fetch_rows takes each
+     key's row out for the other callers.
 
 Dense ids (lookup.py's _exchanged) skip both dedups' waits for their distinct counts: the
 requester's dedup and the owner's keep every entry (padding after the distinct keys) and give
@@ -101,16 +103,36 @@ def fetch_rows(params, keys, counts, training, names, valid=None, padded=False):
     outside their dense shape (the plan's header makes every rank fail). padded: the keys carry
     padding past valid (the requester's dedup did not wait for its counts): it is not sent, its
     rows are zeros, and the owner's keys are padded too."""
+    with tf.name_scope("sok_exchange"), _not_xla_compiled():
+        rows, owned, sent, device, chain = _rows_of_owners(params, keys, counts, training, names,
+                                                           valid, padded)
+        return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
+
+
+def fetch_returned_rows(params, keys, counts, training, names, valid=None, padded=False):
+    """fetch_rows' rows as they come back, not split per table: .flat (floats; differentiable),
+    .row_at (where the row of key i of table t starts in it, -1: none; key i of table t is entry
+    sum(.sizes[:t]) + i), .sizes ([n], host) and .dims. SokPooledCombineFlat reads them in place,
+    which saves copying every row (and its gradient) once more."""
+    dims = [_dim(p) for p in params]
+    with tf.name_scope("sok_exchange"), _not_xla_compiled():
+        rows, owned, sent, device, chain = _rows_of_owners(params, keys, counts, training, names,
+                                                           valid, padded)
+        flat = _returned_flat(rows, owned, sent, dims, device, chain)
+    return types.SimpleNamespace(flat=flat, row_at=sent.row_at, sizes=sent.sizes, dims=dims)
+
+
+def _rows_of_owners(params, keys, counts, training, names, valid, padded):
+    """Steps 1 and 2: the keys sent to their owners, and the owners' rows of them."""
     world = context.world_size
     device = getattr(params[0], "device", "")
     for p, nm in zip(params, names):
         tables.check_target(target_of(p), world, "lookup_sparse", nm)
-    with tf.name_scope("sok_exchange"), _not_xla_compiled():
-        chain = collectives.TRAIN if training else collectives.LOOKUP
-        sent = _send_keys(params, keys, counts, names, device, chain, valid)
-        owned = _owned_keys(params, sent, training, padded=padded)
-        rows = local_rows(params, owned.keys, owned.counts, training, names, owned.valid)
-        return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
+    chain = collectives.TRAIN if training else collectives.LOOKUP
+    sent = _send_keys(params, keys, counts, names, device, chain, valid)
+    owned = _owned_keys(params, sent, training, padded=padded)
+    rows = local_rows(params, owned.keys, owned.counts, training, names, owned.valid)
+    return rows, owned, sent, device, chain
 
 
 def _send_keys(params, keys, counts, names, device, chain, valid):
@@ -168,28 +190,53 @@ def _return_rows(rows, owned, sent, dims, device, chain):
     A custom gradient sends each row's gradient back the same way, reversed, built outside XLA:
     XLA's auto-jit would recompile for every step's new sizes."""
     n = len(dims)
-    recv = sent.ex.received  # [world, n + 2], host
-    owed_to, due_from = sent.owed_to, sent.due_from  # floats per requester / per owner
 
-    # The gradient's ops make no host arithmetic of their own: optimizers may colocate a
-    # gradient with its op, and one on the GPU cannot share a group with host ops.
     @tf.custom_gradient
     def move(*rows):
-        flat = ops.sok_exchange_rows_to_blocks(rows, owned.row_pos, recv, dims=dims)
-        back = collectives.all_to_all_sized(flat, owed_to, due_from, device, chain)
+        back = _rows_to_requesters(rows, owned, sent, dims, device, chain)
         outs = ops.sok_exchange_gather_rows(back, sent.row_at, sent.sizes, N=n, dims=dims)
 
         def grad(*d_outs):
             with _not_xla_compiled():
                 d_outs = [tf.zeros_like(o) if g is None else tf.convert_to_tensor(g)
                           for g, o in zip(d_outs, outs)]
-                d_back = ops.sok_exchange_scatter_rows(d_outs, sent.row_at, sent.sizes, due_from,
-                                                       dims=dims)
-                d_flat = collectives.all_to_all_sized(d_back, due_from, owed_to, device,
-                                                      ends_step=True)
-                return list(ops.sok_exchange_rows_from_blocks(d_flat, owned.row_pos,
-                                                              owned.distinct, N=n, dims=dims))
+                d_back = ops.sok_exchange_scatter_rows(d_outs, sent.row_at, sent.sizes,
+                                                       sent.due_from, dims=dims)
+                return _grads_to_owners(d_back, owned, sent, dims, device)
 
         return list(outs), grad
 
     return move(*rows)
+
+
+def _returned_flat(rows, owned, sent, dims, device, chain):
+    """3. as _return_rows, without taking each key's row out: the flat rows as they came back
+    (their gradient comes in the same layout)."""
+
+    @tf.custom_gradient
+    def move(*rows):
+        back = _rows_to_requesters(rows, owned, sent, dims, device, chain)
+
+        def grad(d_back):
+            with _not_xla_compiled():
+                return _grads_to_owners(tf.convert_to_tensor(d_back), owned, sent, dims, device)
+
+        return back, grad
+
+    return move(*rows)
+
+
+def _rows_to_requesters(rows, owned, sent, dims, device, chain):
+    """Every distinct row to the requesters that asked, flat blocks by (requester, table)."""
+    flat = ops.sok_exchange_rows_to_blocks(rows, owned.row_pos, sent.ex.received, dims=dims)
+    return collectives.all_to_all_sized(flat, sent.owed_to, sent.due_from, device, chain)
+
+
+def _grads_to_owners(d_back, owned, sent, dims, device):
+    """The returned rows' gradient back to the owners, summed per distinct row in rank order.
+    Its ops make no host arithmetic of their own: optimizers may colocate a gradient with its
+    op, and one on the GPU cannot share a group with host ops."""
+    d_flat = collectives.all_to_all_sized(d_back, sent.due_from, sent.owed_to, device,
+                                          ends_step=True)
+    return list(ops.sok_exchange_rows_from_blocks(d_flat, owned.row_pos, owned.distinct,
+                                                  N=len(dims), dims=dims))
