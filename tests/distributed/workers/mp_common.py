@@ -46,7 +46,7 @@ STEP_OPS = ("SokUniqueKeys", "SokEmbeddingVariableGather", "SokPooledCombine",
             "SokPooledCombineGrad", "SokEmbeddingVariableSparseApply", "SokAllToAll",
             "SokAllReduce", "SokExchangePlan", "SokExchangeOwnerKeys",
             "SokExchangeRowsToBlocks", "SokExchangeGatherRows", "SokExchangeScatterRows",
-            "SokExchangeRowsFromBlocks")
+            "SokExchangeRowsFromBlocks", "SokPooledCombineFlat", "SokPooledCombineFlatGrad")
 
 
 def cpu_step_ops():

@@ -9,7 +9,7 @@ from mp_common import log, setup
 import sparse_operation_kit as sok
 
 EXCHANGE_OPS = ("SokExchangePlan", "SokExchangeOwnerKeys", "SokExchangeRowsToBlocks",
-                "SokExchangeGatherRows", "SokExchangeScatterRows", "SokExchangeRowsFromBlocks")
+                "SokPooledCombineFlat", "SokPooledCombineFlatGrad", "SokExchangeRowsFromBlocks")
 
 
 def main():
