@@ -17,7 +17,7 @@ dump's temporary directory: the added memory is then against the memory tier, no
         --storage dram_ssdhash
 prints one line per phase:
     CHECKPOINT phase=dump device=cpu storage=dram keys=... table_gb=... before_gb=... peak_gb=...
-        added_gb=... added_per_table=...
+        added_gb=... added_per_table=... file_pages_gb=... seconds=...
 """
 import argparse
 import os
@@ -51,6 +51,7 @@ def _table(args, name):
             storage_type=sok.StorageType.HBM_DRAM, storage_size=[args.keys * row // 10]))
     elif args.storage == "dram_ssdhash":  # each phase's table has its own files
         path = os.path.join(os.path.dirname(args.dump), f"ssd_{args.phase}")
+        os.makedirs(path, exist_ok=True)
         option = sok.EmbeddingVariableOption(storage_option=sok.StorageOption(
             storage_type=sok.StorageType.DRAM_SSDHASH, storage_path=path,
             storage_size=[args.keys * row // 10]))
@@ -82,11 +83,15 @@ def _phase(args):
     else:
         run = lambda: sok.load(args.dump, [ev])  # noqa: E731
     before = _status_gb("VmRSS")
+    file_before = _status_gb("RssFile")
     _reset_peak()
     t0 = time.time()
     run()
     seconds = time.time() - t0
     peak = _status_gb("VmHWM")
+    # Mapped file pages count as resident too (a DRAM_SSDHASH table reads its file through a
+    # shared mapping): the kernel drops them under pressure, unlike the rest.
+    file_added = _status_gb("RssFile") - file_before
     size = int(ev.size())
     if size != args.keys:
         raise SystemExit(f"checkpoint_memory.py: the table holds {size} keys after the "
@@ -95,7 +100,8 @@ def _phase(args):
     print(f"CHECKPOINT phase={args.phase} device={args.device} storage={args.storage} "
           f"keys={args.keys} dim={args.dim} table_gb={table:.2f} before_gb={before:.2f} "
           f"peak_gb={peak:.2f} added_gb={peak - before:.2f} "
-          f"added_per_table={(peak - before) / table:.2f} seconds={seconds:.1f}", flush=True)
+          f"added_per_table={(peak - before) / table:.2f} file_pages_gb={file_added:.2f} "
+          f"seconds={seconds:.1f}", flush=True)
 
 
 def main():
