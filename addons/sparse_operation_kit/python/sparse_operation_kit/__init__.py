@@ -29,6 +29,7 @@ from sparse_operation_kit.lookup.lookup import (
     all2all_dense_embedding,
     lookup_sparse,
 )  # also registers gradients
+from sparse_operation_kit.optimizers.loss_scale import LossScaleOptimizer
 from sparse_operation_kit.optimizers.optimizers import SGD, OptimizerWrapper, filter_variables
 from sparse_operation_kit.parallel.communication import set_comm_tool
 from sparse_operation_kit.parallel.partitioned import PartitionedEmbeddingVariable
@@ -77,6 +78,7 @@ __all__ = [
     "group_embedding_lookup_sparse",
     "feature_column",
     "OptimizerWrapper",
+    "LossScaleOptimizer",
     "SGD",
     "filter_variables",
     "Variable",

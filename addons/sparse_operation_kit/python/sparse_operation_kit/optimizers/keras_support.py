@@ -380,6 +380,7 @@ class _Keras3Parts:
     def apply(self, grads, trainable_variables=None):
         if trainable_variables is None:
             raise ValueError("sok.OptimizerWrapper.apply needs trainable_variables")
+        grads = self._sok_unscaled_carriers(grads, trainable_variables)
         sparse, dense = split_gradients(zip(grads, trainable_variables))
 
         def apply_dense(pairs):
@@ -392,6 +393,22 @@ class _Keras3Parts:
 
     def scale_loss(self, loss):
         return self._opt.scale_loss(loss)
+
+    def _sok_unscaled_carriers(self, grads, variables):
+        """Inside sok.LossScaleOptimizer (optimizers/loss_scale.py, which sets
+        `_sok_loss_scaler`), the carriers' gradients divided by its scale: Keras's loss scaling
+        unscales every gradient but those of variables marked `overwrite_with_gradient`, which
+        carriers are (_carrier_class)."""
+        scaler = getattr(self, "_sok_loss_scaler", None)
+        scaler = scaler() if scaler is not None else None
+        if scaler is None:
+            return grads
+        scale = scaler.dynamic_scale
+        return [
+            tf.IndexedSlices(g.values / tf.cast(scale, g.values.dtype), g.indices, g.dense_shape)
+            if isinstance(g, tf.IndexedSlices) and is_carrier(v) else g
+            for g, v in zip(grads, variables)
+        ]
 
 
 class _TfKerasParts:
