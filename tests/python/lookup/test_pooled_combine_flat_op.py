@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from sparse_operation_kit.runtime._ops import ops
 from tests.python.lookup.test_pooled_combine_op import make_table, reference
-from tests.python.support import REPO_ROOT, graph_session, subprocess_env
+from tests.python.support import REPO_ROOT, TEST_DEVICE, graph_session, subprocess_env
 
 # Per table: dim, combiner, weighted, sorted segment ids, batch, ids per sample (max).
 MIXED = [
@@ -30,6 +30,10 @@ BY_FOUR = [
     (8, "sqrtn", False, False, 5, 6),
     (16, "mean", True, True, 7, 3),
 ]
+# More tables than one GPU launch takes (29), dims up to 256 (past the backward's shared-memory
+# cache of hot rows).
+MANY = [((4, 8, 256, 12)[i % 4], ("sum", "mean", "sqrtn")[i % 3], i % 2 == 0, i % 5 != 1,
+         3 + i % 7, 4) for i in range(31)]
 
 
 def flat_case(specs, seed=3):
@@ -82,7 +86,8 @@ def want(specs, tables, row_at, sizes, flat_len):
     return outs, grads, d_flat
 
 
-@pytest.mark.parametrize("specs", [MIXED, BY_FOUR], ids=["mixed_dims", "dims_by_four"])
+@pytest.mark.parametrize("specs", [MIXED, BY_FOUR, MANY],
+                         ids=["mixed_dims", "dims_by_four", "many_tables"])
 @pytest.mark.parametrize("variant", ["m0", "unchecked", "checked"])
 def test_values_and_gradients_eager(specs, variant):
     tables, flat, row_at, sizes = flat_case(specs)
@@ -168,3 +173,28 @@ def test_gradient_of_the_wrong_width_names_the_table():
             [tf.constant(t[2]) for t in tables], [tf.zeros([0])] * n, [],
             tf.constant([len(flat)], tf.int64), dims=[s[0] for s in BY_FOUR],
             combiners=["sum"] * n, table_names=[f"t{i}" for i in range(n)])
+
+
+def test_no_rows_and_no_samples():
+    """A rank whose batch is empty: no rows came back, no samples to pool."""
+    specs = [(4, "sum", False, True, 0, 3), (8, "mean", True, True, 0, 3)]
+    empty = [tf.zeros([0], tf.int32), tf.zeros([0], tf.int64), tf.zeros([0], tf.float32)]
+    returned = tf.Variable(tf.zeros([0]))
+    with tf.GradientTape() as tape:
+        out = ops.sok_pooled_combine_flat(
+            returned, tf.zeros([0], tf.int64), tf.constant([0, 0], tf.int64), [empty[0]] * 2,
+            [empty[1]] * 2, [empty[2]] * 2, [], tf.constant([0, 0], tf.int64), dims=[4, 8],
+            combiners=[s[1] for s in specs], table_names=["a", "b"], segments_checked=False)
+        loss = tf.add_n([tf.reduce_sum(e) for e in out.embeddings])
+    assert [e.shape.as_list() for e in out.embeddings] == [[0, 4], [0, 8]]
+    assert tf.convert_to_tensor(tape.gradient(loss, returned)).shape == [0]
+
+
+@pytest.mark.skipif(TEST_DEVICE == "gpu", reason="on a GPU row_at lies in device memory: the "
+                    "op trusts the exchange's plan, which made it there")
+def test_a_row_outside_the_returned_floats_names_the_table():
+    tables, flat, row_at, sizes = flat_case(MIXED)
+    bad = row_at.copy()
+    bad[int(sizes[0]) + 2] = len(flat)  # table t1's row 2
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 't1': row 2 at float"):
+        call(MIXED, tables, tf.constant(flat), bad, sizes, "checked")

@@ -201,7 +201,7 @@ struct PooledTable {
   bool row_at_x4 = false;  // every row_at entry is a multiple of 4 (float4 access)
 };
 
-// pooled_forward for every table: one launch (per 31 tables) after one that finds where each
+// pooled_forward for every table: one launch (per 29 tables) after one that finds where each
 // sample's ids start (sparse tables only, into a temporary of alloc; nullptr: the default).
 Status pooled_forward_multi(const PooledTable* tables, int count, cudaStream_t stream,
                             DeviceAllocator* alloc = nullptr);

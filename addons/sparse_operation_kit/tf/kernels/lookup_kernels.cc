@@ -197,6 +197,24 @@ struct LookupSteps<CpuDevice> {
     std::fill(p, p + n, 0.f);
     return OkStatus();
   }
+
+  // Every row_at entry (host memory here) -1 or a row that lies within the flat rows.
+  static Status CheckFlatRows(const std::vector<std::string>& names,
+                              const std::vector<int64_t>& dims, const int64_t* sizes,
+                              const int64_t* row_at, int64_t floats) {
+    int64_t k = 0;
+    for (size_t t = 0; t < dims.size(); ++t) {
+      for (int64_t r = 0; r < sizes[t]; ++r, ++k) {
+        const int64_t at = row_at[k];
+        if (at < -1 || (at >= 0 && at + dims[t] > floats)) {
+          return errors::InvalidArgument("pooled lookup: table '", names[t], "': row ", r,
+                                         " at float ", at, " outside the ", floats,
+                                         " returned floats");
+        }
+      }
+    }
+    return OkStatus();
+  }
 };
 
 #if GOOGLE_CUDA
@@ -453,7 +471,14 @@ struct LookupSteps<GpuDevice> {
     return ToTf(sok::gpu::exchange::scatter_rows(dims, sizes, row_at, rows, flat,
                                                  OnDevice<GpuDevice>::Stream(ctx)));
   }
+  // row_at lies in device memory, made by the exchange's plan on the device: not read back.
+  static Status CheckFlatRows(const std::vector<std::string>&, const std::vector<int64_t>&,
+                              const int64_t*, const int64_t*, int64_t) {
+    return OkStatus();
+  }
+
   static Status Zero(OpKernelContext* ctx, float* p, int64_t n) {
+    if (n == 0) return OkStatus();
     return CudaCall(cudaMemsetAsync(p, 0, n * sizeof(float), OnDevice<GpuDevice>::Stream(ctx)),
                     "zeroing the flat rows' gradient");
   }
@@ -839,6 +864,9 @@ class PooledCombineFlatOp : public PooledCombineOp<Device> {
     OP_REQUIRES(ctx, floats >= 0 && floats <= FlatFloats(sizes),
                 errors::InvalidArgument("pooled lookup: ", floats, " returned floats for ",
                                         FlatFloats(sizes), " in the tables' rows"));
+    OP_REQUIRES_OK(
+        ctx, LookupSteps<Device>::CheckFlatRows(this->names_, dims_, sizes.flat<int64_t>().data(),
+                                                row_at.flat<int64_t>().data(), floats));
     std::vector<TensorShape> shapes;
     for (int i = 0; i < n; ++i) {
       const int64_t batch = kForward ? count.flat<int64_t>()(i) : src[i].dim_size(0);
