@@ -13,18 +13,12 @@ import pytest
 import tensorflow as tf
 
 from sparse_operation_kit.runtime._ops import ops
+from tests.python.lookup.test_pooled_combine_op import TABLES as MIXED  # dims 1-16, 3 combiners
 from tests.python.lookup.test_pooled_combine_op import make_table, reference
 from tests.python.support import REPO_ROOT, TEST_DEVICE, graph_session, subprocess_env
 
-# Per table: dim, combiner, weighted, sorted segment ids, batch, ids per sample (max).
-MIXED = [
-    (1, "sum", False, True, 5, 3),
-    (4, "mean", True, False, 6, 4),
-    (3, "sqrtn", True, True, 4, 3),
-    (16, "mean", False, False, 7, 5),
-    (2, "sum", True, True, 3, 0),  # no ids at all
-]
-# Every dim a multiple of 4: the GPU reads float4s.
+# Per table: dim, combiner, weighted, sorted segment ids, batch, ids per sample (max). Every dim
+# a multiple of 4: the GPU reads float4s.
 BY_FOUR = [
     (4, "sum", True, True, 9, 4),
     (8, "sqrtn", False, False, 5, 6),

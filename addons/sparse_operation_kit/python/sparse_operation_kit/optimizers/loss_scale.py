@@ -6,40 +6,38 @@ table's gradient is a tf.IndexedSlices keyed by id (ids lie anywhere in int64: i
 shape), so that check cannot run on it, and Keras leaves the gradient of a table's carrier
 (keras_support) scaled. This subclass checks such a gradient's values instead, which is the same
 test, and sok.OptimizerWrapper unscales the tables' gradients by its scale; everything else (the
-dynamic scale, skipping a step whose gradients are not finite, serialization) is Keras's own. `model.compile(optimizer=
-sok.LossScaleOptimizer(sok.OptimizerWrapper(keras.optimizers.Adam())))`: Keras then does not wrap
-it again.
+dynamic scale, skipping a step whose gradients are not finite, serialization) is Keras's own.
+`model.compile(optimizer=sok.LossScaleOptimizer(sok.OptimizerWrapper(keras.optimizers.Adam())))`:
+Keras then does not wrap it again.
 """
+import functools
 import weakref
 
 import tensorflow as tf
 
 from sparse_operation_kit.runtime.keras_version import keras_is_v3, keras_module
 
-_classes = {}
 
-
+@functools.cache
 def _loss_scale_class():
     """The registered subclass of keras.optimizers.LossScaleOptimizer (made once)."""
-    if "keras3" not in _classes:
-        keras = keras_module()
+    keras = keras_module()
 
-        @keras.saving.register_keras_serializable(package="sok", name="LossScaleOptimizer")
-        class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
-            """Keras's LossScaleOptimizer; a table's gradient checked by its values."""
+    @keras.saving.register_keras_serializable(package="sok", name="LossScaleOptimizer")
+    class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+        """Keras's LossScaleOptimizer; a table's gradient checked by its values."""
 
-            def __init__(self, inner_optimizer, **kwargs):
-                super().__init__(inner_optimizer, **kwargs)
-                # Keras leaves the tables' gradients scaled (their carriers are marked
-                # overwrite_with_gradient): sok.OptimizerWrapper divides them by this one's scale.
-                inner_optimizer._sok_loss_scaler = weakref.ref(self)
+        def __init__(self, inner_optimizer, **kwargs):
+            super().__init__(inner_optimizer, **kwargs)
+            # Keras leaves the tables' gradients scaled (their carriers are marked
+            # overwrite_with_gradient): sok.OptimizerWrapper divides them by this one's scale.
+            inner_optimizer._sok_loss_scaler = weakref.ref(self)
 
-            def check_finite(self, grads):
-                return super().check_finite(
-                    [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads])
+        def check_finite(self, grads):
+            return super().check_finite(
+                [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads])
 
-        _classes["keras3"] = LossScaleOptimizer
-    return _classes["keras3"]
+    return LossScaleOptimizer
 
 
 def LossScaleOptimizer(inner_optimizer, **kwargs):  # noqa: N802  a class to its callers
