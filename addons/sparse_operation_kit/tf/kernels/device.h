@@ -466,5 +466,28 @@ class UploadBuffer {
 };
 #endif  // GOOGLE_CUDA
 
+// Table names of the ops' error messages (attr table_names); "#i" when the graph gives none.
+inline Status TableNames(OpKernelConstruction* c, int n, std::vector<std::string>* names) {
+  TF_RETURN_IF_ERROR(c->GetAttr("table_names", names));
+  if (names->empty()) {  // a graph that gives no names: tables by position
+    for (int i = 0; i < n; ++i) names->push_back("#" + std::to_string(i));
+  }
+  if (static_cast<int>(names->size()) != n) {
+    return errors::InvalidArgument(names->size(), " table names for ", n, " tables");
+  }
+  return OkStatus();
+}
+
+#if GOOGLE_CUDA
+// Device scratch for `count` objects of T (int64 words, so 8-byte aligned).
+template <typename T>
+Status DeviceScratch(OpKernelContext* ctx, int64_t count, Tensor* t, T** out) {
+  const int64_t words = (count * static_cast<int64_t>(sizeof(T)) + 7) / 8;
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, TensorShape({words > 0 ? words : 1}), t));
+  *out = reinterpret_cast<T*>(t->flat<int64_t>().data());
+  return OkStatus();
+}
+#endif  // GOOGLE_CUDA
+
 }  // namespace sok_kernels
 }  // namespace tensorflow

@@ -4,6 +4,7 @@
 
 #include "addons/sparse_operation_kit/core/exchange.h"
 #include "addons/sparse_operation_kit/tf/kernels/device.h"
+#include "addons/sparse_operation_kit/tf/kernels/flat_rows.h"
 
 #if GOOGLE_CUDA
 #include "addons/sparse_operation_kit/core/cuda/exchange.h"
@@ -190,28 +191,6 @@ Status LayoutOf(const Tensor& counts, const std::vector<int64_t>& dims, ex::Bloc
 }
 
 // Host sizes [n] of a gather / scatter, checked against row_at.
-Status CheckSizes(const Tensor& sizes, const Tensor& row_at, int n) {
-  if (sizes.NumElements() != n) {
-    return errors::InvalidArgument("exchange: sizes needs one entry per table (", n, ")");
-  }
-  int64_t total = 0;
-  for (int t = 0; t < n; ++t) {
-    if (sizes.flat<int64_t>()(t) < 0) return errors::InvalidArgument("exchange: negative size");
-    total += sizes.flat<int64_t>()(t);
-  }
-  if (total != row_at.NumElements()) {
-    return errors::InvalidArgument("exchange: sizes add up to ", total, " but row_at has ",
-                                   row_at.NumElements(), " entries");
-  }
-  return OkStatus();
-}
-
-int64_t FlatElems(const Tensor& sizes, const std::vector<int64_t>& dims) {
-  int64_t total = 0;
-  for (size_t t = 0; t < dims.size(); ++t) total += sizes.flat<int64_t>()(t) * dims[t];
-  return total;
-}
-
 // Table t's rows input (a list of N float tensors) as [rows, dims[t]], checked.
 Status RowsInput(OpKernelContext* ctx, const std::vector<int64_t>& dims,
                  std::vector<const float*>* ptrs, std::vector<int64_t>* rows) {
@@ -503,11 +482,11 @@ class ExchangeGatherRowsOp : public SokOpKernel<Device> {
  protected:
   void ComputeOnDevice(OpKernelContext* ctx) override {
     const Tensor &returned = ctx->input(0), &row_at = ctx->input(1), &sizes = ctx->input(2);
-    OP_REQUIRES_OK(ctx, CheckSizes(sizes, row_at, n_));
+    OP_REQUIRES_OK(ctx, CheckFlatSizes("exchange", sizes, row_at, {}, n_));
     // Padded keys (row_at -1) have no row among the returned ones.
-    OP_REQUIRES(ctx, returned.NumElements() <= FlatElems(sizes, dims_),
+    OP_REQUIRES(ctx, returned.NumElements() <= FlatFloats(sizes, dims_),
                 errors::InvalidArgument("exchange: ", returned.NumElements(),
-                                        " returned floats for at most ", FlatElems(sizes, dims_)));
+                                        " returned floats for at most ", FlatFloats(sizes, dims_)));
     std::vector<TensorShape> shapes;
     for (int t = 0; t < n_; ++t) {
       shapes.push_back(TensorShape({sizes.flat<int64_t>()(t), dims_[t]}));
@@ -537,13 +516,13 @@ class ExchangeScatterRowsOp : public SokOpKernel<Device> {
  protected:
   void ComputeOnDevice(OpKernelContext* ctx) override {
     const Tensor &row_at = ctx->input(n_), &sizes = ctx->input(n_ + 1);
-    OP_REQUIRES_OK(ctx, CheckSizes(sizes, row_at, n_));
+    OP_REQUIRES_OK(ctx, CheckFlatSizes("exchange", sizes, row_at, {}, n_));
     const Tensor& per_owner = ctx->input(n_ + 2);
     int64_t floats = 0;
     for (int64_t q = 0; q < per_owner.NumElements(); ++q) floats += per_owner.flat<int64_t>()(q);
-    OP_REQUIRES(ctx, floats <= FlatElems(sizes, dims_),
+    OP_REQUIRES(ctx, floats <= FlatFloats(sizes, dims_),
                 errors::InvalidArgument("exchange: ", floats, " returned floats for at most ",
-                                        FlatElems(sizes, dims_)));
+                                        FlatFloats(sizes, dims_)));
     std::vector<const float*> rows;
     std::vector<int64_t> num_rows;
     OP_REQUIRES_OK(ctx, RowsInput(ctx, dims_, &rows, &num_rows));

@@ -1,8 +1,8 @@
-// Kernels of the lookup steps (tf/ops/lookup_ops.cc): dedup and pooled combine, forward and
-// backward, written once for the CPU and the GPU. The kernels validate and allocate; the
-// per-device launchers (LookupSteps<Device>) only call the core (core/lookup.h on the CPU,
-// core/cuda/gpu_api.h on the GPU). Ids of table i belong to sample segment_ids_i[j] and read row
-// inverse_i[j].
+// The pooled combine (tf/ops/lookup_ops.cc: SokPooledCombine, its gradient, and the Flat pair
+// that reads the exchange's returned rows in place), forward and backward, written once for the
+// CPU and the GPU. The kernels validate and allocate; PoolOn<Device> only calls the core
+// (core/lookup.h on the CPU, core/cuda/gpu_api.h on the GPU). Ids of table i belong to sample
+// segment_ids_i[j] and read row inverse_i[j].
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -12,6 +12,7 @@
 #include "addons/sparse_operation_kit/core/lookup.h"
 #include "addons/sparse_operation_kit/tf/kernels/device.h"
 #include "addons/sparse_operation_kit/tf/kernels/embedding_variable_resource.h"
+#include "addons/sparse_operation_kit/tf/kernels/flat_rows.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/util/determinism.h"
@@ -55,86 +56,11 @@ const int64_t* SegmentIds(const PooledArgs& a, std::vector<int64_t>* storage) {
   return storage->data();
 }
 
-// One table of SokUniqueKeys: its inputs, outputs and what the dedup found.
-struct UniqueArgs {
-  const Tensor* keys;
-  Tensor* inverse;      // output [n]
-  Tensor uniq, counts;  // scratch [n]: the outputs are their leading num_unique entries
-  const Tensor* positions = nullptr;    // [n, r] (M == N), else null: no checks
-  const Tensor* dense_shape = nullptr;  // [r], host memory
-  int64_t num_unique = 0;
-  sok::PositionsCheck check;
-};
-
-// One table whose ids must be listed in sample order (its samples decrease somewhere).
-struct OrderArgs {
-  const Tensor* positions;
-  int64_t num_samples;
-  Tensor* order;  // output [n]
-};
-
 template <typename Device>
-struct LookupSteps;
+struct PoolOn;
 
 template <>
-struct LookupSteps<CpuDevice> {
-  struct State {};  // what a kernel keeps between calls: nothing on the CPU
-
-  // Each table's dedup and position checks; valid[i] = table i's distinct keys, -1 for bad
-  // positions. padded: the outputs keep every entry, the tails past the distinct keys zeros
-  // (the CPU never waits; the padded outputs only keep its results equal to the GPU's).
-  static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
-                       bool padded, State*) {
-    OnDevice<CpuDevice>::ForEachTable(ctx, tables->size(), [&](int i, const sok::ExecContext&) {
-      UniqueArgs& a = (*tables)[i];
-      auto run = [&](auto tag) {
-        using K = decltype(tag);
-        a.num_unique = sok::unique_keys(a.keys->flat<K>().data(), a.keys->NumElements(),
-                                        a.uniq.flat<K>().data(), a.inverse->flat<int32_t>().data(),
-                                        a.counts.flat<int64_t>().data());
-      };
-      if (a.keys->dtype() == DT_INT64) run(int64_t());
-      else run(int32_t());
-      if (a.positions != nullptr) {
-        a.check =
-            sok::check_positions(a.positions->flat<int64_t>().data(), a.keys->NumElements(),
-                                 a.positions->dim_size(1), a.dense_shape->flat<int64_t>().data());
-      }
-    });
-    for (size_t i = 0; i < tables->size(); ++i) {
-      const UniqueArgs& a = (*tables)[i];
-      valid->flat<int64_t>()(i) = a.check.first_outside >= 0 ? -1 : a.num_unique;
-    }
-    if (!padded) return OkStatus();
-    for (UniqueArgs& a : *tables) {
-      const int64_t u = a.num_unique, n = a.keys->NumElements();
-      auto bytes = a.uniq.tensor_data();
-      const size_t width = DataTypeSize(a.uniq.dtype());
-      std::memset(const_cast<char*>(bytes.data()) + u * width, 0, (n - u) * width);
-      std::fill(a.counts.flat<int64_t>().data() + u, a.counts.flat<int64_t>().data() + n, 0);
-      a.num_unique = n;
-    }
-    return OkStatus();
-  }
-
-  static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
-    OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext&) {
-      const OrderArgs& a = tables[i];
-      sok::stable_sample_order(a.positions->flat<int64_t>().data(), a.positions->dim_size(0),
-                               a.positions->dim_size(1), a.order->flat<int32_t>().data());
-    });
-    return OkStatus();
-  }
-
-  // Row `id` of positions [n, r].
-  static Status ReadIndex(OpKernelContext*, const Tensor& positions, int64_t id,
-                          std::vector<int64_t>* index) {
-    const int64_t r = positions.dim_size(1);
-    const int64_t* row = positions.flat<int64_t>().data() + id * r;
-    index->assign(row, row + r);
-    return OkStatus();
-  }
-
+struct PoolOn<CpuDevice> {
   // The segment ids and inverse entries of table a in range, unless `checked` (lookup_sparse:
   // SokUniqueKeys checked the segments and made the inverse): no second pass over every id (a
   // pass each way costs as much as a light table's pooling).
@@ -218,103 +144,8 @@ struct LookupSteps<CpuDevice> {
 };
 
 #if GOOGLE_CUDA
-// Device scratch for `count` objects of T (int64 words, so 8-byte aligned).
-template <typename T>
-Status DeviceScratch(OpKernelContext* ctx, int64_t count, Tensor* t, T** out) {
-  const int64_t words = (count * static_cast<int64_t>(sizeof(T)) + 7) / 8;
-  TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT64, TensorShape({words > 0 ? words : 1}), t));
-  *out = reinterpret_cast<T*>(t->flat<int64_t>().data());
-  return OkStatus();
-}
-
 template <>
-struct LookupSteps<GpuDevice> {
-  using State = UploadStaging;
-
-  // The distinct counts (and the checks) are only known on the device: every table is
-  // deduplicated and checked by one set of launches per key dtype, the distinct counts copied to
-  // valid (device), then, unless padded, the per-table reports come back with ONE copy and ONE
-  // synchronisation.
-  static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
-                       bool padded, State* state) {
-    const int n = tables->size();
-    const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
-    TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
-    std::vector<sok::gpu::UniqueTable> spans(n);
-    for (int i = 0; i < n; ++i) {
-      UniqueArgs& a = (*tables)[i];
-      sok::gpu::UniqueTable& t = spans[i];
-      t.keys_int64 = a.keys->dtype() == DT_INT64;
-      t.keys = a.keys->tensor_data().data();
-      t.n = a.keys->NumElements();
-      t.unique = const_cast<char*>(a.uniq.tensor_data().data());
-      t.inverse = a.inverse->flat<int32_t>().data();
-      t.counts = a.counts.flat<int64_t>().data();
-      if (a.positions != nullptr) {
-        t.positions = a.positions->flat<int64_t>().data();
-        t.rank = static_cast<int>(a.positions->dim_size(1));
-        t.dense_shape = a.dense_shape->flat<int64_t>().data();
-      }
-    }
-    Tensor reports_t;
-    sok::gpu::UniqueTableReport* d_reports;
-    TF_RETURN_IF_ERROR(DeviceScratch(ctx, n, &reports_t, &d_reports));
-    const int64_t staging = std::max<int64_t>(sok::gpu::unique_keys_multi_staging_bytes(spans), 1);
-    void* upload;
-    UploadBuffer buffer;  // exact: alive until the sync below
-    TF_RETURN_IF_ERROR(buffer.Get(ctx, state, padded, staging, &upload));
-    TF_RETURN_IF_ERROR(buffer.Done(
-        ToTf(sok::gpu::unique_keys_multi(spans, d_reports, stream, &alloc, upload)), stream));
-    TF_RETURN_IF_ERROR(
-        ToTf(sok::gpu::unique_valid_counts(d_reports, n, valid->flat<int64_t>().data(), stream)));
-    if (padded) {
-      for (UniqueArgs& a : *tables) a.num_unique = a.keys->NumElements();
-      return OkStatus();
-    }
-    std::vector<sok::gpu::UniqueTableReport> reports(n);
-    tsl::profiler::TraceMe wait("SokUniqueKeys waits for the distinct counts");
-    TF_RETURN_IF_ERROR(
-        CudaCall(cudaMemcpyAsync(reports.data(), d_reports, n * sizeof(sok::gpu::UniqueTableReport),
-                                 cudaMemcpyDeviceToHost, stream),
-                 "reading the number of distinct keys"));
-    TF_RETURN_IF_ERROR(
-        CudaCall(cudaStreamSynchronize(stream), "reading the number of distinct keys"));
-    for (int i = 0; i < n; ++i) {
-      UniqueArgs& a = (*tables)[i];
-      a.num_unique = reports[i].num_unique;
-      a.check.first_outside = reports[i].first_outside;
-      a.check.first_unordered = reports[i].first_unordered;
-    }
-    return OkStatus();
-  }
-
-  static Status Order(OpKernelContext* ctx, const std::vector<OrderArgs>& tables) {
-    TfDeviceAllocator alloc(ctx->get_allocator(AllocatorAttributes()));
-    std::vector<sok::gpu::SampleOrderTable> spans(tables.size());
-    for (size_t i = 0; i < tables.size(); ++i) {
-      spans[i].positions = tables[i].positions->flat<int64_t>().data();
-      spans[i].n = tables[i].positions->dim_size(0);
-      spans[i].rank = static_cast<int>(tables[i].positions->dim_size(1));
-      spans[i].num_samples = tables[i].num_samples;
-      spans[i].order = tables[i].order->flat<int32_t>().data();
-    }
-    return ToTf(
-        sok::gpu::stable_sample_order_multi(spans, OnDevice<GpuDevice>::Stream(ctx), &alloc));
-  }
-
-  // Row `id` of positions [n, r] (error path only: a second copy and sync).
-  static Status ReadIndex(OpKernelContext* ctx, const Tensor& positions, int64_t id,
-                          std::vector<int64_t>* index) {
-    const int64_t r = positions.dim_size(1);
-    index->resize(r);
-    const cudaStream_t stream = OnDevice<GpuDevice>::Stream(ctx);
-    TF_RETURN_IF_ERROR(
-        CudaCall(cudaMemcpyAsync(index->data(), positions.flat<int64_t>().data() + id * r,
-                                 r * sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
-                 "reading a bad index"));
-    return CudaCall(cudaStreamSynchronize(stream), "reading a bad index");
-  }
-
+struct PoolOn<GpuDevice> {
   // checked (segment ids known in range, each table's sample order given): every table in one
   // launch (after one finding the samples' starts), nothing read back. Otherwise the dense
   // tables (in range by construction) still take that path; the others' bad sample indices or
@@ -485,164 +316,6 @@ struct LookupSteps<GpuDevice> {
 };
 #endif  // GOOGLE_CUDA
 
-// Table names of the ops' error messages; "#i" when the graph gives none.
-Status TableNames(OpKernelConstruction* c, int n, std::vector<std::string>* names) {
-  TF_RETURN_IF_ERROR(c->GetAttr("table_names", names));
-  if (names->empty()) {  // a graph that gives no names: tables by position
-    for (int i = 0; i < n; ++i) names->push_back("#" + std::to_string(i));
-  }
-  if (static_cast<int>(names->size()) != n) {
-    return errors::InvalidArgument(names->size(), " table names for ", n, " tables");
-  }
-  return OkStatus();
-}
-
-std::string JoinIndex(const int64_t* v, int64_t r) {
-  std::string s = "[";
-  for (int64_t d = 0; d < r; ++d) s += (d ? ", " : "") + std::to_string(v[d]);
-  return s + "]";
-}
-
-template <typename Device>
-class UniqueKeysOp : public SokOpKernel<Device> {
- public:
-  explicit UniqueKeysOp(OpKernelConstruction* c) : SokOpKernel<Device>(c) {
-    int n;
-    OP_REQUIRES_OK(c, c->GetAttr("N", &n));
-    OP_REQUIRES_OK(c, TableNames(c, n, &names_));
-    OP_REQUIRES_OK(c, c->GetAttr("padded", &padded_));
-    OP_REQUIRES_OK(c, c->GetAttr("defer_position_errors", &defer_));
-  }
-
- protected:
-  void ComputeOnDevice(OpKernelContext* ctx) override {
-    OpInputList keys, positions, dense_shapes;
-    OP_REQUIRES_OK(ctx, ctx->input_list("keys", &keys));
-    OP_REQUIRES_OK(ctx, ctx->input_list("positions", &positions));
-    OP_REQUIRES_OK(ctx, ctx->input_list("dense_shapes", &dense_shapes));
-    const int n = keys.size(), m = positions.size();
-    OP_REQUIRES(ctx, m == 0 || m == n,
-                errors::InvalidArgument("SokUniqueKeys: ", m, " position tensors for ", n,
-                                        " tables (0 or one per table)"));
-    std::vector<UniqueArgs> tables(n);
-    std::vector<TensorShape> inverse_shapes;
-    for (int i = 0; i < n; ++i) {
-      const int64_t k = keys[i].NumElements();
-      OP_REQUIRES(ctx, k <= std::numeric_limits<int32_t>::max(),
-                  errors::InvalidArgument("SokUniqueKeys: table '", names_[i], "' has ", k,
-                                          " ids, more than 2^31 - 1"));
-      UniqueArgs& a = tables[i];
-      a.keys = &keys[i];
-      if (m && !DenseIds(positions[i])) {
-        OP_REQUIRES(ctx, !padded_,
-                    errors::InvalidArgument("SokUniqueKeys: padded needs dense ids, table '",
-                                            names_[i], "' has positions to check"));
-        OP_REQUIRES_OK(ctx, CheckPositions(names_[i], k, positions[i], dense_shapes[i]));
-        a.positions = &positions[i];
-        a.dense_shape = &dense_shapes[i];
-      }
-      inverse_shapes.push_back(TensorShape({k}));
-    }
-    std::vector<Tensor*> inverse;
-    OP_REQUIRES_OK(ctx, AllocateTableOutputs<Device>(ctx, n, DT_INT32, inverse_shapes, &inverse));
-    for (int i = 0; i < n; ++i) tables[i].inverse = inverse[i];
-    OP_REQUIRES_OK(ctx, AllocateScratch(ctx, keys, &tables));
-    Tensor* valid;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3 * n + m + 1, TensorShape({n}), &valid));
-    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Unique(ctx, &tables, valid, padded_, &state_));
-    for (int i = 0; !defer_ && i < m; ++i) {  // the first bad table (deferred: the exchange's)
-      if (tables[i].check.first_outside < 0) continue;
-      std::vector<int64_t> index;
-      OP_REQUIRES_OK(ctx, LookupSteps<Device>::ReadIndex(ctx, positions[i],
-                                                         tables[i].check.first_outside, &index));
-      const int64_t r = dense_shapes[i].NumElements();
-      ctx->CtxFailure(errors::InvalidArgument(
-          "lookup_sparse: ids of table '", names_[i],
-          "': an index is negative or beyond dense_shape: index ", JoinIndex(index.data(), r),
-          " for dense_shape ", JoinIndex(dense_shapes[i].flat<int64_t>().data(), r)));
-      return;
-    }
-    // The outputs are the leading num_unique entries of the scratch (padded: all): views.
-    for (int i = 0; i < n; ++i) {
-      ctx->set_output(i, tables[i].uniq.Slice(0, tables[i].num_unique));
-      ctx->set_output(2 * n + i, tables[i].counts.Slice(0, tables[i].num_unique));
-    }
-    std::vector<OrderArgs> unordered;
-    for (int i = 0; i < m; ++i) {
-      const bool ordered = tables[i].positions == nullptr || tables[i].check.first_unordered < 0 ||
-                           tables[i].check.first_outside >= 0;  // deferred error: no order
-      Tensor* order;
-      OP_REQUIRES_OK(
-          ctx, ctx->allocate_output(3 * n + i, TensorShape({ordered ? 0 : keys[i].NumElements()}),
-                                    &order));
-      if (!ordered) {
-        unordered.push_back(OrderArgs{&positions[i], dense_shapes[i].flat<int64_t>()(0), order});
-      }
-    }
-    if (!unordered.empty()) OP_REQUIRES_OK(ctx, LookupSteps<Device>::Order(ctx, unordered));
-    Tensor* batch_sizes;  // HostMemory
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3 * n + m, TensorShape({m}), &batch_sizes));
-    for (int i = 0; i < m; ++i) {
-      batch_sizes->flat<int64_t>()(i) =
-          dense_shapes[i].NumElements() > 0 ? dense_shapes[i].flat<int64_t>()(0) : -1;
-    }
-  }
-
- private:
-  // positions [0, 0]: the table's ids are a dense [batch, k] tensor (lookup_sparse of dense
-  // ids), in sample order and within their shape by construction: nothing to check or order.
-  static bool DenseIds(const Tensor& positions) {
-    return positions.dims() == 2 && positions.dim_size(0) == 0 && positions.dim_size(1) == 0;
-  }
-
-  // Every table's distinct keys and counts (AllocateTableTensors: on the GPU one buffer for the
-  // int32 keys, one for the int64 keys and one for the counts); the outputs are views of their
-  // leading entries.
-  static Status AllocateScratch(OpKernelContext* ctx, const OpInputList& keys,
-                                std::vector<UniqueArgs>* tables) {
-    std::vector<int> of_dtype[2];  // the tables of int32 and of int64 keys
-    std::vector<TensorShape> shapes[2], all;
-    for (int i = 0; i < keys.size(); ++i) {
-      const bool k64 = keys[i].dtype() == DT_INT64;
-      of_dtype[k64].push_back(i);
-      shapes[k64].push_back(TensorShape({keys[i].NumElements()}));
-      all.push_back(shapes[k64].back());
-    }
-    for (int k64 = 0; k64 < 2; ++k64) {
-      if (of_dtype[k64].empty()) continue;
-      std::vector<Tensor> uniq;
-      TF_RETURN_IF_ERROR(
-          AllocateTableTensors<Device>(ctx, k64 ? DT_INT64 : DT_INT32, shapes[k64], &uniq));
-      for (size_t j = 0; j < uniq.size(); ++j) (*tables)[of_dtype[k64][j]].uniq = uniq[j];
-    }
-    std::vector<Tensor> counts;
-    TF_RETURN_IF_ERROR(AllocateTableTensors<Device>(ctx, DT_INT64, all, &counts));
-    for (int i = 0; i < keys.size(); ++i) (*tables)[i].counts = counts[i];
-    return OkStatus();
-  }
-
-  // positions [k, r] with r >= 1, dense_shape [r].
-  static Status CheckPositions(const std::string& name, int64_t k, const Tensor& positions,
-                               const Tensor& dense_shape) {
-    if (positions.dims() != 2 || positions.dim_size(0) != k || positions.dim_size(1) < 1) {
-      return errors::InvalidArgument("lookup_sparse: ids of table '", name,
-                                     "': positions of shape ", positions.shape().DebugString(),
-                                     " for ", k, " ids (want [", k, ", rank])");
-    }
-    if (dense_shape.dims() != 1 || dense_shape.NumElements() != positions.dim_size(1)) {
-      return errors::InvalidArgument("lookup_sparse: ids of table '", name, "': dense_shape of ",
-                                     "shape ", dense_shape.shape().DebugString(),
-                                     " for indices of ", "rank ", positions.dim_size(1));
-    }
-    return OkStatus();
-  }
-
-  std::vector<std::string> names_;
-  bool padded_ = false;
-  bool defer_ = false;  // bad positions go to valid (-1), not to an error here
-  typename LookupSteps<Device>::State state_;
-};
-
 template <typename Device>
 class PooledCombineOp : public SokOpKernel<Device> {
  public:
@@ -650,12 +323,7 @@ class PooledCombineOp : public SokOpKernel<Device> {
     int n;
     OP_REQUIRES_OK(c, c->GetAttr("N", &n));
     OP_REQUIRES_OK(c, ParseCombiners(c, n, &combiners_));
-    OP_REQUIRES_OK(c, c->GetAttr("table_names", &names_));
-    if (names_.empty()) {  // a graph that gives no names: tables by position
-      for (int i = 0; i < n; ++i) names_.push_back("#" + std::to_string(i));
-    }
-    OP_REQUIRES(c, static_cast<int>(names_.size()) == n,
-                errors::InvalidArgument(names_.size(), " table names for ", n, " tables"));
+    OP_REQUIRES_OK(c, TableNames(c, n, &names_));
     int m;
     OP_REQUIRES_OK(c, c->GetAttr("M", &m));
     OP_REQUIRES(
@@ -675,7 +343,7 @@ class PooledCombineOp : public SokOpKernel<Device> {
     Tensor* num_rows;  // HostMemory
     OP_REQUIRES_OK(ctx, ctx->allocate_output(n, TensorShape({n}), &num_rows));
     for (int i = 0; i < n; ++i) num_rows->flat<int64_t>()(i) = in.src[i].dim_size(0);
-    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Forward(ctx, in.tables, checked_));
+    OP_REQUIRES_OK(ctx, PoolOn<Device>::Forward(ctx, in.tables, checked_));
   }
 
   // The inputs of the forward and of the gradient, checked, with their outputs allocated.
@@ -817,7 +485,7 @@ class PooledCombineGradOp : public PooledCombineOp<Device> {
   void ComputeOnDevice(OpKernelContext* ctx) override {
     typename PooledCombineOp<Device>::PooledInputs in;
     OP_REQUIRES_OK(ctx, this->ParseInputs(ctx, /*forward=*/false, &in));
-    OP_REQUIRES_OK(ctx, LookupSteps<Device>::Backward(ctx, in.tables, this->checked_));
+    OP_REQUIRES_OK(ctx, PoolOn<Device>::Backward(ctx, in.tables, this->checked_));
   }
 };
 
@@ -855,18 +523,19 @@ class PooledCombineFlatOp : public PooledCombineOp<Device> {
     OP_REQUIRES_OK(ctx, ctx->input(kForward ? "batch_sizes" : "returned_floats", &count_t));
     const Tensor &row_at = *row_at_t, &sizes = *sizes_t, &count = *count_t;  // count: HostMemory
     std::vector<int64_t> starts;
-    OP_REQUIRES_OK(ctx, CheckRowAt(row_at, sizes, &starts));
+    OP_REQUIRES_OK(ctx, CheckFlatSizes("pooled lookup", sizes, row_at, this->names_,
+                                       static_cast<int>(dims_.size()), &starts));
     OP_REQUIRES(ctx, count.NumElements() == (kForward ? n : 1),
                 errors::InvalidArgument(count.NumElements(),
                                         kForward ? " batch sizes for " : " float counts for ", n,
                                         " tables"));
     const int64_t floats = kForward ? src[0].NumElements() : count.flat<int64_t>()(0);
-    OP_REQUIRES(ctx, floats >= 0 && floats <= FlatFloats(sizes),
+    OP_REQUIRES(ctx, floats >= 0 && floats <= FlatFloats(sizes, dims_),
                 errors::InvalidArgument("pooled lookup: ", floats, " returned floats for ",
-                                        FlatFloats(sizes), " in the tables' rows"));
-    OP_REQUIRES_OK(
-        ctx, LookupSteps<Device>::CheckFlatRows(this->names_, dims_, sizes.flat<int64_t>().data(),
-                                                row_at.flat<int64_t>().data(), floats));
+                                        FlatFloats(sizes, dims_), " in the tables' rows"));
+    OP_REQUIRES_OK(ctx,
+                   PoolOn<Device>::CheckFlatRows(this->names_, dims_, sizes.flat<int64_t>().data(),
+                                                 row_at.flat<int64_t>().data(), floats));
     std::vector<TensorShape> shapes;
     for (int i = 0; i < n; ++i) {
       const int64_t batch = kForward ? count.flat<int64_t>()(i) : src[i].dim_size(0);
@@ -893,7 +562,7 @@ class PooledCombineFlatOp : public PooledCombineOp<Device> {
       floats_t->flat<int64_t>()(0) = floats;
     } else {
       OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({floats}), &flat_out));
-      OP_REQUIRES_OK(ctx, LookupSteps<Device>::Zero(ctx, flat_out->flat<float>().data(), floats));
+      OP_REQUIRES_OK(ctx, PoolOn<Device>::Zero(ctx, flat_out->flat<float>().data(), floats));
     }
     const float* flat = kForward ? src[0].flat<float>().data() : nullptr;
     std::vector<PooledArgs> tables(n);
@@ -908,7 +577,7 @@ class PooledCombineFlatOp : public PooledCombineOp<Device> {
     }
     const int64_t* row_at_p = row_at.flat<int64_t>().data();
     const int64_t* sizes_p = sizes.flat<int64_t>().data();
-    if (LookupSteps<Device>::ReadsFlatInPlace(this->checked_, kForward)) {
+    if (PoolOn<Device>::ReadsFlatInPlace(this->checked_, kForward)) {
       OP_REQUIRES_OK(ctx, Run(ctx, tables));
       return;
     }
@@ -924,59 +593,27 @@ class PooledCombineFlatOp : public PooledCombineOp<Device> {
       tables[i].row_at = nullptr;
     }
     if (kForward) {
-      OP_REQUIRES_OK(ctx,
-                     LookupSteps<Device>::GatherFlat(ctx, dims_, sizes_p, row_at_p, flat, ptrs));
+      OP_REQUIRES_OK(ctx, PoolOn<Device>::GatherFlat(ctx, dims_, sizes_p, row_at_p, flat, ptrs));
       OP_REQUIRES_OK(ctx, Run(ctx, tables));
       return;
     }
     OP_REQUIRES_OK(ctx, Run(ctx, tables));
-    OP_REQUIRES_OK(
-        ctx, LookupSteps<Device>::ScatterFlat(ctx, dims_, sizes_p, row_at_p,
-                                              std::vector<const float*>(ptrs.begin(), ptrs.end()),
-                                              flat_out->flat<float>().data()));
+    OP_REQUIRES_OK(ctx,
+                   PoolOn<Device>::ScatterFlat(ctx, dims_, sizes_p, row_at_p,
+                                               std::vector<const float*>(ptrs.begin(), ptrs.end()),
+                                               flat_out->flat<float>().data()));
   }
 
  private:
   Status Run(OpKernelContext* ctx, const std::vector<PooledArgs>& tables) const {
-    return kForward ? LookupSteps<Device>::Forward(ctx, tables, this->checked_)
-                    : LookupSteps<Device>::Backward(ctx, tables, this->checked_);
-  }
-
-  // sizes [N] (host) add up to row_at's entries; starts[i]: table i's first.
-  Status CheckRowAt(const Tensor& row_at, const Tensor& sizes, std::vector<int64_t>* starts) const {
-    const int n = dims_.size();
-    if (row_at.dims() != 1 || sizes.NumElements() != n) {
-      return errors::InvalidArgument("pooled lookup: row_at must be a vector and sizes hold ", n,
-                                     " entries, got ", row_at.shape().DebugString(), " and ",
-                                     sizes.shape().DebugString());
-    }
-    int64_t total = 0;
-    for (int i = 0; i < n; ++i) {
-      const int64_t k = sizes.flat<int64_t>()(i);
-      if (k < 0) {
-        return errors::InvalidArgument("table '", this->names_[i], "': negative row count ", k);
-      }
-      starts->push_back(total);
-      total += k;
-    }
-    if (total != row_at.NumElements()) {
-      return errors::InvalidArgument("pooled lookup: sizes add up to ", total,
-                                     " rows but row_at has ", row_at.NumElements(), " entries");
-    }
-    return OkStatus();
-  }
-
-  int64_t FlatFloats(const Tensor& sizes) const {
-    int64_t total = 0;
-    for (size_t i = 0; i < dims_.size(); ++i) total += sizes.flat<int64_t>()(i) * dims_[i];
-    return total;
+    return kForward ? PoolOn<Device>::Forward(ctx, tables, this->checked_)
+                    : PoolOn<Device>::Backward(ctx, tables, this->checked_);
   }
 
   std::vector<int64_t> dims_;
   bool x4_ = true;
 };
 
-REGISTER_KERNEL_BUILDER(Name("SokUniqueKeys").Device(DEVICE_CPU), UniqueKeysOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombine").Device(DEVICE_CPU), PooledCombineOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombineGrad").Device(DEVICE_CPU),
                         PooledCombineGradOp<CpuDevice>);
@@ -985,9 +622,6 @@ REGISTER_KERNEL_BUILDER(Name("SokPooledCombineFlat").Device(DEVICE_CPU),
 REGISTER_KERNEL_BUILDER(Name("SokPooledCombineFlatGrad").Device(DEVICE_CPU),
                         PooledCombineFlatOp<CpuDevice, false>);
 #if GOOGLE_CUDA
-REGISTER_KERNEL_BUILDER(
-    Name("SokUniqueKeys").Device(DEVICE_GPU).HostMemory("dense_shapes").HostMemory("batch_sizes"),
-    UniqueKeysOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(
     Name("SokPooledCombine").Device(DEVICE_GPU).HostMemory("batch_sizes").HostMemory("num_rows"),
     PooledCombineOp<GpuDevice>);
