@@ -174,3 +174,13 @@ TEST(LookupTest, stable_sample_order_keeps_the_id_order_of_a_sample) {
     EXPECT_TRUE(a < b || (a == b && big[j - 1] < big[j]));
   }
 }
+
+TEST(LookupTest, first_id_outside_finds_the_first_id_beyond_either_end) {
+  const int64_t ids[] = {0, 4, 5, -1, 2};
+  EXPECT_EQ(sok::first_id_outside(ids, 5, 6), 3);  // -1
+  EXPECT_EQ(sok::first_id_outside(ids, 5, 5), 2);  // 5 with rows 0..4
+  EXPECT_EQ(sok::first_id_outside(ids, 3, 6), -1);
+  EXPECT_EQ(sok::first_id_outside(ids, 0, 0), -1);
+  const int32_t narrow[] = {7, 0};
+  EXPECT_EQ(sok::first_id_outside(narrow, 2, 7), 0);
+}

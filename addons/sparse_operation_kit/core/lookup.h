@@ -54,6 +54,17 @@ PositionsCheck check_positions(const int64_t* positions, int64_t n, int rank,
 // the stable permutation that visits an unordered SparseTensor's ids sample by sample.
 void stable_sample_order(const int64_t* positions, int64_t n, int rank, int32_t* order);
 
+// The position of the first id outside a static table's rows [0, rows), or -1. A static table
+// is a dense array: an id outside it would read or write memory that is no row (the GPU's:
+// core/cuda/row_ids.h).
+template <typename K>
+int64_t first_id_outside(const K* ids, int64_t n, int64_t rows) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || static_cast<int64_t>(ids[i]) >= rows) return i;
+  }
+  return -1;
+}
+
 // Stable order of the keys grouped by owner rank (owner = floor_mod(key, world_size)):
 // order[j] is the position of the j-th key once grouped; counts[r] how many rank r owns.
 template <typename K>

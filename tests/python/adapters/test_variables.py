@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import sparse_operation_kit
-from tests.python.support import unique_name
+from tests.python.support import TEST_DEVICE, graph_session, unique_name
 
 
 def test_static_variable_modes():
@@ -87,6 +87,56 @@ def test_assign_to_a_fused_slot_names_it_read_only():
     with pytest.raises(TypeError, match=f"'accumulator' slot of table '{name}'.*read-only"):
         sok.assign(slot, keys, np.zeros_like(before))
     np.testing.assert_array_equal(sok.export(slot)[1].numpy(), before)
+
+
+def test_static_variable_ids_beyond_its_rows_name_the_table():
+    """sok.assign, sparse_read and tf.nn.embedding_lookup of a sok.Variable check ids against its
+    rows on the ids' device (TensorFlow's GPU gather reads zeros for a bad id, its GPU scatter
+    skips it): an error naming the table, its rows and the first bad id, eager and in a
+    tf.function, int32 and int64 ids; the table keeps its values."""
+    from sparse_operation_kit import experiment as sok
+    name = unique_name("static_rows")
+    init = np.arange(15 * 2, dtype=np.float32).reshape(15, 2)
+    v = sok.Variable(init, name=name)
+    beyond = f"of static table {name}: id out of range \\[0, 15\\): "
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"sok.assign {beyond}15 at position 15"):
+        sok.assign(v, tf.range(24, dtype=tf.int64), tf.ones([24, 2]))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=f"sparse_read of static table {name}: negative id -1 at position 1 "
+                       "\\(its rows: 0..14\\)"):
+        v.sparse_read(tf.constant([2, -1], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"sparse_read {beyond}20 at position 1"):
+        tf.function(lambda: v.sparse_read(tf.constant([[3, 20], [21, 0]], tf.int32)))()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"sparse_read {beyond}15"):
+        tf.nn.embedding_lookup(v, tf.constant([15], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"sok.assign {beyond}16"):
+        tf.function(lambda: sok.assign(v, tf.constant([16]), tf.ones([1, 2])))()
+    np.testing.assert_array_equal(v.numpy(), init)
+    before = sok.kernel_run_counts(by_op=True).get("SokCheckRowIds", {})
+    sok.assign(v, tf.constant([14]), tf.ones([1, 2]))  # the last row is still writable
+    after = sok.kernel_run_counts(by_op=True)["SokCheckRowIds"]
+    device = "GPU" if TEST_DEVICE == "gpu" else "CPU"  # the check runs on the table's device
+    assert after[device] == before.get(device, 0) + 1, (before, after)
+    np.testing.assert_array_equal(v.sparse_read(tf.constant([14, 0])).numpy(), [[1, 1], [0, 1]])
+
+
+def test_static_variable_ids_checked_in_a_tf1_session():
+    """The same check in a TF1 graph: sparse_read and sok.assign of ids fed at run time."""
+    from sparse_operation_kit import experiment as sok
+    name = unique_name("static_graph_rows")
+    with graph_session() as sess:
+        v = sok.Variable(np.ones([6, 2], np.float32), name=name)
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        read = v.sparse_read(ids)
+        write = sok.assign(v, ids, tf.zeros([tf.size(ids), 2]))
+        sess.run(v.initializer)
+        np.testing.assert_array_equal(sess.run(read, {ids: [5, 0]}), np.ones([2, 2]))
+        for op, what in ((read, "sparse_read"), (write, "sok.assign")):
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=f"{what} of static table {name}: id out of range "
+                               "\\[0, 6\\): 6 at position 1"):
+                sess.run(op, {ids: [1, 6]})
+        np.testing.assert_array_equal(sess.run(read, {ids: [1, 2]}), np.ones([2, 2]))
 
 
 def test_sok2_assign_and_export():

@@ -1,4 +1,5 @@
-// Op registrations of the sparse lookup steps (see core/lookup.h): dedup and pooled combine.
+// Op registrations of the sparse lookup steps (see core/lookup.h): dedup and pooled combine, and
+// the id check of static tables.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -186,6 +187,24 @@ REGISTER_OP("SokPooledCombineFlatGrad")
     .Attr("table_names: list(string) = []")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return OkStatus();
+    });
+
+// ids, unchanged, once each is a row of a static table of num_rows rows (a scalar in host
+// memory): else InvalidArgument naming the table and the first id outside [0, num_rows), with
+// `what` (the call, e.g. "sparse_read") in front. TensorFlow's GPU gather reads zeros for such an
+// id and its GPU scatter skips it without a word.
+REGISTER_OP("SokCheckRowIds")
+    .Input("ids: Tids")
+    .Input("num_rows: int64")
+    .Output("checked: Tids")
+    .Attr("Tids: {int32, int64}")
+    .Attr("table_name: string")
+    .Attr("what: string")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
+      c->set_output(0, c->input(0));
       return OkStatus();
     });
 

@@ -11,7 +11,13 @@ from sparse_operation_kit.tables.embedding_variable import (
     EmbeddingVariableOption,
     InitializerOption,
 )
-from sparse_operation_kit.tables.tables import StaticTable, default_name, parse_mode, static_table
+from sparse_operation_kit.tables.tables import (
+    StaticTable,
+    checked_rows,
+    default_name,
+    parse_mode,
+    static_table,
+)
 
 
 def Variable(*args, mode: str | None = None, **kwargs) -> StaticTable:  # SOK 2.x's API name
@@ -304,5 +310,5 @@ def assign(var, indices, values) -> tf.Operation | tf.Tensor | tf.Variable | Non
         return var.assign(indices, values)
     if isinstance(var, RowSlot):
         raise TypeError(_read_only_slot(var))
-    return var.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(values, var.dtype),
-                                               tf.convert_to_tensor(indices)))
+    indices = checked_rows(var, indices, "sok.assign")
+    return var.scatter_update(tf.IndexedSlices(tf.convert_to_tensor(values, var.dtype), indices))

@@ -5,26 +5,12 @@ import tensorflow as tf
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
+from sparse_operation_kit.tables.tables import checked_rows
 
 
 def static_rows(var, keys, name):
-    """Rows of a dense table with an explicit range check naming the table."""
-    num_rows = var.shape[0]
-    if num_rows is None:
-        num_rows = tf.shape(var, out_type=keys.dtype)[0]
-    # No quotes around the name: graph-mode Assert prints its message escaped (\\').
-    checks = [
-        tf.debugging.assert_non_negative(
-            keys, message=f"lookup of static table {name}: negative id"
-        ),
-        tf.debugging.assert_less(
-            keys,
-            tf.cast(num_rows, keys.dtype),
-            message=f"lookup of static table {name}: id out of range [0, {num_rows})",
-        ),
-    ]
-    with tf.control_dependencies(checks):
-        return tf.gather(var, keys)
+    """Rows of a dense table, its ids checked against its rows (an error naming the table)."""
+    return tf.gather(var, checked_rows(var, keys, "lookup", name))
 
 
 def local_rows(params, keys, counts, training, names, valid=None):

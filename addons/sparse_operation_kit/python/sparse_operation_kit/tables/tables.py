@@ -8,12 +8,14 @@ keeps the whole table on rank r. In one process every table is whole, whatever i
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from sparse_operation_kit.runtime import compat
+from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.runtime.context import context
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
 
@@ -118,6 +120,9 @@ class StaticTable(compat.ResourceVariable):
     def global_rows(self) -> int:
         return self._global_rows
 
+    def sparse_read(self, indices, name=None):
+        return super().sparse_read(checked_rows(self, indices, "sparse_read"), name=name)
+
     def owner(self, keys):
         return owner(keys, self._target, self._world_size)
 
@@ -126,6 +131,20 @@ class StaticTable(compat.ResourceVariable):
 
     def global_key(self, rows, rank: int):
         return global_key(rows, self._target, self._world_size, rank)
+
+
+def checked_rows(var, ids, what: str, name: str | None = None):
+    """`ids` once each is a row of the dense table `var` (this rank's shard): SokCheckRowIds, on
+    the table's device, raises an InvalidArgumentError naming the table and the first id
+    outside its rows; TensorFlow's GPU gather would read zeros for it, its GPU scatter skip it."""
+    ids = tf.convert_to_tensor(ids)
+    rows = var.shape[0]
+    # On the table's device, where its gather or scatter runs.
+    with tf.device(var.device) if var.device else contextlib.nullcontext():
+        num_rows = (tf.constant(rows, tf.int64) if rows is not None
+                    else tf.shape(var, out_type=tf.int64)[0])
+        return ops.sok_check_row_ids(ids, num_rows, table_name=name or table_name(var),
+                                     what=what)
 
 
 def target_of(param) -> int:
