@@ -302,7 +302,7 @@ class GpuEmbeddingTable {
   Status find_or_insert(const K* keys, int64_t n, float* out, const int64_t* counts,
                         cudaStream_t stream, const int64_t* d_n = nullptr);
 
-  // find_or_insert of every entry in few launches (one per 16 tables; an entry whose table is
+  // find_or_insert of every entry in few launches (one per 32 tables; an entry whose table is
   // already in the launch starts the next one): the results of one call per entry, in order.
   // All tables on one device.
   static Status find_or_insert_many(const std::vector<Keys>& calls, cudaStream_t stream);

@@ -291,7 +291,7 @@ void GpuTieredTable<K>::refresh_floor() {
 
 // One placement pass per table over its call's keys (the header comment): plan, demote the
 // victims, promote into the room left and the swapped-in rows. Every table's pass runs in the
-// same few launches (9 for up to 16 tables). No host sync.
+// same few launches (9 for up to 32 tables). No host sync.
 template <typename K>
 Status GpuTieredTable<K>::place_many(const std::vector<GpuTieredTable*>& tables,
                                      const std::vector<Span>& keys, cudaStream_t s) {

@@ -63,7 +63,8 @@ struct InsertPart {
   int64_t n;
   FirstTier first;
 };
-static_assert(sizeof(PartsLaunch<InsertPart<int64_t>>) <= 4096, "kernel parameters beyond 4 KB");
+static_assert(sizeof(PartsLaunch<InsertPart<int64_t>>) <= kMaxKernelParamBytes,
+              "kernel parameters beyond what CUDA passes");
 
 template <typename K, bool V4>
 __global__ void __launch_bounds__(kBlock)

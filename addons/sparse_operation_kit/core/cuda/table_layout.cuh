@@ -58,7 +58,7 @@ struct DevTable {
   // Pooled tables only (else null): each slot's pool row (nb * 32), after the pool's header.
   int32_t* row_of = nullptr;
   uint64_t mask = 0;  // nb - 1
-  // 32 bits, so 16 tables' launch parts with two DevTables each stay within 4 KB.
+  // 32 bits: a launch's parts hold two DevTables each (table_many.cuh).
   int32_t stride = 0;
   int32_t dim = 0;
 };

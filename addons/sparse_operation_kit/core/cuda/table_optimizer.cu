@@ -52,7 +52,8 @@ struct ApplyLaunch : PartsLaunch<ApplyPart<K>> {
   ApplyStep s;
   HostJobs<ApplyJob> jobs;  // on: host rows' updates go to k_apply_host_rows
 };
-static_assert(sizeof(ApplyLaunch<int64_t>) <= 4096, "kernel parameters beyond 4 KB");
+static_assert(sizeof(ApplyLaunch<int64_t>) <= kMaxKernelParamBytes,
+              "kernel parameters beyond what CUDA passes");
 
 // The row of `key` for an update, inserted into `t` at its initial value if missing (inserted:
 // 1 on the lane that inserted it), or `first`'s row where that tier holds it (*in_first).

@@ -175,9 +175,9 @@ __device__ __forceinline__ int64_t atomic_inc(int64_t* p) {
 
 int scan_grid(int64_t slots) { return std::min(grid_for(slots, kBlock), 1024); }
 
-static_assert(sizeof(PartsLaunch<PlanPart<int64_t>>) <= 4096 &&
-                  sizeof(PartsLaunch<MovePart<int64_t>>) <= 4096,
-              "a launch's parts must fit the classic 4 KB of kernel parameters");
+static_assert(sizeof(PartsLaunch<PlanPart<int64_t>>) <= kMaxKernelParamBytes &&
+                  sizeof(PartsLaunch<MovePart<int64_t>>) <= kMaxKernelParamBytes,
+              "a launch's parts must fit the kernel parameters CUDA passes");
 
 // The plan's kernels, one launch each over every part: the scans of the HBM tier (heat_hist,
 // pick_victims) give each part its own blocks, pick_up its keys' blocks, the one-thread steps a

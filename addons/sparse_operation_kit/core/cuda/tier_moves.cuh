@@ -35,7 +35,7 @@ struct MovePart {
   int* dst_fail = nullptr;
   int64_t* moved = nullptr;
 };
-// Every part's move, of different tables, in few launches (16 parts each).
+// Every part's move, of different tables, in few launches (32 parts each).
 template <typename K>
 Status move_rows_many(const std::vector<MovePart<K>>& parts, cudaStream_t s);
 
@@ -72,7 +72,7 @@ struct PlanPart {
   K* swap_in = nullptr;
   K* victims = nullptr;
 };
-// Every part's plan, of different tables, in few launches (16 parts each; no host sync).
+// Every part's plan, of different tables, in few launches (32 parts each; no host sync).
 template <typename K>
 Status plan_moves_many(const std::vector<PlanPart<K>>& parts, cudaStream_t s);
 
