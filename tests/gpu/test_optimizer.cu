@@ -17,6 +17,13 @@ bool test_optimizer(OptimizerKind kind, int64_t dim, bool unique_ids) {
   auto gpu = make_gpu<K>(cfg);
   const std::vector<K> pool = key_pool<K>(3000);
   OptimizerParams p = test_params(kind);
+  // The GPU sums a repeated id's gradients in fixed chunks, the CPU in id order: the sums round
+  // apart by an ulp or so. FTRL subtracts two powf() values (CUDA's and glibc's differ by an ulp)
+  // and keeps the running 'linear' slot: ~1e-6 absolute after 20 steps (1.6e-6 on a slot of
+  // 0.0106, once in 5 runs). Adam divides by sqrt(v) of such sums: 2.7e-5 relative on a value of
+  // 0.139, once in many runs of repeated ids. Wider bounds there.
+  const double rtol = kind == OptimizerKind::kAdam ? 1e-4 : 1e-5;
+  const double atol = kind == OptimizerKind::kFtrl ? 1e-5 : 1e-6;
   for (int s = 1; s <= 20; ++s) {
     std::vector<K> keys = draw(pool, 4096);
     if (unique_ids) {
@@ -38,16 +45,11 @@ bool test_optimizer(OptimizerKind kind, int64_t dim, bool unique_ids) {
       DevBuf<float> dout(keys.size() * dim);
       dout.poison();
       SOK_OK(gpu->find_or_insert(dk.get(), keys.size(), dout.get(), nullptr, nullptr));
-      if (!sok_test::expect_near("lookup during training", dout.download(), want, 1e-5,
-                                 kind == OptimizerKind::kFtrl ? 1e-5 : 1e-6))
+      if (!sok_test::expect_near("lookup during training", dout.download(), want, rtol, atol))
         return false;
     }
   }
-  // FTRL's update subtracts two powf() values (sigma) and keeps the running 'linear' slot: CUDA's
-  // powf and glibc's differ by an ulp, and the cancellation turns that into ~1e-6 absolute after
-  // 20 steps (seen once in 5 runs: 1.6e-6 on a slot of 0.0106). A wider absolute bound there.
-  const double atol = kind == OptimizerKind::kFtrl ? 1e-5 : 1e-6;
-  return expect_same_table(gpu_export(*gpu), cpu.export_rows(), 1e-5, atol);
+  return expect_same_table(gpu_export(*gpu), cpu.export_rows(), rtol, atol);
 }
 
 }  // namespace
