@@ -163,6 +163,17 @@ def test_static_table_ids_out_of_range_eager(bad_id, what):
             sok.lookup_sparse([t], [ragged([[0, bad_id]])])
 
 
+def test_keras_variable_as_a_static_table_checks_its_ids():
+    """A Keras 3 Variable (no `device` attribute) looks up like a tf.Variable, its ids checked."""
+    import keras
+    table = keras.Variable(np.arange(12, dtype=np.float32).reshape(6, 2), name="keras_items")
+    out = sok.lookup_sparse(table, ragged([[0, 1], [5]]))
+    np.testing.assert_array_equal(out.numpy(), [[2, 4], [10, 11]])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="lookup of static table .*keras_items.*: id out of range \\[0, 6\\): 7"):
+        sok.lookup_sparse(table, ragged([[0, 7]]))
+
+
 @pytest.mark.parametrize("bad_id, what", [(-3, "negative id"), (60, "id out of range")])
 def test_static_table_ids_out_of_range_in_functions_and_graphs(bad_id, what):
     table = tf.Variable(np.ones([6, 2], np.float32), name="fn_items")

@@ -139,8 +139,9 @@ def checked_rows(var, ids, what: str, name: str | None = None):
     outside its rows; TensorFlow's GPU gather would read zeros for it, its GPU scatter skip it."""
     ids = tf.convert_to_tensor(ids)
     rows = var.shape[0]
-    # On the table's device, where its gather or scatter runs.
-    with tf.device(var.device) if var.device else contextlib.nullcontext():
+    # On the table's device, where its gather or scatter runs (a Keras 3 Variable names none).
+    device = getattr(var, "device", "")
+    with tf.device(device) if device else contextlib.nullcontext():
         num_rows = (tf.constant(rows, tf.int64) if rows is not None
                     else tf.shape(var, out_type=tf.int64)[0])
         return ops.sok_check_row_ids(ids, num_rows, table_name=name or table_name(var),
