@@ -171,6 +171,10 @@ int main(int argc, char** argv) {
       run(std::string("find_or_insert_many / apply_gradients_many 20 tables int64 ") +
               (u ? "unique ids" : "repeated ids"),
           [u] { return test_many_tables<int64_t>(20, u); });
+      run(std::string(
+              "find_or_insert_many / apply_gradients_many 40 tables int64 (two launches) ") +
+              (u ? "unique ids" : "repeated ids"),
+          [u] { return test_many_tables<int64_t>(40, u); });
       run(std::string("find_or_insert_many / apply_gradients_many 3 tables int32 ") +
               (u ? "unique ids" : "repeated ids"),
           [u] { return test_many_tables<int32_t>(3, u); });

@@ -91,7 +91,7 @@ def test_assign_to_a_fused_slot_names_it_read_only():
 
 def test_static_variable_ids_beyond_its_rows_name_the_table():
     """sok.assign, sparse_read and tf.nn.embedding_lookup of a sok.Variable check ids against its
-    rows on the ids' device (TensorFlow's GPU gather reads zeros for a bad id, its GPU scatter
+    rows on the table's device (TensorFlow's GPU gather reads zeros for a bad id, its GPU scatter
     skips it): an error naming the table, its rows and the first bad id, eager and in a
     tf.function, int32 and int64 ids; the table keeps its values."""
     from sparse_operation_kit import experiment as sok
@@ -103,7 +103,7 @@ def test_static_variable_ids_beyond_its_rows_name_the_table():
         sok.assign(v, tf.range(24, dtype=tf.int64), tf.ones([24, 2]))
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=f"sparse_read of static table {name}: negative id -1 at position 1 "
-                       "\\(its rows: 0..14\\)"):
+                       "\\(the table has 15 rows\\)"):
         v.sparse_read(tf.constant([2, -1], tf.int64))
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"sparse_read {beyond}20 at position 1"):
         tf.function(lambda: v.sparse_read(tf.constant([[3, 20], [21, 0]], tf.int32)))()

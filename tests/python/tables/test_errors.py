@@ -163,6 +163,17 @@ def test_static_table_ids_out_of_range_eager(bad_id, what):
             sok.lookup_sparse([t], [ragged([[0, bad_id]])])
 
 
+def test_a_static_lookup_checks_its_ids_once():
+    """lookup_sparse over a sok.Variable runs one SokCheckRowIds, not a second one in the table's
+    own sparse_read (on a GPU each run waits for the stream)."""
+    table = sok.Variable(np.ones([6, 2], np.float32), name="once_items")
+    sok.lookup_sparse(table, ragged([[0, 1], [5]]))  # the first call may trace
+    before = sum(sok.kernel_run_counts(by_op=True).get("SokCheckRowIds", {}).values())
+    sok.lookup_sparse(table, ragged([[0, 1], [5]]))
+    after = sum(sok.kernel_run_counts(by_op=True)["SokCheckRowIds"].values())
+    assert after - before == 1
+
+
 def test_keras_variable_as_a_static_table_checks_its_ids():
     """A Keras 3 Variable (no `device` attribute) looks up like a tf.Variable, its ids checked."""
     import keras

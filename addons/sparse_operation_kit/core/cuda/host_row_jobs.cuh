@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "addons/sparse_operation_kit/core/cuda/table_layout.cuh"
+#include "addons/sparse_operation_kit/core/cuda/table_many.cuh"
 
 namespace sok {
 namespace gpu {
@@ -23,6 +24,8 @@ struct ApplyJob {
   const float* grad;
   int64_t part;
 };
+
+static_assert(kPartsPerLaunch <= 32, "a launch's parts are bits of the masks below");
 
 template <typename Job>
 struct HostJobs {

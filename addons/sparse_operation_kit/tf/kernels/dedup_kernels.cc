@@ -4,6 +4,7 @@
 // CPU, core/cuda/gpu_api.h on the GPU).
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 

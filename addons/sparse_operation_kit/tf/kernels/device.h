@@ -302,7 +302,7 @@ struct OnDevice<GpuDevice> {
     return OkStatus();
   }
   // The training read / the optimizer step of every table in few launches (the core fuses up to
-  // 16 tables per launch: one op of 26 tables costs the host two launches, not 26). Tiered
+  // 32 tables per launch: one op of 26 tables costs the host one launch, not 26). Tiered
   // tables (HBM_DRAM) are fused the same way, then each runs its placement pass.
   template <typename K>
   static Status FindOrInsert(OpKernelContext* ctx, const std::vector<TableCall<K>>& calls) {

@@ -2,6 +2,7 @@
 // that holds them (core/lookup.h's first_id_outside; on the GPU core/cuda/row_ids.h).
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "addons/sparse_operation_kit/core/lookup.h"
 #include "addons/sparse_operation_kit/tf/kernels/device.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -64,9 +65,10 @@ class CheckRowIdsOp : public SokOpKernel<Device> {
                                                        rows, &position, &id));
     if (position >= 0) {
       const std::string at = absl::StrCat(what_, " of static table ", table_, ": ");
+      // position: in the ids flattened (row-major), whatever their shape.
       if (id < 0) {
         ctx->CtxFailure(errors::InvalidArgument(at, "negative id ", id, " at position ", position,
-                                                " (its rows: 0..", rows - 1, ")"));
+                                                " (the table has ", rows, " rows)"));
       } else {
         ctx->CtxFailure(errors::InvalidArgument(at, "id out of range [0, ", rows, "): ", id,
                                                 " at position ", position));

@@ -116,6 +116,7 @@ tf.no_gradient("SokUniqueKeys")
 tf.no_gradient("SokPooledCombineGrad")
 tf.no_gradient("SokPooledCombineFlatGrad")
 tf.no_gradient("SokEmbeddingVariableSparseApply")
+tf.no_gradient("SokCheckRowIds")
 
 
 def _as_list(x):

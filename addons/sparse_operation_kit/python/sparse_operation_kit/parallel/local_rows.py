@@ -5,12 +5,15 @@ import tensorflow as tf
 from sparse_operation_kit.runtime import compat
 from sparse_operation_kit.runtime._ops import ops
 from sparse_operation_kit.tables.embedding_variable import EmbeddingVariable
-from sparse_operation_kit.tables.tables import checked_rows
+from sparse_operation_kit.tables.tables import StaticTable, checked_rows
 
 
 def static_rows(var, keys, name):
     """Rows of a dense table, its ids checked against its rows (an error naming the table)."""
-    return tf.gather(var, checked_rows(var, keys, "lookup", name))
+    checked = checked_rows(var, keys, "lookup", name)
+    if isinstance(var, StaticTable):  # its own sparse_read would check them a second time
+        return compat.ResourceVariable.sparse_read(var, checked)
+    return tf.gather(var, checked)
 
 
 def local_rows(params, keys, counts, training, names, valid=None):
