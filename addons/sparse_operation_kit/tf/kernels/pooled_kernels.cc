@@ -72,32 +72,36 @@ struct PoolOn<CpuDevice> {
 
   // The CPU core handles unsorted segment ids itself: the orders are not needed.
   static Status Forward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables, bool checked) {
-    std::vector<Status> status(tables.size());
-    OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
-      const PooledArgs& a = tables[i];
-      std::vector<int64_t> dense;
-      const int64_t* seg = SegmentIds(a, &dense);
-      status[i] = CheckIndices(a, seg, checked);
-      if (!status[i].ok()) return;
-      sok::pooled_forward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch, a.combiner, a.out,
-                          exec.parallel_for, a.segment_stride);
-    });
-    for (const Status& s : status) TF_RETURN_IF_ERROR(s);
-    return OkStatus();
+    return EachTable(ctx, tables, checked,
+                     [](const PooledArgs& a, const int64_t* seg, const sok::ExecContext& exec) {
+                       sok::pooled_forward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch,
+                                           a.combiner, a.out, exec.parallel_for, a.segment_stride);
+                     });
   }
 
   // Bad indices are reported (as in the forward) instead of written out of bounds.
   static Status Backward(OpKernelContext* ctx, const std::vector<PooledArgs>& tables,
                          bool checked) {
+    return EachTable(ctx, tables, checked,
+                     [](const PooledArgs& a, const int64_t* seg, const sok::ExecContext& exec) {
+                       sok::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch,
+                                            a.combiner, a.num_rows, a.out, exec.parallel_for,
+                                            a.segment_stride);
+                     });
+  }
+
+  // run(table, its segment ids, exec) for each table on the worker pool, once its indices
+  // passed CheckIndices; the first failing table's error.
+  template <typename Run>
+  static Status EachTable(OpKernelContext* ctx, const std::vector<PooledArgs>& tables, bool checked,
+                          Run run) {
     std::vector<Status> status(tables.size());
     OnDevice<CpuDevice>::ForEachTable(ctx, tables.size(), [&](int i, const sok::ExecContext& exec) {
       const PooledArgs& a = tables[i];
       std::vector<int64_t> dense;
       const int64_t* seg = SegmentIds(a, &dense);
       status[i] = CheckIndices(a, seg, checked);
-      if (!status[i].ok()) return;
-      sok::pooled_backward(a.src, a.dim, a.inverse, seg, a.weights, a.n, a.batch, a.combiner,
-                           a.num_rows, a.out, exec.parallel_for, a.segment_stride);
+      if (status[i].ok()) run(a, seg, exec);
     });
     for (const Status& s : status) TF_RETURN_IF_ERROR(s);
     return OkStatus();
