@@ -4,7 +4,9 @@
 // open-addressing set over (table, key) holds entries (t << 32 | local position), the lowest
 // position per key winning as in unique_keys.cu; one scan over "first occurrence" numbers the
 // distinct keys of all tables, and a table's unique index is that number minus the count of its
-// first id. The per-table arguments reach the device in one copy.
+// first id. Every id then reads its key's entry once more and takes the number of the position
+// the entry names (three passes over the ids: insert, scan, emit). The per-table arguments reach
+// the device in one copy.
 #include <cuda_runtime.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
@@ -28,7 +30,6 @@ using namespace detail;  // NOLINT
 namespace {
 
 constexpr uint64_t kEmpty = ~0ull;
-constexpr uint64_t kEmitted = 1ull << 63;  // entry replaced by its table's unique index
 constexpr int64_t kMaxIds = (int64_t{1} << 31) - 2;
 
 // One table's arguments on the device.
@@ -84,8 +85,8 @@ __device__ void check_position(const TableArgs& a, int64_t l, UniqueTableReport*
   if (l > 0 && index[0] < index[-a.rank]) lower_to(&r->first_unordered, l);
 }
 
-// Inserts (table, key) of every id (equal pairs of one warp through their lowest lane) and checks
-// its position.
+// Inserts (table, key) of every id (equal pairs of one warp through their lowest lane), checks
+// its position and zeroes the count at its index (the table's counts before k_multi_emit adds).
 template <typename K>
 __global__ void k_multi_insert(Group g, uint64_t* slots, uint64_t mask, int64_t* pos_of,
                                UniqueTableReport* reports) {
@@ -102,6 +103,7 @@ __global__ void k_multi_insert(Group g, uint64_t* slots, uint64_t mask, int64_t*
     keys = static_cast<const K*>(a.keys);
     key = keys[l];
     if (a.positions != nullptr) check_position(a, l, reports + a.report);
+    if (a.counts != nullptr) a.counts[l] = 0;
   }
   const unsigned active = __ballot_sync(0xffffffffu, valid);
   if (!valid) return;
@@ -143,40 +145,30 @@ struct IsFirst {
   }
 };
 
-// First occurrences write their key at their table's unique index and leave that index in the
-// slot; threads below num_tables write their table's count.
+// Each id's unique index: the number the scan gave the position its key's entry names (the
+// key's first id). That id writes the key; every id counts (one atomic per distinct (table,
+// key) per warp). Threads below num_tables write their table's distinct count.
 template <typename K>
-__global__ void k_multi_emit(Group g, const int64_t* pos_of, const int32_t* upos, uint64_t* slots,
-                             UniqueTableReport* reports) {
+__global__ void k_multi_emit(Group g, const uint64_t* slots, const int64_t* pos_of,
+                             const int32_t* upos, UniqueTableReport* reports) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < g.num_tables) {
     reports[g.tables[i].report].num_unique =
         g.n == 0 ? 0 : static_cast<int64_t>(upos[g.first[i + 1]] - upos[g.first[i]]);
   }
-  if (i >= g.n) return;
-  const int t = table_of(g, i);
-  const int64_t l = i - g.first[t];
-  uint64_t* slot = slots + pos_of[i];
-  if (*slot != entry_of(t, l)) return;
-  const TableArgs& a = g.tables[t];
-  const int32_t u = upos[i] - upos[g.first[t]];
-  static_cast<K*>(a.unique)[u] = static_cast<const K*>(a.keys)[l];
-  *slot = kEmitted | static_cast<uint64_t>(u);
-  if (a.counts != nullptr) a.counts[u] = 0;
-}
-
-// inverse and counts (one atomic per distinct (table, key) per warp).
-__global__ void k_multi_inverse(Group g, const uint64_t* slots, const int64_t* pos_of) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const bool valid = i < g.n;
   int t = 0;
   uint32_t u = 0;
   int64_t* counts = nullptr;
   if (valid) {
     t = table_of(g, i);
+    const int64_t start = g.first[t];
+    const int64_t l = i - start;
+    const int64_t first = static_cast<int64_t>(slots[pos_of[i]] & 0xffffffffu);
+    u = static_cast<uint32_t>(upos[start + first] - upos[start]);
     const TableArgs& a = g.tables[t];
-    u = static_cast<uint32_t>(slots[pos_of[i]] & 0xffffffffu);
-    a.inverse[i - g.first[t]] = static_cast<int32_t>(u);
+    a.inverse[l] = static_cast<int32_t>(u);
+    if (first == l) static_cast<K*>(a.unique)[u] = static_cast<const K*>(a.keys)[l];
     counts = a.counts;
   }
   const unsigned active = __ballot_sync(0xffffffffu, valid);
@@ -226,12 +218,8 @@ Status launch_group(const Group& g, uint64_t* slots, uint64_t mask, int64_t* pos
                                                   static_cast<int>(g.n + 1), stream));
   }
   k_multi_emit<K><<<grid_for(std::max<int64_t>(g.n, g.num_tables), kBlock), kBlock, 0, stream>>>(
-      g, pos_of, upos, slots, d_reports);
+      g, slots, pos_of, upos, d_reports);
   SOK_LAUNCH_CHECK();
-  if (g.n > 0) {
-    k_multi_inverse<<<grid_for(g.n, kBlock), kBlock, 0, stream>>>(g, slots, pos_of);
-    SOK_LAUNCH_CHECK();
-  }
   return Status::OK();
 }
 
