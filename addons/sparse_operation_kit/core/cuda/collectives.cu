@@ -299,23 +299,18 @@ Status Communicator::all_to_all(const void* send, const int64_t* send_rows, void
   for (int p = 0; p < world_ && s.ok(); ++p) {
     const size_t in_bytes = static_cast<size_t>(send_rows[p]) * row_bytes;
     const size_t out_bytes = static_cast<size_t>(recv_rows[p]) * row_bytes;
-    if (p == rank_) {
-      if (in_bytes != out_bytes) {
-        s = Status::Invalid("all-to-all: rank " + std::to_string(rank_) + " sends itself " +
-                            std::to_string(in_bytes) + " bytes but receives " +
-                            std::to_string(out_bytes));
-      } else if (in_bytes > 0) {
-        s = cuda_status(
-            cudaMemcpyAsync(out + out_at, in + in_at, in_bytes, cudaMemcpyDeviceToDevice, stream),
-            "all-to-all: the rank's own part");
-      }
-    } else {
-      if (s.ok() && in_bytes > 0) {
-        s = check(n.Send(in + in_at, in_bytes, kNcclInt8, p, comm_, stream), "ncclSend");
-      }
-      if (s.ok() && out_bytes > 0) {
-        s = check(n.Recv(out + out_at, out_bytes, kNcclInt8, p, comm_, stream), "ncclRecv");
-      }
+    if (p == rank_ && in_bytes != out_bytes) {
+      s = Status::Invalid("all-to-all: rank " + std::to_string(rank_) + " sends itself " +
+                          std::to_string(in_bytes) + " bytes but receives " +
+                          std::to_string(out_bytes));
+    }
+    // The rank's own part too: NCCL copies it in the kernel that moves the peers' parts, beside
+    // them, where a copy of its own on `stream` would run before that kernel.
+    if (s.ok() && in_bytes > 0) {
+      s = check(n.Send(in + in_at, in_bytes, kNcclInt8, p, comm_, stream), "ncclSend");
+    }
+    if (s.ok() && out_bytes > 0) {
+      s = check(n.Recv(out + out_at, out_bytes, kNcclInt8, p, comm_, stream), "ncclRecv");
     }
     in_at += in_bytes;
     out_at += out_bytes;

@@ -68,7 +68,7 @@ class Communicator {
   static constexpr int kHeaderColumns = 64;
   // The variable all-to-all of `row_bytes`-byte rows: send_rows[p] rows from `send` (grouped by
   // destination, rank order) to rank p; recv_rows[p] rows from rank p into `recv`, in rank order.
-  // The counts are host values (exchange_counts); the rank's own part is a device copy.
+  // The counts are host values (exchange_counts); the rank's own part goes through NCCL too.
   Status all_to_all(const void* send, const int64_t* send_rows, void* recv,
                     const int64_t* recv_rows, size_t row_bytes, cudaStream_t stream);
   // out[j] = sum (or mean) over ranks of in[j], for `count` elements; several calls between
