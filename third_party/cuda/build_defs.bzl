@@ -42,6 +42,9 @@ def _nvcc_objects_impl(ctx):
         args.add("-ccbin", cc_toolchain.compiler_executable)
         args.add_all(ctx.attr.copts)
         args.add_all(ctx.attr.per_file_copts.get(src.basename, []))
+        # nvcc's intermediate files beside the object: in the shared /tmp two sandboxed actions
+        # (both PID 2 in their namespaces) name theirs alike and delete each other's.
+        args.add("--objdir-as-tempdir")
         args.add("-x", "cu")
         args.add("-c", src)
         args.add("-o", out)
