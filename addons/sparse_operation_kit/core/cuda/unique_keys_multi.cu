@@ -86,7 +86,8 @@ __device__ void check_position(const TableArgs& a, int64_t l, UniqueTableReport*
 }
 
 // Inserts (table, key) of every id (equal pairs of one warp through their lowest lane), checks
-// its position and zeroes the count at its index (the table's counts before k_multi_emit adds).
+// its position and zeroes counts[l] at its own position l: every unique index u < num_unique <= n
+// is zeroed before k_multi_emit adds to it.
 template <typename K>
 __global__ void k_multi_insert(Group g, uint64_t* slots, uint64_t mask, int64_t* pos_of,
                                UniqueTableReport* reports) {
