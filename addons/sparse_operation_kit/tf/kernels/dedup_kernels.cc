@@ -43,8 +43,9 @@ struct DedupOn<CpuDevice> {
   struct State {};  // what a kernel keeps between calls: nothing on the CPU
 
   // Each table's dedup and position checks; valid[i] = table i's distinct keys, -1 for bad
-  // positions. padded: the outputs keep every entry, the tails past the distinct keys zeros
-  // (the CPU never waits; the padded outputs only keep its results equal to the GPU's).
+  // positions. padded: the outputs keep every entry (the GPU's shape: it does not wait for the
+  // counts), the tails past the distinct keys zeros here. Every consumer reads only the first
+  // valid[i] entries: on the GPU the counts' tails are zeros too, the keys' tails unwritten.
   static Status Unique(OpKernelContext* ctx, std::vector<UniqueArgs>* tables, Tensor* valid,
                        bool padded, State*) {
     OnDevice<CpuDevice>::ForEachTable(ctx, tables->size(), [&](int i, const sok::ExecContext&) {
