@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
@@ -620,7 +621,7 @@ bool test_fused_calls(int tables) {
                         {16, CacheStrategy::kLFU, true, false},
                         {4, CacheStrategy::kLFU, false, false},
                         {6, CacheStrategy::kLRU, false, true}};
-  const int num_specs = 5;
+  const int num_specs = static_cast<int>(std::size(specs));
   std::vector<Pair<K>> t;
   for (int i = 0; i < tables; ++i) {
     const Spec& sp = specs[i % num_specs];
