@@ -5,8 +5,7 @@
 // cache (placement moves a bounded number of rows) and over many steps (the hot keys settle in
 // HBM). Also the host-only table (no cache), and HBM_DRAM_SSDHASH: the same with a host tier of a
 // few hundred rows over a file (rows in all three tiers, the host tier within its budget, the
-// file's directory gone with the table). The stage: a lookup's copies of its host rows, which the
-// update that follows reads.
+// file's directory gone with the table).
 // Usage: test_tiered_table [seed (0: from the clock)] [name filter]; see test_util.cuh.
 #include <sys/stat.h>
 
@@ -248,51 +247,6 @@ bool train_steps(Pair<K>& t, const std::vector<K>& pool, OptimizerParams& p, int
 template <typename K>
 bool train_steps(Pair<K>& t, const std::vector<K>& pool, OptimizerParams& p, int first, int last) {
   return train_steps(t, pool, p, first, last, [] { return true; });
-}
-
-// The stage (gpu_tiered_table.h): a trained table's lookup copies the host rows it serves into GPU
-// memory, and the update that follows reads them there. Between the two: nothing, a read-only
-// find and another lookup, an assign or an erase of some of the keys, or a new optimizer (its
-// slots widen the rows). Every update must equal the reference's; the stage must serve the
-// updates after a lookup alone and none after a call that wrote rows or changed their layout.
-template <typename K>
-bool test_stage() {
-  constexpr int64_t kDim = 16;
-  Pair<K> t = make_pair<K>(tiered_cfg(kDim, CacheStrategy::kLFU, 1));
-  const std::vector<K> pool = key_pool<K>(4000);
-  OptimizerParams p = test_params(OptimizerKind::kSGD);
-  bool ok = train_steps(t, pool, p, 1, 2);
-  for (int s = 3; s <= 14 && ok; ++s) {
-    if (s == 6) p = test_params(OptimizerKind::kAdagrad);
-    p.step = s;
-    const std::vector<K> keys = distinct(draw(pool, 1024));
-    ok &= t.lookup(keys, true);
-    const std::vector<K> some(keys.begin(), keys.begin() + keys.size() / 4);
-    DevBuf<K> dk = to_device(some);
-    const int kind = s % 4;
-    if (kind == 0) {
-      const std::vector<float> v = randn(some.size() * kDim, 1.f);
-      DevBuf<float> dv = to_device(v);
-      SOK_OK(t.ref->insert_or_assign(dk.get(), some.size(), dv.get(), nullptr));
-      SOK_OK(t.got->insert_or_assign(kExec, dk.get(), some.size(), dv.get()));
-    } else if (kind == 1) {
-      int64_t a = 0, b = 0;
-      SOK_OK(t.ref->erase(dk.get(), some.size(), nullptr, &a));
-      SOK_OK(t.got->erase(dk.get(), some.size(), nullptr, &b));
-      if (a != b) ok = FAIL("erase removed %lld, want %lld", (long long)b, (long long)a);
-    } else if (kind == 2) {
-      ok &= t.lookup(draw(pool, 500), false) && t.lookup(draw(pool, 700), true);
-    }
-    const int64_t before = t.got->stats().staged_updates;
-    t.apply(keys, p, s, true);
-    const int64_t staged = t.got->stats().staged_updates - before;
-    const bool want = kind >= 2 && s != 6;
-    if ((staged > 0) != want)
-      ok = FAIL("step %d (case %d): %lld updates read staged rows, want %s", s, kind,
-                (long long)staged, want ? "some" : "none");
-    ok &= t.lookup(keys, false) && t.tiers_ok(true);
-  }
-  return ok && t.same_export();
 }
 
 // export -> import into a fresh tiered table (split over the tiers) and into a host-only one;
@@ -928,8 +882,6 @@ int main(int argc, char** argv) {
     }
     run("counter filter + insert_or_assign int64",
         [] { return test_filter_and_assign<int64_t>(); });
-    run("stage int64", [] { return test_stage<int64_t>(); });
-    run("stage int32", [] { return test_stage<int32_t>(); });
     run("export/import lfu int64", [] { return test_export_import<int64_t>(CacheStrategy::kLFU); });
     run("export/import lru int32", [] { return test_export_import<int32_t>(CacheStrategy::kLRU); });
     run("chunked import lfu int64",

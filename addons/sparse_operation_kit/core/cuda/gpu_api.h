@@ -251,7 +251,6 @@ template <typename K>
 class GpuTieredTable;
 namespace detail {
 struct FirstTier;
-struct HostRowStage;
 }  // namespace detail
 
 // A hash table from key to row [value(dim) | optimizer slots (num_slots x dim)] in the memory of
@@ -290,9 +289,6 @@ class GpuEmbeddingTable {
     const GpuEmbeddingTable* probe_first = nullptr;
     // Optional device counters [2]: += the keys served by probe_first / by this table.
     int64_t* tier_counts = nullptr;
-    // Tiered tables: the stage of the host-memory tier (table or probe_first; row_stage.cuh).
-    // find_or_insert copies the host rows it serves there; apply_gradients reads them there.
-    const detail::HostRowStage* stage = nullptr;
   };
 
   // Read-only lookup: out[n, dim]. Missing keys read their initial value (initializer.h) or,

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "addons/sparse_operation_kit/core/cuda/gpu_tiered_table.h"
-#include "addons/sparse_operation_kit/core/cuda/row_stage.cuh"
 #include "addons/sparse_operation_kit/core/cuda/runtime.h"
 #include "addons/sparse_operation_kit/core/cuda/table_impl.cuh"
 #include "addons/sparse_operation_kit/core/cuda/table_many.cuh"
@@ -122,7 +121,6 @@ GpuTieredTable<K>::~GpuTieredTable() {
   if (d_plan_ != nullptr) {
     DeviceGuard g(hot_->impl_->device);
     cudaDeviceSynchronize();  // no placement pass still reads the buffers
-    free_stage(nullptr);
     storage_->deallocate(d_plan_, 0, nullptr);
   }
   if (snap_event_ != nullptr) cudaEventDestroy(snap_event_);
@@ -156,84 +154,7 @@ typename GpuTieredTable<K>::Stats GpuTieredTable<K>::stats() const {
   st.hbm_keys = c[kFillCounts + 1] + c[kSpillCounts];
   st.promoted_rows = c[kPromoted];
   st.demoted_rows = c[kDemoted];
-  st.staged_updates = c[kStaged];
   return st;
-}
-
-// The stage's arrays in one allocation: rows [capacity, stride], then keys, tags and row numbers
-// of 2 * capacity entries (a power of two), then the epoch's row count.
-template <typename K>
-Status GpuTieredTable<K>::alloc_stage(int64_t n, int32_t stride, cudaStream_t s) {
-  free_stage(s);
-  const int64_t cap = detail::next_pow2(n), entries = 2 * cap;
-  if (cap > std::numeric_limits<int32_t>::max()) return Status::Invalid("stage too large");
-  const size_t rows = static_cast<size_t>(cap) * stride * sizeof(float);
-  const size_t bytes = rows + entries * (sizeof(int64_t) + 2 * sizeof(int32_t)) + sizeof(int64_t);
-  char* p = static_cast<char*>(storage_->allocate(bytes, s));
-  if (p == nullptr) {
-    cudaGetLastError();
-    return Status::Invalid("no memory for the stage");
-  }
-  auto st = std::make_unique<detail::HostRowStage>();
-  st->rows = reinterpret_cast<float*>(p);
-  st->keys = reinterpret_cast<int64_t*>(p + rows);
-  st->tags = reinterpret_cast<int32_t*>(st->keys + entries);
-  st->at = st->tags + entries;
-  st->taken = reinterpret_cast<int64_t*>(st->at + entries);
-  st->used = d_counts_ + kStaged;
-  st->mask = static_cast<uint64_t>(entries - 1);
-  st->capacity = cap;
-  st->stride = stride;
-  SOK_CUDA_RETURN(cudaMemsetAsync(st->tags, 0, entries * sizeof(int32_t), s));
-  SOK_CUDA_RETURN(cudaMemsetAsync(st->taken, 0, sizeof(int64_t), s));
-  stage_ = std::move(st);
-  stage_bytes_ = bytes;
-  stage_bound_ = 0;
-  return Status::OK();
-}
-
-template <typename K>
-void GpuTieredTable<K>::free_stage(cudaStream_t s) {
-  if (!stage_) return;
-  storage_->deallocate(stage_->rows, stage_bytes_, s);
-  stage_.reset();
-  stage_bytes_ = 0;
-  stage_bound_ = 0;
-}
-
-// Room for n more staged rows in this epoch: a new epoch when the stage is full, a larger stage
-// when n alone does not fit or the rows changed their layout. Without memory for it the lookup
-// stages nothing (the update reads its host rows).
-template <typename K>
-const detail::HostRowStage* GpuTieredTable<K>::stage_for_lookup(int64_t n, cudaStream_t s) {
-  if (!hot_ || !trained_ || n <= 0) return nullptr;
-  const int32_t stride = cold_->impl_->t.stride;
-  const bool fits = stage_ && stage_->stride == stride && n <= stage_->capacity;
-  if (!fits) {
-    if (!alloc_stage(n, stride, s).ok()) return nullptr;
-  } else if (stage_bound_ + n > stage_->capacity) {
-    if (!drop_stage(s).ok()) return nullptr;
-  }
-  stage_bound_ += n;
-  return stage_.get();
-}
-
-template <typename K>
-const detail::HostRowStage* GpuTieredTable<K>::stage_for_update() const {
-  const bool live = stage_ && stage_bound_ > 0 && stage_->stride == cold_->impl_->t.stride;
-  return live ? stage_.get() : nullptr;
-}
-
-template <typename K>
-Status GpuTieredTable<K>::drop_stage(cudaStream_t s) {
-  if (!stage_ || stage_bound_ == 0) return Status::OK();
-  stage_bound_ = 0;
-  if (++stage_->epoch == std::numeric_limits<int32_t>::max()) {  // tags of old epochs go
-    stage_->epoch = 1;
-    SOK_CUDA_RETURN(cudaMemsetAsync(stage_->tags, 0, (stage_->mask + 1) * sizeof(int32_t), s));
-  }
-  SOK_CUDA_RETURN(cudaMemsetAsync(stage_->taken, 0, sizeof(int64_t), s));
-  return Status::OK();
 }
 
 template <typename K>
@@ -610,8 +531,6 @@ Status GpuTieredTable<K>::find_or_insert_many(const std::vector<Call>& calls, cu
       SOK_RETURN_IF_ERROR(t.route(span, s, &k));
       k.out = c.out;
       k.counts = c.counts;
-      if (k.table == t.cold_.get() || k.probe_first == t.cold_.get())
-        k.stage = t.stage_for_lookup(c.n, s);
       launch.push_back(k);
     }
     SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::find_or_insert_many(launch, s));
@@ -626,7 +545,6 @@ Status GpuTieredTable<K>::insert_or_assign(const ExecContext& e, const K* keys, 
   const cudaStream_t s = stream_of(e);
   if (!hot_) return cold_->insert_or_assign(keys, n, values, s);
   if (n <= 0) return Status::OK();
-  SOK_RETURN_IF_ERROR(drop_stage(s));
   const Span span{keys, n, nullptr};
   SOK_RETURN_IF_ERROR(from_ssd_many({this}, {span}, s));
   Keys call;
@@ -700,12 +618,10 @@ Status GpuTieredTable<K>::apply_gradients_many(const std::vector<Call>& calls,
       Keys k;
       SOK_RETURN_IF_ERROR(t.route(span, s, &k));
       k.grads = c.grads;
-      k.stage = t.stage_for_update();
       launch.push_back(k);
     }
     SOK_RETURN_IF_ERROR(GpuEmbeddingTable<K>::apply_gradients_many(launch, p, global_step, s,
                                                                    keys_unique, keys_present));
-    for (size_t i = begin; i < end; ++i) SOK_RETURN_IF_ERROR(calls[i].table->drop_stage(s));
     return after_update(calls, begin, end, /*inference_only=*/false, s);
   });
 }
@@ -713,7 +629,6 @@ Status GpuTieredTable<K>::apply_gradients_many(const std::vector<Call>& calls,
 template <typename K>
 Status GpuTieredTable<K>::erase(const K* keys, int64_t n, cudaStream_t s, int64_t* removed) {
   std::lock_guard<std::mutex> l(mu_);
-  SOK_RETURN_IF_ERROR(drop_stage(s));
   int64_t a = 0, b = 0, c = 0;
   if (hot_) SOK_RETURN_IF_ERROR(hot_->erase(keys, n, s, removed ? &a : nullptr));
   SOK_RETURN_IF_ERROR(cold_->erase(keys, n, s, removed ? &b : nullptr));
@@ -731,7 +646,6 @@ Status GpuTieredTable<K>::erase(const K* keys, int64_t n, cudaStream_t s, int64_
 template <typename K>
 Status GpuTieredTable<K>::shrink(const ExecContext& e, int64_t global_step, int64_t* removed) {
   std::lock_guard<std::mutex> l(mu_);
-  SOK_RETURN_IF_ERROR(drop_stage(stream_of(e)));
   int64_t a = 0, b = 0, c = 0;
   if (hot_) SOK_RETURN_IF_ERROR(hot_->shrink(global_step, stream_of(e), &a));
   SOK_RETURN_IF_ERROR(cold_->shrink(global_step, stream_of(e), &b));
@@ -826,7 +740,6 @@ Status GpuTieredTable<K>::import_split(const SnapshotView<K>& s, int64_t keep, i
 template <typename K>
 Status GpuTieredTable<K>::import_rows(const ExecContext& e, const SnapshotView<K>& s) {
   std::lock_guard<std::mutex> l(mu_);
-  SOK_RETURN_IF_ERROR(drop_stage(stream_of(e)));
   if (!hot_) return cold_->import_rows(s, stream_of(e));
   SOK_RETURN_IF_ERROR(check_snapshot(cfg_.name, cfg_.dim, s));
   int64_t cap = 0;
@@ -853,7 +766,6 @@ template <typename K>
 Status GpuTieredTable<K>::append_rows(const ExecContext& e, const SnapshotView<K>& s) {
   std::lock_guard<std::mutex> l(mu_);
   const cudaStream_t stream = stream_of(e);
-  SOK_RETURN_IF_ERROR(drop_stage(stream));
   SOK_RETURN_IF_ERROR(check_snapshot(cfg_.name, cfg_.dim, s));
   if (s.n == 0) return Status::OK();
   if (s.num_slots != cold_->num_slots())
@@ -909,7 +821,6 @@ Status GpuTieredTable<K>::append_rows(const ExecContext& e, const SnapshotView<K
 template <typename K>
 Status GpuTieredTable<K>::reserve(const ExecContext& e, int64_t rows) {
   std::lock_guard<std::mutex> l(mu_);
-  SOK_RETURN_IF_ERROR(drop_stage(stream_of(e)));
   return ssd_ ? Status::OK() : cold_->reserve(rows, stream_of(e));
 }
 

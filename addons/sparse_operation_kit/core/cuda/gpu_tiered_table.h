@@ -48,13 +48,6 @@
 // Host syncs: that relayout demotion, and whatever the two tables sync for themselves (growth,
 // slot relayout, export/import/shrink, a rehash that drops erased slots).
 //
-// The stage (row_stage.cuh): once the table has been trained, find_or_insert copies each host
-// row it serves, whole, into GPU memory (room for the call's keys, beyond the HBM budget:
-// scratch of one step), and the update that follows reads that copy and only writes the row
-// back over PCIe. Every call that writes rows (apply_gradients, insert_or_assign, erase, shrink,
-// import, append, reserve) starts a new epoch after it, which empties the stage; rows travel
-// whole between tiers and the file, so a copy equals its row while the epoch lasts.
-//
 // StorageKind::kHbmDramSsdHash (HBM_DRAM_SSDHASH) adds an SSD tier under the host tier: an
 // SsdRows (core/ssd_rows.h, no CUDA) in a directory of its own below config.storage_path, removed
 // with the table. Kernels cannot read a file, so rows on file move, whole, in host batches:
@@ -96,7 +89,6 @@
 namespace sok {
 namespace gpu {
 namespace detail {
-struct HostRowStage;
 struct PlanRule;
 struct PlanScratch;
 template <typename K>
@@ -195,8 +187,6 @@ class GpuTieredTable final : public Table<K> {
     // tables' reads, writes and removals, run in parallel).
     int64_t ssd_host_us = 0;
     int64_t ssd_file_us = 0;
-    // Updates of host rows that read the copy their lookup staged in GPU memory.
-    int64_t staged_updates = 0;
   };
   Stats stats() const;
 
@@ -204,15 +194,8 @@ class GpuTieredTable final : public Table<K> {
   using Keys = typename GpuEmbeddingTable<K>::Keys;
   using Span = detail::KeySpan<K>;
   // d_counts_: [0, 2) tier_counts while the HBM tier inserts (host tier probed first),
-  // [2, 4) while the host tier inserts, then rows promoted, rows demoted, staged updates.
-  enum Count {
-    kFillCounts = 0,
-    kSpillCounts = 2,
-    kPromoted = 4,
-    kDemoted = 5,
-    kStaged = 6,
-    kNumCounts = 7
-  };
+  // [2, 4) while the host tier inserts, then rows promoted, rows demoted.
+  enum Count { kFillCounts = 0, kSpillCounts = 2, kPromoted = 4, kDemoted = 5, kNumCounts = 6 };
 
   GpuTieredTable() = default;
   // Runs fn(begin, end) on consecutive groups of calls in which each table appears once, holding
@@ -256,13 +239,6 @@ class GpuTieredTable final : public Table<K> {
                             Clock::time_point t2);
   Status select_cold_victims(int64_t live, int64_t count, const Span& keys, K* victims,
                              cudaStream_t s);
-  // The stage (the header comment's end): room for a lookup of n keys, or null (no stage);
-  // the stage an update reads, or null; a new epoch after a call that wrote rows.
-  const detail::HostRowStage* stage_for_lookup(int64_t n, cudaStream_t s);
-  const detail::HostRowStage* stage_for_update() const;
-  Status drop_stage(cudaStream_t s);
-  Status alloc_stage(int64_t n, int32_t stride, cudaStream_t s);
-  void free_stage(cudaStream_t s);
 
   TableConfig cfg_;
   std::unique_ptr<GpuEmbeddingTable<K>> hot_;   // null: host-only
@@ -290,10 +266,6 @@ class GpuTieredTable final : public Table<K> {
   K* d_victims_ = nullptr;  // max_swaps_ keys each
   int64_t max_up_ = 0, max_swaps_ = 1;
   int64_t* d_counts_ = nullptr;  // kNumCounts
-  // The stage (from storage_), its size, and an upper bound of the rows staged this epoch.
-  std::unique_ptr<detail::HostRowStage> stage_;
-  size_t stage_bytes_ = 0;
-  int64_t stage_bound_ = 0;
   Stats stats_;
 };
 

@@ -18,11 +18,9 @@ namespace sok {
 namespace gpu {
 namespace detail {
 
-// An update of a host row: grads of the launch's part `part`, applied to `src` (the row, or its
-// staged copy in GPU memory: row_stage.cuh) and written to the row.
+// An update of a host row: grads of the launch's part `part`.
 struct ApplyJob {
   float* row;
-  const float* src;
   const float* grad;
   int64_t part;
 };

@@ -14,7 +14,6 @@
 #include "addons/sparse_operation_kit/core/common.h"
 #include "addons/sparse_operation_kit/core/cuda/device_util.cuh"
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
-#include "addons/sparse_operation_kit/core/cuda/row_stage.cuh"
 #include "addons/sparse_operation_kit/core/cuda/runtime.h"
 #include "addons/sparse_operation_kit/core/cuda/table_impl.cuh"
 #include "addons/sparse_operation_kit/core/cuda/table_layout.cuh"
@@ -63,8 +62,6 @@ struct InsertPart {
   int* fail;
   int64_t n;
   FirstTier first;
-  HostRowStage stage;  // a tiered table's host rows go there too (or none: rows null)
-  bool stage_first;    // the stage is the first tier's (else the table's)
 };
 static_assert(sizeof(PartsLaunch<InsertPart<int64_t>>) <= kMaxKernelParamBytes,
               "kernel parameters beyond what CUDA passes");
@@ -90,8 +87,6 @@ __global__ void __launch_bounds__(kBlock)
     served = r.slot >= 0 && lane == 0;  // one count per key, not per lane
     float* o = q.out ? q.out + i * t.dim : nullptr;
     float* row = r.slot >= 0 && r.fresh ? fresh_row(tile, t, r.slot, q.fail) : nullptr;
-    // A row of the staged tier (host memory) is copied to the stage for the update to come.
-    const bool to_stage = q.stage.rows != nullptr && in_first == q.stage_first;
     if (r.slot < 0 || (r.fresh && row == nullptr)) {
       served = false;
       if (o) fill_row<V4>(tile, 0.f, o, t.dim);
@@ -101,11 +96,9 @@ __global__ void __launch_bounds__(kBlock)
         t.meta[r.slot].freq = cnt;
       }
       const bool admitted = ri.filter_freq <= 0 || cnt >= ri.filter_freq;
-      float* copy = to_stage ? stage_claim(tile, q.stage, key) : nullptr;
       for (int64_t c = lane; c < t.stride; c += kTile) {
         const float v = fresh_element(ri, key, c, t.dim);
         row[c] = v;
-        if (copy) copy[c] = v;
         if (o && c < t.dim) o[c] = admitted ? v : ri.no_perm;
       }
       publish(tile, t, r.slot, h);
@@ -120,11 +113,7 @@ __global__ void __launch_bounds__(kBlock)
       } else if (lane == 0) {
         atomicAdd(fp, static_cast<unsigned long long>(cnt));  // result unused: no round trip
       }
-      float* copy = to_stage ? stage_claim(tile, q.stage, key) : nullptr;
-      if (copy) {
-        stage_copy<V4>(tile, row_at(rt, r.slot), copy, admitted ? o : nullptr, t.stride, t.dim);
-        if (o && !admitted) fill_row<V4>(tile, ri.no_perm, o, t.dim);
-      } else if (o) {
+      if (o) {
         if (!admitted) fill_row<V4>(tile, ri.no_perm, o, t.dim);
         else copy_row<V4>(tile, row_at(rt, r.slot), o, t.dim);
       }
@@ -390,8 +379,7 @@ Status GpuEmbeddingTable<K>::find_or_insert_many(const std::vector<Keys>& calls,
       Impl& m = *impls[i];
       L.part[i - begin] = InsertPart<K>{m.t,        m.row_init(), c.keys, c.d_n,
                                         c.out,      c.counts,     m.d_counters,
-                                        m.d_fail,   std::max<int64_t>(c.n, 0), firsts[i],
-                                        c.stage ? *c.stage : HostRowStage(), !m.host_rows};
+                                        m.d_fail,   std::max<int64_t>(c.n, 0), firsts[i]};
       L.first_block[i - begin] = static_cast<int32_t>(blocks);
       blocks += blocks_for_keys(c.n);
       v4 = v4 && m.cfg.dim % 4 == 0 && reinterpret_cast<uintptr_t>(c.out) % 16 == 0;

@@ -15,7 +15,6 @@
 #include "addons/sparse_operation_kit/core/cuda/gpu_api.h"
 #include "addons/sparse_operation_kit/core/cuda/group_sum.h"
 #include "addons/sparse_operation_kit/core/cuda/host_row_jobs.cuh"
-#include "addons/sparse_operation_kit/core/cuda/row_stage.cuh"
 #include "addons/sparse_operation_kit/core/cuda/runtime.h"
 #include "addons/sparse_operation_kit/core/cuda/table_impl.cuh"
 #include "addons/sparse_operation_kit/core/cuda/table_layout.cuh"
@@ -42,7 +41,6 @@ struct ApplyPart {
   int* fail;
   int64_t n;
   FirstTier first;
-  HostRowStage stage;  // a tiered table's host rows staged by its lookup (or none)
 };
 struct ApplyStep {
   OptimizerParams p;
@@ -107,11 +105,10 @@ __device__ __forceinline__ void apply_float4(const OptimizerParams& p, float alp
 }
 
 // apply_element from optimizer.h over a row's float4 columns: C chunks of 32 columns loaded
-// from src before the math (more bytes in flight, more registers), then stored to row (src
-// is row, or its staged copy).
+// before the math (more bytes in flight, more registers), then stored.
 template <int C>
-__device__ void apply_row_vec(const OptimizerParams& p, float alpha, const float* src, float* row,
-                              const float* g, int64_t dim, int ns, int lane) {
+__device__ void apply_row_vec(const OptimizerParams& p, float alpha, float* row, const float* g,
+                              int64_t dim, int ns, int lane) {
   for (int64_t c0 = 4 * lane; c0 < dim; c0 += 4 * kTile * C) {
     float4 v[C], s0[C], s1[C], gg[C];
 #pragma unroll
@@ -119,9 +116,9 @@ __device__ void apply_row_vec(const OptimizerParams& p, float alpha, const float
       const int64_t c = c0 + k * 4 * kTile;
       s0[k] = s1[k] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (c < dim) {
-        v[k] = __ldcg(reinterpret_cast<const float4*>(src + c));
-        if (ns > 0) s0[k] = __ldcg(reinterpret_cast<const float4*>(src + dim + c));
-        if (ns > 1) s1[k] = __ldcg(reinterpret_cast<const float4*>(src + 2 * dim + c));
+        v[k] = __ldcg(reinterpret_cast<const float4*>(row + c));
+        if (ns > 0) s0[k] = __ldcg(reinterpret_cast<const float4*>(row + dim + c));
+        if (ns > 1) s1[k] = __ldcg(reinterpret_cast<const float4*>(row + 2 * dim + c));
         gg[k] = __ldg(reinterpret_cast<const float4*>(g + c));
       }
     }
@@ -141,11 +138,11 @@ __device__ void apply_row_vec(const OptimizerParams& p, float alpha, const float
 }
 
 // The same over scalar columns (dim % 4 != 0).
-__device__ void apply_row_scalar(const OptimizerParams& p, float alpha, const float* src,
-                                 float* row, const float* g, int64_t dim, int ns, int lane) {
+__device__ void apply_row_scalar(const OptimizerParams& p, float alpha, float* row, const float* g,
+                                 int64_t dim, int ns, int lane) {
   for (int64_t c = lane; c < dim; c += kTile) {
-    float v = __ldcg(src + c);
-    float sl[2] = {ns > 0 ? __ldcg(src + dim + c) : 0.f, ns > 1 ? __ldcg(src + 2 * dim + c) : 0.f};
+    float v = __ldcg(row + c);
+    float sl[2] = {ns > 0 ? __ldcg(row + dim + c) : 0.f, ns > 1 ? __ldcg(row + 2 * dim + c) : 0.f};
     apply_element(p, alpha, &v, sl, 1, 0, g[c]);
     row[c] = v;
     if (ns > 0) row[dim + c] = sl[0];
@@ -165,11 +162,10 @@ __device__ __forceinline__ float4 shfl4(const Tile& tile, const float4& x, int s
 // q < dim / 4 does the math of columns [4q, 4q + 4); shuffles bring it their slots and take them
 // back.
 __device__ void apply_row_packed(const Tile& tile, const OptimizerParams& p, float alpha,
-                                 const float* src, float* row, const float* g, int64_t dim, int ns,
-                                 int lane) {
+                                 float* row, const float* g, int64_t dim, int ns, int lane) {
   const int d4 = static_cast<int>(dim / 4), used = d4 * (1 + ns);
   const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-  float4 x = lane < used ? __ldcg(reinterpret_cast<const float4*>(src) + lane) : zero;
+  float4 x = lane < used ? __ldcg(reinterpret_cast<const float4*>(row) + lane) : zero;
   const float4 gg = lane < d4 ? __ldg(reinterpret_cast<const float4*>(g) + lane) : zero;
   float4 s0 = shfl4(tile, x, (lane + d4) % kTile);
   float4 s1 = shfl4(tile, x, (lane + 2 * d4) % kTile);
@@ -183,15 +179,14 @@ __device__ void apply_row_packed(const Tile& tile, const OptimizerParams& p, flo
   if (lane < used) reinterpret_cast<float4*>(row)[lane] = x;
 }
 
-// One key's update of its row (read from src: the row or its staged copy), the columns as NC
-// says (k_apply).
+// One key's update of its row, the columns as NC says (k_apply).
 template <int NC>
-__device__ __forceinline__ void apply_row(const Tile& tile, const ApplyStep& s, const float* src,
-                                          float* row, const float* g, int64_t dim, int ns) {
+__device__ __forceinline__ void apply_row(const Tile& tile, const ApplyStep& s, float* row,
+                                          const float* g, int64_t dim, int ns) {
   const int lane = tile.thread_rank();
-  if constexpr (NC < 0) apply_row_packed(tile, s.p, s.alpha, src, row, g, dim, ns, lane);
-  else if constexpr (NC > 0) apply_row_vec<NC>(s.p, s.alpha, src, row, g, dim, ns, lane);
-  else apply_row_scalar(s.p, s.alpha, src, row, g, dim, ns, lane);
+  if constexpr (NC < 0) apply_row_packed(tile, s.p, s.alpha, row, g, dim, ns, lane);
+  else if constexpr (NC > 0) apply_row_vec<NC>(s.p, s.alpha, row, g, dim, ns, lane);
+  else apply_row_scalar(s.p, s.alpha, row, g, dim, ns, lane);
 }
 
 // One optimizer step per (unique) key; apply_element from optimizer.h on a one-element view
@@ -206,7 +201,7 @@ __launch_bounds__(kBlock) k_apply(const __grid_constant__ ApplyLaunch<K> L) {
   const DevTable& t = q.t;
   const Tile tile = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = key_of_thread(L.first_block[part]);
-  int inserted = 0, staged = 0;
+  int inserted = 0;
   bool in_first = false, served = false;
   if (i < effective_n(q.n, q.d_n)) {
     const int64_t key = static_cast<int64_t>(q.keys[i]);
@@ -218,20 +213,15 @@ __launch_bounds__(kBlock) k_apply(const __grid_constant__ ApplyLaunch<K> L) {
       const float* g = q.grads + i * t.dim;
       const int lane = tile.thread_rank();
       if (L.jobs.defer(part, in_first)) {
-        if (lane == 0) {
-          const float* src = staged_row(q.stage, key);
-          staged = src != nullptr;
-          append_job(L.jobs, ApplyJob{row, staged ? src : row, g, part});
-        }
+        if (lane == 0) append_job(L.jobs, ApplyJob{row, g, part});
       } else {
-        apply_row<NC>(tile, L.s, row, row, g, t.dim, q.ri.num_slots);
+        apply_row<NC>(tile, L.s, row, g, t.dim, q.ri.num_slots);
       }
       if (lane == 0) (in_first ? q.first.t : t).versions[slot] = L.s.step;
     }
   }
   add_count(q.counters, inserted);
   count_tiers(q.first.counts, served, in_first);
-  if (q.stage.used != nullptr) add_count(q.stage.used, staged);
 }
 
 // The updates of k_apply's host rows (host_row_jobs.cuh).
@@ -243,7 +233,7 @@ __global__ void __launch_bounds__(kBlock)
   if (j < 0) return;
   const ApplyJob job = L.jobs.list[j];
   const ApplyPart<K>& q = L.part[job.part];
-  apply_row<NC>(tile, L.s, job.src, job.row, job.grad, q.t.dim, q.ri.num_slots);
+  apply_row<NC>(tile, L.s, job.row, job.grad, q.t.dim, q.ri.num_slots);
 }
 
 // [value | old slots] -> [value | new slots at their initial value], every slot position.
@@ -429,8 +419,7 @@ Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls
       Impl& m = *impls[i];
       L.part[i - begin] = ApplyPart<K>{m.t,          m.row_init(), c.keys,
                                        c.d_n,        c.grads,      m.d_counters,
-                                       m.d_fail,     std::max<int64_t>(c.n, 0), firsts[i],
-                                       calls[i].stage ? *calls[i].stage : HostRowStage()};
+                                       m.d_fail,     std::max<int64_t>(c.n, 0), firsts[i]};
       L.first_block[i - begin] = static_cast<int32_t>(blocks);
       blocks += blocks_for_keys(c.n);
       max_dim = std::max(max_dim, m.cfg.dim);
