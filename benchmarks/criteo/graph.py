@@ -190,7 +190,12 @@ class Graph:
             self.probability = tf.sigmoid(self.eval_logits, name="probability")
             self.eval_out = [self.eval_logits, self.labels]
             if hvd is not None:
-                self.eval_out = [hvd.allgather(self.eval_logits), hvd.allgather(self.labels)]
+                # Both gathers after the lookups: the labels' gather, free to run before SOK's
+                # exchange on one rank and after it on the other, hung both ranks on 2 GPUs
+                # (each collective waited for the peer held up by the other one).
+                with tf.control_dependencies([self.eval_logits]):
+                    labels = tf.identity(self.labels)
+                self.eval_out = [hvd.allgather(self.eval_logits), hvd.allgather(labels)]
             self.init_op = tf.compat.v1.group(
                 tf.compat.v1.global_variables_initializer(),
                 tf.compat.v1.local_variables_initializer(),

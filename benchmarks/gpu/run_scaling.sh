@@ -30,7 +30,10 @@ launch() {  # launch N cmd...: one process on GPU 0, or horovodrun over N GPUs
 }
 
 criteo() {  # CRITEO_INPUTS (default: dataset resident), CRITEO_XLA=0 leaves --xla out, CRITEO_ARGS
-            # more flags for every run (e.g. "--threads 16": TF's thread pools per rank)
+            # more flags for every run (e.g. "--threads 16": TF's thread pools per rank);
+            # CRITEO_STEPS (default 200), CRITEO_DATA_STEPS: the synthetic split holds that many
+            # steps' batches (default: CRITEO_STEPS, one pass); fewer make a longer timed window
+            # over several passes without drawing more rows
   local xlas="none --xla"; [ "${CRITEO_XLA:-1}" = 0 ] && xlas="none"
   for input in ${CRITEO_INPUTS:-dataset resident}; do
     for n in $sizes; do
@@ -38,6 +41,7 @@ criteo() {  # CRITEO_INPUTS (default: dataset resident), CRITEO_XLA=0 leaves --x
         [ "$xla" = none ] && xla=""
         log="$out/criteo_${input}_np${n}${xla:+_xla}.txt"
         launch "$n" benchmarks/criteo/run.py --batch_size $((65536 * n)) --steps "${CRITEO_STEPS:-200}" \
+          --synthetic_train_samples $((65536 * n * ${CRITEO_DATA_STEPS:-${CRITEO_STEPS:-200}})) \
           --warmup_steps 30 --log_every 0 --eval_every 0 --no_plot --input "$input" $xla \
           ${CRITEO_ARGS:-} > "$log" 2>&1
         echo "criteo input=$input gpus=$n ${xla:-no-xla} exit=$? $(grep -o 'RESULT.*' "$log" | tail -n 1)"
