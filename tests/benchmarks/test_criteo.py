@@ -217,6 +217,49 @@ def test_short_training_run_learns(capsys, tmp_path):
     assert result["samples_per_sec"] > 0 and result["table_rows"] > 0
 
 
+def _depends_on(op, target):
+    """Whether `op` runs after `target` in its graph (through inputs or control inputs)."""
+    seen, todo = set(), [op]
+    while todo:
+        o = todo.pop()
+        if o is target:
+            return True
+        if o.name in seen:
+            continue
+        seen.add(o.name)
+        todo.extend([t.op for t in o.inputs] + list(o.control_inputs))
+    return False
+
+
+def test_eval_gathers_under_horovod_run_after_the_lookups():
+    """Every Horovod gather of the evaluation runs after the eval logits, so after SOK's exchange
+    of the eval lookups. A gather of the labels free to run first hung both ranks on 2 GPUs: one
+    ran it before SOK's exchange, the other after, and each waited for the other."""
+    import graph as criteo_graph
+    import run as criteo_run
+    import tensorflow as tf
+
+    class OneRankHorovod:  # what the graph asks of Horovod, as one rank
+        @staticmethod
+        def size():
+            return 1
+
+        @staticmethod
+        def allgather(t):
+            return tf.identity(t, name="allgather")
+
+        @staticmethod
+        def broadcast_variables(variables, root_rank):
+            return tf.no_op()
+
+    args = criteo_run.parse_args(["--bottom_mlp", "8", "--top_mlp", "8", "--num_tables", "2"])
+    g = criteo_graph.Graph(args, OneRankHorovod)
+    gathers = [t.op for t in g.eval_out]
+    assert [op.name.split("/")[-1].rstrip("_0123456789") for op in gathers] == ["allgather"] * 2
+    for op in gathers:
+        assert _depends_on(op, g.eval_logits.op), f"{op.name} may run before the eval lookups"
+
+
 @pytest.mark.parametrize(
     "tables,batch",
     [
