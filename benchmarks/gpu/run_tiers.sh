@@ -16,8 +16,11 @@
 #          power-law ids
 #   ncu    per-kernel GPU time of tier_bench's LFU step on power-law ids (Nsight Compute's
 #          summary; where the machine's runtime lets it read the GPU)
+#   ab     the tf step (LFU) of build/sok_pkg_base (tools/stage_gpu_package.sh --base REV)
+#          and of build/sok_pkg alternating, TIER_AB_ROUNDS rounds (default 2), then one traced
+#          power-law step of each (--profile 3): a tier change against the code before it
 # Full logs go to $OUT (or build/gpu_logs); the summary lines go to stdout.
-#   bash benchmarks/gpu/run_tiers.sh [core|onetable|tf|ssd|trace|ncu ...]   (default: core tf)
+#   bash benchmarks/gpu/run_tiers.sh [core|onetable|tf|ssd|trace|ncu|ab ...]   (default: core tf)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-build/gpu_logs}"; mkdir -p "$out"
@@ -78,6 +81,31 @@ trace() {
   echo "trace exit=$? ($log)"
 }
 
+ab() {
+  . /opt/tfgpu/env.sh
+  local base="$PWD/build/sok_pkg_base" r v pkg
+  [ -d "$base" ] || { echo "ab: no $base (tools/stage_gpu_package.sh --base REV)"; return 1; }
+  for r in $(seq "${TIER_AB_ROUNDS:-2}"); do
+    for v in base main; do
+      pkg="$PWD/build/sok_pkg"; [ $v = base ] && pkg="$base"
+      PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 python3 \
+        benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
+        --storage hbm_dram --cache-fraction 0.1 --cache-strategy lfu --impls sok,sok_tier \
+        --inputs resident --mode graph --dists uniform,powerlaw --steps 10 --rounds 3 \
+        > "$out/tier_ab_${v}_$r.txt" 2>&1
+      echo "ab $v round=$r exit=$?"; grep -E "^graph .*wall" "$out/tier_ab_${v}_$r.txt"
+    done
+  done
+  for v in base main; do
+    pkg="$PWD/build/sok_pkg"; [ $v = base ] && pkg="$base"
+    PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 python3 \
+      benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
+      --storage hbm_dram --cache-fraction 0.1 --cache-strategy lfu --impls sok_tier \
+      --inputs resident --mode graph --dists powerlaw --profile 3 > "$out/tier_ab_trace_$v.txt" 2>&1
+    echo "ab trace $v exit=$?"; grep -E "traced step|SokEmbeddingVariable" "$out/tier_ab_trace_$v.txt"
+  done
+}
+
 ncu_profile() {
   local log="$out/tier_ncu.txt"
   TIER_IMPLS=hbm_dram_lfu TIER_DISTS=zipf1.15 timeout 150 ncu --clock-control none \
@@ -93,6 +121,7 @@ for job in ${@:-core tf}; do
     tf) tf ;;
     trace) trace ;;
     ncu) ncu_profile ;;
+    ab) ab ;;
     *) echo "unknown job $job"; exit 2 ;;
   esac
 done
