@@ -17,8 +17,9 @@
 #   ncu    per-kernel GPU time of tier_bench's LFU step on power-law ids (Nsight Compute's
 #          summary; where the machine's runtime lets it read the GPU)
 #   ab     the tf step (LFU) of build/sok_pkg_base (tools/stage_gpu_package.sh --base REV)
-#          and of build/sok_pkg alternating, TIER_AB_ROUNDS rounds (default 2), then one traced
-#          power-law step of each (--profile 3): a tier change against the code before it
+#          and of build/sok_pkg alternating, TIER_AB_ROUNDS rounds (default 2), then traced
+#          power-law steps of each (--profile 3: their three costliest op types): a tier change
+#          against the code before it
 # Full logs go to $OUT (or build/gpu_logs); the summary lines go to stdout.
 #   bash benchmarks/gpu/run_tiers.sh [core|onetable|tf|ssd|trace|ncu|ab ...]   (default: core tf)
 set -uo pipefail
