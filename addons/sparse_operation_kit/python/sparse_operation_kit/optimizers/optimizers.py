@@ -32,7 +32,8 @@ def is_sok_variable(v):
 
 def filter_variables(variables) -> tuple[list, list]:
     """Splits variables into (SOK variables, other variables): under Horovod only the others are
-    data-parallel and need their gradients averaged with hvd.allreduce."""
+    data-parallel and need their gradients averaged (sok.all_reduce, which SOK orders with its
+    own collectives; README, several workers)."""
     sok_vars, other = [], []
     for v in variables:
         (sok_vars if is_sok_variable(v) else other).append(v)
