@@ -206,8 +206,9 @@ Status Communicator::wait(cudaEvent_t event, const char* what) {
       return Status::Invalid(
           std::string(what) + ": rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
           " waited " + std::to_string(static_cast<int>(waited)) +
-          " s for the other ranks (a rank died, stalled or ran a different collective); the NCCL "
-          "communicator is aborted");
+          " s for the other ranks (a rank died, stalled or ran a different collective, such as "
+          "another library's collective left unordered with SOK's); the NCCL communicator is "
+          "aborted");
     }
     if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
