@@ -37,22 +37,28 @@ onetable() {
   echo "core one table exit=$?"; grep -E "^TIER" "$out/tier_bench_1table.txt"
 }
 
+# The TF step with HBM_DRAM tables (cache 10%), run on package $1 (build/sok_pkg or a base's);
+# the other arguments add the strategy, the impls, the ids and what to do.
+tier_step() {
+  local pkg=$1; shift
+  PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 python3 \
+    benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
+    --storage hbm_dram --cache-fraction 0.1 --inputs resident --mode graph "$@"
+}
+
 tf() {
   . /opt/tfgpu/env.sh
-  export PYTHONPATH="$PWD/build/sok_pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2
-  local cs dist log
+  local cs log main="$PWD/build/sok_pkg"
   for cs in ${TIER_STRATEGIES:-lfu lru}; do
     log="$out/tier_tf_$cs.txt"
-    python3 benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
-      --storage hbm_dram --cache-fraction 0.1 --cache-strategy "$cs" --impls sok,sok_tier \
-      --inputs resident --mode graph --dists uniform,powerlaw --steps 10 --rounds 3 > "$log" 2>&1
+    tier_step "$main" --cache-strategy "$cs" --impls sok,sok_tier --dists uniform,powerlaw \
+      --steps 10 --rounds 3 > "$log" 2>&1
     echo "tf $cs exit=$?"; grep -E "^(graph|  graph)|Error" "$log"
   done
   for cs in ${TIER_STRATEGIES:-lfu lru}; do
     log="$out/tier_tf_check_$cs.txt"
-    python3 benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
-      --storage hbm_dram --cache-fraction 0.1 --cache-strategy "$cs" --impls sok,sok_tier \
-      --inputs resident --mode graph --dists uniform,powerlaw --check 6 > "$log" 2>&1
+    tier_step "$main" --cache-strategy "$cs" --impls sok,sok_tier --dists uniform,powerlaw \
+      --check 6 > "$log" 2>&1
     echo "tf check $cs exit=$?"; grep -E "^TIER|check|Error" "$log" | tail -n 8
   done
 }
@@ -74,35 +80,27 @@ ssd() {
 
 trace() {
   . /opt/tfgpu/env.sh
-  export PYTHONPATH="$PWD/build/sok_pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2
   local log="$out/tier_tf_trace.txt"
-  python3 benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
-    --storage hbm_dram --cache-fraction 0.1 --cache-strategy lfu --impls sok,sok_tier \
-    --inputs resident --mode graph --dists powerlaw --profile 3 > "$log" 2>&1
+  tier_step "$PWD/build/sok_pkg" --cache-strategy lfu --impls sok,sok_tier --dists powerlaw \
+    --profile 3 > "$log" 2>&1
   echo "trace exit=$? ($log)"
 }
 
 ab() {
   . /opt/tfgpu/env.sh
-  local base="$PWD/build/sok_pkg_base" r v pkg
+  local base="$PWD/build/sok_pkg_base" r v
   [ -d "$base" ] || { echo "ab: no $base (tools/stage_gpu_package.sh --base REV)"; return 1; }
+  local -A pkg=([base]="$base" [main]="$PWD/build/sok_pkg")
   for r in $(seq "${TIER_AB_ROUNDS:-2}"); do
     for v in base main; do
-      pkg="$PWD/build/sok_pkg"; [ $v = base ] && pkg="$base"
-      PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 python3 \
-        benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
-        --storage hbm_dram --cache-fraction 0.1 --cache-strategy lfu --impls sok,sok_tier \
-        --inputs resident --mode graph --dists uniform,powerlaw --steps 10 --rounds 3 \
-        > "$out/tier_ab_${v}_$r.txt" 2>&1
+      tier_step "${pkg[$v]}" --cache-strategy lfu --impls sok,sok_tier --dists uniform,powerlaw \
+        --steps 10 --rounds 3 > "$out/tier_ab_${v}_$r.txt" 2>&1
       echo "ab $v round=$r exit=$?"; grep -E "^graph .*wall" "$out/tier_ab_${v}_$r.txt"
     done
   done
   for v in base main; do
-    pkg="$PWD/build/sok_pkg"; [ $v = base ] && pkg="$base"
-    PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}" TF_CPP_MIN_LOG_LEVEL=2 python3 \
-      benchmarks/embedding/run.py --config criteo26 --device gpu --batch 65536 \
-      --storage hbm_dram --cache-fraction 0.1 --cache-strategy lfu --impls sok_tier \
-      --inputs resident --mode graph --dists powerlaw --profile 3 > "$out/tier_ab_trace_$v.txt" 2>&1
+    tier_step "${pkg[$v]}" --cache-strategy lfu --impls sok_tier --dists powerlaw --profile 3 \
+      > "$out/tier_ab_trace_$v.txt" 2>&1
     echo "ab trace $v exit=$?"; grep -E "traced step|SokEmbeddingVariable" "$out/tier_ab_trace_$v.txt"
   done
 }
