@@ -23,6 +23,7 @@ cd "$(dirname "$0")/../.."
 out="${OUT:-build/gpu_logs}"; mkdir -p "$out"
 ngpu=$(nvidia-smi -L | wc -l)
 sizes=""; for n in 1 2 4 8; do [ "$n" -le "$ngpu" ] && sizes="$sizes $n"; done
+sizes=${SCALING_SIZES:-$sizes}  # e.g. "2": one GPU count only
 launch() {  # launch N cmd...: one process on GPU 0, or horovodrun over N GPUs
   local n=$1; shift
   if [ "$n" = 1 ]; then CUDA_VISIBLE_DEVICES=0 python3 "$@"

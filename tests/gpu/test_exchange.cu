@@ -219,7 +219,7 @@ bool test_gather_scatter(int n, bool quad) {
 int main(int argc, char** argv) {
   return sok_gpu_test::gpu_test_main(argc, argv, "test_exchange", [] {
     for (int w : {2, 3, 8}) {
-      for (int n : {1, 5, 20}) {
+      for (int n : {1, 5, 20, 40}) {  // 40: two launches of 32 tables
         const std::string at = " world " + std::to_string(w) + " tables " + std::to_string(n);
         run("plan" + at, [w, n] { return test_plan(w, n); });
         run("plan padded" + at, [w, n] { return test_plan(w, n, /*padded=*/true); });
@@ -227,6 +227,9 @@ int main(int argc, char** argv) {
         run("owner keys padded" + at, [w, n] { return test_owner(w, n, false, true); });
       }
     }
+    // 560 blocks: the plan's block scan takes two rounds of its thread block.
+    run("plan world 8 tables 70", [] { return test_plan(8, 70); });
+    run("plan padded world 8 tables 70", [] { return test_plan(8, 70, /*padded=*/true); });
     for (int w : {2, 8}) {
       run("owner keys and rows, dims of 4, world " + std::to_string(w) + " tables 20",
           [w] { return test_owner(w, 20, /*quad=*/true); });

@@ -2,9 +2,10 @@
 // tables of a lookup: up to kGroupTables tables per launch travel in one __grid_constant__
 // parameter (their pointers and block starts), so no argument is copied to the device and
 // nothing waits for the device.
+#include <algorithm>
 #include <cstdint>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_scan.cuh>
 #include <type_traits>
 
 #include "addons/sparse_operation_kit/core/cuda/exchange.h"
@@ -21,8 +22,9 @@ using detail::kBlock;
 using detail::Temp;
 using detail::Workspace;
 
-constexpr int kGroupTables = 16;
-constexpr int kGroupBlocks = 128;  // world * tables of one launch
+// A TF op's 26 tables take one launch of each kernel, not two (~6.4 KB of parameters).
+constexpr int kGroupTables = 32;
+constexpr int kGroupBlocks = 256;  // world * tables of one launch
 
 // The tables [first, first + tables) of one launch.
 struct Group {
@@ -38,6 +40,7 @@ struct Group {
   int64_t table_row[kGroupBlocks];  // [g * world + q]: first row of block (q, t) in table t
   int64_t flat_elem[kGroupBlocks];  // [g * world + q]: first element of block (q, t), flat
 };
+static_assert(sizeof(Group) <= detail::kMaxKernelParamBytes, "kernel parameters beyond CUDA's");
 
 // f(i) for every i in [0, total), over the whole grid.
 template <typename F>
@@ -230,17 +233,18 @@ __global__ void owner_rows_kernel(const __grid_constant__ Group g, int64_t* row_
 }
 
 // owner_keys: the distinct keys to their outputs (padding: the table's first key), the summed
-// counts zeroed, each table's distinct count to valid (zeroed before: a table without keys has
-// no thread).
+// counts zeroed, no copy yet in the flat rows (row_pos -1), each table's distinct count to valid
+// (zeroed before: a table without keys has no thread).
 __global__ void owner_outputs_kernel(const __grid_constant__ Group g,
                                      const UniqueTableReport* reports, int64_t* valid,
-                                     int64_t total) {
+                                     int64_t* row_pos, int64_t total) {
   for_each_index(total, [&](int64_t e) {
     const int t = table_of(g, e);
     const int64_t u = e - g.elem_start[t], d = reports[g.first + t].num_unique;
     static_cast<int64_t*>(g.tensor[t])[u] =
         static_cast<const int64_t*>(g.tensor2[t])[u < d ? u : 0];
     static_cast<int64_t*>(g.tensor3[t])[u] = 0;
+    for (int q = 0; q < g.world; ++q) row_pos[(g.base[t] + u) * g.world + q] = -1;
     if (u == 0) valid[g.first + t] = d;
   });
 }
@@ -316,32 +320,15 @@ __global__ void plan_keys_kernel(const __grid_constant__ Group g, const int64_t*
   });
 }
 
-// plan, 2: the request in sorted order, each block's first and end position (blocks: the real
-// ones; the padding's block comes last).
-__global__ void plan_sorted_kernel(const uint32_t* sorted_block, const int64_t* sorted_index,
-                                   const int64_t* key_flat, const int64_t* count_flat,
-                                   const int64_t* dim, int64_t* request, int64_t* sorted_dim,
-                                   int64_t* first, int64_t* end, uint32_t blocks, int64_t total) {
-  for_each_index(total, [&](int64_t j) {
-    const int64_t i = sorted_index[j];
-    request[2 * j] = key_flat[i];
-    request[2 * j + 1] = count_flat[i];
-    sorted_dim[j] = dim[i];
-    const uint32_t b = sorted_block[j];
-    if (b >= blocks) return;
-    if (j == 0 || sorted_block[j - 1] != b) first[b] = j;
-    if (j + 1 == total || sorted_block[j + 1] != b) end[b] = j + 1;
-  });
-}
-
-// plan, 3: where each key's row starts among the returned rows (they come in request order);
-// padding: -1.
-__global__ void plan_row_at_kernel(const uint32_t* sorted_block, const int64_t* sorted_index,
-                                   const int64_t* elem_at, uint32_t blocks, int64_t* row_at,
-                                   int64_t total) {
-  for_each_index(total, [&](int64_t j) {
-    row_at[sorted_index[j]] = sorted_block[j] < blocks ? elem_at[j] : -1;
-  });
+// The first of the `total` sorted blocks that is at least b.
+__device__ int64_t first_at_least(const uint32_t* sorted_block, int64_t total, int64_t b) {
+  int64_t lo = 0, hi = total;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (sorted_block[mid] < b) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
 // The bad flag (exchange.h): a static id's, or bad positions (valid[t] < 0), the highest.
@@ -353,27 +340,79 @@ __device__ int64_t bad_flag(const unsigned long long* bad, const int64_t* valid,
   return flag;
 }
 
-// plan, 4: the [world, n + 2] matrix.
-__global__ void plan_matrix_kernel(const int64_t* first, const int64_t* end,
-                                   const unsigned long long* bad, const int64_t* valid,
-                                   int64_t signature, int world, int n, int64_t* matrix) {
-  const int64_t c = n + 2;
-  for_each_index(world * c, [&](int64_t e) {
-    const int64_t q = e / c, t = e % c;
-    matrix[e] =
-        t < n ? end[q * n + t] - first[q * n + t] : (t == n ? signature : bad_flag(bad, valid, n));
+// Where the plan's blocks lie.
+struct PlanBlocks {
+  int64_t* first;  // [blocks]: the block's first sorted key
+  int64_t* elem;   // [blocks]: its first element among the returned rows
+  int64_t* dim;    // [blocks]: its table's dim (0: no keys)
+};
+
+constexpr int kPlanBlockThreads = 512;
+
+// plan, 2 (one thread block): each block's first key (binary search of the sorted blocks), dim
+// and first returned element (a scan over the blocks, not the keys), and the [world, n + 2]
+// matrix: keys per block, then [signature, bad].
+__global__ void
+__launch_bounds__(kPlanBlockThreads)
+    plan_blocks_kernel(const uint32_t* sorted_block, const int64_t* sorted_index,
+                       const int64_t* dim, int64_t total, int world, int n,
+                       const unsigned long long* bad, const int64_t* valid, int64_t signature,
+                       PlanBlocks out, int64_t* matrix) {
+  using Scan = cub::BlockScan<int64_t, kPlanBlockThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ int64_t carried;
+  const int64_t blocks = static_cast<int64_t>(world) * n;
+  if (threadIdx.x == 0) carried = 0;
+  __syncthreads();
+  for (int64_t from = 0; from < blocks; from += kPlanBlockThreads) {
+    const int64_t b = from + threadIdx.x;
+    int64_t elems = 0;
+    if (b < blocks) {
+      const int64_t f = first_at_least(sorted_block, total, b);
+      const int64_t keys = first_at_least(sorted_block, total, b + 1) - f;
+      const int64_t d = keys > 0 ? dim[sorted_index[f]] : 0;
+      out.first[b] = f;
+      out.dim[b] = d;
+      elems = keys * d;
+      matrix[(b / n) * (n + 2) + b % n] = keys;
+    }
+    int64_t before, all;
+    Scan(scan).ExclusiveSum(elems, before, all);
+    if (b < blocks) out.elem[b] = carried + before;
+    __syncthreads();  // every thread read `carried` and the scan's storage
+    if (threadIdx.x == 0) carried += all;
+    __syncthreads();
+  }
+  for (int q = threadIdx.x; q < world; q += kPlanBlockThreads) {
+    matrix[q * (n + 2) + n] = signature;
+    matrix[q * (n + 2) + n + 1] = bad_flag(bad, valid, n);
+  }
+}
+
+// plan, 3: the request in sorted order, and where each key's row starts among the returned rows
+// (they come in request order; padding: -1).
+__global__ void plan_request_kernel(const uint32_t* sorted_block, const int64_t* sorted_index,
+                                    const int64_t* key_flat, const int64_t* count_flat,
+                                    PlanBlocks blocks_at, uint32_t blocks, int64_t* request,
+                                    int64_t* row_at, int64_t total) {
+  for_each_index(total, [&](int64_t j) {
+    const int64_t i = sorted_index[j];
+    request[2 * j] = key_flat[i];
+    request[2 * j + 1] = count_flat[i];
+    const uint32_t b = sorted_block[j];
+    row_at[i] = b < blocks ? blocks_at.elem[b] + (j - blocks_at.first[b]) * blocks_at.dim[b] : -1;
   });
 }
 
 // The plan's temporaries, in one workspace.
 struct PlanTemps {
   uint32_t *block = nullptr, *sorted_block = nullptr;
-  int64_t *index = nullptr, *sorted_index = nullptr, *dim = nullptr, *sorted_dim = nullptr,
-          *elem_at = nullptr, *key_flat = nullptr, *count_flat = nullptr, *first = nullptr,
-          *end = nullptr;
+  int64_t *index = nullptr, *sorted_index = nullptr, *dim = nullptr, *key_flat = nullptr,
+          *count_flat = nullptr;
+  PlanBlocks blocks{};
   unsigned long long* bad = nullptr;
-  void *sort_tmp = nullptr, *scan_tmp = nullptr;
-  size_t sort_bytes = 0, scan_bytes = 0;
+  void* sort_tmp = nullptr;
+  size_t sort_bytes = 0;
   int end_bit = 1;
 };
 
@@ -384,26 +423,20 @@ Status carve_plan(int64_t total, int64_t blocks, cudaStream_t stream, DeviceAllo
       nullptr, p->sort_bytes, static_cast<const uint32_t*>(nullptr),
       static_cast<uint32_t*>(nullptr), static_cast<const int64_t*>(nullptr),
       static_cast<int64_t*>(nullptr), total, 0, p->end_bit, stream));
-  SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(nullptr, p->scan_bytes,
-                                                static_cast<const int64_t*>(nullptr),
-                                                static_cast<int64_t*>(nullptr), total, stream));
   SOK_RETURN_IF_ERROR(carve_temp(alloc, stream, tmp, [&](Workspace& w) {
     p->block = w.take<uint32_t>(total);
     p->sorted_block = w.take<uint32_t>(total);
     p->index = w.take<int64_t>(total);
     p->sorted_index = w.take<int64_t>(total);
     p->dim = w.take<int64_t>(total);
-    p->sorted_dim = w.take<int64_t>(total);
-    p->elem_at = w.take<int64_t>(total);
     p->key_flat = w.take<int64_t>(total);
     p->count_flat = w.take<int64_t>(total);
-    p->first = w.take<int64_t>(2 * blocks);
-    p->end = p->first + blocks;
+    p->blocks.first = w.take<int64_t>(blocks);
+    p->blocks.elem = w.take<int64_t>(blocks);
+    p->blocks.dim = w.take<int64_t>(blocks);
     p->bad = w.take<unsigned long long>(1);
     p->sort_tmp = w.take_bytes(p->sort_bytes);
-    p->scan_tmp = w.take_bytes(p->scan_bytes);
   }));
-  SOK_CUDA_RETURN(cudaMemsetAsync(p->first, 0, sizeof(int64_t) * 2 * blocks, stream));
   SOK_CUDA_RETURN(cudaMemsetAsync(p->bad, 0, sizeof(unsigned long long), stream));
   return Status::OK();
 }
@@ -454,19 +487,17 @@ Status plan(const std::vector<TableSpec>& tables, int world,
     SOK_CUDA_RETURN(cub::DeviceRadixSort::SortPairs(p.sort_tmp, p.sort_bytes, p.block,
                                                     p.sorted_block, p.index, p.sorted_index, total,
                                                     0, p.end_bit, stream));
-    plan_sorted_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(
-        p.sorted_block, p.sorted_index, p.key_flat, p.count_flat, p.dim, request, p.sorted_dim,
-        p.first, p.end, static_cast<uint32_t>(blocks), total);
-    SOK_LAUNCH_CHECK();
-    SOK_CUDA_RETURN(cub::DeviceScan::ExclusiveSum(p.scan_tmp, p.scan_bytes, p.sorted_dim, p.elem_at,
-                                                  total, stream));
-    plan_row_at_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(
-        p.sorted_block, p.sorted_index, p.elem_at, static_cast<uint32_t>(blocks), row_at, total);
+  }
+  plan_blocks_kernel<<<1, kPlanBlockThreads, 0, stream>>>(p.sorted_block, p.sorted_index, p.dim,
+                                                          total, world, n, p.bad, valid,
+                                                          signature, p.blocks, matrix);
+  SOK_LAUNCH_CHECK();
+  if (total > 0) {
+    plan_request_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(
+        p.sorted_block, p.sorted_index, p.key_flat, p.count_flat, p.blocks,
+        static_cast<uint32_t>(blocks), request, row_at, total);
     SOK_LAUNCH_CHECK();
   }
-  plan_matrix_kernel<<<grid_for(world * (n + 2), kBlock), kBlock, 0, stream>>>(
-      p.first, p.end, p.bad, valid, signature, world, n, matrix);
-  SOK_LAUNCH_CHECK();
   return Status::OK();
 }
 
@@ -527,20 +558,22 @@ Status owner_outputs(const std::vector<TableSpec>& tables, const BlockLayout& l,
                      const OwnerTemps& o, const std::vector<int64_t>& sizes,
                      const OwnerKeysOut& out, cudaStream_t stream) {
   const std::vector<int64_t> base = starts_of(sizes.data(), l.n);
-  SOK_CUDA_RETURN(
-      cudaMemsetAsync(out.row_pos, 0xff, sizeof(int64_t) * base[l.n] * l.world, stream));
-  SOK_CUDA_RETURN(cudaMemsetAsync(out.valid, 0, sizeof(int64_t) * l.n, stream));
+  if (std::find(sizes.begin(), sizes.end(), 0) != sizes.end()) {  // tables the kernel skips
+    SOK_CUDA_RETURN(cudaMemsetAsync(out.valid, 0, sizeof(int64_t) * l.n, stream));
+  }
   SOK_RETURN_IF_ERROR(for_groups(
       l.n, 1,
       [&](Group* g, int i, int t) {
         g->tensor[i] = out.keys[t];
         g->tensor2[i] = o.unique + o.start[t];
         g->tensor3[i] = out.counts[t];
+        g->base[i] = base[t];
         return sizes[t];
       },
-      [&](const Group& g, int64_t total) {
-        owner_outputs_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(g, o.reports,
-                                                                             out.valid, total);
+      [&](Group g, int64_t total) {
+        g.world = l.world;  // grouped as for one rank: the group holds no blocks
+        owner_outputs_kernel<<<grid_for(total, kBlock), kBlock, 0, stream>>>(
+            g, o.reports, out.valid, out.row_pos, total);
         SOK_LAUNCH_CHECK();
         return Status::OK();
       }));

@@ -34,6 +34,10 @@ namespace detail {
 // Threads per block of the one-thread-per-item kernels.
 constexpr int kBlock = 256;
 
+// Kernel parameters CUDA passes (12.1 and later, Volta and later GPUs; this library needs a CUDA
+// 13 driver): the multi-table launches carry their tables' arguments in one parameter.
+constexpr size_t kMaxKernelParamBytes = 32764;
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 inline int grid_for(int64_t threads, int block) {

@@ -23,10 +23,8 @@ namespace detail {
 
 // Up to 32 parts a launch (the job masks' bits, host_row_jobs.cuh): a TF op's 26 tables take one
 // launch, not two whose second waits for the first's tail. Parts of ~190 bytes take ~6 KB of
-// kernel parameters, past the classic 4 KB: CUDA 12.1 and later pass up to 32,764 bytes (Volta
-// and later GPUs), and this library needs a CUDA 13 driver anyway.
+// kernel parameters, past the classic 4 KB (kMaxKernelParamBytes).
 constexpr int kPartsPerLaunch = 32;
-constexpr size_t kMaxKernelParamBytes = 32764;
 
 template <typename Part>
 struct PartsLaunch {
