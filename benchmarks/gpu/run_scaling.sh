@@ -87,7 +87,8 @@ ab() {  # AB_JOB, AB_GPUS (default 2), AB_ROUNDS (default 2): base and main alte
         PYTHONPATH="$base:$PYTHONPATH" launch "$n" "$script" "${args[@]:1}" > "$log" 2>&1
       else launch "$n" "${args[@]}" > "$log" 2>&1; fi
       rc=$?
-      t=$(grep -oE 'samples_per_sec=[0-9]+|step_ms=[0-9.]+' "$log" | tail -n 1)
+      # " step_ms": the slowest rank's (rank_step_ms lists every rank's own)
+      t=$(grep -oE 'samples_per_sec=[0-9]+| step_ms=[0-9.]+' "$log" | tail -n 1 | tr -d ' ')
       # One process (no HOROVOD line): the table's median wall time of SOK's step.
       [ -n "$t" ] || t=$(awk '$3 == "wall" {print "step_ms=" $NF}' "$log" | tail -n 1)
       echo "ab $job gpus=$n $v round=$r exit=$rc $t"
