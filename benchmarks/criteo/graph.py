@@ -190,12 +190,10 @@ class Graph:
             self.probability = tf.sigmoid(self.eval_logits, name="probability")
             self.eval_out = [self.eval_logits, self.labels]
             if hvd is not None:
-                # Both gathers after the lookups: the labels' gather, free to run before SOK's
-                # exchange on one rank and after it on the other, hung both ranks on 2 GPUs
-                # (each collective waited for the peer held up by the other one).
-                with tf.control_dependencies([self.eval_logits]):
-                    labels = tf.identity(self.labels)
-                self.eval_out = [hvd.allgather(self.eval_logits), hvd.allgather(labels)]
+                # SOK's gathers, chained after the eval lookups: Horovod's gather of the labels,
+                # free to run before SOK's exchange on one rank and after it on the other, hung
+                # both ranks on 2 GPUs (each collective waited for the peer held up by the other).
+                self.eval_out = sok.all_gather([self.eval_logits, self.labels], training=False)
             self.init_op = tf.compat.v1.group(
                 tf.compat.v1.global_variables_initializer(),
                 tf.compat.v1.local_variables_initializer(),

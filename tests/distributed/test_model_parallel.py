@@ -80,7 +80,9 @@ def test_two_ranks_match_one_process(run_two):
     target_gpu=-1, target_gpu=k and both in one lookup_sparse call equal one process's; SOK
     2.x-style code runs unchanged; errors are the same, clear, on every rank."""
     rc, out, _ = run_two
-    _assert_ok(2, rc, out, MAIN_PHASES + ["bytes", "collectives: sok.all_reduce sum/mean, eager and TF1",
+    _assert_ok(2, rc, out, MAIN_PHASES + ["bytes",
+                                          "collectives: sok.all_reduce sum/mean, sok.all_gather, "
+                                          "eager and TF1",
                                           "chains: evaluation lookups run none of the training",
                                           "checkpoint: sok.dump from 2 ranks"])
 

@@ -589,7 +589,41 @@ def run_collectives(hvd, rank, world):
         raise AssertionError("all_reduce mean of int64 did not fail")
     except ValueError as e:
         assert "mean" in str(e) and "int64" in str(e), e
-    done("collectives: sok.all_reduce sum/mean, eager and TF1")
+    run_all_gather(rank, world)
+    done("collectives: sok.all_reduce sum/mean, sok.all_gather, eager and TF1")
+
+
+def run_all_gather(rank, world):
+    """sok.all_gather: rank r's r + 1 rows (float [., 2, 3]), rank-dependent int64 and bool rows
+    (none on rank 0), every rank gets them all in rank order, eager and TF1; rows of different
+    sizes or dtypes fail on every rank."""
+    def parts(r):
+        return [np.full([r + 1, 2, 3], r + 0.5, np.float32), np.arange(r, dtype=np.int64) + 10 * r,
+                np.array([r % 2 == 1] * r, dtype=bool)]
+
+    want = [np.concatenate([parts(r)[i] for r in range(world)]) for i in range(3)]
+    for got, w in zip(sok.all_gather([tf.constant(p) for p in parts(rank)]), want, strict=True):
+        assert got.dtype == tf.as_dtype(w.dtype), (got.dtype, w.dtype)
+        close("eager all_gather", got.numpy(), w)
+    with tf.Graph().as_default():
+        feeds = [tf.compat.v1.placeholder(tf.as_dtype(p.dtype), [None] + list(p.shape[1:]))
+                 for p in parts(rank)]
+        outs = sok.all_gather(feeds, training=False)
+        with tf.compat.v1.Session() as sess:
+            for _ in range(2):
+                res = sess.run(outs, dict(zip(feeds, parts(rank), strict=True)))
+                for got, w in zip(res, want, strict=True):
+                    close("TF1 all_gather", got, w)
+    try:
+        sok.all_gather([tf.zeros([1, 2 + rank])])[0].numpy()
+        raise AssertionError("an all_gather of rows of different sizes did not fail")
+    except tf.errors.OpError as e:
+        assert "different sizes" in str(e) or "ismatched" in str(e), e
+    try:  # of one size, so only the dtype tells them apart
+        sok.all_gather([tf.zeros([1], tf.float32 if rank == 0 else tf.int32)])[0].numpy()
+        raise AssertionError("an all_gather of different dtypes did not fail")
+    except tf.errors.OpError as e:
+        assert "different dtypes" in str(e) or "ismatched data types" in str(e), e
 
 
 def _ancestors(tensors):
@@ -629,9 +663,17 @@ def run_chains(hvd, rank, world):
         pulled = training_ops & _ancestors([train2])
         assert not pulled, f"a second train op runs the first's {sorted(o.name for o in pulled)}"
         probe = _fed_ragged([7, 8 + rank], [0, 2])
+        lookup_ops = _collectives(g)
         evaluation = sok.lookup_sparse([ev], [probe], training=False)[0]
         pulled = training_ops & _ancestors([evaluation])
         assert not pulled, f"evaluation depends on training collectives {sorted(o.name for o in pulled)}"
+        eval_ops = _collectives(g) - lookup_ops
+        labels = tf.constant([[1.0 * rank]])
+        gathered = sok.all_gather([evaluation, labels], training=False)
+        for t in gathered:  # after the eval lookup's exchange, apart from training
+            assert eval_ops <= _ancestors([t]), f"{t.name} may run before the eval lookup's"
+            pulled = training_ops & _ancestors([t])
+            assert not pulled, f"an eval gather runs training collectives {sorted(o.name for o in pulled)}"
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             sess.run(train)

@@ -1,4 +1,5 @@
-"""sok.all_reduce and the collectives' choice in one process (several ranks: tests/distributed)."""
+"""sok.all_reduce, sok.all_gather and the collectives' choice in one process (several ranks:
+tests/distributed)."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -35,6 +36,26 @@ def test_all_reduce_in_a_tf1_graph():
         out = sok.all_reduce([x], op="mean")[0]
         with tf.compat.v1.Session() as sess:
             np.testing.assert_array_equal(sess.run(out, {x: [1.0, 5.0]}), [1.0, 5.0])
+
+
+def test_all_gather_in_one_process_is_the_identity():
+    sok.init(use_horovod=False)
+    xs = [tf.constant([[1.0, 2.0]]), tf.constant([3, 4], tf.int64), tf.zeros([0, 3])]
+    out = sok.all_gather(xs)
+    for got, want in zip(out, xs, strict=True):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert sok.all_gather([], training=True) == []
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None])
+        out = sok.all_gather([x])[0]
+        with tf.compat.v1.Session() as sess:
+            np.testing.assert_array_equal(sess.run(out, {x: [1.0, 5.0]}), [1.0, 5.0])
+
+
+def test_all_gather_refuses_a_scalar():
+    with pytest.raises(ValueError, match="tensor 1 is a scalar"):
+        sok.all_gather([tf.constant([1.0]), tf.constant(2.0)])
 
 
 def _collective(x, chain=collectives.TRAIN, opens_lookup=False, ends_step=False):

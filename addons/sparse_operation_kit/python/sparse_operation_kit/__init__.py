@@ -33,7 +33,7 @@ from sparse_operation_kit.optimizers.loss_scale import LossScaleOptimizer
 from sparse_operation_kit.optimizers.optimizers import SGD, OptimizerWrapper, filter_variables
 from sparse_operation_kit.parallel.communication import set_comm_tool
 from sparse_operation_kit.parallel.partitioned import PartitionedEmbeddingVariable
-from sparse_operation_kit.runtime.collectives import all_reduce
+from sparse_operation_kit.runtime.collectives import all_gather, all_reduce
 from sparse_operation_kit.runtime.context import init, num_ranks, rank
 from sparse_operation_kit.runtime.devices import gpu_kernels_built, kernel_run_counts
 from sparse_operation_kit.runtime.version import __version__, parse_tf_version
@@ -60,6 +60,7 @@ __all__ = [
     "init",
     "rank",
     "num_ranks",
+    "all_gather",
     "all_reduce",
     "get_embedding_variable",
     "EmbeddingVariable",

@@ -292,6 +292,71 @@ def all_reduce(tensors, op="mean"):
     return out
 
 
+def all_gather(tensors, training=False):
+    """Every rank's tensors concatenated along axis 0 in rank order, for each tensor of
+    `tensors` (a list; its first dimension may differ between ranks, the others may not). In a
+    TF1 graph each gather follows the lookups before it in SOK's chain of collectives: those of
+    an evaluation (training=False) or of a training step (training=True), so that every rank
+    runs SOK's collectives in one order; another library's gather left free to run before or
+    after SOK's exchange can leave each rank waiting for the other. On GPUs SOK's all-to-all;
+    else Horovod's allgather. One process: the tensors."""
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    for i, t in enumerate(tensors):
+        if t.shape.rank == 0:
+            raise ValueError(f"sok.all_gather: tensor {i} is a scalar: give it a first dimension "
+                             "(the one the ranks' tensors are concatenated along)")
+    hvd = _job.hvd
+    if hvd is None or hvd.size() == 1:
+        return tensors
+    chain = TRAIN if training else LOOKUP
+    out = []
+    for i, t in enumerate(tensors):
+        with _after_previous(chain):
+            gathered = _gather(t, i, hvd.size()) if uses_nccl() else hvd.allgather(t)
+        _remember(gathered, chain, ends_step=None)
+        out.append(gathered)
+    return out
+
+
+def _gather(t, i, world):
+    """all_gather of one tensor through SOK's all-to-all. It moves bytes (rows of one byte), so
+    ranks whose rows differ in size cannot disagree on what NCCL moves; each rank sends its bytes
+    per row and dtype beside the counts, and every rank fails at once on a mismatch."""
+    dtype = t.dtype
+    if dtype == tf.bool:
+        t = tf.cast(t, tf.uint8)
+    elif not (dtype.is_integer or dtype.is_floating or dtype.is_complex):
+        raise ValueError(f"sok.all_gather: tensor {i} is of dtype {dtype.name}: numbers or bools "
+                         "only")
+    size = t.dtype.size
+    row_shape = tf.shape(t, out_type=tf.int64)[1:]
+    row_bytes = tf.reduce_prod(row_shape) * size
+    data = tf.reshape(t if t.dtype == tf.uint8 else tf.bitcast(t, tf.uint8), [-1])
+    kind = tf.constant(dtype.as_datatype_enum, tf.int64)
+    counts = tf.stack([tf.fill([world], tf.size(data, out_type=tf.int64)),
+                       tf.fill([world], row_bytes), tf.fill([world], kind)], axis=1)
+    received_bytes, _, _, received = ops.sok_all_to_all(
+        tf.tile(data, [world]), counts, row_columns=1,
+        width_mismatch=f"sok.all_gather: tensor {i}: the ranks sent count matrices of "
+                       "different widths")
+    with tf.device("/CPU:0"):
+        same = [tf.debugging.Assert(
+            tf.reduce_all(tf.equal(received[:, 1], row_bytes)),
+            [f"sok.all_gather: tensor {i} has rows of different sizes on different ranks "
+             "(bytes per row, by rank):", received[:, 1]], summarize=world),
+            tf.debugging.Assert(
+            tf.reduce_all(tf.equal(received[:, 2], kind)),
+            [f"sok.all_gather: tensor {i} has different dtypes on different ranks (TensorFlow's "
+             "DataType numbers, by rank):", received[:, 2]], summarize=world)]
+    with tf.control_dependencies(same):
+        # A type of one byte keeps its shape through bitcast; a wider one gains a dim of bytes.
+        shape = tf.concat([tf.constant([-1], tf.int64), row_shape]
+                          + ([tf.constant([size], tf.int64)] if size > 1 else []), 0)
+        rows = tf.reshape(received_bytes, shape)
+        out = rows if t.dtype == tf.uint8 else tf.bitcast(rows, t.dtype)
+    return tf.cast(out, tf.bool) if dtype == tf.bool else out
+
+
 class _after_previous:
     """In a TF1 graph: the next collective of `chain` depends on its previous one, unless it opens
     a lookup and the previous one ended a training step (module doc)."""
