@@ -4,11 +4,12 @@ Host ops (the executor's "node:OpType" events) and GPU activity (kernels and cop
 streams) share one clock there, so the GPU's idle gaps can be put next to what the host was
 running meanwhile: a step bound by the host shows long gaps under chains of host ops or waits.
 
-    python benchmarks/common/timeline.py TRACE_DIR [--gap_us 30] [--top 12]
+    python benchmarks/common/timeline.py TRACE_DIR [--gap_us 30] [--top 12] [--sequence A B]
 
 TRACE_DIR holds rank_<r>/plugins/profile/<run>/<host>.xplane.pb (one file per rank); each
 rank's steps (one SessionRun each) are summarised by medians, and the gaps of its median step
-are listed.
+are listed. --sequence A B lists that step's host events (ops, launches, copies) and GPU activity
+from A to B ms after its start, in time order.
 """
 import argparse
 import collections
@@ -117,7 +118,33 @@ def gpu_by_kernel(step, gpu):
     return out
 
 
-def report(path, gap_us=30, top=12):
+def _host_events(path):
+    """(name, start, end) of every event on the host's TensorFlow threads: ops, and the launches
+    and copies they make."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    return [(name, s, e) for plane in space.planes if plane.name == "/host:CPU"
+            for line, name, s, e in _events(plane)
+            if line.startswith("tf_") and not name.startswith(("ThreadpoolListener", "Memory"))]
+
+
+def sequence(host_events, step, gpu, start_ms, end_ms):
+    """Lines 'at_ms dur_ms host|gpu name' of one step's events from start_ms to end_ms."""
+    s0 = step[0]
+    rows = [(s, e, "host", n) for n, s, e in host_events]
+    rows += [(s, e, "gpu", n) for n, s, e in gpu]
+    out = []
+    for s, e, where, name in sorted(rows):
+        at = (s - s0) / 1e6
+        if start_ms <= at <= end_ms:
+            out.append(f"    {at:7.3f} {(e - s) / 1e6:6.3f} {where:4} {_short(name)}")
+    return out
+
+
+def report(path, gap_us=30, top=12, window=None):
     steps, host, gpu = load(path)
     if not steps:
         return [f"{path}: no SessionRun"]
@@ -138,6 +165,9 @@ def report(path, gap_us=30, top=12):
     by_kernel = sorted(gpu_by_kernel(steps[i], gpu).items(), key=lambda kv: -kv[1][0])
     for k, (ms, n) in by_kernel[:2 * top]:
         lines.append(f"    {k:<40} {ms:7.3f} {n:5d}")
+    if window is not None:
+        lines.append(f"  that step from {window[0]:g} to {window[1]:g} ms (at ms, length ms):")
+        lines += sequence(_host_events(path), steps[i], gpu, *window)
     return lines
 
 
@@ -146,13 +176,14 @@ def main():
     p.add_argument("trace_dir")
     p.add_argument("--gap_us", type=float, default=30)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--sequence", type=float, nargs=2, metavar=("FROM_MS", "TO_MS"))
     args = p.parse_args()
     files = sorted(glob.glob(os.path.join(args.trace_dir, "rank_*", "plugins", "profile", "*",
                                           "*.xplane.pb")))
     if not files:
         raise SystemExit(f"no rank_*/plugins/profile/*/*.xplane.pb below {args.trace_dir}")
     for f in files:
-        print("\n".join(report(f, args.gap_us, args.top)))
+        print("\n".join(report(f, args.gap_us, args.top, args.sequence)))
 
 
 if __name__ == "__main__":

@@ -27,3 +27,14 @@ def test_step_gaps_and_kernel_time():
     assert s["gaps"][0][2] == ["x/SokAllToAll:SokAllToAll"]
     by = timeline.gpu_by_kernel(step, gpu)
     assert by["a"] == [0.4, 2] and by["b"] == [0.15, 1]
+
+
+def test_sequence_lists_host_and_gpu_events_in_time_order_within_the_window():
+    step = (1_000_000, 3_000_000)
+    host = [("x/SokExchangePlan:SokExchangePlan", 1_100_000, 1_300_000),
+            ("void k_plan(int)", 1_150_000, 1_160_000), ("late", 2_900_000, 2_950_000)]
+    gpu = [("void sok::k_plan(int)", 1_200_000, 1_250_000)]
+    lines = timeline.sequence(host, step, gpu, 0.05, 0.25)
+    assert [ln.split()[2:] for ln in lines] == [["host", "x/SokExchangePlan:SokExchangePlan"],
+                                                ["host", "k_plan"], ["gpu", "k_plan"]]
+    assert lines[0].split()[:2] == ["0.100", "0.200"]
