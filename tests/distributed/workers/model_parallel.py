@@ -609,6 +609,10 @@ def run_all_gather(rank, world):
         feeds = [tf.compat.v1.placeholder(tf.as_dtype(p.dtype), [None] + list(p.shape[1:]))
                  for p in parts(rank)]
         outs = sok.all_gather(feeds, training=False)
+        gathers = [op for op in tf.compat.v1.get_default_graph().get_operations()
+                   if op.type in ("SokAllToAll", "HorovodAllgather")]
+        assert len(gathers) == 3 and all(op.get_attr("_XlaCompile") is False for op in gathers), \
+            "the gathers are open to XLA's auto-clustering"
         with tf.compat.v1.Session() as sess:
             for _ in range(2):
                 res = sess.run(outs, dict(zip(feeds, parts(rank), strict=True)))

@@ -28,7 +28,6 @@ The backward pass sends each row's gradient back the same way (a custom gradient
 a row's gradients in rank order, and the gather's gradient becomes a tf.IndexedSlices of distinct
 keys for the fused optimizer update.
 """
-import contextlib
 import types
 import zlib
 
@@ -82,14 +81,6 @@ def _bad_ids(params, names):
     )
 
 
-def _not_xla_compiled():
-    """Keeps XLA's auto-clustering (--xla, tf.config.optimizer.set_jit) off the exchange: its
-    shapes change every step and its collectives run outside XLA; the gradients inherit it."""
-    if tf.executing_eagerly():
-        return contextlib.nullcontext()
-    return tf.xla.experimental.jit_scope(compile_ops=False)
-
-
 def _specs(params):
     """The exchange ops' per-table attributes (core/exchange.h's TableSpec)."""
     rows = [-1 if isinstance(p, EmbeddingVariable) else global_rows(p) for p in params]
@@ -103,7 +94,7 @@ def fetch_rows(params, keys, counts, training, names, valid=None, padded=False):
     outside their dense shape (the plan's header makes every rank fail). padded: the keys carry
     padding past valid (the requester's dedup did not wait for its counts): it is not sent, its
     rows are zeros, and the owner's keys are padded too."""
-    with tf.name_scope("sok_exchange"), _not_xla_compiled():
+    with tf.name_scope("sok_exchange"), collectives.not_xla_compiled():
         rows, owned, sent, device, chain = _rows_of_owners(params, keys, counts, training, names,
                                                            valid, padded)
         return _return_rows(rows, owned, sent, [_dim(p) for p in params], device, chain)
@@ -115,7 +106,7 @@ def fetch_returned_rows(params, keys, counts, training, names, valid=None, padde
     sum(.sizes[:t]) + i), .sizes ([n], host) and .dims. SokPooledCombineFlat reads them in place,
     which saves copying every row (and its gradient) once more."""
     dims = [_dim(p) for p in params]
-    with tf.name_scope("sok_exchange"), _not_xla_compiled():
+    with tf.name_scope("sok_exchange"), collectives.not_xla_compiled():
         rows, owned, sent, device, chain = _rows_of_owners(params, keys, counts, training, names,
                                                            valid, padded)
         flat = _returned_flat(rows, owned, sent, dims, device, chain)
@@ -197,7 +188,7 @@ def _return_rows(rows, owned, sent, dims, device, chain):
         outs = ops.sok_exchange_gather_rows(back, sent.row_at, sent.sizes, N=n, dims=dims)
 
         def grad(*d_outs):
-            with _not_xla_compiled():
+            with collectives.not_xla_compiled():
                 d_outs = [tf.zeros_like(o) if g is None else tf.convert_to_tensor(g)
                           for g, o in zip(d_outs, outs)]
                 d_back = ops.sok_exchange_scatter_rows(d_outs, sent.row_at, sent.sizes,
@@ -218,7 +209,7 @@ def _returned_flat(rows, owned, sent, dims, device, chain):
         back = _rows_to_requesters(rows, owned, sent, dims, device, chain)
 
         def grad(d_back):
-            with _not_xla_compiled():
+            with collectives.not_xla_compiled():
                 return _grads_to_owners(tf.convert_to_tensor(d_back), owned, sent, dims, device)
 
         return back, grad

@@ -17,6 +17,7 @@ run the earlier step's lookups and gradients).
 A Session.run that fetches two steps, or both kinds, at once may order their collectives
 differently on different ranks: fetch them in separate runs.
 """
+import contextlib
 import logging
 import os
 import socket
@@ -197,6 +198,15 @@ def _run_bounded(make, timeout_s, what):
 # ------------------------------------------------------------------------------ collectives
 
 
+def not_xla_compiled():
+    """Keeps XLA's auto-clustering (--xla, tf.config.optimizer.set_jit) off SOK's collectives and
+    the ops around them: their shapes change from call to call and the collectives run outside
+    XLA; gradients inherit it."""
+    if tf.executing_eagerly():
+        return contextlib.nullcontext()
+    return tf.xla.experimental.jit_scope(compile_ops=False)
+
+
 def uses_nccl(device=""):
     """True when a collective placed on `device` runs on NCCL."""
     return _job.kind == "nccl" and "CPU" not in (device or "").upper()
@@ -311,7 +321,7 @@ def all_gather(tensors, training=False):
     chain = TRAIN if training else LOOKUP
     out = []
     for i, t in enumerate(tensors):
-        with _after_previous(chain):
+        with _after_previous(chain), not_xla_compiled():
             gathered = _gather(t, i, hvd.size()) if uses_nccl() else hvd.allgather(t)
         _remember(gathered, chain, ends_step=None)
         out.append(gathered)
