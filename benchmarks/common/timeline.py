@@ -33,25 +33,31 @@ def _events(plane):
 
 def load(path):
     """-> (steps [(start, end)], host ops [(name, start, end)], GPU activity [(name, start,
-    end)]) of one xplane.pb."""
+    end)], host calls [(name, start, end)]: every event of the TensorFlow threads, ops and the
+    launches and copies they make) of one xplane.pb."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     space = xplane_pb2.XSpace()
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
-    steps, host, gpu = [], [], []
+    steps, host, gpu, calls = [], [], [], []
     for plane in space.planes:
         if plane.name == "/host:CPU":
             for line, name, s, e in _events(plane):
                 if name == "SessionRun":
                     steps.append((s, e))
-                elif ":" in name and not name.startswith(_NOT_OPS) and line.startswith("tf_"):
+                    continue
+                if not line.startswith("tf_"):
+                    continue
+                if not name.startswith(("ThreadpoolListener", "Memory")):
+                    calls.append((name, s, e))
+                if ":" in name and not name.startswith(_NOT_OPS):
                     host.append((name, s, e))
         elif plane.name.startswith("/device:GPU:"):
             for line, name, s, e in _events(plane):
                 if "Stream" in line and "Launch" not in line:
                     gpu.append((name, s, e))
-    return sorted(steps), host, sorted(gpu, key=lambda r: r[1])
+    return sorted(steps), host, sorted(gpu, key=lambda r: r[1]), calls
 
 
 def _union(intervals):
@@ -118,19 +124,6 @@ def gpu_by_kernel(step, gpu):
     return out
 
 
-def _host_events(path):
-    """(name, start, end) of every event on the host's TensorFlow threads: ops, and the launches
-    and copies they make."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
-    return [(name, s, e) for plane in space.planes if plane.name == "/host:CPU"
-            for line, name, s, e in _events(plane)
-            if line.startswith("tf_") and not name.startswith(("ThreadpoolListener", "Memory"))]
-
-
 def sequence(host_events, step, gpu, start_ms, end_ms):
     """Lines 'at_ms dur_ms host|gpu name' of one step's events from start_ms to end_ms."""
     s0 = step[0]
@@ -145,7 +138,7 @@ def sequence(host_events, step, gpu, start_ms, end_ms):
 
 
 def report(path, gap_us=30, top=12, window=None):
-    steps, host, gpu = load(path)
+    steps, host, gpu, calls = load(path)
     if not steps:
         return [f"{path}: no SessionRun"]
     sums = [step_summary(st, host, gpu, gap_us) for st in steps]
@@ -167,7 +160,7 @@ def report(path, gap_us=30, top=12, window=None):
         lines.append(f"    {k:<40} {ms:7.3f} {n:5d}")
     if window is not None:
         lines.append(f"  that step from {window[0]:g} to {window[1]:g} ms (at ms, length ms):")
-        lines += sequence(_host_events(path), steps[i], gpu, *window)
+        lines += sequence(calls, steps[i], gpu, *window)
     return lines
 
 
