@@ -83,6 +83,76 @@ bool test_many_tables_snapshots() {
   return true;
 }
 
+// An owner's calls: each call's distinct keys with a bound n far above their count (every rank's
+// copy of a key; the true count on the device, d_n), n changing from call to call. A table waits
+// on its counters only to grow: tables of a fixed set of keys (one named twice a call) stop
+// waiting once they have room for the largest n, a table whose keys keep growing waits only when
+// it grows. (With the counters copied before each call's launch, table 0 waited six times after
+// its last growth.)
+bool test_owner_calls_wait_only_to_grow() {
+  const int num_tables = 3;  // 0: fixed keys; 1: fixed keys, twice a call; 2: growing keys
+  std::vector<std::unique_ptr<GpuEmbeddingTable<int64_t>>> gpu;
+  for (int t = 0; t < num_tables; ++t) {
+    TableConfig cfg = make_cfg(8, InitKind::kConstant, 0, 0, /*cap=*/64);
+    cfg.name = "owner" + std::to_string(t);
+    gpu.push_back(make_gpu<int64_t>(cfg));
+  }
+  const std::vector<int64_t> pool = key_pool<int64_t>(20000);
+  const std::vector<int> table_of = {0, 1, 2, 1};
+  OptimizerParams p;
+  p.kind = OptimizerKind::kSGD;
+  p.lr = 0.f;
+  std::vector<int64_t> growths(num_tables), capacity(num_tables), syncs_at_round10(num_tables);
+  for (int t = 0; t < num_tables; ++t) capacity[t] = gpu[t]->capacity();
+  for (int r = 0; r < 40; ++r) {
+    if (r == 10)  // every n (4,000 to 10,000) has come by now
+      for (int t = 0; t < num_tables; ++t) syncs_at_round10[t] = gpu[t]->host_syncs();
+    std::vector<DevBuf<int64_t>> dkeys, dns;
+    std::vector<DevBuf<float>> dgrads;
+    std::vector<GpuEmbeddingTable<int64_t>::Keys> calls;
+    for (size_t e = 0; e < table_of.size(); ++e) {
+      const int t = table_of[e];
+      // Tables 0 and 1: 300 keys of their own each call; table 2: 300 new keys each call.
+      const size_t first = t == 2 ? 1000 + 300 * r : 300 * t;
+      const std::vector<int64_t> keys(pool.begin() + first, pool.begin() + first + 300);
+      const int64_t bound = 4000 + 1500 * ((r * 7 + static_cast<int>(e)) % 5);  // 4,000 to 10,000
+      std::vector<int64_t> padded = keys;
+      padded.resize(bound, -1);  // past d_n: never read
+      dkeys.push_back(to_device(padded));
+      dns.push_back(to_device(std::vector<int64_t>{static_cast<int64_t>(keys.size())}));
+      dgrads.push_back(to_device(std::vector<float>(bound * 8, 0.f)));
+      GpuEmbeddingTable<int64_t>::Keys c;
+      c.table = gpu[t].get();
+      c.keys = dkeys.back().get();
+      c.n = bound;
+      c.d_n = dns.back().get();
+      c.grads = dgrads.back().get();
+      calls.push_back(c);
+    }
+    SOK_OK(GpuEmbeddingTable<int64_t>::find_or_insert_many(calls, nullptr));
+    SOK_OK(GpuEmbeddingTable<int64_t>::apply_gradients_many(calls, p, r, nullptr, true, true));
+    CUDA_OK(cudaStreamSynchronize(nullptr));  // the snapshots have landed by the next call
+    for (int t = 0; t < num_tables; ++t) {
+      if (gpu[t]->capacity() != capacity[t]) ++growths[t];
+      capacity[t] = gpu[t]->capacity();
+    }
+  }
+  for (int t = 0; t < num_tables; ++t) {
+    const long long syncs = gpu[t]->host_syncs(), late = syncs - syncs_at_round10[t];
+    if (syncs > growths[t])
+      return FAIL("table %d: %lld waits on its counters for %lld growths", t, syncs,
+                  (long long)growths[t]);
+    if (t < 2 && late != 0)
+      return FAIL("table %d: %lld waits on its counters after the tenth call", t, late);
+    int64_t size = 0;
+    SOK_OK(gpu[t]->size(&size, nullptr));
+    const int64_t want = t < 2 ? 300 : 300 * 40;
+    if (size != want)
+      return FAIL("table %d: size %lld, want %lld", t, (long long)size, (long long)want);
+  }
+  return true;
+}
+
 // find_or_insert_many / apply_gradients_many over many tables (more than one launch's worth,
 // dims with and without float4 rows, a table named twice in one call, an empty entry) vs one
 // CPU call per entry in order.
@@ -181,5 +251,7 @@ int main(int argc, char** argv) {
     }
     run("find_or_insert_many / apply_gradients_many: bounds through shared snapshots, growth",
         [] { return test_many_tables_snapshots(); });
+    run("find_or_insert_many: an owner's padded calls wait on the counters only to grow",
+        [] { return test_owner_calls_wait_only_to_grow(); });
   });
 }

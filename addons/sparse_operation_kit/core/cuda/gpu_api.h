@@ -273,6 +273,9 @@ class GpuEmbeddingTable {
 
   // Number of keys; synchronises `stream` (and the device if other streams were used).
   Status size(int64_t* out, cudaStream_t stream);
+  // How often the table has waited on a stream to read its counters (size, growth, shrink,
+  // export): steady lookups and updates of known keys should not add to it.
+  int64_t host_syncs() const;
 
   // One table's keys in a call over several tables (find_or_insert_many, apply_gradients_many).
   struct Keys {

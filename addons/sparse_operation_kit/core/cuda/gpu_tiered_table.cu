@@ -263,7 +263,8 @@ Status GpuTieredTable<K>::move_many(const std::vector<GpuEmbeddingTable<K>*>& fr
   DeviceGuard g(dst[0]->device);
   detail::TablesLock<Impl> lock(all);
   for (Impl* m : all) m->note_stream(s);
-  SOK_RETURN_IF_ERROR(detail::prepare_inserts<Impl>(dst, ns, s));
+  std::vector<Impl*> snap;
+  SOK_RETURN_IF_ERROR(detail::prepare_inserts<Impl>(dst, ns, s, &snap));
   for (size_t i = 0; i < parts.size(); ++i) {  // the arrays as they are after any growth
     const Impl& a = *from[i]->impl_;
     const Impl& b = *to[i]->impl_;
@@ -273,7 +274,8 @@ Status GpuTieredTable<K>::move_many(const std::vector<GpuEmbeddingTable<K>*>& fr
     parts[i].dst_counters = b.d_counters;
     parts[i].dst_fail = b.d_fail;
   }
-  return detail::move_rows_many<K>(parts, s);
+  SOK_RETURN_IF_ERROR(detail::move_rows_many<K>(parts, s));
+  return detail::snapshot_counters(snap, s);
 }
 
 // The last asynchronous copy of the HBM tier's row count, once it has landed, as its floor.

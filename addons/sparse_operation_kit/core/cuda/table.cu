@@ -310,6 +310,11 @@ const std::vector<float>& GpuEmbeddingTable<K>::slot_init() const {
 }
 template <typename K>
 int64_t GpuEmbeddingTable<K>::capacity() const { return impl_->capacity; }
+template <typename K>
+int64_t GpuEmbeddingTable<K>::host_syncs() const {
+  std::lock_guard<std::mutex> l(impl_->mu);
+  return impl_->host_syncs;
+}
 
 template <typename K>
 Status GpuEmbeddingTable<K>::size(int64_t* out, cudaStream_t stream) {
@@ -366,10 +371,11 @@ Status GpuEmbeddingTable<K>::find_or_insert_many(const std::vector<Keys>& calls,
   // Growth (which may synchronise and move the arrays) first: the parts copy the arrays' addresses.
   std::vector<int64_t> ns;
   for (const Keys& c : calls) ns.push_back(c.n);
-  SOK_RETURN_IF_ERROR(prepare_inserts(impls, ns, stream));
+  std::vector<Impl*> snap;
+  SOK_RETURN_IF_ERROR(prepare_inserts(impls, ns, stream, &snap));
   std::vector<FirstTier> firsts;
   SOK_RETURN_IF_ERROR(first_tiers(calls, &firsts));
-  return for_each_launch(impls, [&](int begin, int end) -> Status {
+  SOK_RETURN_IF_ERROR(for_each_launch(impls, [&](int begin, int end) -> Status {
     PartsLaunch<InsertPart<K>> L;
     L.count = end - begin;
     int64_t blocks = 0;
@@ -391,7 +397,8 @@ Status GpuEmbeddingTable<K>::find_or_insert_many(const std::vector<Keys>& calls,
     else k_find_or_insert<K, false><<<grid, kBlock, 0, stream>>>(L);
     SOK_LAUNCH_CHECK();
     return Status::OK();
-  });
+  }));
+  return snapshot_counters(snap, stream);
 }
 
 template <typename K>
@@ -402,7 +409,8 @@ Status GpuEmbeddingTable<K>::insert_or_assign(const K* keys, int64_t n, const fl
   Impl& m = *impl_;
   DeviceGuard g(m.device);
   std::lock_guard<std::mutex> l(m.mu);
-  SOK_RETURN_IF_ERROR(prepare_inserts<Impl>({&m}, {n}, stream));
+  std::vector<Impl*> snap;
+  SOK_RETURN_IF_ERROR(prepare_inserts<Impl>({&m}, {n}, stream, &snap));
   Keys call;
   call.table = this;
   call.probe_first = probe_first;
@@ -411,7 +419,7 @@ Status GpuEmbeddingTable<K>::insert_or_assign(const K* keys, int64_t n, const fl
   k_insert_or_assign<K><<<grid_for(n * kTile, kBlock), kBlock, 0, stream>>>(
       m.t, m.row_init(), keys, n, values, m.d_counters, m.d_fail, firsts[0].t);
   SOK_LAUNCH_CHECK();
-  return Status::OK();
+  return snapshot_counters(snap, stream);
 }
 
 template <typename K>

@@ -117,12 +117,13 @@ struct GpuEmbeddingTable<K>::Impl {
   std::vector<float> slot_init;
   int64_t upper = 0;       // upper bound of live + erased
   int64_t live_upper = 0;  // upper bound of live (a growing pool's rows in use)
-  // An asynchronous copy of the counters (h_counters[4, 6)), enqueued when the bound gets within
-  // half the limit: once its event has passed, live + erased <= the copy + since_snapshot, a
-  // tighter bound than `upper` (which grows by every call's n, inserted or not) without a sync.
-  // Null: none pending.
+  // An asynchronous copy of the counters (h_counters[4, 6)), enqueued after a call's launches
+  // when the bound gets within half the limit: once its event has passed, live + erased <= the
+  // copy + since_snapshot, a tighter bound than `upper` (which grows by every call's n, inserted
+  // or not) without a sync. Null: none pending.
   std::shared_ptr<detail::SnapshotEvent> snapshot;
   int64_t since_snapshot = 0;  // keys the calls enqueued after the snapshot may have inserted
+  int64_t host_syncs = 0;      // sync_counts calls (GpuEmbeddingTable::host_syncs)
   cudaStream_t last_stream = nullptr;
   bool used = false, mixed = false;
   std::mutex mu;
@@ -285,6 +286,7 @@ struct GpuEmbeddingTable<K>::Impl {
 
   // Waits for every launch that may touch the counters, then reads them.
   Status sync_counts(cudaStream_t s, int64_t* live, int64_t* erased) {
+    ++host_syncs;
     if (mixed) {
       SOK_CUDA_RETURN(cudaDeviceSynchronize());
       mixed = false;
@@ -316,36 +318,38 @@ struct GpuEmbeddingTable<K>::Impl {
     since_snapshot = 0;
   }
 
-  // Makes sure n more keys fit under the load factor, growing if needed. Synchronises only when
-  // neither the running bound nor a finished snapshot shows room (tables of a fixed set of keys
-  // would otherwise sync every few calls: the bound counts every key of every call); after a
-  // sync the table has room for two such calls.
-  // *want_snapshot: a copy of the counters should precede this call's launch (prepare_inserts
-  // enqueues it for every table of a call at once, and notes the stream).
+  // Makes sure n more keys fit under the load factor, growing if needed, and synchronises only
+  // to grow: the bound adds each call's n (inserted or not) to the last snapshot of the counters,
+  // taken after the previous call's launches (*want_snapshot: snapshot_counters enqueues it for
+  // every table of a call at once) once the bound passes half the limit. A sync makes room for
+  // two calls of n, so the next call fits unless its keys grow; without a snapshot the bound is
+  // under half the limit, so only an n over half the limit misses, and that grows anyway. A
+  // snapshot taken before the launch would leave one call's n in the bound: with an owner's
+  // padded n (every rank's copy of a key) the next call then synced without growing.
   Status prepare_insert(int64_t n, cudaStream_t s, bool* want_snapshot) {
     *want_snapshot = false;
     const int64_t limit = static_cast<int64_t>(opt.max_load_factor * static_cast<double>(capacity));
     // A growing pool must also hold every live key's row.
     const int64_t rows = grow_pool ? pool_rows : std::numeric_limits<int64_t>::max();
-    const auto fits = [&] { return upper + n <= limit && live_upper + n <= rows; };
-    if (!fits() && snapshot && !mixed && snapshot->passed()) {
+    if (snapshot && !mixed && snapshot->passed()) {
       upper = std::min(upper, h_counters[4] + h_counters[5] + since_snapshot);
       live_upper = std::min(live_upper, h_counters[4] + since_snapshot);
       snapshot.reset();
     }
-    if (fits()) {
-      *want_snapshot = !snapshot && !mixed && (upper > limit / 2 || live_upper > rows / 4 * 3);
-      upper += n;
-      live_upper += n;
-      since_snapshot += n;
-      return Status::OK();
-    }
+    if (upper + n > limit || live_upper + n > rows) SOK_RETURN_IF_ERROR(make_room(n, s, limit));
+    upper += n;
+    live_upper += n;
+    since_snapshot += n;
+    *want_snapshot = !snapshot && !mixed && (upper > limit / 2 || live_upper > rows / 2);
+    return Status::OK();
+  }
+
+  // prepare_insert's sync: the exact counts, then growth to room for two calls of n: the next
+  // call's bound (a snapshot plus its own n) then fits without a sync.
+  Status make_room(int64_t n, cudaStream_t s, int64_t limit) {
     int64_t live = 0, erased = 0;
     SOK_RETURN_IF_ERROR(sync_counts(s, &live, &erased));
     set_upper(live + erased, live);
-    // Room for two calls of n: the next call's bound (a snapshot plus this call's n and its own)
-    // then fits without a sync. A table of fixed keys whose calls bring many repeats (an owner's
-    // padded keys: each rank's copy of a key counts) would otherwise sync every other call.
     if (upper + 2 * n > limit) {
       int64_t cap = capacity;
       while (static_cast<double>(live + 2 * n) > opt.max_load_factor * static_cast<double>(cap))
@@ -360,9 +364,6 @@ struct GpuEmbeddingTable<K>::Impl {
       SOK_RETURN_IF_ERROR(
           grow_pool_to(std::min(want, std::max(detail::kMaxPoolRows, live + n)), s));
     }
-    upper += n;
-    live_upper += n;
-    since_snapshot += n;
     return Status::OK();
   }
 
@@ -375,27 +376,35 @@ struct GpuEmbeddingTable<K>::Impl {
 namespace detail {
 
 // prepare_insert of every call's table (impls[i] gets ns[i] keys; a table may come more than
-// once), then the counter snapshots they want in one launch and one event, ordered before the
-// call's own launches.
+// once); *snap gets the tables that want a counter snapshot after the call's launches.
 template <typename Impl>
 Status prepare_inserts(const std::vector<Impl*>& impls, const std::vector<int64_t>& ns,
-                       cudaStream_t s) {
-  std::shared_ptr<SnapshotEvent> event;
-  std::vector<const int64_t*> src;
-  std::vector<int64_t*> dst;
+                       cudaStream_t s, std::vector<Impl*>* snap) {
   for (size_t i = 0; i < impls.size(); ++i) {
     impls[i]->note_stream(s);
     if (ns[i] <= 0) continue;
     bool want = false;
     SOK_RETURN_IF_ERROR(impls[i]->prepare_insert(ns[i], s, &want));
-    if (!want) continue;
-    if (!event) event = std::make_shared<SnapshotEvent>();
-    impls[i]->snapshot = event;        // not passed() before record() below
-    impls[i]->since_snapshot = ns[i];  // the copy precedes this call's keys
-    src.push_back(impls[i]->d_counters);
-    dst.push_back(impls[i]->h_counters + 4);
+    if (want && std::find(snap->begin(), snap->end(), impls[i]) == snap->end())
+      snap->push_back(impls[i]);
   }
-  if (!event) return Status::OK();
+  return Status::OK();
+}
+
+// The snapshots prepare_inserts asked for, in one copy launch and one event, after the call's
+// launches on s (each table still locked by the call).
+template <typename Impl>
+Status snapshot_counters(const std::vector<Impl*>& snap, cudaStream_t s) {
+  if (snap.empty()) return Status::OK();
+  auto event = std::make_shared<SnapshotEvent>();
+  std::vector<const int64_t*> src;
+  std::vector<int64_t*> dst;
+  for (Impl* m : snap) {
+    m->snapshot = event;  // not passed() before record() below
+    m->since_snapshot = 0;
+    src.push_back(m->d_counters);
+    dst.push_back(m->h_counters + 4);
+  }
   SOK_RETURN_IF_ERROR(copy_counters(src, dst, s));
   return event->record(s);
 }

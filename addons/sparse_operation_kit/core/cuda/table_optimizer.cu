@@ -404,11 +404,12 @@ Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls
   }
   std::vector<int64_t> ns;
   for (const Keys& c : calls) ns.push_back(keys_present ? 0 : c.n);
-  SOK_RETURN_IF_ERROR(prepare_inserts(impls, ns, stream));
+  std::vector<Impl*> snap;
+  SOK_RETURN_IF_ERROR(prepare_inserts(impls, ns, stream, &snap));
   std::vector<FirstTier> firsts;
   SOK_RETURN_IF_ERROR(first_tiers(calls, &firsts));
   ApplyStep s{p, p.kind == OptimizerKind::kAdam ? adam_step_size(p) : 0.f, global_step};
-  return for_each_launch(impls, [&](int begin, int end) -> Status {
+  SOK_RETURN_IF_ERROR(for_each_launch(impls, [&](int begin, int end) -> Status {
     ApplyLaunch<K> L;
     L.count = end - begin;
     L.s = s;
@@ -456,7 +457,8 @@ Status GpuEmbeddingTable<K>::apply_gradients_many(const std::vector<Keys>& calls
       SOK_LAUNCH_CHECK();
     }
     return Status::OK();
-  });
+  }));
+  return snapshot_counters(snap, stream);
 }
 
 template Status GpuEmbeddingTable<int32_t>::Impl::ensure_slots(const OptimizerParams&, cudaStream_t);

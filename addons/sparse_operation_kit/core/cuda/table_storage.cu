@@ -614,8 +614,10 @@ Status GpuEmbeddingTable<K>::put_rows(const SnapshotView<K>& s, cudaStream_t str
   if (s.num_slots != m.num_slots)
     return Status::Invalid("table '" + m.cfg.name + "': rows of " + std::to_string(s.num_slots) +
                            " slots cannot join rows of " + std::to_string(m.num_slots));
-  SOK_RETURN_IF_ERROR(prepare_inserts<Impl>({&m}, {n}, stream));
-  return copy_in<K>(m, s, stream);
+  std::vector<Impl*> snap;
+  SOK_RETURN_IF_ERROR(prepare_inserts<Impl>({&m}, {n}, stream, &snap));
+  SOK_RETURN_IF_ERROR(copy_in<K>(m, s, stream));
+  return snapshot_counters(snap, stream);
 }
 
 template <typename K>
