@@ -20,7 +20,8 @@ the counts on the device, where the plan, the gather and the update take them
 (core/exchange.h); the size matrix is then the lookup's one wait. SparseTensor and RaggedTensor
 ids keep both waits: padded, their plan, rows and gradients would be sized by the ids instead of
 the distinct keys; with the owner's keys padded alone fields100 and the 26-field step on 4 GPUs
-also ran slower (benchmarks/gpu/SCALING.md). Ids outside their dense shape travel as the
+ran slower, and the 26-field step on 2 GPUs no faster once the GPU table's growth bound stopped
+making padded owners wait (benchmarks/gpu/SCALING.md). Ids outside their dense shape travel as the
 header's bad flag (the requester's valid -1), so every rank fails at the size matrix. Static
 tables need exact owner keys (TensorFlow's optimizers apply a repeated index twice).
 
