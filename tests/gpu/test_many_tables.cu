@@ -87,8 +87,8 @@ bool test_many_tables_snapshots() {
 // copy of a key; the true count on the device, d_n), n changing from call to call. A table waits
 // on its counters only to grow: tables of a fixed set of keys (one named twice a call) stop
 // waiting once they have room for the largest n, a table whose keys keep growing waits only when
-// it grows. (With the counters copied before each call's launch, table 0 waited six times after
-// its last growth.)
+// it grows. (With the counters copied before each call's launch, table 0 waited 8 times for 2
+// growths; with a repeated table prepared per entry, table 1 waited 10 times for 1 growth.)
 bool test_owner_calls_wait_only_to_grow() {
   const int num_tables = 3;  // 0: fixed keys; 1: fixed keys, twice a call; 2: growing keys
   std::vector<std::unique_ptr<GpuEmbeddingTable<int64_t>>> gpu;

@@ -376,17 +376,29 @@ struct GpuEmbeddingTable<K>::Impl {
 namespace detail {
 
 // prepare_insert of every call's table (impls[i] gets ns[i] keys; a table may come more than
-// once); *snap gets the tables that want a counter snapshot after the call's launches.
+// once, and is prepared once for the sum of its ns: a sync for a later entry would otherwise
+// drop an earlier entry's keys, not yet launched, from the bound); *snap gets the tables that
+// want a counter snapshot after the call's launches.
 template <typename Impl>
 Status prepare_inserts(const std::vector<Impl*>& impls, const std::vector<int64_t>& ns,
                        cudaStream_t s, std::vector<Impl*>* snap) {
+  std::vector<Impl*> tables;
+  std::vector<int64_t> totals;
   for (size_t i = 0; i < impls.size(); ++i) {
     impls[i]->note_stream(s);
-    if (ns[i] <= 0) continue;
+    const auto at = std::find(tables.begin(), tables.end(), impls[i]);
+    if (at == tables.end()) {
+      tables.push_back(impls[i]);
+      totals.push_back(std::max<int64_t>(ns[i], 0));
+    } else {
+      totals[at - tables.begin()] += std::max<int64_t>(ns[i], 0);
+    }
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (totals[i] == 0) continue;
     bool want = false;
-    SOK_RETURN_IF_ERROR(impls[i]->prepare_insert(ns[i], s, &want));
-    if (want && std::find(snap->begin(), snap->end(), impls[i]) == snap->end())
-      snap->push_back(impls[i]);
+    SOK_RETURN_IF_ERROR(tables[i]->prepare_insert(totals[i], s, &want));
+    if (want) snap->push_back(tables[i]);
   }
   return Status::OK();
 }
